@@ -1,0 +1,315 @@
+// Package app wires sluice's components into one running process: it opens the database and the
+// broker, builds the API, relay and drainer that the options ask for, runs them, and stops them
+// in order. cmd/sluice parses flags into Options; the integration tests build the same App with
+// port 0, so what they test is what ships.
+package app
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/outbox"
+	"github.com/sluicehq/sluice/publisher"
+)
+
+// Options are a process's static settings (SPEC §9). Field docs give the defaults.
+type Options struct {
+	// MySQLDSN names the database. Required.
+	MySQLDSN string
+	// NATSURL is the broker. Required.
+	NATSURL string
+	// CoreNATS publishes without JetStream (for brokers without it). Default false.
+	CoreNATS bool
+	// Listen is the API address; ":0" picks a free port. Default 127.0.0.1:7480.
+	Listen string
+	// ExecutorURL receives dispatches. Required with the drainer role.
+	ExecutorURL string
+	// ExecutorSecret signs dispatches. Required with ExecutorURL.
+	ExecutorSecret string
+	// UnconfirmedStarts: the executor cannot confirm starts. Default false.
+	UnconfirmedStarts bool
+	// Tokens authenticates API callers. Required with the API role.
+	Tokens *api.Tokens
+	// DrainerID names the drainer. Default hostname-pid.
+	DrainerID string
+	// Prefix is the NATS subject prefix. Default "sluice".
+	Prefix string
+	// API, Relay and Drainer select the roles to run. All false means all three.
+	API, Relay, Drainer bool
+	// InitStream creates or updates the JetStream stream at start-up. Default false.
+	InitStream bool
+	// PollInterval is the drainer's backstop poll. Default 1 s.
+	PollInterval time.Duration
+	// Grace is how long Stop waits for in-flight dispatches. Default 30 s.
+	Grace time.Duration
+	// Version is the build version. Default "dev".
+	Version string
+	// Log receives everything. Default: JSON on stderr.
+	Log *slog.Logger
+}
+
+// App is a running sluice process.
+type App struct {
+	opts     Options
+	log      *slog.Logger
+	db       *sql.DB
+	nc       *nats.Conn
+	limits   *limits.Cache
+	registry *prometheus.Registry
+	drainer  *drainer.Drainer
+	relay    *publisher.Relay
+	fast     *publisher.FastPath
+	httpSrv  *http.Server
+	listener net.Listener
+
+	cancel  context.CancelFunc // stops the loops (claiming, relaying, reloading)
+	loops   sync.WaitGroup
+	serveWG sync.WaitGroup
+	stopped sync.Once
+}
+
+// Start connects and starts the roles in opts. The returned App runs until Stop.
+func Start(ctx context.Context, opts Options) (*App, error) {
+	if !opts.API && !opts.Relay && !opts.Drainer {
+		opts.API, opts.Relay, opts.Drainer = true, true, true
+	}
+	if opts.Listen == "" {
+		opts.Listen = "127.0.0.1:7480"
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = outbox.DefaultPrefix
+	}
+	if opts.Grace <= 0 {
+		opts.Grace = 30 * time.Second
+	}
+	if opts.Version == "" {
+		opts.Version = "dev"
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	switch {
+	case opts.MySQLDSN == "":
+		return nil, errors.New("invalid config: MySQL DSN: required")
+	case opts.NATSURL == "":
+		return nil, errors.New("invalid config: NATS URL: required")
+	case opts.Drainer && opts.ExecutorURL == "":
+		return nil, errors.New("invalid config: executor URL (SLUICE_EXECUTOR_URL): required to run the drainer")
+	case opts.ExecutorURL != "" && opts.ExecutorSecret == "":
+		return nil, errors.New("invalid config: executor secret (SLUICE_EXECUTOR_SECRET): required with an executor URL")
+	case opts.API && opts.Tokens == nil:
+		return nil, errors.New("invalid config: tokens (SLUICE_TOKENS or SLUICE_TOKENS_FILE): required to run the API")
+	}
+	a := &App{opts: opts, log: opts.Log, registry: prometheus.NewRegistry()}
+	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ok := false
+	defer func() {
+		if !ok {
+			a.closeConns()
+		}
+	}()
+	var err error
+	if a.db, err = migrations.Open(ctx, opts.MySQLDSN); err != nil {
+		return nil, err
+	}
+	current, err := migrations.Current(ctx, a.db)
+	if err != nil || !current {
+		return nil, fmt.Errorf("the database schema is not current (run `sluice migrate up`): %v", err)
+	}
+	a.limits = limits.NewCache(a.db, a.log)
+	if err := a.limits.Reload(ctx); err != nil {
+		return nil, err
+	}
+	name := "sluice"
+	if opts.DrainerID != "" {
+		name += " " + opts.DrainerID
+	}
+	if a.nc, err = nats.Connect(opts.NATSURL, publisher.ConnectOptions(name)...); err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", opts.NATSURL, err)
+	}
+	var js jetstream.JetStream
+	if !opts.CoreNATS {
+		if js, err = jetstream.New(a.nc, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
+			return nil, fmt.Errorf("JetStream: %w", err)
+		}
+		if opts.InitStream {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := publisher.EnsureStream(sctx, js, publisher.StreamConfig{Prefix: opts.Prefix})
+			cancel()
+			if err != nil {
+				// The broker may be down; sluice works without it (pokes are hints).
+				a.log.Warn("could not create or update the JetStream stream; continuing", "error", err)
+			}
+		}
+	}
+	installID, err := publisher.InstallationID(ctx, a.db)
+	if err != nil {
+		return nil, err
+	}
+	relayMetrics := publisher.NewRelayMetrics(a.registry)
+	if opts.Relay {
+		if a.relay, err = publisher.NewRelay(publisher.RelayConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
+			Log: a.log, Metrics: relayMetrics}); err != nil {
+			return nil, err
+		}
+	}
+	if opts.API {
+		if a.fast, err = publisher.NewFastPath(publisher.FastPathConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
+			Log: a.log, Metrics: relayMetrics}); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Drainer {
+		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
+		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID,
+			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
+			Log: a.log, Metrics: drainer.NewMetrics(a.registry), BuildVersion: opts.Version}); err != nil {
+			return nil, err
+		}
+		// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
+		// pass, which coalesces with any pass already pending.
+		if _, err := a.nc.QueueSubscribe(opts.Prefix+".>", "sluice-drainers", func(*nats.Msg) {
+			a.drainer.Wake()
+		}); err != nil {
+			return nil, fmt.Errorf("subscribe to pokes: %w", err)
+		}
+	}
+	if opts.API {
+		if err := a.startAPI(ctx); err != nil {
+			return nil, err
+		}
+	}
+	loopCtx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	a.goLoop(func() { a.limits.Run(loopCtx) })
+	if a.relay != nil {
+		a.goLoop(func() { a.relay.Run(loopCtx) })
+	}
+	if a.fast != nil {
+		a.goLoop(func() { a.fast.Run(loopCtx) })
+	}
+	if a.drainer != nil {
+		a.goLoop(func() { a.drainer.Run(loopCtx) })
+	}
+	ok = true
+	a.log.Info("sluice started", "api", opts.API, "relay", opts.Relay, "drainer", opts.Drainer, "listen", a.Addr(), "version", opts.Version)
+	return a, nil
+}
+
+func (a *App) goLoop(f func()) {
+	a.loops.Add(1)
+	go func() {
+		defer a.loops.Done()
+		f()
+	}()
+}
+
+func (a *App) startAPI(ctx context.Context) error {
+	adm, err := gate.New(gate.Config{DB: a.db, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
+		Published: a.fast.Submit})
+	if err != nil {
+		return err
+	}
+	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
+		Gatherer: a.registry, Log: a.log, Ready: a.ready})
+	if err != nil {
+		return err
+	}
+	var lc net.ListenConfig
+	a.listener, err = lc.Listen(ctx, "tcp", a.opts.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", a.opts.Listen, err)
+	}
+	a.httpSrv = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	a.serveWG.Add(1)
+	go func() {
+		defer a.serveWG.Done()
+		if err := a.httpSrv.Serve(a.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("API server stopped", "error", err)
+		}
+	}()
+	return nil
+}
+
+// ready is /readyz: the database reachable and its schema current.
+func (a *App) ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	current, err := migrations.Current(ctx, a.db)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if !current {
+		return errors.New("database schema is not current")
+	}
+	return nil
+}
+
+// Addr returns the API's listening address, or "" without the API role.
+func (a *App) Addr() string {
+	if a.listener == nil {
+		return ""
+	}
+	return a.listener.Addr().String()
+}
+
+// DB returns the process's database handle.
+func (a *App) DB() *sql.DB { return a.db }
+
+// Registry returns the process's metrics registry.
+func (a *App) Registry() *prometheus.Registry { return a.registry }
+
+// Stop shuts down in this order: stop claiming and relaying (the loops), stop accepting API
+// requests and finish those in progress, let in-flight dispatches finish up to the grace period
+// (then record them as unknown outcomes), drain the NATS connection, close the database.
+// Nothing is lost if the process is killed instead: leases and the outbox cover it. Idempotent.
+func (a *App) Stop(ctx context.Context) error {
+	var err error
+	a.stopped.Do(func() {
+		a.cancel()
+		a.loops.Wait()
+		if a.httpSrv != nil {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err = a.httpSrv.Shutdown(sctx)
+			cancel()
+			a.serveWG.Wait()
+		}
+		if a.drainer != nil {
+			gctx, cancel := context.WithTimeout(ctx, a.opts.Grace)
+			a.drainer.Stop(gctx)
+			cancel()
+		}
+		a.closeConns()
+		a.log.Info("sluice stopped")
+	})
+	return err
+}
+
+func (a *App) closeConns() {
+	if a.nc != nil {
+		_ = a.nc.Drain()
+		a.nc.Close()
+	}
+	if a.db != nil {
+		_ = a.db.Close()
+	}
+}

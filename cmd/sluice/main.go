@@ -1,0 +1,369 @@
+// Command sluice is the one sluice binary: the API, relay and drainer (serve), the all-in-one
+// developer process (dev), schema migrations, stream set-up and the simulated executor. It only
+// parses settings and wires the packages; see cmd/sluice/app for the wiring.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/cmd/sluice/app"
+	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/integration/simexec"
+	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/publisher"
+)
+
+// version is set at link time (-ldflags "-X main.version=...").
+var version = "dev"
+
+const usage = `sluice — a durable, fair admission queue
+
+Usage:
+  sluice serve [--api] [--relay] [--drainer] [flags]   run the API, relay and drainer (all by default)
+  sluice dev [flags]                                   everything in one process with a simulated executor
+  sluice migrate [up|status] [flags]                   apply or list schema migrations
+  sluice nats init [flags]                             create or update the JetStream stream
+  sluice simexec [flags]                               run the simulated executor alone
+  sluice version                                       print the version
+
+Settings come from flags, SLUICE_* environment variables or a --config file, in that order.
+Run 'sluice serve -h' to list them.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "serve":
+		err = serve(ctx, rest, stdout, stderr, false)
+	case "dev":
+		err = serve(ctx, rest, stdout, stderr, true)
+	case "migrate":
+		err = migrate(ctx, rest, stdout, stderr)
+	case "nats":
+		err = natsCmd(ctx, rest, stdout, stderr)
+	case "simexec":
+		err = simexecCmd(ctx, rest, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "sluice", version)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "sluice: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "sluice:", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level: want debug, info, warn or error, got %q", level)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+func loadTokens(c *config) (*api.Tokens, error) {
+	raw := c.get("tokens")
+	if f := c.get("tokens-file"); raw == "" && f != "" {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("tokens file: %w", err)
+		}
+		raw = string(data)
+	}
+	if raw == "" {
+		return nil, nil
+	}
+	return api.ParseTokens([]byte(raw))
+}
+
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev bool) error {
+	name := "serve"
+	if dev {
+		name = "dev"
+	}
+	fs := flag.NewFlagSet("sluice "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	roleAPI := fs.Bool("api", false, "run the API")
+	roleRelay := fs.Bool("relay", false, "run the relay")
+	roleDrainer := fs.Bool("drainer", false, "run the drainer")
+	c, err := parseSettings(fs, args)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, c.get("log-level"))
+	if err != nil {
+		return err
+	}
+	confirm, err := c.bool("executor-confirm-start")
+	if err != nil {
+		return err
+	}
+	core, err := c.bool("nats-core")
+	if err != nil {
+		return err
+	}
+	grace, err := time.ParseDuration(c.get("grace"))
+	if err != nil {
+		return fmt.Errorf("grace: %w", err)
+	}
+	tokens, err := loadTokens(c)
+	if err != nil {
+		return err
+	}
+	opts := app.Options{
+		MySQLDSN: c.get("mysql-dsn"), NATSURL: c.get("nats-url"), CoreNATS: core, Listen: c.get("listen"),
+		ExecutorURL: c.get("executor-url"), ExecutorSecret: c.get("executor-secret"), UnconfirmedStarts: !confirm,
+		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
+		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,
+		Version: version, Log: log,
+	}
+	var shutdown []func()
+	defer func() {
+		for i := len(shutdown) - 1; i >= 0; i-- {
+			shutdown[i]()
+		}
+	}()
+	if dev {
+		if err := devSetup(ctx, c, &opts, stdout, &shutdown); err != nil {
+			return err
+		}
+	} else if opts.NATSURL == "" {
+		opts.NATSURL = nats.DefaultURL
+	}
+	a, err := app.Start(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if dev {
+		fmt.Fprintf(stdout, "sluice dev is running\n  API:        http://%s   (token: dev)\n  executor:   %s\n  stats:      %s/stats\n  NATS:       %s\nPress Ctrl-C to stop.\n",
+			a.Addr(), opts.ExecutorURL, strings.TrimSuffix(opts.ExecutorURL, "/dispatch"), opts.NATSURL)
+	}
+	<-ctx.Done()
+	log.Info("stopping: no new claims; waiting for in-flight dispatches", "grace", grace.String())
+	// A second signal exits at once; leases and the outbox make that safe.
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-again
+		log.Warn("second signal: exiting now")
+		os.Exit(1)
+	}()
+	return a.Stop(context.Background())
+}
+
+// devSetup fills in what `sluice dev` provides: migrations applied, an embedded NATS server when
+// no URL is configured, the simulated executor, and the dev admin token.
+func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Writer, shutdown *[]func()) error {
+	db, err := migrations.Open(ctx, opts.MySQLDSN)
+	if err != nil {
+		return err
+	}
+	applied, err := migrations.Up(ctx, db, nil)
+	db.Close()
+	if err != nil {
+		return err
+	}
+	for _, m := range applied {
+		fmt.Fprintf(stdout, "applied migration %s\n", m.Name)
+	}
+	if opts.NATSURL == "" {
+		dir, err := os.MkdirTemp("", "sluice-dev-nats-")
+		if err != nil {
+			return fmt.Errorf("embedded NATS store: %w", err)
+		}
+		ns, err := app.StartEmbeddedNATS(dir, 0)
+		if err != nil {
+			return err
+		}
+		*shutdown = append(*shutdown, func() { ns.Shutdown(); os.RemoveAll(dir) })
+		opts.NATSURL = ns.URL()
+	}
+	if opts.Tokens == nil {
+		if opts.Tokens, err = api.NewTokens([]api.Token{{Name: "dev", Token: "dev", Role: api.Admin}}); err != nil {
+			return err
+		}
+	}
+	if opts.ExecutorURL == "" {
+		if opts.ExecutorSecret == "" {
+			opts.ExecutorSecret = "dev-secret"
+		}
+		cfg := simexec.Config{Token: "dev", Secret: []byte(opts.ExecutorSecret), Log: opts.Log}
+		if !opts.UnconfirmedStarts {
+			cfg.APIURL = "http://" + opts.Listen
+		}
+		ex := simexec.New(cfg)
+		stop, addr, err := serveHTTP(ctx, c.get("simexec-listen"), ex.Handler())
+		if err != nil {
+			return err
+		}
+		*shutdown = append(*shutdown, func() { stop(); ex.Close() })
+		opts.ExecutorURL = "http://" + addr + "/dispatch"
+	}
+	return nil
+}
+
+func serveHTTP(ctx context.Context, addr string, h http.Handler) (func(), string, error) {
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(l)
+	}()
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
+	}, l.Addr().String(), nil
+}
+
+func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	sub := "up"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		sub, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("sluice migrate "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c, err := parseSettings(fs, args)
+	if err != nil {
+		return err
+	}
+	db, err := migrations.Open(ctx, c.get("mysql-dsn"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	switch sub {
+	case "up":
+		applied, err := migrations.Up(ctx, db, func(m migrations.Migration) {
+			fmt.Fprintf(stdout, "applying %s ...\n", m.Name)
+		})
+		if err != nil {
+			return err
+		}
+		if len(applied) == 0 {
+			fmt.Fprintln(stdout, "schema is current; nothing to apply")
+		} else {
+			fmt.Fprintf(stdout, "applied %d migration(s); schema version %d\n", len(applied), applied[len(applied)-1].Version)
+		}
+	case "status":
+		list, err := migrations.List(ctx, db)
+		if err != nil {
+			return err
+		}
+		for _, m := range list {
+			state := "pending"
+			if m.AppliedAt != nil {
+				state = "applied " + m.AppliedAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(stdout, "%04d  %-40s %s\n", m.Version, m.Name, state)
+		}
+	default:
+		return fmt.Errorf("migrate: unknown subcommand %q (want up or status)", sub)
+	}
+	return nil
+}
+
+func natsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "init" {
+		return errors.New("nats: want `sluice nats init`")
+	}
+	fs := flag.NewFlagSet("sluice nats init", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	replicas := fs.Int("replicas", 1, "stream replicas (3 in a durable cluster)")
+	dupes := fs.Duration("duplicate-window", 2*time.Minute, "JetStream duplicate window (at least 2m)")
+	c, err := parseSettings(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	url := c.get("nats-url")
+	if url == "" {
+		url = nats.DefaultURL
+	}
+	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("JetStream: %w", err)
+	}
+	s, err := publisher.EnsureStream(ctx, js, publisher.StreamConfig{Prefix: c.get("subject-prefix"), Replicas: *replicas, Duplicates: *dupes})
+	if err != nil {
+		return err
+	}
+	info := s.CachedInfo()
+	fmt.Fprintf(stdout, "stream %s ready: subjects %v, duplicate window %s, replicas %d, storage %s\n",
+		info.Config.Name, info.Config.Subjects, info.Config.Duplicates, info.Config.Replicas, info.Config.Storage)
+	return nil
+}
+
+func simexecCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice simexec", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c, err := parseSettings(fs, args)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, c.get("log-level"))
+	if err != nil {
+		return err
+	}
+	confirm, err := c.bool("executor-confirm-start")
+	if err != nil {
+		return err
+	}
+	cfg := simexec.Config{Token: c.get("executor-token"), Secret: []byte(c.get("executor-secret")), Log: log}
+	if confirm {
+		cfg.APIURL = c.get("api-url")
+	}
+	ex := simexec.New(cfg)
+	defer ex.Close()
+	stop, addr, err := serveHTTP(ctx, c.get("simexec-listen"), ex.Handler())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "simulated executor listening on http://%s (dispatch: POST /dispatch, stats: GET /stats)\n", addr)
+	<-ctx.Done()
+	stop()
+	return nil
+}

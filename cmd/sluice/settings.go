@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// setting is one static setting (SPEC §9): a flag, a SLUICE_* environment variable and a key of
+// the config file, in that order of precedence.
+type setting struct {
+	flag, env, def, usage string
+}
+
+var settings = []setting{
+	{"mysql-dsn", "SLUICE_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/sluice", "MySQL/MariaDB DSN (sluice adds the parameters it needs)"},
+	{"nats-url", "SLUICE_NATS_URL", "", "NATS URL (default nats://127.0.0.1:4222; `dev` embeds a server when unset)"},
+	{"nats-core", "SLUICE_NATS_CORE", "false", "publish with core NATS, without JetStream"},
+	{"memcached", "SLUICE_MEMCACHED", "127.0.0.1:11211", "memcached servers, comma-separated"},
+	{"listen", "SLUICE_LISTEN", "127.0.0.1:7480", "API listen address"},
+	{"executor-url", "SLUICE_EXECUTOR_URL", "", "executor dispatch URL"},
+	{"executor-secret", "SLUICE_EXECUTOR_SECRET", "", "secret that signs dispatches"},
+	{"executor-confirm-start", "SLUICE_EXECUTOR_CONFIRM_START", "true", "the executor confirms starts with POST /v1/jobs/{id}/start"},
+	{"tokens", "SLUICE_TOKENS", "", "API tokens as inline JSON"},
+	{"tokens-file", "SLUICE_TOKENS_FILE", "", "file holding the API tokens JSON"},
+	{"drainer-id", "SLUICE_DRAINER_ID", "", "drainer id (default hostname-pid)"},
+	{"subject-prefix", "SLUICE_SUBJECT_PREFIX", "sluice", "NATS subject prefix"},
+	{"grace", "SLUICE_SHUTDOWN_GRACE", "30s", "how long a stopping process waits for in-flight dispatches"},
+	{"log-level", "SLUICE_LOG_LEVEL", "info", "debug, info, warn or error"},
+	{"simexec-listen", "SLUICE_SIMEXEC_LISTEN", "127.0.0.1:7481", "simulated executor listen address"},
+	{"api-url", "SLUICE_API_URL", "http://127.0.0.1:7480", "sluice API URL (for the simulated executor)"},
+	{"executor-token", "SLUICE_EXECUTOR_TOKEN", "", "the simulated executor's API token"},
+}
+
+// config holds resolved settings by flag name.
+type config struct {
+	values map[string]string
+	set    map[string]bool // given explicitly (flag, environment or file)
+}
+
+// parseSettings registers every setting as a flag on fs (plus --config), parses args, and
+// resolves each value: flag, else environment, else config file, else default.
+func parseSettings(fs *flag.FlagSet, args []string) (*config, error) {
+	flags := map[string]*string{}
+	for _, s := range settings {
+		flags[s.flag] = fs.String(s.flag, "", s.usage+" ("+s.env+", default "+strconv.Quote(s.def)+")")
+	}
+	file := fs.String("config", os.Getenv("SLUICE_CONFIG"), "config file of SLUICE_*=value lines (SLUICE_CONFIG)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	fileValues := map[string]string{}
+	if *file != "" {
+		var err error
+		if fileValues, err = readConfigFile(*file); err != nil {
+			return nil, err
+		}
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	c := &config{values: map[string]string{}, set: map[string]bool{}}
+	for _, s := range settings {
+		switch v, inEnv := os.LookupEnv(s.env); {
+		case explicit[s.flag]:
+			c.values[s.flag], c.set[s.flag] = *flags[s.flag], true
+		case inEnv:
+			c.values[s.flag], c.set[s.flag] = v, true
+		case fileValues[s.env] != "":
+			c.values[s.flag], c.set[s.flag] = fileValues[s.env], true
+		default:
+			c.values[s.flag] = s.def
+		}
+	}
+	return c, nil
+}
+
+func (c *config) get(name string) string { return c.values[name] }
+
+func (c *config) bool(name string) (bool, error) {
+	v, err := strconv.ParseBool(c.values[name])
+	if err != nil {
+		return false, fmt.Errorf("%s: want true or false, got %q", name, c.values[name])
+	}
+	return v, nil
+}
+
+// readConfigFile reads KEY=VALUE lines (the systemd EnvironmentFile format): blank lines and
+// lines starting with # are ignored, values may be quoted.
+func readConfigFile(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	defer f.Close()
+	out := map[string]string{}
+	sc := bufio.NewScanner(f)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, fmt.Errorf("config file %s:%d: want KEY=value", path, n)
+		}
+		v = strings.TrimSpace(v)
+		if len(v) >= 2 && (v[0] == '"' && v[len(v)-1] == '"' || v[0] == '\'' && v[len(v)-1] == '\'') {
+			v = v[1 : len(v)-1]
+		}
+		out[strings.TrimSpace(k)] = v
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,461 @@
+package drainer
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+)
+
+func loadLimits(ctx context.Context, q limits.Querier) (limits.Config, error) {
+	v, err := limits.Load(ctx, q)
+	return v.Config, err
+}
+
+// candidate is a queued job that a pass may claim.
+type candidate struct {
+	id       int64
+	tenant   string
+	rateKey  sql.NullString
+	queuedAt time.Time
+	version  int64
+}
+
+func (c candidate) before(o candidate) bool {
+	if !c.queuedAt.Equal(o.queuedAt) {
+		return c.queuedAt.Before(o.queuedAt)
+	}
+	return c.id < o.id
+}
+
+// claimed is a job this pass moved to dispatched, with what the dispatch needs.
+type claimed struct {
+	row   store.Row
+	nonce string
+	wall  time.Duration
+}
+
+// inFlightByTenant counts jobs in flight per tenant. The count reads the claim index over the
+// in-flight states only, so its cost is bounded by the global cap, not by any backlog.
+func inFlightByTenant(ctx context.Context, q store.DB) (map[string]int, int, error) {
+	rows, err := q.QueryContext(ctx, `SELECT tenant, COUNT(*) FROM jobs
+		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`)
+	if err != nil {
+		return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	total := 0
+	for rows.Next() {
+		var t string
+		var n int
+		if err := rows.Scan(&t, &n); err != nil {
+			return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
+		}
+		out[t] = n
+		total += n
+	}
+	return out, total, rows.Err()
+}
+
+// candidates returns, per tenant below its cap, the tenant's oldest eligible queued jobs: at
+// most as many as it could start now plus slack for gated keys. Tenants with queued work are
+// found by a loose scan of the claim index (one probe per tenant, not per job), and a tenant at
+// its cap is skipped without reading its backlog, so the cost does not grow with a capped
+// tenant's queue.
+func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int) (map[string][]candidate, error) {
+	free := cfg.GlobalInFlight - total
+	if free <= 0 {
+		return nil, nil
+	}
+	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT DISTINCT tenant FROM jobs WHERE status = 'queued'")
+	if err != nil {
+		return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
+	}
+	type want struct {
+		tenant string
+		n      int
+	}
+	var wants []want
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
+		}
+		room := cfg.TenantCap(t) - inFlight[t]
+		if room <= 0 {
+			continue
+		}
+		wants = append(wants, want{t, min(room, free, d.cfg.ClaimBatch) + gateSlack})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
+	}
+	if len(wants) == 0 {
+		return nil, nil
+	}
+	var q strings.Builder
+	args := make([]any, 0, 3*len(wants))
+	for i, w := range wants {
+		if i > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		q.WriteString(`(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs
+			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)
+			ORDER BY queued_at, id LIMIT ?)`)
+		args = append(args, w.tenant, now, w.n)
+	}
+	hr, err := d.cfg.DB.QueryContext(ctx, q.String(), args...)
+	if err != nil {
+		return nil, fmt.Errorf("read queue heads: %w", err)
+	}
+	defer hr.Close()
+	out := map[string][]candidate{}
+	for hr.Next() {
+		var c candidate
+		if err := hr.Scan(&c.id, &c.tenant, &c.rateKey, &c.queuedAt, &c.version); err != nil {
+			return nil, fmt.Errorf("read queue heads: %w", err)
+		}
+		out[c.tenant] = append(out[c.tenant], c)
+	}
+	if err := hr.Err(); err != nil {
+		return nil, fmt.Errorf("read queue heads: %w", err)
+	}
+	for _, cs := range out {
+		sort.Slice(cs, func(i, j int) bool { return cs[i].before(cs[j]) })
+	}
+	return out, nil
+}
+
+// gateSlack is how many extra heads per tenant a pass reads so that a gated key at the head of
+// a tenant's queue does not hide the tenant's other keys.
+const gateSlack = 4
+
+// dropGated removes candidates whose rate key is gated at now. A failing gate store fails open.
+func (d *Drainer) dropGated(ctx context.Context, now time.Time, cands map[string][]candidate) {
+	if d.cfg.Gates == nil || len(cands) == 0 {
+		return
+	}
+	seen := map[string]bool{}
+	var keys []string
+	for _, cs := range cands {
+		for _, c := range cs {
+			if c.rateKey.Valid && !seen[c.rateKey.String] {
+				seen[c.rateKey.String] = true
+				keys = append(keys, c.rateKey.String)
+			}
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	gated, err := d.cfg.Gates.NotBefore(ctx, keys)
+	if err != nil && d.cfg.Metrics != nil {
+		d.cfg.Metrics.GateUnavailable.Inc()
+	}
+	for t, cs := range cands {
+		kept := cs[:0]
+		for _, c := range cs {
+			if nb, ok := gated[c.rateKey.String]; c.rateKey.Valid && ok && nb.After(now) {
+				continue
+			}
+			kept = append(kept, c)
+		}
+		cands[t] = kept
+	}
+}
+
+// claim picks and claims jobs in one transaction, and commits them as dispatched (claim and
+// dispatch are one transaction, so "claimed" is never visible and a job still claimed was never
+// sent).
+//
+// Locking: the transaction runs at READ COMMITTED and first locks the single claim_lock row
+// FOR UPDATE, so claims from every drainer are serialised. Inside, each statement reads the
+// latest committed data: the caps (the runtime config row), and the in-flight counts, which no
+// concurrent claim can raise while the lock is held (completions can only lower them). Each
+// chosen job is moved with an UPDATE fenced on its id, version and queued state, so a job
+// canceled or taken since the candidate read is skipped. Hence no claim ever puts more jobs in
+// flight than the caps as read in its own transaction. Candidate reads and the gate lookup
+// happen before the transaction, so it never waits on memcached or scans a backlog.
+func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, error) {
+	cfg, err := loadLimits(ctx, d.cfg.DB)
+	if err != nil {
+		return nil, false, err
+	}
+	inFlight, total, err := inFlightByTenant(ctx, d.cfg.DB)
+	if err != nil {
+		return nil, false, err
+	}
+	cands, err := d.candidates(ctx, now, cfg, inFlight, total)
+	if err != nil || len(cands) == 0 {
+		return nil, false, err
+	}
+	d.dropGated(ctx, now, cands)
+
+	tx, err := d.cfg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, false, fmt.Errorf("begin claim: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var one int
+	if err := tx.QueryRowContext(ctx, "SELECT id FROM claim_lock WHERE id = 1 FOR UPDATE").Scan(&one); err != nil {
+		return nil, false, fmt.Errorf("take claim lock: %w", err)
+	}
+	if cfg, err = loadLimits(ctx, tx); err != nil {
+		return nil, false, err
+	}
+	if inFlight, total, err = inFlightByTenant(ctx, tx); err != nil {
+		return nil, false, err
+	}
+	var out []claimed
+	full := false
+	for total < cfg.GlobalInFlight {
+		if len(out) >= d.cfg.ClaimBatch {
+			full = true
+			break
+		}
+		t := d.pick(cfg, cands, inFlight)
+		if t == "" {
+			break
+		}
+		c := cands[t][0]
+		cands[t] = cands[t][1:]
+		cl, ok, err := d.claimOne(ctx, tx, now, cfg, c)
+		if err != nil {
+			return nil, false, err
+		}
+		if !ok {
+			continue
+		}
+		out = append(out, cl)
+		inFlight[t]++
+		total++
+	}
+	if len(out) == 0 {
+		return nil, false, nil
+	}
+	if err := d.loadPayloads(ctx, tx, out); err != nil {
+		return nil, false, err
+	}
+	if err := tx.Commit(); err != nil {
+		// If the COMMIT's outcome is unknown the jobs may be dispatched under our id without
+		// being sent: their leases expire and recovery requeues them. Nothing is sent here.
+		return nil, false, fmt.Errorf("commit claim: %w", err)
+	}
+	d.mu.Lock()
+	for _, c := range out {
+		d.held[c.row.ID] = &held{version: c.row.Version, tenant: c.row.Tenant}
+		d.cfg.Log.Debug("claimed", "job_id", c.row.ID)
+	}
+	d.mu.Unlock()
+	for _, c := range out {
+		d.store.LogTransition(ctx, store.Row{Job: job.Job{ID: c.row.ID, Tenant: c.row.Tenant, Status: job.Queued, QueuedAt: c.row.QueuedAt}},
+			job.Dispatched, c.row.Version, now, "")
+	}
+	return out, full, nil
+}
+
+// pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may.
+func (d *Drainer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) string {
+	var tenants []string
+	for t, cs := range cands {
+		if len(cs) > 0 && inFlight[t] < cfg.TenantCap(t) {
+			tenants = append(tenants, t)
+		}
+	}
+	if len(tenants) == 0 {
+		return ""
+	}
+	sort.Strings(tenants)
+	switch cfg.Ordering {
+	case limits.RoundRobin:
+		for _, t := range tenants {
+			if t > d.rrLast {
+				d.rrLast = t
+				return t
+			}
+		}
+		d.rrLast = tenants[0]
+		return tenants[0]
+	case limits.FIFO:
+		best := tenants[0]
+		for _, t := range tenants[1:] {
+			if cands[t][0].before(cands[best][0]) {
+				best = t
+			}
+		}
+		return best
+	default: // fair
+		best := tenants[0]
+		for _, t := range tenants[1:] {
+			switch {
+			case inFlight[t] < inFlight[best]:
+				best = t
+			case inFlight[t] == inFlight[best] && cands[t][0].before(cands[best][0]):
+				best = t
+			}
+		}
+		return best
+	}
+}
+
+// claimOne moves candidate c from queued to dispatched with a fresh nonce, fenced on its version.
+func (d *Drainer) claimOne(ctx context.Context, tx *sql.Tx, now time.Time, cfg limits.Config, c candidate) (claimed, bool, error) {
+	nonce, err := newNonce()
+	if err != nil {
+		return claimed{}, false, err
+	}
+	var started any
+	if d.cfg.UnconfirmedStarts {
+		started = now
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'dispatched', version = version + 1,
+		attempt = attempt + 1, claimed_at = ?, dispatched_at = ?, started_at = ?, lease_until = ?,
+		drainer_id = ?, nonce_sha256 = ?, nonce_expires_at = ?, not_before = NULL
+		WHERE id = ? AND version = ? AND status = 'queued'`,
+		now, now, started, now.Add(cfg.Lease()), d.cfg.ID, store.HashNonce(nonce), now.Add(cfg.NonceTTL()),
+		c.id, c.version)
+	if err != nil {
+		return claimed{}, false, fmt.Errorf("claim job %d: %w", c.id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return claimed{}, false, nil
+	}
+	r := store.Row{}
+	r.ID, r.Tenant, r.Version, r.Status, r.QueuedAt = c.id, c.tenant, c.version+1, job.Dispatched, c.queuedAt
+	if c.rateKey.Valid {
+		k := c.rateKey.String
+		r.RateKeySHA256 = &k
+	}
+	r.DispatchedAt = &now
+	return claimed{row: r, nonce: nonce, wall: cfg.Wall()}, true, nil
+}
+
+func (d *Drainer) loadPayloads(ctx context.Context, tx *sql.Tx, cs []claimed) error {
+	ids := make([]int64, len(cs))
+	for i, c := range cs {
+		ids[i] = c.row.ID
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT id, payload, attempt FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
+	if err != nil {
+		return fmt.Errorf("read claimed payloads: %w", err)
+	}
+	defer rows.Close()
+	byID := map[int64]int{}
+	for i, c := range cs {
+		byID[c.row.ID] = i
+	}
+	for rows.Next() {
+		var id int64
+		var payload []byte
+		var attempt int
+		if err := rows.Scan(&id, &payload, &attempt); err != nil {
+			return fmt.Errorf("read claimed payloads: %w", err)
+		}
+		i := byID[id]
+		cs[i].row.Payload = payload
+		cs[i].row.Attempt = attempt
+	}
+	return rows.Err()
+}
+
+// recover takes back the in-flight jobs whose lease ran out: their drainer died or froze. A job
+// never sent goes back to queued; a dispatched job whose start was never confirmed goes back to
+// queued with its nonce voided (or is lost when starts are not confirmed); a running job is lost,
+// never re-run. Every write is fenced on the version read, so a drainer that comes back finds
+// its own writes refused.
+func (d *Drainer) recover(ctx context.Context, now time.Time) (int, error) {
+	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT "+store.Columns+` FROM jobs
+		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`, now)
+	if err != nil {
+		return 0, fmt.Errorf("scan expired leases: %w", err)
+	}
+	var expired []store.Row
+	for rows.Next() {
+		r, err := store.ScanRow(rows)
+		if err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("scan expired leases: %w", err)
+		}
+		expired = append(expired, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("scan expired leases: %w", err)
+	}
+	if len(expired) == 0 {
+		return 0, nil
+	}
+	cfg, err := loadLimits(ctx, d.cfg.DB)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range expired {
+		var o store.Outcome
+		switch {
+		case r.Status == job.Claimed:
+			o = store.Outcome{Status: job.Queued}
+		case r.Status == job.Dispatched && !d.cfg.UnconfirmedStarts:
+			o = store.Outcome{Status: job.Queued, CountFailure: true, Budget: cfg.DispatchAttempts,
+				ErrorCode: "lease_expired", ErrorMessage: "the drainer's lease expired before the start was confirmed"}
+		default:
+			o = store.Outcome{Status: job.Lost, ErrorCode: "lease_expired",
+				ErrorMessage: "the drainer's lease expired while the job was in flight"}
+		}
+		err := d.inTx(ctx, func(tx *sql.Tx) error {
+			_, err := d.store.Finish(ctx, tx, now, r, o)
+			return err
+		})
+		switch {
+		case errors.Is(err, store.ErrFenced):
+			continue // someone else finished or recovered it first
+		case err != nil:
+			return n, err
+		}
+		n++
+	}
+	if n > 0 {
+		d.Wake()
+	}
+	return n, nil
+}
+
+func (d *Drainer) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := d.cfg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+func placeholders(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return strings.Repeat("?,", n-1) + "?"
+}
+
+func int64Args(ids []int64) []any {
+	out := make([]any, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}

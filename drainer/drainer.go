@@ -1,0 +1,381 @@
+// Package drainer moves queued jobs to the executor: it reacts to pokes, polls once a second as
+// the backstop, claims eligible jobs under the global and per-tenant caps, dispatches them,
+// records their outcomes (fenced on the claimed version), renews leases and recovers the jobs of
+// drainers that died. One pass of all of that is RunOnce; Run only schedules passes.
+package drainer
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// Sender sends a dispatch to the executor and classifies its answer. *executor.Client is one.
+// Send blocks until the answer or until ctx ends; it must be safe for concurrent use.
+type Sender interface {
+	Send(ctx context.Context, d executor.Dispatch) executor.Answer
+}
+
+// Gates is the rate-gate store as the drainer uses it (SPEC §5). Implementations fail open:
+// NotBefore returns what it could read and an error the drainer only counts and logs.
+type Gates interface {
+	// NotBefore returns the gate instant of each gated key among hashes.
+	NotBefore(ctx context.Context, hashes []string) (map[string]time.Time, error)
+	// Extend gates hash for retryAfter seconds from now, never shortening a longer gate.
+	Extend(ctx context.Context, hash string, retryAfter int) (time.Time, error)
+}
+
+// Config configures a Drainer. Field docs give the defaults.
+type Config struct {
+	// DB is the sluice database. Required.
+	DB *sql.DB
+	// Executor receives dispatches. Required.
+	Executor Sender
+	// Clock judges leases, walls and nonce TTLs. Default: the database's clock.
+	Clock clock.Clock
+	// ID names this drainer in job rows and heartbeats. Default hostname-pid.
+	ID string
+	// Prefix is the NATS subject prefix of the pokes it writes. Default "sluice".
+	Prefix string
+	// UnconfirmedStarts is true when the executor cannot confirm starts
+	// (SLUICE_EXECUTOR_CONFIRM_START=false): a dispatch whose outcome is unknown is then lost,
+	// never requeued. Default false (starts are confirmed).
+	UnconfirmedStarts bool
+	// Gates, if set, is consulted before claiming and written on an executor's 429.
+	Gates Gates
+	// PollInterval is the backstop poll period. Default 1 s.
+	PollInterval time.Duration
+	// ClaimBatch bounds the jobs claimed in one transaction. Default 64.
+	ClaimBatch int
+	// Log receives transitions and problems. Default: discard.
+	Log *slog.Logger
+	// Metrics, if set, is updated by every pass.
+	Metrics *Metrics
+	// BuildVersion is written in heartbeats. Default "dev".
+	BuildVersion string
+}
+
+// Drainer claims and dispatches jobs. Its methods are safe for concurrent use.
+type Drainer struct {
+	cfg   Config
+	store *store.Store
+	wake  chan struct{}
+
+	passMu sync.Mutex // one pass at a time
+
+	mu        sync.Mutex
+	held      map[int64]*held // jobs this drainer dispatched and still owns
+	lastRenew time.Time
+	lastBeat  time.Time
+	lastClaim time.Time
+	rrLast    string // round_robin: the tenant served last
+
+	work       context.Context // dispatches run under it; canceled by Stop after the grace
+	cancelWork context.CancelFunc
+	dispatches sync.WaitGroup
+}
+
+type held struct {
+	version int64
+	tenant  string
+}
+
+// New returns a Drainer, or an "invalid config" error naming the field.
+func New(cfg Config) (*Drainer, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("invalid config: DB: required")
+	}
+	if cfg.Executor == nil {
+		return nil, errors.New("invalid config: Executor: required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.DB{DB: cfg.DB}
+	}
+	if cfg.ID == "" {
+		host, _ := os.Hostname()
+		cfg.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if len(cfg.ID) > 191 {
+		return nil, errors.New("invalid config: ID: at most 191 bytes")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = outbox.DefaultPrefix
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = time.Second
+	}
+	if cfg.BuildVersion == "" {
+		cfg.BuildVersion = "dev"
+	}
+	if cfg.ClaimBatch <= 0 {
+		cfg.ClaimBatch = 64
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	work, cancel := context.WithCancel(context.Background())
+	return &Drainer{
+		cfg:        cfg,
+		store:      &store.Store{Prefix: cfg.Prefix, Log: cfg.Log},
+		wake:       make(chan struct{}, 1),
+		held:       map[int64]*held{},
+		work:       work,
+		cancelWork: cancel,
+	}, nil
+}
+
+// ID returns the drainer's id.
+func (d *Drainer) ID() string { return d.cfg.ID }
+
+// Wake asks for a drain pass soon. It never blocks: a burst of wakes while a pass is pending
+// collapses into that one pass.
+func (d *Drainer) Wake() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Pass reports what one RunOnce did.
+type Pass struct {
+	Renewed   int
+	Recovered int
+	Claimed   int
+	// Full is true when the pass stopped at ClaimBatch with capacity possibly left.
+	Full bool
+}
+
+// RunOnce does one drain pass: renew this drainer's leases if due, recover expired claims,
+// claim what the caps allow and start dispatching it. Dispatches run in goroutines owned by the
+// Drainer (Stop waits for them); RunOnce does not wait for their outcomes.
+func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
+	d.passMu.Lock()
+	defer d.passMu.Unlock()
+	var p Pass
+	now, err := d.cfg.Clock.Now(ctx)
+	if err != nil {
+		return p, err
+	}
+	if p.Renewed, err = d.renew(ctx, now); err != nil {
+		return p, err
+	}
+	if p.Recovered, err = d.recover(ctx, now); err != nil {
+		return p, err
+	}
+	claimed, full, err := d.claim(ctx, now)
+	if err != nil {
+		return p, err
+	}
+	p.Claimed, p.Full = len(claimed), full
+	for _, c := range claimed {
+		d.startDispatch(c)
+	}
+	if err := d.heartbeat(ctx, now, len(claimed) > 0); err != nil {
+		d.cfg.Log.Warn("drainer heartbeat failed", "error", err)
+	}
+	if d.cfg.Metrics != nil {
+		d.cfg.Metrics.observePass(p)
+	}
+	return p, nil
+}
+
+// Run drains until ctx is done: a pass on every wake and at least every PollInterval. It
+// returns when ctx is done; in-flight dispatches go on until Stop.
+func (d *Drainer) Run(ctx context.Context) {
+	t := time.NewTicker(d.cfg.PollInterval)
+	defer t.Stop()
+	failures := 0
+	for {
+		p, err := d.RunOnce(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			failures++
+			if failures == 1 || failures%30 == 0 {
+				d.cfg.Log.Error("drain pass failed", "error", err, "consecutive_failures", failures)
+			}
+		default:
+			if failures > 0 {
+				d.cfg.Log.Info("drain pass recovered", "after_failures", failures)
+			}
+			failures = 0
+			if p.Full {
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+		case <-t.C:
+		}
+	}
+}
+
+// Stop waits for in-flight dispatches to be answered, up to ctx's deadline, then cancels the
+// rest (their jobs are recorded as unknown outcomes: requeued if never started, else lost) and
+// waits for those records. Call it after Run has returned. Idempotent.
+func (d *Drainer) Stop(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		d.dispatches.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		d.cancelWork()
+		<-done
+	}
+	d.cancelWork()
+}
+
+// InFlight returns how many jobs this drainer holds.
+func (d *Drainer) InFlight() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.held)
+}
+
+func newNonce() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("mint nonce: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
+// renew extends the leases of the jobs this drainer holds, at most every third of the lease.
+// Jobs past their wall are not renewed, so recovery takes them when the lease runs out. A job
+// whose fenced renewal matches nothing was taken from this drainer: it is forgotten.
+func (d *Drainer) renew(ctx context.Context, now time.Time) (int, error) {
+	d.mu.Lock()
+	if len(d.held) == 0 {
+		d.mu.Unlock()
+		return 0, nil
+	}
+	ids := make([]int64, 0, len(d.held))
+	versions := make(map[int64]int64, len(d.held))
+	for id, h := range d.held {
+		ids = append(ids, id)
+		versions[id] = h.version
+	}
+	d.mu.Unlock()
+	cfgLease, wall, err := d.leaseAndWall(ctx)
+	if err != nil {
+		return 0, err
+	}
+	d.mu.Lock()
+	due := now.Sub(d.lastRenew) >= cfgLease/3
+	d.mu.Unlock()
+	if !due {
+		return 0, nil
+	}
+	q := "UPDATE jobs SET lease_until = ? WHERE drainer_id = ? AND status IN ('claimed','dispatched','running') AND dispatched_at > ? AND ("
+	args := []any{now.Add(cfgLease), d.cfg.ID, now.Add(-wall)}
+	for i, id := range ids {
+		if i > 0 {
+			q += " OR "
+		}
+		q += "(id = ? AND version = ?)"
+		args = append(args, id, versions[id])
+	}
+	q += ")"
+	res, err := d.cfg.DB.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, fmt.Errorf("renew leases: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	d.mu.Lock()
+	d.lastRenew = now
+	d.mu.Unlock()
+	if int(n) < len(ids) {
+		if err := d.forgetLost(ctx, now, wall, ids, versions); err != nil {
+			return int(n), err
+		}
+	}
+	return int(n), nil
+}
+
+// forgetLost drops from d.held the jobs that no longer match their fence.
+func (d *Drainer) forgetLost(ctx context.Context, now time.Time, wall time.Duration, ids []int64, versions map[int64]int64) error {
+	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT id, version, status, drainer_id, dispatched_at FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
+	if err != nil {
+		return fmt.Errorf("check held jobs: %w", err)
+	}
+	defer rows.Close()
+	keep := map[int64]bool{}
+	for rows.Next() {
+		var id, version int64
+		var status string
+		var drainer sql.NullString
+		var dispatched sql.NullTime
+		if err := rows.Scan(&id, &version, &status, &drainer, &dispatched); err != nil {
+			return fmt.Errorf("check held jobs: %w", err)
+		}
+		if version == versions[id] && job.Status(status).InFlight() && drainer.String == d.cfg.ID &&
+			dispatched.Valid && dispatched.Time.After(now.Add(-wall)) {
+			keep[id] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("check held jobs: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, id := range ids {
+		if h, ok := d.held[id]; ok && !keep[id] && h.version == versions[id] {
+			delete(d.held, id)
+		}
+	}
+	return nil
+}
+
+func (d *Drainer) leaseAndWall(ctx context.Context) (time.Duration, time.Duration, error) {
+	v, err := loadLimits(ctx, d.cfg.DB)
+	if err != nil {
+		return 0, 0, err
+	}
+	return v.Lease(), v.Wall(), nil
+}
+
+func (d *Drainer) heartbeat(ctx context.Context, now time.Time, claimed bool) error {
+	d.mu.Lock()
+	if claimed {
+		d.lastClaim = now
+	}
+	if now.Sub(d.lastBeat) < d.cfg.PollInterval/2 && !claimed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.lastBeat = now
+	inFlight := len(d.held)
+	var lastClaim any
+	if !d.lastClaim.IsZero() {
+		lastClaim = d.lastClaim
+	}
+	d.mu.Unlock()
+	host, _ := os.Hostname()
+	_, err := d.cfg.DB.ExecContext(ctx, `INSERT INTO drainers (id, host, pid, version, started_at, heartbeat_at, last_claim_at, in_flight)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE heartbeat_at = VALUES(heartbeat_at),
+		last_claim_at = VALUES(last_claim_at), in_flight = VALUES(in_flight)`,
+		d.cfg.ID, host, os.Getpid(), d.cfg.BuildVersion, now, now, lastClaim, inFlight)
+	if err != nil {
+		return fmt.Errorf("drainer heartbeat: %w", err)
+	}
+	return nil
+}

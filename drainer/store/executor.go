@@ -1,0 +1,108 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+)
+
+// ConfirmStart moves job id from dispatched to running for the dispatch that minted nonce, if
+// that nonce is still within its TTL at now (SPEC §4). A repeated confirmation with the same
+// nonce while the job is running succeeds again. Errors are *job.Error with codes
+// nonce_invalid, nonce_expired, nonce_used or dispatch_void, or ErrNotFound. The version does not
+// change, so the drainer's outcome write still matches.
+func (s *Store) ConfirmStart(ctx context.Context, tx DB, now time.Time, id int64, nonce string) (Row, error) {
+	r, err := Get(ctx, tx, id, true)
+	if err != nil {
+		return r, err
+	}
+	hash := HashNonce(nonce)
+	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, hash)
+	switch {
+	case same && r.Status == job.Running:
+		return r, nil
+	case same && r.Status == job.Dispatched:
+		if r.NonceExpiresAt == nil || now.After(*r.NonceExpiresAt) {
+			return r, &job.Error{Code: job.CodeNonceExpired, Message: "the nonce's time to start has passed",
+				Detail: map[string]any{"status": r.Status}}
+		}
+	case same && r.Status.Terminal():
+		return r, &job.Error{Code: job.CodeNonceUsed, Message: "this dispatch has already finished",
+			Detail: map[string]any{"status": r.Status}}
+	case r.Status == job.Dispatched || r.Status == job.Running || r.Status == job.Claimed:
+		return r, &job.Error{Code: job.CodeNonceInvalid, Message: "the nonce does not belong to the job's current dispatch",
+			Detail: map[string]any{"status": r.Status}}
+	default:
+		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
+			Detail: map[string]any{"status": r.Status}}
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'running', started_at = ?
+		WHERE id = ? AND version = ? AND status = 'dispatched'`, now, id, r.Version)
+	if err != nil {
+		return r, fmt.Errorf("confirm start of job %d: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job"}
+	}
+	s.LogTransition(ctx, r, job.Running, r.Version, now, "")
+	r.Status = job.Running
+	r.StartedAt = &now
+	return r, nil
+}
+
+// Completion is an executor's report through POST /v1/jobs/{id}/complete.
+type Completion struct {
+	Nonce        string
+	Status       string // succeeded, failed or not_started
+	ErrorCode    string
+	ErrorMessage string
+	Result       json.RawMessage
+}
+
+// Complete records an executor's completion of job id in tx (SPEC §6): the terminal state plus a
+// release poke, or for not_started on a job whose start was never confirmed, queued again. The
+// same outcome again returns the job as it is; a different one is outcome_conflict; a voided
+// dispatch is dispatch_void.
+func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c Completion) (Row, error) {
+	r, err := Get(ctx, tx, id, true)
+	if err != nil {
+		return r, err
+	}
+	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, HashNonce(c.Nonce))
+	if !same {
+		if r.Status == job.Dispatched || r.Status == job.Running {
+			return r, &job.Error{Code: job.CodeNonceInvalid, Message: "the nonce does not belong to the job's current dispatch",
+				Detail: map[string]any{"status": r.Status}}
+		}
+		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; the outcome was not recorded",
+			Detail: map[string]any{"status": r.Status}}
+	}
+	if r.Status.Terminal() {
+		if string(r.Status) == c.Status {
+			return r, nil
+		}
+		return r, &job.Error{Code: job.CodeOutcomeConflict, Message: "a different outcome is already recorded",
+			Detail: map[string]any{"status": r.Status}}
+	}
+	var o Outcome
+	switch c.Status {
+	case string(job.Succeeded), string(job.Failed):
+		o = Outcome{Status: job.Status(c.Status), ErrorCode: c.ErrorCode, ErrorMessage: c.ErrorMessage, Result: c.Result}
+	case "not_started":
+		if r.Status != job.Dispatched {
+			return r, &job.Error{Code: job.CodeOutcomeConflict, Message: "the job's start was confirmed; it cannot be not_started",
+				Detail: map[string]any{"status": r.Status}}
+		}
+		o = Outcome{Status: job.Queued}
+	default:
+		return r, job.Invalid("status", "status must be succeeded, failed or not_started")
+	}
+	if _, err := s.Finish(ctx, tx, now, r, o); err != nil {
+		return r, err
+	}
+	return Get(ctx, tx, id, false)
+}

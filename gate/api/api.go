@@ -1,0 +1,293 @@
+// Package api is sluice's HTTP face (SPEC §6): routing, authentication, request decoding and
+// the one table that maps error codes to HTTP statuses. The decisions are gate's and the
+// fenced writes drainer/store's; this package only translates.
+package api
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// Config configures the API server.
+type Config struct {
+	// DB is the sluice database. Required.
+	DB *sql.DB
+	// Admitter admits jobs. Required.
+	Admitter *gate.Admitter
+	// Limits supplies the runtime configuration. Required.
+	Limits *limits.Cache
+	// Tokens authenticates callers. Required.
+	Tokens *Tokens
+	// Clock judges nonce TTLs. Default: the database's clock.
+	Clock clock.Clock
+	// Gatherer serves /metrics. Default: an empty registry.
+	Gatherer prometheus.Gatherer
+	// Ready reports readiness for /readyz. Default: always ready.
+	Ready func(ctx context.Context) error
+	// Published is called with the outbox rows a start or completion wrote (the fast path).
+	Published func([]outbox.Row)
+	// Log receives request errors. Default: discard.
+	Log *slog.Logger
+}
+
+// Server serves the API. Safe for concurrent use.
+type Server struct {
+	cfg   Config
+	store *store.Store
+	mux   *http.ServeMux
+}
+
+// New returns a Server, or an "invalid config" error naming the field.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.DB == nil:
+		return nil, errors.New("invalid config: DB: required")
+	case cfg.Admitter == nil:
+		return nil, errors.New("invalid config: Admitter: required")
+	case cfg.Limits == nil:
+		return nil, errors.New("invalid config: Limits: required")
+	case cfg.Tokens == nil:
+		return nil, errors.New("invalid config: Tokens: required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.DB{DB: cfg.DB}
+	}
+	if cfg.Gatherer == nil {
+		cfg.Gatherer = prometheus.NewRegistry()
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, store: cfg.Admitter.Store(), mux: http.NewServeMux()}
+	s.routes()
+	return s, nil
+}
+
+// Routes lists every method and path the server registers; the OpenAPI test checks it.
+func (s *Server) Routes() []string { return routeList }
+
+var routeList = []string{
+	"POST /v1/jobs",
+	"GET /v1/jobs/{id}",
+	"DELETE /v1/jobs/{id}",
+	"POST /v1/jobs/{id}/start",
+	"POST /v1/jobs/{id}/complete",
+	"GET /healthz",
+	"GET /readyz",
+	"GET /metrics",
+}
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("POST /v1/jobs", s.auth(s.admit, Producer))
+	s.mux.HandleFunc("GET /v1/jobs/{id}", s.auth(s.getJob, Producer))
+	s.mux.HandleFunc("DELETE /v1/jobs/{id}", s.auth(s.cancel, Producer))
+	s.mux.HandleFunc("POST /v1/jobs/{id}/start", s.auth(s.start, Executor))
+	s.mux.HandleFunc("POST /v1/jobs/{id}/complete", s.auth(s.complete, Executor))
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.fail(w, r, job.Errorf(job.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+type callerKey struct{}
+
+// auth wraps h: 401 without a valid token, 403 for a role that may not call it. Admin may call
+// everything.
+func (s *Server) auth(h http.HandlerFunc, roles ...Role) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c, ok := s.cfg.Tokens.Authenticate(r)
+		if !ok {
+			s.fail(w, r, job.Errorf(job.CodeUnauthorized, "a valid bearer token is required"))
+			return
+		}
+		allowed := c.Role == Admin
+		for _, role := range roles {
+			allowed = allowed || c.Role == role
+		}
+		if !allowed {
+			s.fail(w, r, job.Errorf(job.CodeForbidden, "role %s may not call %s %s", c.Role, r.Method, r.Pattern))
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
+	}
+}
+
+func callerOf(r *http.Request) Caller {
+	c, _ := r.Context().Value(callerKey{}).(Caller)
+	return c
+}
+
+// statusOf is the one table from error codes to HTTP statuses.
+var statusOf = map[job.Code]int{
+	job.CodeInvalidRequest:      http.StatusBadRequest,
+	job.CodeUnauthorized:        http.StatusUnauthorized,
+	job.CodeForbidden:           http.StatusForbidden,
+	job.CodeNotFound:            http.StatusNotFound,
+	job.CodeMethodNotAllowed:    http.StatusMethodNotAllowed,
+	job.CodePayloadTooLarge:     http.StatusRequestEntityTooLarge,
+	job.CodeQueueFull:           http.StatusTooManyRequests,
+	job.CodeCapacityExceeded:    http.StatusTooManyRequests,
+	job.CodeRateLimited:         http.StatusTooManyRequests,
+	job.CodeIdempotencyConflict: http.StatusConflict,
+	job.CodeNotCancelable:       http.StatusConflict,
+	job.CodeNonceInvalid:        http.StatusConflict,
+	job.CodeNonceExpired:        http.StatusConflict,
+	job.CodeNonceUsed:           http.StatusConflict,
+	job.CodeDispatchVoid:        http.StatusConflict,
+	job.CodeOutcomeConflict:     http.StatusConflict,
+	job.CodeUnavailable:         http.StatusServiceUnavailable,
+	job.CodeOutcomeUnknown:      http.StatusServiceUnavailable,
+	job.CodeInternal:            http.StatusInternalServerError,
+}
+
+// fail writes err as the SPEC §6 error body. Anything that is not a *job.Error is an internal
+// error: the client sees a generic message, the log the whole error.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var je *job.Error
+	if errors.Is(err, store.ErrNotFound) {
+		je = job.Errorf(job.CodeNotFound, "no such job")
+	} else if !errors.As(err, &je) {
+		s.cfg.Log.Error("request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+		je = job.Errorf(job.CodeInternal, "internal error")
+	} else if je.Err != nil {
+		s.cfg.Log.Warn("request failed", "method", r.Method, "path", r.URL.Path, "code", je.Code, "error", je.Err)
+	}
+	status, ok := statusOf[je.Code]
+	if !ok {
+		status = http.StatusInternalServerError
+	}
+	body := map[string]any{}
+	for k, v := range je.Detail {
+		body[k] = v
+	}
+	body["error_code"] = je.Code
+	body["message"] = je.Message
+	if ra, ok := je.Detail["retry_after"].(int); ok && ra > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(ra))
+	}
+	writeJSON(w, status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v)
+}
+
+// bodyOverhead is what a request body may carry beyond its payload (tenant, keys, framing).
+const bodyOverhead = 16 << 10
+
+// readBody reads at most limit bytes of r's body; more is payload_too_large. A body that is not
+// valid UTF-8 is refused before decoding, because encoding/json would silently replace the bad
+// bytes.
+func readBody(r *http.Request, limit int) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
+	if err != nil {
+		return nil, job.Invalid("body", "could not read the request body: %v", err)
+	}
+	if len(data) > limit {
+		return nil, &job.Error{Code: job.CodePayloadTooLarge, Message: "the request body is too large",
+			Detail: map[string]any{"limit_bytes": limit}}
+	}
+	if !utf8.Valid(data) {
+		return nil, job.Invalid("body", "the request body is not valid UTF-8")
+	}
+	return data, nil
+}
+
+// decode unmarshals data into v and names the offending field of a type error.
+func decode(data []byte, v any) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			field := te.Field
+			if field == "" {
+				field = "body"
+			}
+			return job.Invalid(field, "%s must be a JSON %s", field, jsonKind(te.Type.Kind().String()))
+		}
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return job.Invalid("body", "malformed JSON at byte %d: %v", se.Offset, err)
+		}
+		return job.Invalid("body", "malformed JSON: %v", err)
+	}
+	return nil
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string":
+		return "string"
+	case "bool":
+		return "boolean"
+	case "int", "int64", "float64", "uint":
+		return "number"
+	case "struct", "map":
+		return "object"
+	case "slice":
+		return "array"
+	case "ptr":
+		return "value of the documented type"
+	}
+	return goKind
+}
+
+func pathID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, job.Errorf(job.CodeNotFound, "no such job")
+	}
+	return id, nil
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Ready != nil {
+		if err := s.cfg.Ready(r.Context()); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "error_code": job.CodeUnavailable, "message": err.Error()})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready"})
+}
+
+func (s *Server) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.cfg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package api
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// Role is what a token may do (SPEC §6).
+type Role string
+
+// The roles of SPEC §6.
+const (
+	Producer Role = "producer"
+	Executor Role = "executor"
+	Admin    Role = "admin"
+)
+
+// Token is one configured bearer token.
+type Token struct {
+	Name    string   `json:"name"`
+	Token   string   `json:"token"`
+	Role    Role     `json:"role"`
+	Tenants []string `json:"tenants"`
+}
+
+// Caller is the authenticated caller of a request.
+type Caller struct {
+	Name    string
+	Role    Role
+	Tenants []string
+}
+
+// MayActFor reports whether the caller may act for tenant: admins for all, producers for their
+// list (or "*"), executors for none through the producer endpoints.
+func (c Caller) MayActFor(tenant string) bool {
+	switch c.Role {
+	case Admin:
+		return true
+	case Producer:
+		return slices.Contains(c.Tenants, "*") || slices.Contains(c.Tenants, tenant)
+	}
+	return false
+}
+
+// Tokens authenticates bearer tokens. Safe for concurrent use.
+type Tokens struct {
+	entries []tokenEntry
+}
+
+type tokenEntry struct {
+	hash   [32]byte
+	caller Caller
+}
+
+// ParseTokens decodes the SLUICE_TOKENS JSON array and checks it.
+func ParseTokens(raw []byte) (*Tokens, error) {
+	var list []Token
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("tokens: not a JSON array of {name, token, role, tenants}: %w", err)
+	}
+	return NewTokens(list)
+}
+
+// NewTokens checks list and returns the authenticator.
+func NewTokens(list []Token) (*Tokens, error) {
+	t := &Tokens{}
+	seen := map[string]bool{}
+	for i, tok := range list {
+		switch {
+		case tok.Name == "":
+			return nil, fmt.Errorf("tokens[%d]: name is required", i)
+		case len(tok.Token) < 3:
+			return nil, fmt.Errorf("tokens[%d] (%s): token is missing or too short", i, tok.Name)
+		case tok.Role != Producer && tok.Role != Executor && tok.Role != Admin:
+			return nil, fmt.Errorf("tokens[%d] (%s): role must be producer, executor or admin, got %q", i, tok.Name, tok.Role)
+		case tok.Role == Producer && len(tok.Tenants) == 0:
+			return nil, fmt.Errorf("tokens[%d] (%s): a producer needs tenants (a list, or [\"*\"])", i, tok.Name)
+		case seen[tok.Token]:
+			return nil, fmt.Errorf("tokens[%d] (%s): token is used twice", i, tok.Name)
+		}
+		seen[tok.Token] = true
+		t.entries = append(t.entries, tokenEntry{hash: sha256.Sum256([]byte(tok.Token)),
+			caller: Caller{Name: tok.Name, Role: tok.Role, Tenants: tok.Tenants}})
+	}
+	return t, nil
+}
+
+// Authenticate returns the caller of r's bearer token. Every configured token is compared, in
+// constant time over equal-length hashes, so timing tells nothing about which one nearly matched.
+func (t *Tokens) Authenticate(r *http.Request) (Caller, bool) {
+	h := r.Header.Get("Authorization")
+	raw, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || raw == "" {
+		return Caller{}, false
+	}
+	sum := sha256.Sum256([]byte(raw))
+	var found Caller
+	match := 0
+	for _, e := range t.entries {
+		if subtle.ConstantTimeCompare(sum[:], e.hash[:]) == 1 {
+			found = e.caller
+			match = 1
+		}
+	}
+	return found, match == 1
+}

@@ -1,0 +1,125 @@
+// Package job is sluice's shared vocabulary: job states, the job record as the API shows it,
+// and the stable error codes of SPEC §6. It lives under gate because admission is where a job
+// is born, and it imports nothing of sluice so that gate, drainer and the clients can all share
+// it without import cycles.
+package job
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Status is a job's lifecycle state (SPEC §4). The string is stable API.
+type Status string
+
+// The job states of SPEC §4.
+const (
+	Queued     Status = "queued"
+	Claimed    Status = "claimed"
+	Dispatched Status = "dispatched"
+	Running    Status = "running"
+	Succeeded  Status = "succeeded"
+	Failed     Status = "failed"
+	Canceled   Status = "canceled"
+	Rejected   Status = "rejected"
+	Lost       Status = "lost"
+	Expired    Status = "expired"
+)
+
+// InFlight reports whether s counts against the in-flight caps.
+func (s Status) InFlight() bool { return s == Claimed || s == Dispatched || s == Running }
+
+// Terminal reports whether s is final: no writer may change a job in such a state.
+func (s Status) Terminal() bool {
+	switch s {
+	case Succeeded, Failed, Canceled, Rejected, Lost, Expired:
+		return true
+	}
+	return false
+}
+
+// Job is a job as the API reads it (SPEC §6). Timestamps are UTC with microseconds.
+type Job struct {
+	ID            int64           `json:"id"`
+	Tenant        string          `json:"tenant"`
+	RateKeySHA256 *string         `json:"rate_key_sha256"`
+	Status        Status          `json:"status"`
+	Version       int64           `json:"version"`
+	Attempt       int             `json:"attempt"`
+	Position      *int64          `json:"position,omitempty"`
+	QueuedAt      time.Time       `json:"queued_at"`
+	ClaimedAt     *time.Time      `json:"claimed_at"`
+	DispatchedAt  *time.Time      `json:"dispatched_at"`
+	StartedAt     *time.Time      `json:"started_at"`
+	FinishedAt    *time.Time      `json:"finished_at"`
+	ErrorCode     *string         `json:"error_code"`
+	ErrorMessage  *string         `json:"error_message"`
+	Result        json.RawMessage `json:"result"`
+	RetryOf       *int64          `json:"retry_of"`
+}
+
+// Code is a stable error code (SPEC §6 `error_code`).
+type Code string
+
+// The error codes of SPEC §6 and §8.
+const (
+	CodeInvalidRequest      Code = "invalid_request"
+	CodeUnauthorized        Code = "unauthorized"
+	CodeForbidden           Code = "forbidden"
+	CodeNotFound            Code = "not_found"
+	CodePayloadTooLarge     Code = "payload_too_large"
+	CodeQueueFull           Code = "queue_full"
+	CodeCapacityExceeded    Code = "capacity_exceeded"
+	CodeRateLimited         Code = "rate_limited"
+	CodeIdempotencyConflict Code = "idempotency_conflict"
+	CodeNotCancelable       Code = "not_cancelable"
+	CodeNonceInvalid        Code = "nonce_invalid"
+	CodeNonceExpired        Code = "nonce_expired"
+	CodeNonceUsed           Code = "nonce_used"
+	CodeDispatchVoid        Code = "dispatch_void"
+	CodeOutcomeConflict     Code = "outcome_conflict"
+	CodeUnavailable         Code = "unavailable"
+	CodeOutcomeUnknown      Code = "outcome_unknown"
+	CodeDispatchFailed      Code = "dispatch_failed"
+	CodeInternal            Code = "internal"
+	CodeMethodNotAllowed    Code = "method_not_allowed"
+)
+
+// Error is an application error with a stable code. The HTTP edge maps Code to a status; Detail
+// fields are added to the JSON error body. Message is safe to show to a client.
+type Error struct {
+	Code    Code
+	Message string
+	Detail  map[string]any
+	Err     error // the cause, for logs only
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an *Error with code c and a formatted message.
+func Errorf(c Code, format string, args ...any) *Error {
+	return &Error{Code: c, Message: fmt.Sprintf(format, args...)}
+}
+
+// Invalid returns an invalid_request error naming the offending field.
+func Invalid(field, format string, args ...any) *Error {
+	return &Error{Code: CodeInvalidRequest, Message: fmt.Sprintf(format, args...), Detail: map[string]any{"field": field}}
+}
+
+// ErrorCode returns the code of the first *Error in err's chain, or CodeInternal.
+func ErrorCode(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}

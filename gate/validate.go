@@ -1,0 +1,122 @@
+package gate
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/gate/job"
+)
+
+// Request is one admission as the API decodes it (SPEC §6 POST /v1/jobs).
+type Request struct {
+	Tenant         string          `json:"tenant"`
+	RateKey        *string         `json:"rate_key,omitempty"`
+	Payload        json.RawMessage `json:"payload,omitempty"`
+	IdempotencyKey *string         `json:"idempotency_key,omitempty"`
+	Queue          *bool           `json:"queue,omitempty"`
+}
+
+// Limits on request fields (SPEC §6, issue "front door").
+const (
+	MaxTenantBytes         = 191
+	MaxRateKeyBytes        = 1024
+	MaxIdempotencyKeyBytes = 255
+)
+
+// ValidTenant returns an invalid_request error unless t is 1-191 bytes of valid UTF-8 without
+// control characters.
+func ValidTenant(field, t string) error {
+	switch {
+	case t == "":
+		return job.Invalid(field, "%s is required", field)
+	case len(t) > MaxTenantBytes:
+		return job.Invalid(field, "%s is %d bytes; at most %d", field, len(t), MaxTenantBytes)
+	case !utf8.ValidString(t):
+		return job.Invalid(field, "%s is not valid UTF-8", field)
+	}
+	for _, r := range t {
+		if unicode.IsControl(r) {
+			return job.Invalid(field, "%s contains a control character", field)
+		}
+	}
+	return nil
+}
+
+// Validate checks r against the static rules and maxPayload; it returns a *job.Error naming the
+// field.
+func (r *Request) Validate(maxPayload int) error {
+	if err := ValidTenant("tenant", r.Tenant); err != nil {
+		return err
+	}
+	if r.RateKey != nil {
+		switch k := *r.RateKey; {
+		case k == "":
+			return job.Invalid("rate_key", "rate_key must not be empty (omit it instead)")
+		case len(k) > MaxRateKeyBytes:
+			return job.Invalid("rate_key", "rate_key is %d bytes; at most %d", len(k), MaxRateKeyBytes)
+		case !utf8.ValidString(k):
+			return job.Invalid("rate_key", "rate_key is not valid UTF-8")
+		}
+	}
+	if r.IdempotencyKey != nil {
+		switch k := *r.IdempotencyKey; {
+		case k == "":
+			return job.Invalid("idempotency_key", "idempotency_key must not be empty (omit it instead)")
+		case len(k) > MaxIdempotencyKeyBytes:
+			return job.Invalid("idempotency_key", "idempotency_key is %d bytes; at most %d", len(k), MaxIdempotencyKeyBytes)
+		case !utf8.ValidString(k):
+			return job.Invalid("idempotency_key", "idempotency_key is not valid UTF-8")
+		}
+	}
+	if len(r.Payload) > maxPayload {
+		return &job.Error{Code: job.CodePayloadTooLarge,
+			Message: "payload is larger than the limit",
+			Detail:  map[string]any{"field": "payload", "limit_bytes": maxPayload}}
+	}
+	if bytes.Equal(bytes.TrimSpace(r.Payload), []byte("null")) {
+		r.Payload = nil
+	}
+	return nil
+}
+
+// RateKeyHash returns the SHA-256 hex of a raw rate key: the only form sluice stores or logs.
+func RateKeyHash(raw string) string {
+	sum := sha256.Sum256([]byte(raw))
+	return hex.EncodeToString(sum[:])
+}
+
+// fingerprint identifies the request for idempotent replay: same fingerprint, same request.
+func (r *Request) fingerprint() []byte {
+	h := sha256.New()
+	write := func(b []byte) {
+		var n [8]byte
+		l := len(b)
+		for i := range n {
+			n[i] = byte(l >> (8 * i))
+		}
+		h.Write(n[:])
+		h.Write(b)
+	}
+	write([]byte(r.Tenant))
+	if r.RateKey != nil {
+		write([]byte("k" + *r.RateKey))
+	} else {
+		write(nil)
+	}
+	var compact bytes.Buffer
+	if len(r.Payload) > 0 && json.Compact(&compact, r.Payload) == nil {
+		write(compact.Bytes())
+	} else {
+		write(r.Payload)
+	}
+	if r.Queue != nil && !*r.Queue {
+		write([]byte("q0"))
+	} else {
+		write([]byte("q1"))
+	}
+	return h.Sum(nil)
+}

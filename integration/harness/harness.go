@@ -1,0 +1,199 @@
+// Package harness starts a complete sluice for a test or benchmark: its own database, its own
+// embedded NATS server with JetStream, the simulated executor and the same App that
+// `sluice serve` runs, on free loopback ports, all stopped in the test's cleanup. It also has the
+// small HTTP helpers the tests share and WaitFor, the one way tests wait: on a condition, with a
+// deadline.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cmd/sluice/app"
+	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/integration/simexec"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// Tokens used by every harness.
+const (
+	ProducerToken = "producer-token"
+	ExecutorToken = "executor-token"
+	AdminToken    = "admin-token"
+	Secret        = "test-secret"
+)
+
+// Env is a running sluice with its dependencies.
+type Env struct {
+	DB       *testdb.DB
+	NATS     *app.EmbeddedNATS
+	Exec     *simexec.Server
+	ExecURL  string
+	App      *app.App
+	URL      string // API base URL
+	HTTP     *http.Client
+	received func(int64, string, time.Time)
+}
+
+// Options tune Start.
+type Options struct {
+	// Roles, as app.Options; all false runs all three.
+	API, Relay, Drainer bool
+	// OnReceive is passed to the simulated executor.
+	OnReceive func(jobID int64, tenant string, at time.Time)
+	// Log, if nil, discards (set SLUICE_TEST_LOG=1 to see the app's log).
+	Log *slog.Logger
+}
+
+// Start brings up an Env for tb.
+func Start(tb testing.TB, o Options) *Env {
+	tb.Helper()
+	e := &Env{DB: testdb.New(tb), HTTP: &http.Client{Timeout: 30 * time.Second}}
+	var err error
+	if e.NATS, err = app.StartEmbeddedNATS(tb.TempDir(), 0); err != nil {
+		tb.Fatalf("harness: %v", err)
+	}
+	tb.Cleanup(e.NATS.Shutdown)
+	log := o.Log
+	if log == nil {
+		if os.Getenv("SLUICE_TEST_LOG") != "" {
+			log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+		} else {
+			log = slog.New(slog.DiscardHandler)
+		}
+	}
+	e.Exec = simexec.New(simexec.Config{Secret: []byte(Secret), OnReceive: o.OnReceive, Log: log})
+	execSrv := httptest.NewServer(e.Exec.Handler())
+	tb.Cleanup(func() { execSrv.Close(); e.Exec.Close() })
+	e.ExecURL = execSrv.URL + "/dispatch"
+	tokens, err := api.NewTokens([]api.Token{
+		{Name: "producer", Token: ProducerToken, Role: api.Producer, Tenants: []string{"*"}},
+		{Name: "executor", Token: ExecutorToken, Role: api.Executor},
+		{Name: "admin", Token: AdminToken, Role: api.Admin},
+	})
+	if err != nil {
+		tb.Fatalf("harness: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e.App, err = app.Start(ctx, app.Options{
+		MySQLDSN: e.DB.DSN, NATSURL: e.NATS.URL(), Listen: "127.0.0.1:0",
+		ExecutorURL: e.ExecURL, ExecutorSecret: Secret, Tokens: tokens, InitStream: true,
+		API: o.API, Relay: o.Relay, Drainer: o.Drainer, Grace: 10 * time.Second, Log: log,
+	})
+	if err != nil {
+		tb.Fatalf("harness: start sluice: %v", err)
+	}
+	tb.Cleanup(func() { _ = e.App.Stop(context.Background()) })
+	e.URL = "http://" + e.App.Addr()
+	e.Exec.SetAPI(e.URL, ExecutorToken)
+	return e
+}
+
+// Response is a decoded API answer.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   map[string]any
+	Raw    []byte
+}
+
+// Do sends method path with body (marshalled to JSON unless it is []byte) and token.
+func (e *Env) Do(tb testing.TB, method, path, token string, body any) Response {
+	tb.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			tb.Fatalf("marshal: %v", err)
+		}
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, e.URL+path, rd)
+	if err != nil {
+		tb.Fatalf("request: %v", err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := e.HTTP.Do(req)
+	if err != nil {
+		tb.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		tb.Fatalf("%s %s: read: %v", method, path, err)
+	}
+	out := Response{Status: resp.StatusCode, Header: resp.Header, Raw: raw}
+	if len(raw) > 0 && raw[0] == '{' {
+		if err := json.Unmarshal(raw, &out.Body); err != nil {
+			tb.Fatalf("%s %s: decode %q: %v", method, path, raw, err)
+		}
+	}
+	return out
+}
+
+// Admit posts a job for tenant with payload and returns its id, failing tb unless it got 202.
+func (e *Env) Admit(tb testing.TB, tenant string, payload any) int64 {
+	tb.Helper()
+	r := e.Do(tb, http.MethodPost, "/v1/jobs", ProducerToken, map[string]any{"tenant": tenant, "payload": payload})
+	if r.Status != http.StatusAccepted {
+		tb.Fatalf("admit: HTTP %d: %s", r.Status, r.Raw)
+	}
+	return int64(r.Body["id"].(float64))
+}
+
+// WaitFor polls cond every 5 ms until it returns true or timeout passes, then fails tb with what.
+// It is a wait on a condition with a deadline, never a sleep that hopes.
+func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	var lastErr error
+	for {
+		ok, err := cond()
+		if ok && err == nil {
+			return
+		}
+		lastErr = err
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
+		}
+		<-tick.C
+	}
+}
+
+// CountJobs returns the number of jobs per status.
+func (e *Env) CountJobs(ctx context.Context) (map[string]int, error) {
+	rows, err := e.DB.QueryContext(ctx, "SELECT status, COUNT(*) FROM jobs GROUP BY status")
+	if err != nil {
+		return nil, fmt.Errorf("count jobs: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, err
+		}
+		out[s] = n
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,91 @@
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Open connects to the MySQL/MariaDB database named by dsn and adds the DSN parameters sluice
+// relies on, whatever the operator wrote:
+//
+//   - parseTime and loc=UTC: DATETIME columns scan into time.Time, and are UTC;
+//   - clientFoundRows: a fenced UPDATE reports rows matched, so "0 rows" means "lost the fence";
+//   - READ COMMITTED isolation: claims and admissions take no gap locks (PITFALLS: MySQL);
+//   - innodb_lock_wait_timeout 10 s instead of 50 s, and read/write timeouts, so that a stuck
+//     server surfaces as an error instead of a hung request.
+//
+// Open pings the server and returns an error wrapping the driver's if it cannot be reached.
+func Open(ctx context.Context, dsn string) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("invalid MySQL DSN: %w", err)
+	}
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	cfg.ClientFoundRows = true
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = 30 * time.Second
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["innodb_lock_wait_timeout"] = "10"
+	cfg.Params["time_zone"] = "'+00:00'"
+	// MariaDB before 11.1 and MySQL 5.7 know the isolation variable as tx_isolation, MySQL 8 as
+	// transaction_isolation. Try the modern name first.
+	var lastErr error
+	for _, name := range []string{"transaction_isolation", "tx_isolation"} {
+		delete(cfg.Params, "transaction_isolation")
+		delete(cfg.Params, "tx_isolation")
+		cfg.Params[name] = "'READ-COMMITTED'"
+		db, err := openWith(ctx, cfg)
+		if err == nil {
+			return db, nil
+		}
+		lastErr = err
+		var me *mysql.MySQLError
+		if !errors.As(err, &me) || me.Number != 1193 { // 1193: unknown system variable
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+func openWith(ctx context.Context, cfg *mysql.Config) (*sql.DB, error) {
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("MySQL connector: %w", err)
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(64)
+	db.SetMaxIdleConns(64)
+	db.SetConnMaxLifetime(5 * time.Minute) // below any sane wait_timeout
+	db.SetConnMaxIdleTime(time.Minute)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connect to MySQL at %s: %w", cfg.Addr, err)
+	}
+	return db, nil
+}
+
+// DatabaseName returns the database named in dsn, for messages and for creating it.
+func DatabaseName(dsn string) (string, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("invalid MySQL DSN: %w", err)
+	}
+	return cfg.DBName, nil
+}

@@ -1,0 +1,220 @@
+// Package outbox is sluice's transactional outbox (SPEC §3, §7). A message to NATS is first a
+// row written inside the transaction of the change it announces; the relay publishes committed
+// rows and marks them published after the broker acknowledged them. Nothing here talks to NATS.
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Kind names what a poke announces. It is the second token of the subject.
+type Kind string
+
+const (
+	// Enqueue announces a job that became queued (admission, requeue).
+	Enqueue Kind = "enqueue"
+	// Release announces capacity that freed up (a job left the in-flight states).
+	Release Kind = "release"
+)
+
+// DefaultPrefix is the subject prefix when none is configured.
+const DefaultPrefix = "sluice"
+
+// Subject returns the NATS subject for a poke of kind about tenant: <prefix>.<kind>.<token>,
+// where the token is the unpadded base64url encoding of the tenant's bytes, because tenants may
+// contain '.', '*', '>' or spaces, which subjects cannot.
+func Subject(prefix string, kind Kind, tenant string) string {
+	return prefix + "." + string(kind) + "." + base64.RawURLEncoding.EncodeToString([]byte(tenant))
+}
+
+// ParseSubject is the inverse of Subject.
+func ParseSubject(prefix, subject string) (Kind, string, error) {
+	rest, ok := strings.CutPrefix(subject, prefix+".")
+	if !ok {
+		return "", "", fmt.Errorf("subject %q: prefix is not %q", subject, prefix)
+	}
+	kind, token, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", "", fmt.Errorf("subject %q: want <prefix>.<kind>.<tenant token>", subject)
+	}
+	tenant, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil {
+		return "", "", fmt.Errorf("subject %q: tenant token: %w", subject, err)
+	}
+	return Kind(kind), string(tenant), nil
+}
+
+// Poke is the body of an enqueue or release message.
+type Poke struct {
+	Kind   Kind   `json:"kind"`
+	Tenant string `json:"tenant"`
+	JobID  int64  `json:"job_id"`
+}
+
+// Message is one row to write.
+type Message struct {
+	Subject string
+	Payload []byte
+}
+
+// PokeMessage builds the message announcing a poke.
+func PokeMessage(prefix string, kind Kind, tenant string, jobID int64) Message {
+	body, _ := json.Marshal(Poke{Kind: kind, Tenant: tenant, JobID: jobID}) // cannot fail
+	return Message{Subject: Subject(prefix, kind, tenant), Payload: body}
+}
+
+// Execer is what Write needs of a transaction: both *sql.Tx and *sql.DB satisfy it, which is
+// what lets an outbox row join the caller's own transaction.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Write inserts msgs in one statement inside tx and returns their row ids in order. now is the
+// transaction's timestamp. The rows become visible to the relay when tx commits, not before.
+func Write(ctx context.Context, tx Execer, now time.Time, msgs ...Message) ([]int64, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	var q strings.Builder
+	q.WriteString("INSERT INTO outbox (subject, payload, created_at) VALUES ")
+	args := make([]any, 0, 3*len(msgs))
+	for i, m := range msgs {
+		if i > 0 {
+			q.WriteString(",")
+		}
+		q.WriteString("(?,?,?)")
+		args = append(args, m.Subject, m.Payload, now)
+	}
+	res, err := tx.ExecContext(ctx, q.String(), args...)
+	if err != nil {
+		return nil, fmt.Errorf("write outbox: %w", err)
+	}
+	first, err := res.LastInsertId()
+	if err != nil {
+		return nil, fmt.Errorf("write outbox: id: %w", err)
+	}
+	// A multi-row INSERT with a known row count gets consecutive ids under every InnoDB
+	// auto-increment lock mode ("simple inserts" reserve their whole range at once).
+	ids := make([]int64, len(msgs))
+	for i := range ids {
+		ids[i] = first + int64(i)
+	}
+	return ids, nil
+}
+
+// Row is an outbox row as the relay reads it.
+type Row struct {
+	ID        int64
+	Subject   string
+	Payload   []byte
+	CreatedAt time.Time
+	Attempts  int
+}
+
+// ClaimUnpublished locks up to limit unpublished rows, oldest id first, and returns them. It must
+// run in a transaction; the row locks are held until that transaction ends. SKIP LOCKED lets
+// several relays run at once, each taking rows no other relay holds, and the selection is by
+// state (published_at IS NULL), never by an id high-water mark, because ids are assigned at
+// INSERT but rows become visible at COMMIT, out of id order.
+func ClaimUnpublished(ctx context.Context, tx *sql.Tx, limit int) ([]Row, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT id, subject, payload, created_at, attempts FROM outbox
+		WHERE published_at IS NULL ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox rows: %w", err)
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		var r Row
+		if err := rows.Scan(&r.ID, &r.Subject, &r.Payload, &r.CreatedAt, &r.Attempts); err != nil {
+			return nil, fmt.Errorf("claim outbox rows: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// MarkPublished records that the broker acknowledged the rows ids at now. Rows already marked
+// keep their first publication time.
+func MarkPublished(ctx context.Context, tx Execer, now time.Time, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	q := "UPDATE outbox SET published_at = ? WHERE published_at IS NULL AND id IN (" + placeholders(len(ids)) + ")"
+	args := make([]any, 0, len(ids)+1)
+	args = append(args, now)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("mark outbox rows published: %w", err)
+	}
+	return nil
+}
+
+// RecordFailure counts a failed publication attempt of the rows ids and keeps the error text.
+func RecordFailure(ctx context.Context, tx Execer, ids []int64, cause error) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	msg := cause.Error()
+	if len(msg) > 1000 {
+		msg = msg[:1000]
+	}
+	q := "UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id IN (" + placeholders(len(ids)) + ")"
+	args := make([]any, 0, len(ids)+1)
+	args = append(args, msg)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("record outbox failure: %w", err)
+	}
+	return nil
+}
+
+// Stats is the outbox backlog.
+type Stats struct {
+	Unpublished        int64
+	OldestUnpublished  *time.Time
+	OldestAgeSeconds   float64
+}
+
+// Querier is what the read helpers need: *sql.DB, *sql.Tx and *sql.Conn satisfy it.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// ReadStats returns the number of unpublished rows and the age of the oldest one relative to now.
+func ReadStats(ctx context.Context, q Querier, now time.Time) (Stats, error) {
+	var s Stats
+	var oldest sql.NullTime
+	if err := q.QueryRowContext(ctx,
+		"SELECT COUNT(*), MIN(created_at) FROM outbox WHERE published_at IS NULL").Scan(&s.Unpublished, &oldest); err != nil {
+		return s, fmt.Errorf("read outbox stats: %w", err)
+	}
+	if oldest.Valid {
+		t := oldest.Time
+		s.OldestUnpublished = &t
+		if age := now.Sub(t).Seconds(); age > 0 {
+			s.OldestAgeSeconds = age
+		}
+	}
+	return s, nil
+}
+
+func placeholders(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return strings.Repeat("?,", n-1) + "?"
+}

@@ -1,0 +1,266 @@
+package publisher
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// RelayConfig configures a Relay. Field docs give the defaults.
+type RelayConfig struct {
+	// DB is the sluice database. Required.
+	DB *sql.DB
+	// NC is the NATS connection. Required.
+	NC *nats.Conn
+	// JS publishes with acknowledgements. Nil selects core-NATS mode: a row counts as published
+	// once the client's flush succeeds (SPEC §7).
+	JS jetstream.JetStream
+	// InstallID prefixes message ids. Required.
+	InstallID string
+	// Batch bounds the rows published per pass. Default 500.
+	Batch int
+	// AckTimeout bounds the wait for a batch's acknowledgements. Default 5 s.
+	AckTimeout time.Duration
+	// Interval is the idle poll period of Run. Default 500 ms.
+	Interval time.Duration
+	// Clock stamps published_at. Default: the database's clock.
+	Clock clock.Clock
+	// Log receives problems. Default: discard.
+	Log *slog.Logger
+	// Metrics, if set, counts publications.
+	Metrics *RelayMetrics
+}
+
+// RelayMetrics are the relay's collectors.
+type RelayMetrics struct {
+	Published prometheus.Counter
+	Errors    *prometheus.CounterVec
+}
+
+// NewRelayMetrics creates and registers the relay's collectors on reg.
+func NewRelayMetrics(reg prometheus.Registerer) *RelayMetrics {
+	m := &RelayMetrics{
+		Published: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_relay_published_total",
+			Help: "Outbox rows published and acknowledged."}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_relay_publish_errors_total",
+			Help: "Failed publications, by kind."}, []string{"kind"}),
+	}
+	reg.MustRegister(m.Published, m.Errors)
+	return m
+}
+
+// Relay publishes committed outbox rows. Safe for concurrent use; several relays (in one or many
+// processes) may run at once.
+type Relay struct {
+	cfg  RelayConfig
+	wake chan struct{}
+}
+
+// NewRelay returns a Relay, or an "invalid config" error naming the field.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	switch {
+	case cfg.DB == nil:
+		return nil, errors.New("invalid config: DB: required")
+	case cfg.NC == nil:
+		return nil, errors.New("invalid config: NC: required")
+	case cfg.InstallID == "":
+		return nil, errors.New("invalid config: InstallID: required")
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 500
+	}
+	if cfg.AckTimeout <= 0 {
+		cfg.AckTimeout = 5 * time.Second
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = 500 * time.Millisecond
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.DB{DB: cfg.DB}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Relay{cfg: cfg, wake: make(chan struct{}, 1)}, nil
+}
+
+// Wake asks for a pass soon; it never blocks.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// RunOnce publishes one batch of unpublished rows and returns how many were acknowledged. The
+// batch's rows stay locked (SKIP LOCKED for other relays) until their marks commit, so a row is
+// published twice only if this process dies between the acknowledgement and the commit; the
+// broker's duplicate window absorbs that.
+func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	if !r.cfg.NC.IsConnected() {
+		return 0, errBrokerDown
+	}
+	tx, err := r.cfg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("relay: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	rows, err := outbox.ClaimUnpublished(ctx, tx, r.cfg.Batch)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	acked, pubErr := publish(ctx, r.cfg.NC, r.cfg.JS, r.cfg.InstallID, rows, r.cfg.AckTimeout)
+	now, err := r.cfg.Clock.Now(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := outbox.MarkPublished(ctx, tx, now, acked); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("relay: commit marks: %w", err)
+	}
+	if r.cfg.Metrics != nil {
+		r.cfg.Metrics.Published.Add(float64(len(acked)))
+		if pubErr != nil {
+			r.cfg.Metrics.Errors.WithLabelValues("publish").Inc()
+		}
+	}
+	if pubErr != nil {
+		return len(acked), pubErr
+	}
+	return len(acked), nil
+}
+
+var errBrokerDown = errors.New("relay: broker not connected")
+
+// Run publishes until ctx is done: a full batch is followed at once by the next, an idle relay
+// looks again every Interval or when woken, and failures back off exponentially (capped at 5 s,
+// with jitter) so that a broker outage costs no busy loop.
+func (r *Relay) Run(ctx context.Context) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 100 * time.Millisecond
+	bo.MaxInterval = 5 * time.Second
+	bo.MaxElapsedTime = 0
+	t := time.NewTimer(0)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.wake:
+			if failing {
+				continue // the backoff timer decides when to try again
+			}
+		}
+		n, err := r.RunOnce(ctx)
+		var wait time.Duration
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			if !failing {
+				r.cfg.Log.Warn("relay: publishing failed; backing off", "error", err)
+			}
+			failing = true
+			wait = bo.NextBackOff()
+		default:
+			if failing {
+				r.cfg.Log.Info("relay: publishing again")
+			}
+			failing = false
+			bo.Reset()
+			if n < r.cfg.Batch {
+				wait = r.cfg.Interval
+			}
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(wait)
+	}
+}
+
+// publish sends rows and returns the ids the broker acknowledged (JetStream) or that were
+// flushed (core NATS).
+func publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, installID string, rows []outbox.Row, ackTimeout time.Duration) ([]int64, error) {
+	if js == nil {
+		for _, row := range rows {
+			if err := nc.PublishMsg(message(installID, row)); err != nil {
+				return nil, fmt.Errorf("publish outbox row %d: %w", row.ID, err)
+			}
+		}
+		fctx, cancel := context.WithTimeout(ctx, ackTimeout)
+		defer cancel()
+		if err := nc.FlushWithContext(fctx); err != nil {
+			return nil, fmt.Errorf("flush: %w", err)
+		}
+		ids := make([]int64, len(rows))
+		for i, row := range rows {
+			ids[i] = row.ID
+		}
+		return ids, nil
+	}
+	type pending struct {
+		id  int64
+		fut jetstream.PubAckFuture
+	}
+	futs := make([]pending, 0, len(rows))
+	var firstErr error
+	for _, row := range rows {
+		f, err := js.PublishMsgAsync(message(installID, row), jetstream.WithMsgID(MsgID(installID, row.ID)))
+		if err != nil {
+			firstErr = fmt.Errorf("publish outbox row %d: %w", row.ID, err)
+			break
+		}
+		futs = append(futs, pending{row.ID, f})
+	}
+	timeout := time.NewTimer(ackTimeout)
+	defer timeout.Stop()
+	var acked []int64
+	for _, p := range futs {
+		select {
+		case <-p.fut.Ok():
+			acked = append(acked, p.id)
+		case err := <-p.fut.Err():
+			if firstErr == nil {
+				firstErr = fmt.Errorf("publish outbox row %d: %w", p.id, err)
+			}
+		case <-timeout.C:
+			if firstErr == nil {
+				firstErr = fmt.Errorf("publish outbox row %d: no acknowledgement within %s", p.id, ackTimeout)
+			}
+			return acked, firstErr
+		case <-ctx.Done():
+			return acked, ctx.Err()
+		}
+	}
+	return acked, firstErr
+}
+
+func message(installID string, row outbox.Row) *nats.Msg {
+	m := nats.NewMsg(row.Subject)
+	m.Data = row.Payload
+	m.Header.Set(HeaderOutboxID, strconv.FormatInt(row.ID, 10))
+	if installID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, MsgID(installID, row.ID))
+	}
+	return m
+}

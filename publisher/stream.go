@@ -1,0 +1,119 @@
+// Package publisher moves outbox rows to NATS: the Relay publishes whatever is committed and
+// unpublished, the FastPath publishes an admission's own rows right after its commit, and
+// EnsureStream creates the JetStream stream they publish into. Producers that emit
+// capacity-release events use Complete inside their own transaction.
+package publisher
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamConfig describes the SLUICE stream. Field docs give the defaults.
+type StreamConfig struct {
+	// Name of the stream. Default "SLUICE".
+	Name string
+	// Prefix of the subjects; the stream covers <prefix>.>. Default "sluice".
+	Prefix string
+	// Duplicates is the duplicate window: a republish within it is recognised by its message id
+	// and dropped. It bounds the broker outage after which a republish can no longer be
+	// recognised (SPEC §7). Default 2 minutes; at least 2 minutes.
+	Duplicates time.Duration
+	// Replicas is the number of stream replicas. Default 1; 3 in a durable cluster.
+	Replicas int
+	// MaxAge bounds how long messages are kept. Pokes are hints and release consumers reconcile
+	// with `sluice outbox replay`, so a day is plenty. Default 24 h.
+	MaxAge time.Duration
+	// MaxBytes bounds the stream's size; the oldest messages are discarded first. Default 1 GiB.
+	MaxBytes int64
+}
+
+func (c *StreamConfig) fill() error {
+	if c.Name == "" {
+		c.Name = "SLUICE"
+	}
+	if c.Prefix == "" {
+		c.Prefix = "sluice"
+	}
+	if c.Duplicates == 0 {
+		c.Duplicates = 2 * time.Minute
+	}
+	if c.Duplicates < 2*time.Minute {
+		return fmt.Errorf("invalid config: Duplicates: at least 2m, got %s", c.Duplicates)
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.MaxAge == 0 {
+		c.MaxAge = 24 * time.Hour
+	}
+	if c.MaxAge < c.Duplicates {
+		return fmt.Errorf("invalid config: MaxAge: must not be shorter than the duplicate window %s", c.Duplicates)
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = 1 << 30
+	}
+	return nil
+}
+
+// EnsureStream creates the stream, or updates it to cfg, on file storage.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.Name,
+		Description: "sluice pokes (enqueue, release), published from the outbox",
+		Subjects:    []string{cfg.Prefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		Duplicates:  cfg.Duplicates,
+		MaxAge:      cfg.MaxAge,
+		MaxBytes:    cfg.MaxBytes,
+		Discard:     jetstream.DiscardOld,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create or update stream %s: %w", cfg.Name, err)
+	}
+	return s, nil
+}
+
+// InstallationID returns the id of the installation that db belongs to: the first part of every
+// message id, so that two databases publishing to one broker never collide.
+func InstallationID(ctx context.Context, db *sql.DB) (string, error) {
+	var id string
+	if err := db.QueryRowContext(ctx, "SELECT install_id FROM installation WHERE id = 1").Scan(&id); err != nil {
+		return "", fmt.Errorf("read installation id: %w", err)
+	}
+	return id, nil
+}
+
+// Header names of published messages (SPEC §7).
+const (
+	HeaderOutboxID = "Sluice-Outbox-Id"
+	HeaderReplayOf = "Sluice-Replay-Of"
+)
+
+// MsgID returns the Nats-Msg-Id of outbox row id.
+func MsgID(installID string, rowID int64) string { return fmt.Sprintf("%s-%d", installID, rowID) }
+
+// ConnectOptions are the nats.go options every sluice connection uses: reconnect forever (a
+// broker outage costs latency, never correctness), and no reconnect buffer, so that a publish
+// during a disconnect fails at once instead of sitting in a buffer that may never be sent
+// (PITFALLS: NATS).
+func ConnectOptions(name string) []nats.Option {
+	return []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.ReconnectBufSize(-1),
+		nats.RetryOnFailedConnect(true),
+		nats.Timeout(2 * time.Second),
+	}
+}
