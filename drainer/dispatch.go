@@ -156,4 +156,3 @@ func (d *Drainer) gate(ctx context.Context, r store.Row, retryAfter int) {
 		d.cfg.Log.Warn("could not gate rate key", "rate_key_sha256", *r.RateKeySHA256, "error", err)
 	}
 }
-

@@ -184,9 +184,9 @@ func RecordFailure(ctx context.Context, tx Execer, ids []int64, cause error) err
 
 // Stats is the outbox backlog.
 type Stats struct {
-	Unpublished        int64
-	OldestUnpublished  *time.Time
-	OldestAgeSeconds   float64
+	Unpublished       int64
+	OldestUnpublished *time.Time
+	OldestAgeSeconds  float64
 }
 
 // Querier is what the read helpers need: *sql.DB, *sql.Tx and *sql.Conn satisfy it.

@@ -16,9 +16,9 @@ type Cache struct {
 	db  Querier
 	log *slog.Logger
 
-	mu       sync.Mutex
-	current  Versioned
-	stale    bool
+	mu      sync.Mutex
+	current Versioned
+	stale   bool
 }
 
 // NewCache returns a cache over db holding the defaults until the first Reload.

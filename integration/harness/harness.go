@@ -34,14 +34,13 @@ const (
 
 // Env is a running sluice with its dependencies.
 type Env struct {
-	DB       *testdb.DB
-	NATS     *app.EmbeddedNATS
-	Exec     *simexec.Server
-	ExecURL  string
-	App      *app.App
-	URL      string // API base URL
-	HTTP     *http.Client
-	received func(int64, string, time.Time)
+	DB      *testdb.DB
+	NATS    *app.EmbeddedNATS
+	Exec    *simexec.Server
+	ExecURL string
+	App     *app.App
+	URL     string // API base URL
+	HTTP    *http.Client
 }
 
 // Options tune Start.
