@@ -8,7 +8,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 # Packages that need no services run under -race; integration/ talks to MariaDB and NATS.
 UNIT     = $(shell $(GO) list ./... | grep -v /integration)
 
-.PHONY: run test build services vet lint unit integration fuzz bench clean
+.PHONY: run test build services vet lint unit integration bench clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/sluice
@@ -39,3 +39,9 @@ integration:
 
 clean:
 	rm -rf bin
+
+# Benchmarks print one JSON line per figure ({"bench": ...}); each figure is reported beside the
+# raw limit measured in the same run (same transaction against the same database, raw JetStream
+# publish), because these machines are shared and noisy.
+bench: services
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./integration/... | grep '^{"bench"'

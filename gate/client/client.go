@@ -1,0 +1,149 @@
+// Package client is a small Go client for sluice's HTTP API (SPEC §6), used by the CLI and the
+// integration tests. Every method takes a context and returns either the decoded answer or an
+// *Error carrying the API's stable error_code.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+)
+
+// Client talks to one sluice API. Safe for concurrent use.
+type Client struct {
+	// BaseURL is the API's base, e.g. http://127.0.0.1:7480. Required.
+	BaseURL string
+	// Token is the bearer token sent with every request.
+	Token string
+	// HTTP is the client to use. Default: a client with a 30 s timeout.
+	HTTP *http.Client
+}
+
+// New returns a client for baseURL authenticating with token.
+func New(baseURL, token string) *Client {
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{Timeout: 30 * time.Second}}
+}
+
+// Error is an API error answer.
+type Error struct {
+	HTTPStatus int
+	Code       job.Code
+	Message    string
+	// Body is the whole error body (scope, retry_after, field, id...).
+	Body map[string]any
+	// RetryAfter is the Retry-After header in seconds, 0 if absent.
+	RetryAfter int
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("sluice API: HTTP %d %s: %s", e.HTTPStatus, e.Code, e.Message)
+}
+
+// Code returns the error_code of err if it is an *Error, else "".
+func Code(err error) job.Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// Response is a successful answer's status and headers.
+type Response struct {
+	HTTPStatus int
+	Header     http.Header
+}
+
+// Do sends method path with in encoded as JSON (nil: no body) and decodes a 2xx answer into out
+// (nil: discard). A non-2xx answer is returned as *Error.
+func (c *Client) Do(ctx context.Context, method, path string, in, out any) (Response, error) {
+	var body io.Reader
+	if in != nil {
+		raw, err := json.Marshal(in)
+		if err != nil {
+			return Response{}, fmt.Errorf("encode request: %w", err)
+		}
+		body = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, body)
+	if err != nil {
+		return Response{}, fmt.Errorf("build request: %w", err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return Response{}, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return Response{}, fmt.Errorf("%s %s: read answer: %w", method, path, err)
+	}
+	r := Response{HTTPStatus: resp.StatusCode, Header: resp.Header}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		e := &Error{HTTPStatus: resp.StatusCode}
+		if err := json.Unmarshal(raw, &e.Body); err == nil {
+			code, _ := e.Body["error_code"].(string)
+			msg, _ := e.Body["message"].(string)
+			e.Code, e.Message = job.Code(code), msg
+		} else {
+			e.Message = strings.TrimSpace(string(raw))
+		}
+		e.RetryAfter, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
+		return r, e
+	}
+	if out != nil && len(bytes.TrimSpace(raw)) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return r, fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+		}
+	}
+	return r, nil
+}
+
+// AdmitRequest is the body of POST /v1/jobs.
+type AdmitRequest struct {
+	Tenant         string `json:"tenant"`
+	RateKey        string `json:"rate_key,omitempty"`
+	Payload        any    `json:"payload,omitempty"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	Queue          *bool  `json:"queue,omitempty"`
+}
+
+// Admit submits a job. A replayed idempotency key answers 200 and the job as it is now.
+func (c *Client) Admit(ctx context.Context, req AdmitRequest) (job.Job, Response, error) {
+	var j job.Job
+	r, err := c.Do(ctx, http.MethodPost, "/v1/jobs", req, &j)
+	return j, r, err
+}
+
+// Job reads job id.
+func (c *Client) Job(ctx context.Context, id int64) (job.Job, error) {
+	var j job.Job
+	_, err := c.Do(ctx, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(id, 10), nil, &j)
+	return j, err
+}
+
+// Cancel cancels a queued job.
+func (c *Client) Cancel(ctx context.Context, id int64) (job.Job, error) {
+	var j job.Job
+	_, err := c.Do(ctx, http.MethodDelete, "/v1/jobs/"+strconv.FormatInt(id, 10), nil, &j)
+	return j, err
+}
