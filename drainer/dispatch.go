@@ -76,7 +76,7 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 		return err
 	}
 	if r.Version != c.row.Version || !r.Status.InFlight() {
-		d.cfg.Log.Info("dispatch outcome ignored: the job moved on", "job_id", r.ID,
+		d.cfg.Log.Warn("dispatch outcome ignored: the job moved on", "job_id", r.ID,
 			"claimed_version", c.row.Version, "version", r.Version, "status", r.Status)
 		return nil
 	}

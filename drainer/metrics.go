@@ -15,6 +15,7 @@ type Metrics struct {
 	DispatchWait    prometheus.Histogram
 	Execution       prometheus.Histogram
 	LastPoll        prometheus.Gauge
+	Passes          prometheus.Counter
 	Claimed         prometheus.Counter
 	Recovered       prometheus.Counter
 	Pokes           prometheus.Counter
@@ -35,6 +36,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Time from dispatch to outcome.", Buckets: latencyBuckets}),
 		LastPoll: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_drainer_last_poll_timestamp_seconds",
 			Help: "Unix time of the drainer's last completed pass."}),
+		Passes: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_drainer_passes_total",
+			Help: "Drain passes run (pokes coalesce into passes)."}),
 		Claimed: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_jobs_claimed_total",
 			Help: "Jobs claimed and dispatched."}),
 		Recovered: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_jobs_recovered_total",
@@ -44,12 +47,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		GateUnavailable: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_gate_unavailable_total",
 			Help: "Gate store lookups that failed open."}),
 	}
-	reg.MustRegister(m.Finished, m.DispatchWait, m.Execution, m.LastPoll, m.Claimed, m.Recovered, m.Pokes, m.GateUnavailable)
+	reg.MustRegister(m.Finished, m.DispatchWait, m.Execution, m.LastPoll, m.Passes, m.Claimed, m.Recovered, m.Pokes, m.GateUnavailable)
 	return m
 }
 
 func (m *Metrics) observePass(p Pass) {
 	m.LastPoll.SetToCurrentTime()
+	m.Passes.Inc()
 	m.Claimed.Add(float64(p.Claimed))
 	m.Recovered.Add(float64(p.Recovered))
 }

@@ -23,6 +23,9 @@ func (s *Store) ConfirmStart(ctx context.Context, tx DB, now time.Time, id int64
 	hash := HashNonce(nonce)
 	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, hash)
 	switch {
+	case len(r.VoidedNonce) > 0 && bytes.Equal(r.VoidedNonce, hash):
+		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
+			Detail: map[string]any{"status": r.Status}}
 	case same && r.Status == job.Running:
 		return r, nil
 	case same && r.Status == job.Dispatched:
@@ -72,9 +75,11 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 	if err != nil {
 		return r, err
 	}
-	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, HashNonce(c.Nonce))
+	hash := HashNonce(c.Nonce)
+	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, hash)
+	voided := len(r.VoidedNonce) > 0 && bytes.Equal(r.VoidedNonce, hash)
 	if !same {
-		if r.Status == job.Dispatched || r.Status == job.Running {
+		if !voided && (r.Status == job.Dispatched || r.Status == job.Running) {
 			return r, &job.Error{Code: job.CodeNonceInvalid, Message: "the nonce does not belong to the job's current dispatch",
 				Detail: map[string]any{"status": r.Status}}
 		}
@@ -84,6 +89,11 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 	if r.Status.Terminal() {
 		if string(r.Status) == c.Status {
 			return r, nil
+		}
+		if r.Status != job.Succeeded && r.Status != job.Failed {
+			// Lost (or otherwise ended by sluice, not by an outcome): the late report is void.
+			return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; the outcome was not recorded",
+				Detail: map[string]any{"status": r.Status}}
 		}
 		return r, &job.Error{Code: job.CodeOutcomeConflict, Message: "a different outcome is already recorded",
 			Detail: map[string]any{"status": r.Status}}

@@ -35,6 +35,7 @@ type Row struct {
 	Payload          []byte
 	DispatchFailures int
 	NonceSHA256      []byte
+	VoidedNonce      []byte // the nonce hash of the last voided dispatch
 	NonceExpiresAt   *time.Time
 	LeaseUntil       *time.Time
 	DrainerID        *string
@@ -48,7 +49,7 @@ type Row struct {
 const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, payload,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
-	idempotency_key, request_sha256, not_before`
+	idempotency_key, request_sha256, not_before, voided_nonce_sha256`
 
 // Scanner is *sql.Row or *sql.Rows.
 type Scanner interface{ Scan(dest ...any) error }
@@ -64,7 +65,7 @@ func ScanRow(s Scanner) (Row, error) {
 	err := s.Scan(&r.ID, &r.Tenant, &rateKey, &status, &r.Version, &r.Attempt, &r.QueuedAt, &claimed,
 		&dispatched, &started, &finished, &errCode, &errMsg, &result, &retryOf, &r.Payload,
 		&r.DispatchFailures, &r.NonceSHA256, &nonceExp, &lease, &drainerID, &r.Caller,
-		&idemKey, &r.RequestSHA256, &notBefore)
+		&idemKey, &r.RequestSHA256, &notBefore, &r.VoidedNonce)
 	if err != nil {
 		return r, err
 	}
@@ -208,7 +209,8 @@ func (s *Store) Finish(ctx context.Context, tx DB, now time.Time, r Row, o Outco
 		}
 		res, err = tx.ExecContext(ctx, `UPDATE jobs SET status = 'queued', version = version + 1,
 			claimed_at = NULL, dispatched_at = NULL, started_at = NULL, lease_until = NULL,
-			drainer_id = NULL, nonce_sha256 = NULL, nonce_expires_at = NULL, not_before = ?,
+			drainer_id = NULL, voided_nonce_sha256 = nonce_sha256, nonce_sha256 = NULL,
+			nonce_expires_at = NULL, not_before = ?,
 			dispatch_failures = dispatch_failures + ?, error_code = ?, error_message = ?
 			WHERE id = ? AND version = ? AND status = ?`,
 			o.NotBefore, fail, nullStr(code), nullStr(o.ErrorMessage), r.ID, r.Version, string(r.Status))

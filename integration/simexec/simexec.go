@@ -44,6 +44,9 @@ type Payload struct {
 	Outcome    string `json:"outcome"`
 	RetryAfter int    `json:"retry_after"`
 	Async      bool   `json:"async"`
+	// ConfirmDelayMS delays the start confirmation: an executor slow to start, which lets a
+	// test void the dispatch before the confirmation arrives.
+	ConfirmDelayMS int `json:"confirm_delay_ms"`
 }
 
 // Stats are the executor's counters.
@@ -178,6 +181,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if apiURL, _ := s.api(); apiURL != "" {
+		s.run(r.Context(), p.ConfirmDelayMS)
 		if err := s.confirm(r.Context(), d); err != nil {
 			s.mu.Lock()
 			s.stats.RefusedStarts++

@@ -1,0 +1,143 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/limits"
+)
+
+// BuildSluice builds cmd/sluice into a temporary directory of tb and returns the binary's path.
+// Tests that kill or freeze a process run the real binary, not an in-process stand-in.
+func BuildSluice(tb testing.TB) string {
+	tb.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		tb.Fatalf("go env GOMOD: %v", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	bin := filepath.Join(tb.TempDir(), "sluice")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/sluice")
+	cmd.Dir = root
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("build sluice: %v\n%s", err, msg)
+	}
+	return bin
+}
+
+// Proc is a sluice process started by a test. Its output is kept for the failure message.
+type Proc struct {
+	Name string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// StartDrainer runs `sluice serve --drainer` as drainer id against e's database, broker and
+// executor. It is killed (if still running) when tb ends.
+func (e *Env) StartDrainer(tb testing.TB, bin, id string) *Proc {
+	tb.Helper()
+	cmd := exec.Command(bin, "serve", "--drainer")
+	cmd.Env = append(os.Environ(),
+		"SLUICE_MYSQL_DSN="+e.DB.DSN,
+		"SLUICE_NATS_URL="+e.NATS.URL(),
+		"SLUICE_EXECUTOR_URL="+e.ExecURL,
+		"SLUICE_EXECUTOR_SECRET="+Secret,
+		"SLUICE_DRAINER_ID="+id,
+		"SLUICE_LOG_LEVEL=warn",
+		"SLUICE_SHUTDOWN_GRACE=5s",
+	)
+	p := &Proc{Name: id, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start drainer %s: %v", id, err)
+	}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	tb.Cleanup(func() {
+		p.Signal(syscall.SIGKILL)
+		<-p.done
+		if tb.Failed() {
+			tb.Logf("drainer %s output:\n%s", id, p.out.String())
+		}
+	})
+	return p
+}
+
+// Signal sends sig to the process (ignoring a process that already exited).
+func (p *Proc) Signal(sig syscall.Signal) {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
+// Kill SIGKILLs the process and waits for it to be gone.
+func (p *Proc) Kill() {
+	p.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Exited reports whether the process has exited.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Output returns what the process printed so far.
+func (p *Proc) Output() string { return p.out.String() }
+
+// SetConfig writes a new runtime configuration version (as an operator's PATCH would), changed by
+// edit from the one in force. Processes pick it up at their next claim (caps) or re-read.
+func (e *Env) SetConfig(tb testing.TB, edit func(*limits.Config)) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := limits.Load(ctx, e.DB)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	edit(&v.Config)
+	if err := v.Config.Validate(); err != nil {
+		tb.Fatalf("SetConfig: %v", err)
+	}
+	raw, err := json.Marshal(v.Config)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := e.DB.ExecContext(ctx, `INSERT INTO config_versions (version, config, changed_by, changed_at, note)
+		VALUES (?, ?, 'test', UTC_TIMESTAMP(6), 'set by test')`, v.Version+1, string(raw)); err != nil {
+		tb.Fatalf("SetConfig: %v", err)
+	}
+}
