@@ -1,0 +1,179 @@
+package integration_test
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/integration/harness"
+)
+
+// heldSender is an executor that hands each dispatch to the test and answers only what the test
+// tells it to (or Unknown when the drainer gives up).
+type heldSender struct {
+	got    chan executor.Dispatch
+	answer chan executor.Answer
+}
+
+func newHeldSender() *heldSender {
+	return &heldSender{got: make(chan executor.Dispatch, 16), answer: make(chan executor.Answer, 16)}
+}
+
+func (s *heldSender) Send(ctx context.Context, d executor.Dispatch) executor.Answer {
+	s.got <- d
+	select {
+	case a := <-s.answer:
+		return a
+	case <-ctx.Done():
+		return executor.Answer{Kind: executor.Unknown, Err: ctx.Err()}
+	}
+}
+
+func (s *heldSender) next(t *testing.T) executor.Dispatch {
+	t.Helper()
+	select {
+	case d := <-s.got:
+		return d
+	case <-time.After(10 * time.Second):
+		t.Fatal("no dispatch arrived")
+		return executor.Dispatch{}
+	}
+}
+
+func newTestDrainer(t *testing.T, env *harness.Env, id string, s drainer.Sender, c clock.Clock) *drainer.Drainer {
+	t.Helper()
+	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: s, Clock: c, ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		d.Stop(ctx)
+	})
+	return d
+}
+
+func (e *harnessEnv) start(t *testing.T, id int64, nonce string) harness.Response {
+	t.Helper()
+	return e.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/start", harness.ExecutorToken, map[string]any{"nonce": nonce})
+}
+
+type harnessEnv struct{ *harness.Env }
+
+func wantCode(t *testing.T, what string, r harness.Response, status int, code string) {
+	t.Helper()
+	got, _ := r.Body["error_code"].(string)
+	if r.Status != status || got != code {
+		t.Errorf("%s: HTTP %d %q, want %d %q (%s)", what, r.Status, got, status, code, r.Raw)
+	}
+}
+
+// TestStartConfirmation drives the start-confirmation protocol of SPEC §4 through the API with
+// drainers run one pass at a time on an injected clock: a repeated /start while running is 200,
+// a nonce of a finished dispatch is nonce_used, an expired one nonce_expired, and a dispatch
+// voided by recovery is dispatch_void while the job runs once elsewhere.
+func TestStartConfirmation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// Each case has a sluice of its own, so no case's leftovers are recovered by another's drainer.
+	newEnv := func(t *testing.T) *harnessEnv {
+		return &harnessEnv{harness.Start(t, harness.Options{API: true, Relay: true})}
+	}
+
+	t.Run("repeat and used", func(t *testing.T) {
+		t.Parallel()
+		env := newEnv(t)
+		fake := clock.NewFake(time.Now())
+		s := newHeldSender()
+		d := newTestDrainer(t, env.Env, "d-used", s, fake)
+		id := env.Admit(t, "used", nil)
+		if _, err := d.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		disp := s.next(t)
+		if disp.JobID != id || disp.Attempt != 1 {
+			t.Fatalf("dispatched %+v, want job %d attempt 1", disp, id)
+		}
+		if r := env.start(t, id, disp.Nonce); r.Status != 200 || r.Body["status"] != "running" {
+			t.Fatalf("first /start: HTTP %d %s", r.Status, r.Raw)
+		}
+		if r := env.start(t, id, disp.Nonce); r.Status != 200 {
+			t.Errorf("repeated /start while running: HTTP %d %s, want 200", r.Status, r.Raw)
+		}
+		wantCode(t, "foreign nonce while running", env.start(t, id, "not-the-nonce"), 409, "nonce_invalid")
+		s.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		harness.WaitFor(t, 10*time.Second, "the job to succeed", func() (bool, error) {
+			return readJob(t, env.DB.DB, id).status == "succeeded", nil
+		})
+		wantCode(t, "/start after the dispatch finished", env.start(t, id, disp.Nonce), 409, "nonce_used")
+	})
+
+	t.Run("expired", func(t *testing.T) {
+		t.Parallel()
+		env := newEnv(t)
+		// The drainer's clock is 301 s behind the database's, so the nonce it mints has already
+		// expired by the time the API (on the database clock) judges the confirmation.
+		fake := clock.NewFake(time.Now().Add(-301 * time.Second))
+		s := newHeldSender()
+		d := newTestDrainer(t, env.Env, "d-expired", s, fake)
+		id := env.Admit(t, "expired", nil)
+		if _, err := d.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		disp := s.next(t)
+		wantCode(t, "/start with an expired nonce", env.start(t, id, disp.Nonce), 409, "nonce_expired")
+		if st := readJob(t, env.DB.DB, id).status; st != "dispatched" {
+			t.Errorf("job is %s after a refused start, want dispatched", st)
+		}
+	})
+
+	t.Run("voided by recovery", func(t *testing.T) {
+		t.Parallel()
+		env := newEnv(t)
+		fake := clock.NewFake(time.Now())
+		first := newHeldSender()
+		d1 := newTestDrainer(t, env.Env, "d-first", first, fake)
+		id := env.Admit(t, "voided", nil)
+		if _, err := d1.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		old := first.next(t)
+		// d1 stops renewing (it runs no more passes); past its lease another drainer recovers
+		// the job and dispatches it again in the same pass.
+		fake.Advance(11 * time.Second)
+		second := newHeldSender()
+		d2 := newTestDrainer(t, env.Env, "d-second", second, fake)
+		p, err := d2.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Recovered != 1 || p.Claimed != 1 {
+			t.Fatalf("rescuing pass %+v, want 1 recovered and 1 claimed", p)
+		}
+		redo := second.next(t)
+		if redo.JobID != id || redo.Attempt != 2 || redo.Version <= old.Version || redo.Nonce == old.Nonce {
+			t.Fatalf("redispatch %+v after %+v: want the same job, attempt 2, a higher version, a new nonce", redo, old)
+		}
+		wantCode(t, "/start with the voided nonce", env.start(t, id, old.Nonce), 409, "dispatch_void")
+		if r := env.start(t, id, redo.Nonce); r.Status != 200 {
+			t.Fatalf("/start with the current nonce: HTTP %d %s", r.Status, r.Raw)
+		}
+		second.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		harness.WaitFor(t, 10*time.Second, "the job to succeed", func() (bool, error) {
+			return readJob(t, env.DB.DB, id).status == "succeeded", nil
+		})
+		// The first drainer's dispatch now ends as unknown; its fenced write must change nothing.
+		stopCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		d1.Stop(stopCtx)
+		cancel()
+		if j := readJob(t, env.DB.DB, id); j.status != "succeeded" {
+			t.Errorf("after the first drainer gave up, the job is %s, want succeeded", j.status)
+		}
+	})
+}
