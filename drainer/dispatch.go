@@ -37,6 +37,9 @@ func (d *Drainer) startDispatch(c claimed) {
 		if err := d.record(rctx, c, ans); err != nil {
 			d.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
 		}
+		if d.cfg.Recorded != nil {
+			d.cfg.Recorded(c.row.ID)
+		}
 	}()
 }
 

@@ -66,6 +66,10 @@ type Config struct {
 	Metrics *Metrics
 	// BuildVersion is written in heartbeats. Default "dev".
 	BuildVersion string
+	// Recorded, if set, is called after the drainer has dealt with an executor's answer to
+	// dispatch jobID (recorded it, or found it fenced off). A test signal: tests wait on it
+	// instead of on time. Nil in production.
+	Recorded func(jobID int64)
 }
 
 // Drainer claims and dispatches jobs. Its methods are safe for concurrent use.
