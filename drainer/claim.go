@@ -37,9 +37,10 @@ func (c candidate) before(o candidate) bool {
 
 // claimed is a job this pass moved to dispatched, with what the dispatch needs.
 type claimed struct {
-	row   store.Row
-	nonce string
-	wall  time.Duration
+	row    store.Row
+	nonce  string
+	wall   time.Duration
+	budget int // the dispatch budget in force at the claim
 }
 
 // inFlightByTenant counts jobs in flight per tenant. The count reads the claim index over the
@@ -66,16 +67,19 @@ func inFlightByTenant(ctx context.Context, q store.DB) (map[string]int, int, err
 }
 
 // candidates returns, per tenant below its cap, the tenant's oldest eligible queued jobs: at
-// most as many as it could start now plus slack for gated keys. Tenants with queued work are
-// found by a loose scan of the claim index (one probe per tenant, not per job), and a tenant at
-// its cap is skipped without reading its backlog, so the cost does not grow with a capped
-// tenant's queue.
+// most as many as it could start now plus slack for gated keys. The tenants with queued work are
+// found with one index probe per known tenant (the tenants table; every job's tenant has a row
+// there, a foreign key makes sure), and a tenant at its cap is skipped without reading its
+// backlog, so the cost grows with the number of tenants, never with a tenant's backlog. (A
+// SELECT DISTINCT over the claim index would be a loose index scan in theory; MariaDB 10.11 reads
+// the whole queued range instead.)
 func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int) (map[string][]candidate, error) {
 	free := cfg.GlobalInFlight - total
 	if free <= 0 {
 		return nil, nil
 	}
-	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT DISTINCT tenant FROM jobs WHERE status = 'queued'")
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT t.tenant FROM tenants t WHERE EXISTS
+		(SELECT 1 FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant)`)
 	if err != nil {
 		return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
 	}
@@ -109,7 +113,10 @@ func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Conf
 		if i > 0 {
 			q.WriteString(" UNION ALL ")
 		}
-		q.WriteString(`(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs
+		// The claim index is forced and walked in (queued_at, id) order, stopping after LIMIT
+		// rows: without the hint MariaDB may pick tenant_id and sort the whole backlog, and
+		// naming the equality columns in ORDER BY (status is an ENUM) also makes it sort.
+		q.WriteString(`(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs FORCE INDEX (claim)
 			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)
 			ORDER BY queued_at, id LIMIT ?)`)
 		args = append(args, w.tenant, now, w.n)
@@ -180,17 +187,18 @@ func (d *Drainer) dropGated(ctx context.Context, now time.Time, cands map[string
 //
 // Locking: the transaction runs at READ COMMITTED and first locks the single claim_lock row
 // FOR UPDATE, so claims from every drainer are serialised. Inside, each statement reads the
-// latest committed data: the caps (the runtime config row), and the in-flight counts, which no
-// concurrent claim can raise while the lock is held (completions can only lower them). Each
-// chosen job is moved with an UPDATE fenced on its id, version and queued state, so a job
-// canceled or taken since the candidate read is skipped. Hence no claim ever puts more jobs in
-// flight than the caps as read in its own transaction. Candidate reads and the gate lookup
-// happen before the transaction, so it never waits on memcached or scans a backlog.
+// latest committed data: the caps (the newest runtime config row, read in the same statement as
+// the lock) and the in-flight counts, which no concurrent claim can raise while the lock is held
+// (completions can only lower them). The chosen jobs are moved by one UPDATE fenced on each id,
+// version and the queued state, so a job canceled or taken since the candidate read is skipped.
+// Hence no claim ever puts more jobs in flight than the caps as read in its own transaction.
+// Candidate reads and the gate lookup happen before the transaction, so it never waits on
+// memcached or scans a backlog, and the lock is held for four short statements.
 func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, error) {
-	cfg, err := loadLimits(ctx, d.cfg.DB)
-	if err != nil {
-		return nil, false, err
-	}
+	// The caps the last claim saw are good enough to choose candidates (the claim re-reads them
+	// under the lock); the in-flight counts are read fresh, since completions elsewhere (other
+	// drainers, asynchronous executors) free capacity this process did not see.
+	cfg := d.lastConfig()
 	inFlight, total, err := inFlightByTenant(ctx, d.cfg.DB)
 	if err != nil {
 		return nil, false, err
@@ -206,20 +214,25 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	var one int
-	if err := tx.QueryRowContext(ctx, "SELECT id FROM claim_lock WHERE id = 1 FOR UPDATE").Scan(&one); err != nil {
+	var raw sql.NullString
+	if err := tx.QueryRowContext(ctx, `SELECT (SELECT config FROM config_versions ORDER BY version DESC LIMIT 1)
+		FROM claim_lock WHERE id = 1 FOR UPDATE`).Scan(&raw); err != nil {
 		return nil, false, fmt.Errorf("take claim lock: %w", err)
 	}
-	if cfg, err = loadLimits(ctx, tx); err != nil {
-		return nil, false, err
+	cfg = limits.Default()
+	if raw.Valid {
+		if cfg, err = limits.Decode([]byte(raw.String)); err != nil {
+			return nil, false, err
+		}
 	}
 	if inFlight, total, err = inFlightByTenant(ctx, tx); err != nil {
 		return nil, false, err
 	}
-	var out []claimed
+	d.remember(cfg)
+	var chosen []candidate
 	full := false
 	for total < cfg.GlobalInFlight {
-		if len(out) >= d.cfg.ClaimBatch {
+		if len(chosen) >= d.cfg.ClaimBatch {
 			full = true
 			break
 		}
@@ -227,23 +240,16 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		if t == "" {
 			break
 		}
-		c := cands[t][0]
+		chosen = append(chosen, cands[t][0])
 		cands[t] = cands[t][1:]
-		cl, ok, err := d.claimOne(ctx, tx, now, cfg, c)
-		if err != nil {
-			return nil, false, err
-		}
-		if !ok {
-			continue
-		}
-		out = append(out, cl)
 		inFlight[t]++
 		total++
 	}
-	if len(out) == 0 {
+	if len(chosen) == 0 {
 		return nil, false, nil
 	}
-	if err := d.loadPayloads(ctx, tx, out); err != nil {
+	out, err := d.claimChosen(ctx, tx, now, cfg, chosen)
+	if err != nil || len(out) == 0 {
 		return nil, false, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -251,10 +257,14 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		// being sent: their leases expire and recovery requeues them. Nothing is sent here.
 		return nil, false, fmt.Errorf("commit claim: %w", err)
 	}
+	if err := d.loadPayloads(ctx, out); err != nil {
+		// Committed but unreadable: leave the jobs to lease recovery rather than send them
+		// without their payload.
+		return nil, false, err
+	}
 	d.mu.Lock()
 	for _, c := range out {
 		d.held[c.row.ID] = &held{version: c.row.Version, tenant: c.row.Tenant}
-		d.cfg.Log.Debug("claimed", "job_id", c.row.ID)
 	}
 	d.mu.Unlock()
 	for _, c := range out {
@@ -264,88 +274,118 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	return out, full, nil
 }
 
-// pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may.
-func (d *Drainer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) string {
-	var tenants []string
-	for t, cs := range cands {
-		if len(cs) > 0 && inFlight[t] < cfg.TenantCap(t) {
-			tenants = append(tenants, t)
-		}
+// lastConfig returns the runtime configuration the last claim transaction read (the defaults
+// before the first).
+func (d *Drainer) lastConfig() limits.Config {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.viewed {
+		return limits.Default()
 	}
-	if len(tenants) == 0 {
-		return ""
-	}
-	sort.Strings(tenants)
-	switch cfg.Ordering {
-	case limits.RoundRobin:
-		for _, t := range tenants {
-			if t > d.rrLast {
-				d.rrLast = t
-				return t
-			}
-		}
-		d.rrLast = tenants[0]
-		return tenants[0]
-	case limits.FIFO:
-		best := tenants[0]
-		for _, t := range tenants[1:] {
-			if cands[t][0].before(cands[best][0]) {
-				best = t
-			}
-		}
-		return best
-	default: // fair
-		best := tenants[0]
-		for _, t := range tenants[1:] {
-			switch {
-			case inFlight[t] < inFlight[best]:
-				best = t
-			case inFlight[t] == inFlight[best] && cands[t][0].before(cands[best][0]):
-				best = t
-			}
-		}
-		return best
-	}
+	return d.viewCfg
 }
 
-// claimOne moves candidate c from queued to dispatched with a fresh nonce, fenced on its version.
-func (d *Drainer) claimOne(ctx context.Context, tx *sql.Tx, now time.Time, cfg limits.Config, c candidate) (claimed, bool, error) {
-	nonce, err := newNonce()
-	if err != nil {
-		return claimed{}, false, err
-	}
+func (d *Drainer) remember(cfg limits.Config) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.viewCfg, d.viewed = cfg, true
+}
+
+// claimChosen moves the chosen candidates from queued to dispatched with fresh nonces in one
+// UPDATE, fenced on each id, version and the queued state, and returns those it got.
+func (d *Drainer) claimChosen(ctx context.Context, tx *sql.Tx, now time.Time, cfg limits.Config, chosen []candidate) ([]claimed, error) {
+	nonces := make([]string, len(chosen))
+	var cases, fence strings.Builder
+	args := make([]any, 0, 16+4*len(chosen))
 	var started any
 	if d.cfg.UnconfirmedStarts {
 		started = now
 	}
+	args = append(args, now, now, started, now.Add(cfg.Lease()), d.cfg.ID, now.Add(cfg.NonceTTL()))
+	for i, c := range chosen {
+		n, err := newNonce()
+		if err != nil {
+			return nil, err
+		}
+		nonces[i] = n
+		cases.WriteString(" WHEN ? THEN ?")
+		args = append(args, c.id, store.HashNonce(n))
+	}
+	for i, c := range chosen {
+		if i > 0 {
+			fence.WriteString(" OR ")
+		}
+		fence.WriteString("(id = ? AND version = ?)")
+		args = append(args, c.id, c.version)
+	}
 	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'dispatched', version = version + 1,
 		attempt = attempt + 1, claimed_at = ?, dispatched_at = ?, started_at = ?, lease_until = ?,
-		drainer_id = ?, nonce_sha256 = ?, nonce_expires_at = ?, not_before = NULL
-		WHERE id = ? AND version = ? AND status = 'queued'`,
-		now, now, started, now.Add(cfg.Lease()), d.cfg.ID, store.HashNonce(nonce), now.Add(cfg.NonceTTL()),
-		c.id, c.version)
+		drainer_id = ?, nonce_expires_at = ?, not_before = NULL, nonce_sha256 = CASE id`+cases.String()+` END
+		WHERE status = 'queued' AND (`+fence.String()+`)`, args...)
 	if err != nil {
-		return claimed{}, false, fmt.Errorf("claim job %d: %w", c.id, err)
+		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return claimed{}, false, nil
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}
-	r := store.Row{}
-	r.ID, r.Tenant, r.Version, r.Status, r.QueuedAt = c.id, c.tenant, c.version+1, job.Dispatched, c.queuedAt
-	if c.rateKey.Valid {
-		k := c.rateKey.String
-		r.RateKeySHA256 = &k
+	got := map[int64]bool{}
+	if int(n) == len(chosen) {
+		for _, c := range chosen {
+			got[c.id] = true
+		}
+	} else if got, err = d.whichClaimed(ctx, tx, chosen, nonces); err != nil {
+		return nil, err
 	}
-	r.DispatchedAt = &now
-	return claimed{row: r, nonce: nonce, wall: cfg.Wall()}, true, nil
+	out := make([]claimed, 0, len(chosen))
+	for i, c := range chosen {
+		if !got[c.id] {
+			continue
+		}
+		r := store.Row{}
+		r.ID, r.Tenant, r.Version, r.Status, r.QueuedAt = c.id, c.tenant, c.version+1, job.Dispatched, c.queuedAt
+		if c.rateKey.Valid {
+			k := c.rateKey.String
+			r.RateKeySHA256 = &k
+		}
+		r.DispatchedAt = &now
+		out = append(out, claimed{row: r, nonce: nonces[i], wall: cfg.Wall(), budget: cfg.DispatchAttempts})
+	}
+	return out, nil
 }
 
-func (d *Drainer) loadPayloads(ctx context.Context, tx *sql.Tx, cs []claimed) error {
+// whichClaimed finds, after a claim UPDATE that matched fewer rows than chosen (a job canceled
+// or taken meanwhile), which ones carry this claim's nonces.
+func (d *Drainer) whichClaimed(ctx context.Context, tx *sql.Tx, chosen []candidate, nonces []string) (map[int64]bool, error) {
+	ids := make([]int64, len(chosen))
+	want := map[int64]string{}
+	for i, c := range chosen {
+		ids[i] = c.id
+		want[c.id] = string(store.HashNonce(nonces[i]))
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT id, nonce_sha256 FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
+	if err != nil {
+		return nil, fmt.Errorf("check claimed jobs: %w", err)
+	}
+	defer rows.Close()
+	got := map[int64]bool{}
+	for rows.Next() {
+		var id int64
+		var hash []byte
+		if err := rows.Scan(&id, &hash); err != nil {
+			return nil, fmt.Errorf("check claimed jobs: %w", err)
+		}
+		got[id] = string(hash) == want[id]
+	}
+	return got, rows.Err()
+}
+
+func (d *Drainer) loadPayloads(ctx context.Context, cs []claimed) error {
 	ids := make([]int64, len(cs))
 	for i, c := range cs {
 		ids[i] = c.row.ID
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT id, payload, attempt FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
+	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT id, payload, attempt, dispatch_failures FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
 	if err != nil {
 		return fmt.Errorf("read claimed payloads: %w", err)
 	}
@@ -357,13 +397,14 @@ func (d *Drainer) loadPayloads(ctx context.Context, tx *sql.Tx, cs []claimed) er
 	for rows.Next() {
 		var id int64
 		var payload []byte
-		var attempt int
-		if err := rows.Scan(&id, &payload, &attempt); err != nil {
+		var attempt, failures int
+		if err := rows.Scan(&id, &payload, &attempt, &failures); err != nil {
 			return fmt.Errorf("read claimed payloads: %w", err)
 		}
 		i := byID[id]
 		cs[i].row.Payload = payload
 		cs[i].row.Attempt = attempt
+		cs[i].row.DispatchFailures = failures
 	}
 	return rows.Err()
 }
@@ -395,7 +436,7 @@ func (d *Drainer) recover(ctx context.Context, now time.Time) (int, error) {
 	if len(expired) == 0 {
 		return 0, nil
 	}
-	cfg, err := loadLimits(ctx, d.cfg.DB)
+	cfg, err := loadLimits(ctx, d.cfg.DB) // recovery is rare: read the budget in force
 	if err != nil {
 		return 0, err
 	}
@@ -458,4 +499,48 @@ func int64Args(ids []int64) []any {
 		out[i] = id
 	}
 	return out
+}
+
+// pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may.
+func (d *Drainer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) string {
+	var tenants []string
+	for t, cs := range cands {
+		if len(cs) > 0 && inFlight[t] < cfg.TenantCap(t) {
+			tenants = append(tenants, t)
+		}
+	}
+	if len(tenants) == 0 {
+		return ""
+	}
+	sort.Strings(tenants)
+	switch cfg.Ordering {
+	case limits.RoundRobin:
+		for _, t := range tenants {
+			if t > d.rrLast {
+				d.rrLast = t
+				return t
+			}
+		}
+		d.rrLast = tenants[0]
+		return tenants[0]
+	case limits.FIFO:
+		best := tenants[0]
+		for _, t := range tenants[1:] {
+			if cands[t][0].before(cands[best][0]) {
+				best = t
+			}
+		}
+		return best
+	default: // fair
+		best := tenants[0]
+		for _, t := range tenants[1:] {
+			switch {
+			case inFlight[t] < inFlight[best]:
+				best = t
+			case inFlight[t] == inFlight[best] && cands[t][0].before(cands[best][0]):
+				best = t
+			}
+		}
+		return best
+	}
 }

@@ -2,7 +2,6 @@ package drainer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -43,9 +42,21 @@ func (d *Drainer) startDispatch(c claimed) {
 	}()
 }
 
+// outcomeReq is one dispatch answer waiting to be recorded.
+type outcomeReq struct {
+	c    claimed
+	ans  executor.Answer
+	done chan error
+}
+
+// maxOutcomeBatch bounds the outcomes written in one transaction.
+const maxOutcomeBatch = 256
+
 // record applies an executor's answer to the job it was dispatched as (SPEC §8), fenced on the
 // claimed version: if recovery or an executor's /complete got there first, the write is refused
-// and this drainer lets go of the job.
+// and this drainer lets go of the job. Answers arriving together are written together: the first
+// caller to find no batch in progress becomes the writer and records everything queued until the
+// queue is empty (group commit), so a thousand outcomes do not cost a thousand commits.
 func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) error {
 	if ans.Kind == executor.Accepted {
 		return nil // the executor will call /complete; the lease is renewed until the wall
@@ -58,12 +69,48 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 		d.mu.Unlock()
 		d.Wake() // capacity freed: claim the next job now, not at the next poll
 	}()
-	cfg, err := loadLimits(ctx, d.cfg.DB)
-	if err != nil {
-		return err
+	req := &outcomeReq{c: c, ans: ans, done: make(chan error, 1)}
+	d.recMu.Lock()
+	d.recQueue = append(d.recQueue, req)
+	if d.recBusy {
+		d.recMu.Unlock()
+		return <-req.done
 	}
-	if ans.Gate != nil && ans.Gate.RetryAfter > 0 {
-		d.gate(ctx, c.row, ans.Gate.RetryAfter)
+	d.recBusy = true
+	for {
+		batch := d.recQueue
+		if len(batch) > maxOutcomeBatch {
+			batch = batch[:maxOutcomeBatch]
+		}
+		d.recQueue = d.recQueue[len(batch):]
+		d.recMu.Unlock()
+		err := d.recordBatch(ctx, batch)
+		for _, r := range batch {
+			r.done <- err
+		}
+		d.recMu.Lock()
+		if len(d.recQueue) == 0 {
+			d.recBusy = false
+			d.recMu.Unlock()
+			return <-req.done
+		}
+	}
+}
+
+// recordBatch writes the outcomes of batch in one transaction. Rate-key gates are written to the
+// gate store first, outside the transaction, so no transaction waits on memcached.
+func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
+	for _, r := range batch {
+		retry := 0
+		if r.ans.Gate != nil && r.ans.Gate.RetryAfter > 0 {
+			retry = r.ans.Gate.RetryAfter
+		}
+		if r.ans.Kind == executor.RateLimited {
+			retry = max(retry, r.ans.RetryAfter, 1)
+		}
+		if retry > 0 {
+			d.gate(ctx, r.c.row, retry)
+		}
 	}
 	now, err := d.cfg.Clock.Now(ctx)
 	if err != nil {
@@ -71,69 +118,87 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 	}
 	tx, err := d.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("begin outcome: %w", err)
+		return fmt.Errorf("begin outcomes: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	r, err := store.Get(ctx, tx, c.row.ID, true)
+	ids := make([]int64, len(batch))
+	for i, r := range batch {
+		ids[i] = r.c.row.ID
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT "+store.Columns+" FROM jobs WHERE id IN ("+placeholders(len(ids))+") ORDER BY id FOR UPDATE", int64Args(ids)...)
+	if err != nil {
+		return fmt.Errorf("lock dispatched jobs: %w", err)
+	}
+	current := map[int64]store.Row{}
+	for rows.Next() {
+		r, err := store.ScanRow(rows)
+		if err != nil {
+			rows.Close()
+			return fmt.Errorf("lock dispatched jobs: %w", err)
+		}
+		current[r.ID] = r
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("lock dispatched jobs: %w", err)
+	}
+	var items []store.Finishing
+	for _, req := range batch {
+		r, ok := current[req.c.row.ID]
+		if !ok || r.Version != req.c.row.Version || !r.Status.InFlight() {
+			d.cfg.Log.Warn("dispatch outcome ignored: the job moved on", "job_id", req.c.row.ID,
+				"claimed_version", req.c.row.Version, "version", r.Version, "status", r.Status)
+			continue
+		}
+		items = append(items, store.Finishing{Row: r, Outcome: d.outcome(now, r, req.c, req.ans)})
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	to, err := d.store.FinishMany(ctx, tx, now, items)
 	if err != nil {
 		return err
 	}
-	if r.Version != c.row.Version || !r.Status.InFlight() {
-		d.cfg.Log.Warn("dispatch outcome ignored: the job moved on", "job_id", r.ID,
-			"claimed_version", c.row.Version, "version", r.Version, "status", r.Status)
-		return nil
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit %d outcome(s): %w", len(items), err)
 	}
+	if d.cfg.Metrics != nil {
+		for i, it := range items {
+			d.cfg.Metrics.observeOutcome(it.Row, to[i], now)
+		}
+	}
+	return nil
+}
+
+// outcome maps an executor's answer to the job's next state (the SPEC §8 table).
+func (d *Drainer) outcome(now time.Time, r store.Row, c claimed, ans executor.Answer) store.Outcome {
 	neverStarted := r.Status != job.Running && !d.cfg.UnconfirmedStarts
-	var o store.Outcome
 	switch ans.Kind {
 	case executor.Done:
-		o = store.Outcome{Status: job.Status(ans.Status), ErrorCode: ans.ErrorCode, ErrorMessage: ans.ErrorMessage, Result: ans.Result}
+		return store.Outcome{Status: job.Status(ans.Status), ErrorCode: ans.ErrorCode, ErrorMessage: ans.ErrorMessage, Result: ans.Result}
 	case executor.RateLimited:
-		retry := ans.RetryAfter
-		if retry <= 0 {
-			retry = 1
+		if !neverStarted {
+			return store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited), ErrorMessage: "the executor answered 429 after the start"}
 		}
-		d.gate(ctx, r, retry)
-		if neverStarted {
-			nb := now.Add(time.Duration(retry) * time.Second)
-			o = store.Outcome{Status: job.Queued, NotBefore: &nb, ErrorCode: string(job.CodeRateLimited),
-				ErrorMessage: "the executor answered 429; the rate key is gated"}
-		} else {
-			o = store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited), ErrorMessage: "the executor answered 429 after the start"}
-		}
+		nb := now.Add(time.Duration(max(ans.RetryAfter, 1)) * time.Second)
+		return store.Outcome{Status: job.Queued, NotBefore: &nb, ErrorCode: string(job.CodeRateLimited),
+			ErrorMessage: "the executor answered 429; the rate key is gated"}
 	case executor.Refused:
-		if neverStarted {
-			nb := now.Add(refusalDelay(ans.RetryAfter, r.Attempt))
-			o = store.Outcome{Status: job.Queued, NotBefore: &nb, ErrorCode: "executor_refused",
-				ErrorMessage: "the executor answered 503"}
-		} else {
-			o = store.Outcome{Status: job.Failed, ErrorCode: "executor_refused", ErrorMessage: "the executor answered 503 after the start"}
+		if !neverStarted {
+			return store.Outcome{Status: job.Failed, ErrorCode: "executor_refused", ErrorMessage: "the executor answered 503 after the start"}
 		}
+		nb := now.Add(refusalDelay(ans.RetryAfter, r.Attempt))
+		return store.Outcome{Status: job.Queued, NotBefore: &nb, ErrorCode: "executor_refused", ErrorMessage: "the executor answered 503"}
 	default:
 		msg := "the dispatch's outcome is unknown"
 		if ans.Err != nil {
 			msg = ans.Err.Error()
 		}
 		if neverStarted {
-			o = store.Outcome{Status: job.Queued, CountFailure: true, Budget: cfg.DispatchAttempts,
-				ErrorCode: "dispatch_error", ErrorMessage: msg}
-		} else {
-			o = store.Outcome{Status: job.Lost, ErrorCode: "outcome_unknown", ErrorMessage: msg}
+			return store.Outcome{Status: job.Queued, CountFailure: true, Budget: c.budget, ErrorCode: "dispatch_error", ErrorMessage: msg}
 		}
+		return store.Outcome{Status: job.Lost, ErrorCode: "outcome_unknown", ErrorMessage: msg}
 	}
-	if _, err := d.store.Finish(ctx, tx, now, r, o); err != nil {
-		if errors.Is(err, store.ErrFenced) {
-			return nil
-		}
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit outcome of job %d: %w", r.ID, err)
-	}
-	if d.cfg.Metrics != nil {
-		d.cfg.Metrics.observeOutcome(r, o.Status, now)
-	}
-	return nil
 }
 
 // refusalDelay is how long a job refused with 503 waits: the executor's Retry-After, else 1 s

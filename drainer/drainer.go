@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/outbox"
 )
 
@@ -86,6 +87,16 @@ type Drainer struct {
 	lastBeat  time.Time
 	lastClaim time.Time
 	rrLast    string // round_robin: the tenant served last
+
+	viewed     bool          // a claim transaction has run
+	viewCfg    limits.Config // the runtime config the last claim transaction read
+	lastUpkeep time.Time     // renewal and recovery run at most once per PollInterval
+
+	// Outcome recording is batched: the first dispatch goroutine to find no batch in progress
+	// writes everyone's outcomes queued meanwhile in one transaction (group commit).
+	recMu    sync.Mutex
+	recQueue []*outcomeReq
+	recBusy  bool
 
 	work       context.Context // dispatches run under it; canceled by Stop after the grace
 	cancelWork context.CancelFunc
@@ -162,9 +173,11 @@ type Pass struct {
 	Full bool
 }
 
-// RunOnce does one drain pass: renew this drainer's leases if due, recover expired claims,
-// claim what the caps allow and start dispatching it. Dispatches run in goroutines owned by the
-// Drainer (Stop waits for them); RunOnce does not wait for their outcomes.
+// RunOnce does one drain pass: renew this drainer's leases and recover expired claims (at most
+// once per PollInterval: leases last many poll periods, and a poke-driven pass should cost only
+// the claim), claim what the caps allow and start dispatching it. Dispatches run in goroutines
+// owned by the Drainer (Stop waits for them); RunOnce does not wait for their outcomes. Passes do
+// not overlap: a call waits for one in progress.
 func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	d.passMu.Lock()
 	defer d.passMu.Unlock()
@@ -173,11 +186,14 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	if err != nil {
 		return p, err
 	}
-	if p.Renewed, err = d.renew(ctx, now); err != nil {
-		return p, err
-	}
-	if p.Recovered, err = d.recover(ctx, now); err != nil {
-		return p, err
+	if upkeep := d.lastUpkeep.IsZero() || now.Sub(d.lastUpkeep) >= d.cfg.PollInterval || now.Before(d.lastUpkeep); upkeep {
+		if p.Renewed, err = d.renew(ctx, now); err != nil {
+			return p, err
+		}
+		if p.Recovered, err = d.recover(ctx, now); err != nil {
+			return p, err
+		}
+		d.lastUpkeep = now
 	}
 	claimed, full, err := d.claim(ctx, now)
 	if err != nil {
@@ -279,12 +295,10 @@ func (d *Drainer) renew(ctx context.Context, now time.Time) (int, error) {
 		versions[id] = h.version
 	}
 	d.mu.Unlock()
-	cfgLease, wall, err := d.leaseAndWall(ctx)
-	if err != nil {
-		return 0, err
-	}
+	cfg := d.lastConfig()
+	cfgLease, wall := cfg.Lease(), cfg.Wall()
 	d.mu.Lock()
-	due := now.Sub(d.lastRenew) >= cfgLease/3
+	due := now.Sub(d.lastRenew) >= cfgLease/3 || now.Before(d.lastRenew)
 	d.mu.Unlock()
 	if !due {
 		return 0, nil
@@ -349,20 +363,12 @@ func (d *Drainer) forgetLost(ctx context.Context, now time.Time, wall time.Durat
 	return nil
 }
 
-func (d *Drainer) leaseAndWall(ctx context.Context) (time.Duration, time.Duration, error) {
-	v, err := loadLimits(ctx, d.cfg.DB)
-	if err != nil {
-		return 0, 0, err
-	}
-	return v.Lease(), v.Wall(), nil
-}
-
 func (d *Drainer) heartbeat(ctx context.Context, now time.Time, claimed bool) error {
 	d.mu.Lock()
 	if claimed {
 		d.lastClaim = now
 	}
-	if now.Sub(d.lastBeat) < d.cfg.PollInterval/2 && !claimed {
+	if now.Sub(d.lastBeat) < d.cfg.PollInterval/2 && !now.Before(d.lastBeat) {
 		d.mu.Unlock()
 		return nil
 	}

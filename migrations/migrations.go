@@ -166,12 +166,16 @@ func List(ctx context.Context, db *sql.DB) ([]Status, error) {
 
 // Current reports whether every embedded migration has been applied.
 func Current(ctx context.Context, db *sql.DB) (bool, error) {
-	var v sql.NullInt64
-	err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM schema_migrations").Scan(&v)
+	list, err := List(ctx, db)
 	if err != nil {
-		return false, fmt.Errorf("read schema version: %w", err)
+		return false, err
 	}
-	return v.Valid && int(v.Int64) >= Latest(), nil
+	for _, m := range list {
+		if m.AppliedAt == nil {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 func appliedVersions(ctx context.Context, conn *sql.Conn) (map[int]time.Time, error) {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
@@ -190,68 +191,139 @@ var ErrFenced = errors.New("store: fenced write lost: the job moved on")
 // requeue, an enqueue poke) in the same transaction. The write is fenced on r.Version and on
 // r.Status. It returns the state the job ended in, or ErrFenced.
 func (s *Store) Finish(ctx context.Context, tx DB, now time.Time, r Row, o Outcome) (job.Status, error) {
-	to := o.Status
-	code := o.ErrorCode
-	if to == job.Queued && o.CountFailure && o.Budget > 0 && r.DispatchFailures+1 >= o.Budget {
-		to = job.Failed
-		code = string(job.CodeDispatchFailed)
-		if o.ErrorMessage == "" {
-			o.ErrorMessage = "dispatch budget spent"
-		}
-	}
-	var res sql.Result
-	var err error
-	switch to {
-	case job.Queued:
-		fail := 0
-		if o.CountFailure {
-			fail = 1
-		}
-		res, err = tx.ExecContext(ctx, `UPDATE jobs SET status = 'queued', version = version + 1,
-			claimed_at = NULL, dispatched_at = NULL, started_at = NULL, lease_until = NULL,
-			drainer_id = NULL, voided_nonce_sha256 = nonce_sha256, nonce_sha256 = NULL,
-			nonce_expires_at = NULL, not_before = ?,
-			dispatch_failures = dispatch_failures + ?, error_code = ?, error_message = ?
-			WHERE id = ? AND version = ? AND status = ?`,
-			o.NotBefore, fail, nullStr(code), nullStr(o.ErrorMessage), r.ID, r.Version, string(r.Status))
-	case job.Succeeded, job.Failed, job.Lost:
-		var result any
-		if len(o.Result) > 0 {
-			result = []byte(o.Result)
-		}
-		// A job that reports an outcome evidently started; Lost keeps started_at as it is, the
-		// discriminator between "never ran" and "died mid-run".
-		startedExpr := "COALESCE(started_at, dispatched_at)"
-		if to == job.Lost {
-			startedExpr = "started_at"
-		}
-		if to == job.Failed && code == string(job.CodeDispatchFailed) {
-			startedExpr = "NULL"
-		}
-		res, err = tx.ExecContext(ctx, `UPDATE jobs SET status = ?, version = version + 1,
-			started_at = `+startedExpr+`, finished_at = ?, lease_until = NULL,
-			error_code = ?, error_message = ?, result = ?
-			WHERE id = ? AND version = ? AND status = ?`,
-			string(to), now, nullStr(code), nullStr(o.ErrorMessage), result, r.ID, r.Version, string(r.Status))
-	default:
-		return "", fmt.Errorf("finish job %d: unsupported outcome %q", r.ID, to)
-	}
+	to, err := s.FinishMany(ctx, tx, now, []Finishing{{Row: r, Outcome: o}})
 	if err != nil {
-		return "", fmt.Errorf("finish job %d as %s: %w", r.ID, to, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return "", fmt.Errorf("finish job %d: %w", r.ID, err)
-	} else if n == 0 {
-		return "", ErrFenced
-	}
-	msgs := []outbox.Message{outbox.PokeMessage(s.prefix(), outbox.Release, r.Tenant, r.ID)}
-	if to == job.Queued {
-		msgs = append(msgs, outbox.PokeMessage(s.prefix(), outbox.Enqueue, r.Tenant, r.ID))
-	}
-	if _, err := outbox.Write(ctx, tx, now, msgs...); err != nil {
 		return "", err
 	}
-	s.LogTransition(ctx, r, to, r.Version+1, now, code)
+	return to[0], nil
+}
+
+// Finishing is one job and the outcome to apply to it.
+type Finishing struct {
+	Row     Row
+	Outcome Outcome
+}
+
+// FinishMany applies each outcome to its job in tx with one UPDATE per kind of transition and
+// one outbox INSERT for all the pokes, so that a batch of outcomes costs a handful of statements
+// and one commit. Every row's write is fenced on its version and status; if any row's fence
+// fails the whole call returns ErrFenced and the caller must roll back. Callers that batch lock
+// the rows (SELECT ... FOR UPDATE) and check them first, so the fence only fails for a caller
+// that did not. It returns the state each job ended in, in order.
+func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Finishing) ([]job.Status, error) {
+	type group struct {
+		ids     []int64
+		items   []int
+		started string // the started_at expression of this kind of transition
+	}
+	groups := map[string]*group{}
+	order := []string{}
+	to := make([]job.Status, len(items))
+	codes := make([]string, len(items))
+	msgs := make([]outbox.Message, 0, 2*len(items))
+	for i := range items {
+		r, o := items[i].Row, &items[i].Outcome
+		to[i], codes[i] = o.Status, o.ErrorCode
+		if to[i] == job.Queued && o.CountFailure && o.Budget > 0 && r.DispatchFailures+1 >= o.Budget {
+			to[i], codes[i] = job.Failed, string(job.CodeDispatchFailed)
+			if o.ErrorMessage == "" {
+				o.ErrorMessage = "dispatch budget spent"
+			}
+		}
+		var kind, started string
+		switch {
+		case to[i] == job.Queued:
+			kind = "requeue"
+		case to[i] == job.Lost:
+			// Lost keeps started_at as it is: the discriminator between "never ran" and "died
+			// mid-run".
+			kind, started = "lost", "started_at"
+		case to[i] == job.Failed && codes[i] == string(job.CodeDispatchFailed):
+			kind, started = "never_started", "NULL"
+		case to[i] == job.Succeeded || to[i] == job.Failed:
+			// A job that reports an outcome evidently started.
+			kind, started = "done", "COALESCE(started_at, dispatched_at)"
+		default:
+			return nil, fmt.Errorf("finish job %d: unsupported outcome %q", r.ID, to[i])
+		}
+		g, ok := groups[kind]
+		if !ok {
+			g = &group{started: started}
+			groups[kind] = g
+			order = append(order, kind)
+		}
+		g.ids = append(g.ids, r.ID)
+		g.items = append(g.items, i)
+		msgs = append(msgs, outbox.PokeMessage(s.prefix(), outbox.Release, r.Tenant, r.ID))
+		if to[i] == job.Queued {
+			msgs = append(msgs, outbox.PokeMessage(s.prefix(), outbox.Enqueue, r.Tenant, r.ID))
+		}
+	}
+	for _, kind := range order {
+		g := groups[kind]
+		var set strings.Builder
+		var args []any
+		col := func(name string, val func(i int) any) {
+			set.WriteString(", " + name + " = CASE id")
+			for _, i := range g.items {
+				set.WriteString(" WHEN ? THEN ?")
+				args = append(args, items[i].Row.ID, val(i))
+			}
+			set.WriteString(" END")
+		}
+		col("error_code", func(i int) any { return nullStr(codes[i]) })
+		col("error_message", func(i int) any { return nullStr(items[i].Outcome.ErrorMessage) })
+		var q string
+		if kind == "requeue" {
+			col("not_before", func(i int) any { return items[i].Outcome.NotBefore })
+			col("dispatch_failures", func(i int) any {
+				if items[i].Outcome.CountFailure {
+					return items[i].Row.DispatchFailures + 1
+				}
+				return items[i].Row.DispatchFailures
+			})
+			q = `UPDATE jobs SET status = 'queued', version = version + 1, claimed_at = NULL,
+				dispatched_at = NULL, started_at = NULL, lease_until = NULL, drainer_id = NULL,
+				voided_nonce_sha256 = nonce_sha256, nonce_sha256 = NULL, nonce_expires_at = NULL` + set.String()
+		} else {
+			col("status", func(i int) any { return string(to[i]) })
+			col("result", func(i int) any {
+				if r := items[i].Outcome.Result; len(r) > 0 {
+					return []byte(r)
+				}
+				return nil
+			})
+			q = `UPDATE jobs SET version = version + 1, started_at = ` + g.started + `, finished_at = ?,
+				lease_until = NULL` + set.String()
+			args = append([]any{now}, args...)
+		}
+		q += " WHERE "
+		for k, i := range g.items {
+			if k > 0 {
+				q += " OR "
+			}
+			q += "(id = ? AND version = ? AND status = ?)"
+			r := items[i].Row
+			args = append(args, r.ID, r.Version, string(r.Status))
+		}
+		res, err := tx.ExecContext(ctx, q, args...)
+		if err != nil {
+			return nil, fmt.Errorf("finish %d job(s) (%s): %w", len(g.ids), kind, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, fmt.Errorf("finish %d job(s) (%s): %w", len(g.ids), kind, err)
+		}
+		if int(n) != len(g.ids) {
+			return nil, ErrFenced
+		}
+	}
+	if _, err := outbox.Write(ctx, tx, now, msgs...); err != nil {
+		return nil, err
+	}
+	for i := range items {
+		s.LogTransition(ctx, items[i].Row, to[i], items[i].Row.Version+1, now, codes[i])
+	}
 	return to, nil
 }
 
