@@ -44,6 +44,20 @@ func (d *Drainer) startDispatch(c claimed) {
 // claimed version: if recovery or an executor's /complete got there first, the write is refused
 // and this drainer lets go of the job.
 func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) error {
+	// A gate in the answer (any answer, 202 included) or a 429 gates the rate key first: the
+	// key's other jobs must stop being claimed whatever happens to this one.
+	gateRetry := 0
+	if ans.Gate != nil {
+		gateRetry = ans.Gate.RetryAfter
+	}
+	gated := false
+	if ans.Kind == executor.RateLimited {
+		// SPEC §8: a 429 always gates; without a usable Retry-After the shortest gate is used.
+		gateRetry = max(gateRetry, ans.RetryAfter, 1)
+	}
+	if gateRetry > 0 {
+		gated = d.gate(ctx, c.row, gateRetry)
+	}
 	if ans.Kind == executor.Accepted {
 		return nil // the executor will call /complete; the lease is renewed until the wall
 	}
@@ -58,9 +72,6 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 	cfg, err := loadLimits(ctx, d.cfg.DB)
 	if err != nil {
 		return err
-	}
-	if ans.Gate != nil && ans.Gate.RetryAfter > 0 {
-		d.gate(ctx, c.row, ans.Gate.RetryAfter)
 	}
 	now, err := d.cfg.Clock.Now(ctx)
 	if err != nil {
@@ -86,15 +97,18 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 	case executor.Done:
 		o = store.Outcome{Status: job.Status(ans.Status), ErrorCode: ans.ErrorCode, ErrorMessage: ans.ErrorMessage, Result: ans.Result}
 	case executor.RateLimited:
-		retry := ans.RetryAfter
-		if retry <= 0 {
-			retry = 1
-		}
-		d.gate(ctx, r, retry)
 		if neverStarted {
-			nb := now.Add(time.Duration(retry) * time.Second)
-			o = store.Outcome{Status: job.Queued, NotBefore: &nb, ErrorCode: string(job.CodeRateLimited),
+			// The gate holds the job back, so clearing the gate releases it too. Only when the
+			// gate could not be written (no store, memcached down, no rate key) does the job get
+			// a not-before of its own, so that it at least does not hit the quota again at once.
+			// A 429 never spends the dispatch budget: an hourly limit must be waited out.
+			o = store.Outcome{Status: job.Queued, ErrorCode: string(job.CodeRateLimited),
 				ErrorMessage: "the executor answered 429; the rate key is gated"}
+			if !gated {
+				nb := now.Add(time.Duration(min(gateRetry, rategateMaxRetry))*time.Second + rategateMargin)
+				o.NotBefore = &nb
+				o.ErrorMessage = "the executor answered 429; the rate key could not be gated, so the job waits on its own"
+			}
 		} else {
 			o = store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited), ErrorMessage: "the executor answered 429 after the start"}
 		}
@@ -146,13 +160,28 @@ func refusalDelay(retryAfter, attempt int) time.Duration {
 	return min(delay, time.Minute)
 }
 
-// gate extends the gate of r's rate key; a failing gate store is logged, never fatal (the job's
-// own not-before still holds it back).
-func (d *Drainer) gate(ctx context.Context, r store.Row, retryAfter int) {
+// rategateMaxRetry and rategateMargin mirror rategate.MaxRetryAfter and rategate.Margin for a
+// job held back on its own when its key could not be gated (the drainer does not import the
+// memcached store; the SPEC fixes both numbers).
+const (
+	rategateMaxRetry = 86400
+	rategateMargin   = 5 * time.Second
+)
+
+// gate extends the gate of r's rate key by retryAfter seconds (clamped to SPEC §5's 1..86,400)
+// and reports whether the gate is now in force. A failing gate store is counted and logged,
+// never fatal.
+func (d *Drainer) gate(ctx context.Context, r store.Row, retryAfter int) bool {
 	if d.cfg.Gates == nil || r.RateKeySHA256 == nil {
-		return
+		return false
 	}
+	retryAfter = min(max(retryAfter, 1), rategateMaxRetry)
 	if _, err := d.cfg.Gates.Extend(ctx, *r.RateKeySHA256, retryAfter); err != nil {
-		d.cfg.Log.Warn("could not gate rate key", "rate_key_sha256", *r.RateKeySHA256, "error", err)
+		if d.cfg.Metrics != nil {
+			d.cfg.Metrics.GateUnavailable.Inc()
+		}
+		d.cfg.Log.Info("could not gate rate key; the job waits on its own not-before", "rate_key_sha256", *r.RateKeySHA256, "retry_after", retryAfter, "error", err)
+		return false
 	}
+	return true
 }

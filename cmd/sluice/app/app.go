@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -65,6 +66,11 @@ type Options struct {
 	Version string
 	// Log receives everything. Default: JSON on stderr.
 	Log *slog.Logger
+	// Memcached are the rate-gate servers (SLUICE_MEMCACHED). Default: none, and then no key is
+	// ever gated (the drainer claims as if memcached were down, and /v1/gates answers 503).
+	Memcached []string
+	// GateTimeout bounds each memcached round trip of the gate store. Default 50 ms.
+	GateTimeout time.Duration
 }
 
 // App is a running sluice process.
@@ -78,6 +84,7 @@ type App struct {
 	drainer  *drainer.Drainer
 	relay    *publisher.Relay
 	fast     *publisher.FastPath
+	gates    *rategate.Store
 	httpSrv  *http.Server
 	listener net.Listener
 
@@ -178,11 +185,23 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			return nil, err
 		}
 	}
+	if len(opts.Memcached) > 0 {
+		if a.gates, err = rategate.New(rategate.Config{Servers: opts.Memcached, Timeout: opts.GateTimeout, Log: a.log}); err != nil {
+			return nil, err
+		}
+		if err := rategate.RegisterGatedKeys(a.registry, rategate.GaugeConfig{DB: a.db, Store: a.gates, Log: a.log}); err != nil {
+			return nil, err
+		}
+	}
 	if opts.Drainer {
 		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
-		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID,
+		dcfg := drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID,
 			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
-			Log: a.log, Metrics: drainer.NewMetrics(a.registry), BuildVersion: opts.Version}); err != nil {
+			Log: a.log, Metrics: drainer.NewMetrics(a.registry), BuildVersion: opts.Version}
+		if a.gates != nil { // never a nil *Store inside the interface
+			dcfg.Gates = a.gates
+		}
+		if a.drainer, err = drainer.New(dcfg); err != nil {
 			return nil, err
 		}
 		// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
@@ -230,7 +249,7 @@ func (a *App) startAPI(ctx context.Context) error {
 		return err
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
-		Gatherer: a.registry, Log: a.log, Ready: a.ready})
+		Gatherer: a.registry, Log: a.log, Ready: a.ready, Gates: a.gates})
 	if err != nil {
 		return err
 	}
@@ -274,6 +293,9 @@ func (a *App) Addr() string {
 
 // DB returns the process's database handle.
 func (a *App) DB() *sql.DB { return a.db }
+
+// Gates returns the process's rate-gate store, or nil when no memcached is configured.
+func (a *App) Gates() *rategate.Store { return a.gates }
 
 // Registry returns the process's metrics registry.
 func (a *App) Registry() *prometheus.Registry { return a.registry }
