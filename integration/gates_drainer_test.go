@@ -1,0 +1,285 @@
+package integration_test
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/memcachedtest"
+)
+
+// counterValue reads a counter by name from reg.
+func counterValue(tb testing.TB, reg prometheus.Gatherer, name string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	tb.Fatalf("no counter %s", name)
+	return 0
+}
+
+// TestGateMemcachedOutage is SPEC §12 invariant 7 with a test-owned memcached: while it is up a
+// gated key's jobs wait; stopped mid-run, every job dispatches (fail open, counted in
+// sluice_gate_unavailable_total); started again on the same port, gates work again. The drainer
+// is driven one pass at a time, and no pass may take longer than the gate timeout plus one poll
+// period.
+func TestGateMemcachedOutage(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{API: true, Relay: true}) // the test runs the drainer
+	mcs := memcachedtest.Start(t)
+	const timeout, poll = 50 * time.Millisecond, time.Second
+	store, err := rategate.New(rategate.Config{Servers: []string{mcs.Addr()}, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
+		Gates: store, Metrics: drainer.NewMetrics(reg), ID: "outage-test", PollInterval: poll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		d.Stop(sctx)
+	})
+	var slowest time.Duration
+	passes := 0
+	drive := func(what string, cond func() (bool, error)) {
+		t.Helper()
+		harness.WaitFor(t, 30*time.Second, what, func() (bool, error) {
+			t0 := time.Now()
+			if _, err := d.RunOnce(ctx); err != nil {
+				return false, err
+			}
+			slowest = max(slowest, time.Since(t0))
+			passes++
+			return cond()
+		})
+	}
+	succeeded := func(hash string, n int) func() (bool, error) {
+		return func() (bool, error) {
+			c, err := keyStates(ctx, env, hash)
+			return c["succeeded"] == n, err
+		}
+	}
+	mc := memcache.New(mcs.Addr())
+	kG, hG := rateKey(t, mc)
+	kO, hO := rateKey(t, mc)
+	work := map[string]any{"sleep_ms": 5}
+
+	// memcached up: the gated key waits, the other drains.
+	if _, err := store.Extend(ctx, hG, 3600); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		admitKey(t, env, "t4", kG, work)
+		admitKey(t, env, "t4", kO, work)
+	}
+	drive("the ungated key's 4 jobs to succeed", succeeded(hO, 4))
+	if c, err := keyStates(ctx, env, hG); err != nil || c["queued"] != 4 {
+		t.Fatalf("gated key's jobs with memcached up: %v (%v), want 4 queued", c, err)
+	}
+	if n := counterValue(t, reg, "sluice_gate_unavailable_total"); n != 0 {
+		t.Errorf("sluice_gate_unavailable_total = %v with memcached up, want 0", n)
+	}
+
+	// memcached stopped: dispatch continues, the gated key included (fail open).
+	mcs.Stop()
+	for i := 0; i < 4; i++ {
+		admitKey(t, env, "t4", kO, work)
+	}
+	drive("every job to dispatch and succeed with memcached down", func() (bool, error) {
+		g, err := keyStates(ctx, env, hG)
+		if err != nil {
+			return false, err
+		}
+		o, err := keyStates(ctx, env, hO)
+		return g["succeeded"] == 4 && o["succeeded"] == 8, err
+	})
+	if n := counterValue(t, reg, "sluice_gate_unavailable_total"); n < 1 {
+		t.Errorf("sluice_gate_unavailable_total = %v after passes with memcached down, want at least 1", n)
+	}
+
+	// memcached back on the same port (empty): gates work again once the store's skip window
+	// has passed.
+	mcs.Restart()
+	harness.WaitFor(t, 10*time.Second, "the gate store to write memcached again", func() (bool, error) {
+		_, err := store.Extend(ctx, hG, 3600)
+		return err == nil, nil
+	})
+	for i := 0; i < 4; i++ {
+		admitKey(t, env, "t4", kG, work)
+		admitKey(t, env, "t4", kO, work)
+	}
+	drive("the ungated key's 4 new jobs to succeed", succeeded(hO, 12))
+	if c, err := keyStates(ctx, env, hG); err != nil || c["queued"] != 4 || c["succeeded"] != 4 {
+		t.Errorf("gated key's jobs after memcached came back: %v (%v), want the 4 new ones queued", c, err)
+	}
+	if st := env.Exec.Stats(); st.DuplicateStarts != 0 {
+		t.Errorf("%d duplicate starts", st.DuplicateStarts)
+	}
+	if slowest > timeout+poll {
+		t.Errorf("the slowest of %d passes took %s, want at most the gate timeout plus one poll period (%s)", passes, slowest, timeout+poll)
+	}
+	t.Logf("%d passes, slowest %s", passes, slowest.Round(time.Microsecond))
+	harness.Emit("gate_outage_slowest_pass", map[string]any{"passes": passes, "slowest_ms": float64(slowest.Microseconds()) / 1000,
+		"bound_ms": (timeout + poll).Milliseconds()})
+}
+
+// stubExecutor answers each dispatch as the test arranged for the job's tenant, and keeps what
+// it was sent. It stands in for an executor whose answers the simulated one cannot give (a 202
+// or a 2xx carrying a gate).
+type stubExecutor struct {
+	mu      sync.Mutex
+	answers map[string]executor.Answer // by tenant
+	got     map[int64][]executor.Dispatch
+}
+
+func (s *stubExecutor) Send(_ context.Context, d executor.Dispatch) executor.Answer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got[d.JobID] = append(s.got[d.JobID], d)
+	if a, ok := s.answers[d.Tenant]; ok {
+		return a
+	}
+	return executor.Answer{Kind: executor.Done, HTTPStatus: 200, Status: "succeeded"}
+}
+
+func (s *stubExecutor) sent(id int64) []executor.Dispatch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]executor.Dispatch(nil), s.got[id]...)
+}
+
+// TestGateDispatchAnswers covers the other gate writers of SPEC §6 and §8: the gate field of a
+// 202 and of a 2xx answer, a 429 with Retry-After (the job is requeued, never started, held by
+// the gate and not by a not-before of its own, and not claimed again while gated), a 429 for a
+// job without a rate key (held by its own not-before instead), and the gate field of /complete.
+func TestGateDispatchAnswers(t *testing.T) {
+	t.Parallel()
+	addr := sharedMemcached(t)
+	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}})
+	store := env.App.Gates()
+	mc := memcache.New(addr)
+	stub := &stubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+		"accepts":  {Kind: executor.Accepted, HTTPStatus: 202, Gate: &executor.Gate{RetryAfter: 120}},
+		"limited":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
+		"keyless":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
+		"finishes": {Kind: executor.Done, HTTPStatus: 200, Status: "succeeded", Gate: &executor.Gate{RetryAfter: 60}},
+	}}
+	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "answers-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		d.Stop(sctx)
+	})
+	kA, hA := rateKey(t, mc)
+	kB, hB := rateKey(t, mc)
+	kD, hD := rateKey(t, mc)
+	a := admitKey(t, env, "accepts", kA, nil)
+	b := admitKey(t, env, "limited", kB, nil)
+	c := env.Admit(t, "keyless", nil)
+	dj := admitKey(t, env, "finishes", kD, nil)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 4 {
+		t.Fatalf("first pass: %+v, %v; want 4 claimed", p, err)
+	}
+	row := func(id int64) (status string, code *string, notBefore *time.Time, err error) {
+		err = env.DB.QueryRowContext(ctx, "SELECT status, error_code, not_before FROM jobs WHERE id = ?", id).Scan(&status, &code, &notBefore)
+		return
+	}
+	gateIn := func(hash string, lo, hi time.Duration) {
+		t.Helper()
+		nb, ok, err := store.Get(ctx, hash)
+		if err != nil || !ok {
+			t.Errorf("no gate for %s: %v", hash, err)
+			return
+		}
+		if d := time.Until(nb); d < lo || d > hi {
+			t.Errorf("gate of %s ends in %s, want between %s and %s", hash, d, lo, hi)
+		}
+	}
+	harness.WaitFor(t, 10*time.Second, "the 429s and the 2xx to be recorded", func() (bool, error) {
+		sb, _, _, err := row(b)
+		if err != nil {
+			return false, err
+		}
+		sc, _, _, err := row(c)
+		if err != nil {
+			return false, err
+		}
+		sd, _, _, err := row(dj)
+		return sb == "queued" && sc == "queued" && sd == "succeeded", err
+	})
+	// 202 with a gate: the key is gated, the job stays dispatched until /complete.
+	gateIn(hA, 60*time.Second, 126*time.Second)
+	// 2xx with a gate.
+	gateIn(hD, 30*time.Second, 66*time.Second)
+	// 429 with Retry-After 30 on a key: gated; the job is queued, never started, no not-before.
+	gateIn(hB, 20*time.Second, 36*time.Second)
+	if s, code, nb, _ := row(b); s != "queued" || code == nil || *code != "rate_limited" || nb != nil {
+		t.Errorf("429'd job: status %s, error_code %v, not_before %v; want queued, rate_limited, none", s, code, nb)
+	}
+	// 429 without a rate key: nothing to gate, so the job waits on a not-before of its own.
+	if s, code, nb, _ := row(c); s != "queued" || code == nil || *code != "rate_limited" || nb == nil {
+		t.Errorf("keyless 429'd job: status %s, error_code %v, not_before %v; want queued, rate_limited, set", s, code, nb)
+	}
+	// Another pass claims neither: one is gated, the other not yet due.
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, m := len(stub.sent(b)), len(stub.sent(c)); n != 1 || m != 1 {
+		t.Errorf("after a second pass the 429'd jobs were dispatched %d and %d times, want once each", n, m)
+	}
+	// Clearing the gate releases the 429'd job.
+	if err := store.Clear(ctx, hB); err != nil {
+		t.Fatal(err)
+	}
+	stub.mu.Lock()
+	delete(stub.answers, "limited") // its upstream quota is back
+	stub.mu.Unlock()
+	harness.WaitFor(t, 10*time.Second, "the 429'd job to run once its gate was cleared", func() (bool, error) {
+		if _, err := d.RunOnce(ctx); err != nil {
+			return false, err
+		}
+		s, _, _, err := row(b)
+		return s == "succeeded", err
+	})
+
+	// /complete with a gate: validated before anything is written, then applied.
+	nonce := stub.sent(a)[0].Nonce
+	path := "/v1/jobs/" + strconv.FormatInt(a, 10) + "/complete"
+	r := env.Do(t, http.MethodPost, path, harness.ExecutorToken, map[string]any{"nonce": nonce, "status": "succeeded", "gate": map[string]any{"retry_after": 0}})
+	if r.Status != http.StatusBadRequest || r.Body["field"] != "gate.retry_after" {
+		t.Errorf("/complete with gate.retry_after 0: HTTP %d %s, want 400 naming gate.retry_after", r.Status, r.Raw)
+	}
+	if s, _, _, _ := row(a); s != "dispatched" {
+		t.Errorf("a refused /complete changed the job to %s", s)
+	}
+	r = env.Do(t, http.MethodPost, path, harness.ExecutorToken, map[string]any{"nonce": nonce, "status": "succeeded", "gate": map[string]any{"retry_after": 600}})
+	if r.Status != http.StatusOK || r.Body["status"] != "succeeded" {
+		t.Fatalf("/complete with a gate: HTTP %d %s", r.Status, r.Raw)
+	}
+	gateIn(hA, 590*time.Second, 606*time.Second)
+}
