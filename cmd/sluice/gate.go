@@ -26,6 +26,11 @@ func gateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return errors.New("gate: want set, list or clear\n" + gateUsage)
 	}
 	sub, args := args[0], args[1:]
+	// `gate clear HASH --flags`: take the hash first, since flag parsing stops at it.
+	var positional []string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		positional, args = args[:1], args[1:]
+	}
 	fs := flag.NewFlagSet("sluice gate "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	token := fs.String("token", os.Getenv("SLUICE_API_TOKEN"), "API bearer token (SLUICE_API_TOKEN)")
@@ -39,6 +44,9 @@ func gateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	api := client.New(c.get("api-url"), *token)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if sub != "clear" && (len(positional) > 0 || fs.NArg() > 0) {
+		return fmt.Errorf("gate %s: unexpected argument %q\n%s", sub, append(positional, fs.Args()...)[0], gateUsage)
+	}
 	switch sub {
 	case "set":
 		a, err := api.SetGate(ctx, client.SetGateRequest{RateKey: *rateKey, RateKeySHA256: *hash, RetryAfter: *retryAfter})
@@ -63,10 +71,11 @@ func gateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return tw.Flush()
 	case "clear":
-		if fs.NArg() != 1 {
+		positional = append(positional, fs.Args()...)
+		if len(positional) != 1 {
 			return errors.New("gate clear: want exactly one SHA256\n" + gateUsage)
 		}
-		h := strings.TrimSpace(fs.Arg(0))
+		h := strings.TrimSpace(positional[0])
 		if err := api.ClearGate(ctx, h); err != nil {
 			return fmt.Errorf("gate clear: %w", err)
 		}

@@ -120,6 +120,7 @@ type Store struct {
 
 	mu        sync.Mutex
 	skipUntil time.Time // breaker: memcached is not tried before this (host time)
+	down      bool      // the last round trip failed
 	lastWarn  time.Time
 	failures  int // fail-opens since the last warning
 }
@@ -178,9 +179,20 @@ func (s *Store) available() bool {
 	return !time.Now().Before(s.skipUntil)
 }
 
-// Reachable reports whether the last use of memcached succeeded (or the skip window has passed),
-// without a round trip: for status pages.
-func (s *Store) Reachable() bool { return s.available() }
+// Reachable reports whether the last round trip to memcached succeeded (true before the first),
+// without making one: for status pages.
+func (s *Store) Reachable() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.down
+}
+
+// succeeded records a round trip that reached memcached.
+func (s *Store) succeeded() {
+	s.mu.Lock()
+	s.down = false
+	s.mu.Unlock()
+}
 
 // failed records a memcached error: open the breaker and warn, at most once per WarnEvery.
 // It returns err wrapped as ErrUnavailable.
@@ -188,6 +200,7 @@ func (s *Store) failed(op string, err error) error {
 	s.mu.Lock()
 	now := time.Now()
 	s.skipUntil = now.Add(s.cfg.SkipFor)
+	s.down = true
 	s.failures++
 	warn := now.Sub(s.lastWarn) >= s.cfg.WarnEvery
 	n := s.failures
@@ -250,6 +263,7 @@ func (s *Store) NotBefore(ctx context.Context, hashes []string) (map[string]time
 	if err != nil && !transient(err) {
 		return out, s.failed("get gates", err)
 	}
+	s.succeeded()
 	return out, nil
 }
 
@@ -293,6 +307,7 @@ func (s *Store) Extend(ctx context.Context, hash string, retryAfter int) (time.T
 			err = s.mc.Add(&memcache.Item{Key: key, Value: Value(want), Expiration: exp})
 			switch {
 			case err == nil:
+				s.succeeded()
 				return want, nil
 			case errors.Is(err, memcache.ErrNotStored):
 				continue // another writer added one first: compare with it
@@ -303,12 +318,14 @@ func (s *Store) Extend(ctx context.Context, hash string, retryAfter int) (time.T
 			return time.Time{}, s.failed("read gate", err)
 		}
 		if cur, perr := ParseValue(it.Value); perr == nil && !cur.Before(want) {
+			s.succeeded()
 			return cur, nil
 		}
 		it.Value, it.Expiration = Value(want), exp
 		err = s.mc.CompareAndSwap(it)
 		switch {
 		case err == nil:
+			s.succeeded()
 			return want, nil
 		case errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrNotStored):
 			continue // changed or deleted since our read: read again
@@ -334,5 +351,6 @@ func (s *Store) Clear(ctx context.Context, hash string) error {
 	if err := s.mc.Delete(Key(hash)); err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
 		return s.failed("clear gate", err)
 	}
+	s.succeeded()
 	return nil
 }

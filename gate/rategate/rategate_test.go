@@ -358,6 +358,9 @@ func TestFailOpen(t *testing.T) {
 		_, err := b.store.NotBefore(ctx, []string{h})
 		return err == nil
 	})
+	if !b.store.Reachable() {
+		t.Error("Reachable() = false after a successful lookup")
+	}
 	// memcached restarted empty: the old gate is gone, a new one works.
 	if _, err := b.store.Extend(ctx, h, 60); err != nil {
 		t.Fatal(err)
