@@ -283,3 +283,52 @@ func TestGateDispatchAnswers(t *testing.T) {
 	}
 	gateIn(hA, 590*time.Second, 606*time.Second)
 }
+
+// TestGateManyGatedKeysAtTenantHead: a tenant's queue starts with 10 jobs of 10 different gated
+// keys (more than one read of its heads holds), then one job of an ungated key. The first pass
+// must claim that job and nothing else: gated keys never hide a tenant's other keys.
+func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
+	t.Parallel()
+	addr := sharedMemcached(t)
+	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}})
+	store := env.App.Gates()
+	mc := memcache.New(addr)
+	stub := &stubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{}}
+	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "heads-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		d.Stop(sctx)
+	})
+	gatedIDs := map[int64]bool{}
+	for i := 0; i < 10; i++ {
+		k, h := rateKey(t, mc)
+		if _, err := store.Extend(ctx, h, 3600); err != nil {
+			t.Fatal(err)
+		}
+		gatedIDs[admitKey(t, env, "crowded", k, nil)] = true
+	}
+	kO, _ := rateKey(t, mc)
+	free := admitKey(t, env, "crowded", kO, nil)
+	p, err := d.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Claimed != 1 {
+		t.Fatalf("first pass claimed %d jobs, want exactly the ungated one", p.Claimed)
+	}
+	harness.WaitFor(t, 10*time.Second, "the ungated job to succeed", func() (bool, error) {
+		var s string
+		err := env.DB.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", free).Scan(&s)
+		return s == "succeeded", err
+	})
+	for id := range gatedIDs {
+		if n := len(stub.sent(id)); n != 0 {
+			t.Errorf("gated job %d was dispatched %d times", id, n)
+		}
+	}
+}

@@ -101,7 +101,8 @@ type Config struct {
 	MaxIdleConns int
 	// SkipFor is how long the store skips memcached after an error, answering ErrUnavailable at
 	// once, so that a dead server costs the timeout at most once per window rather than on every
-	// pass. Default 1 s (the drainer's poll period).
+	// pass. The skip covers the whole store: with several servers, one dead server makes every
+	// key fail open for the window. Default 1 s (the drainer's poll period).
 	SkipFor time.Duration
 	// WarnEvery bounds the "memcached unavailable" warning to one per period. Default 15 s.
 	WarnEvery time.Duration
