@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -118,6 +119,15 @@ func TestGateMemcachedOutage(t *testing.T) {
 		t.Errorf("sluice_gate_unavailable_total = %v after passes with memcached down, want at least 1", n)
 	}
 
+	// A server that accepts and never answers, on the same port: the costly failure, each try
+	// pays the full timeout. Jobs still dispatch and no pass waits longer than the bound.
+	mute := muteServer(t, mcs.Addr())
+	for i := 0; i < 4; i++ {
+		admitKey(t, env, "t4", kO, work)
+	}
+	drive("jobs to dispatch while memcached is mute", succeeded(hO, 12))
+	mute()
+
 	// memcached back on the same port (empty): gates work again once the store's skip window
 	// has passed.
 	mcs.Restart()
@@ -129,7 +139,7 @@ func TestGateMemcachedOutage(t *testing.T) {
 		admitKey(t, env, "t4", kG, work)
 		admitKey(t, env, "t4", kO, work)
 	}
-	drive("the ungated key's 4 new jobs to succeed", succeeded(hO, 12))
+	drive("the ungated key's 4 new jobs to succeed", succeeded(hO, 16))
 	if c, err := keyStates(ctx, env, hG); err != nil || c["queued"] != 4 || c["succeeded"] != 4 {
 		t.Errorf("gated key's jobs after memcached came back: %v (%v), want the 4 new ones queued", c, err)
 	}
@@ -331,4 +341,43 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 			t.Errorf("gated job %d was dispatched %d times", id, n)
 		}
 	}
+}
+
+// muteServer listens on addr, accepts connections and never answers, until the returned stop
+// function (also run at cleanup) closes everything.
+func muteServer(tb testing.TB, addr string) func() {
+	tb.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		tb.Fatalf("mute server on %s: %v", addr, err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			l.Close()
+			<-done
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return stop
 }
