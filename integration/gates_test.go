@@ -148,7 +148,7 @@ func TestGateScenario3HourlyLimit(t *testing.T) {
 	t.Parallel()
 	addr := sharedMemcached(t)
 	mc := memcache.New(addr)
-	env := harness.Start(t, harness.Options{Memcached: []string{addr}})
+	env := harness.Start(t, harness.Options{Memcached: []string{addr}, GateTimeout: time.Second})
 	ctx := context.Background()
 	const tenant = "acme"
 	work := map[string]any{"sleep_ms": 20}
@@ -264,7 +264,7 @@ func TestGateWrittenDirectlyInMemcached(t *testing.T) {
 	t.Parallel()
 	addr := sharedMemcached(t)
 	mc := memcache.New(addr)
-	env := harness.Start(t, harness.Options{Memcached: []string{addr}})
+	env := harness.Start(t, harness.Options{Memcached: []string{addr}, GateTimeout: time.Second})
 	ctx := context.Background()
 	kG, hG := rateKey(t, mc)
 	kO, hO := rateKey(t, mc)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
@@ -23,7 +24,7 @@ func TestGateCommand(t *testing.T) {
 	if addr == "" {
 		addr = "127.0.0.1:11211"
 	}
-	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}})
+	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
 	var b [12]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		t.Fatal(err)

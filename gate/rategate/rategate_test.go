@@ -64,7 +64,9 @@ func setup(tb testing.TB, addr string, tweak func(*rategate.Config)) bundle {
 	tb.Helper()
 	b := bundle{clock: clock.NewFake(time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)), raw: memcache.New(addr),
 		addr: addr, logs: &logRecorder{}}
-	cfg := rategate.Config{Servers: []string{addr}, Clock: b.clock, Log: slog.New(b.logs)}
+	// A generous timeout: a loaded machine running -race can exceed the 50 ms default, and these
+	// tests assert what memcached holds, not how fast it answers (the fail-open tests set theirs).
+	cfg := rategate.Config{Servers: []string{addr}, Clock: b.clock, Log: slog.New(b.logs), Timeout: time.Second}
 	if tweak != nil {
 		tweak(&cfg)
 	}
