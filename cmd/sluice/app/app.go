@@ -185,28 +185,21 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			return nil, err
 		}
 	}
-	if len(opts.Memcached) > 0 {
-		if a.gates, err = rategate.New(rategate.Config{Servers: opts.Memcached, Timeout: opts.GateTimeout, Log: a.log}); err != nil {
-			return nil, err
-		}
-		if err := rategate.RegisterGatedKeys(a.registry, rategate.GaugeConfig{DB: a.db, Store: a.gates, Log: a.log}); err != nil {
-			return nil, err
-		}
+	if err := a.startGates(); err != nil {
+		return nil, err
 	}
 	if opts.Drainer {
 		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
-		dcfg := drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID,
+		metrics := drainer.NewMetrics(a.registry)
+		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
 			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
-			Log: a.log, Metrics: drainer.NewMetrics(a.registry), BuildVersion: opts.Version}
-		if a.gates != nil { // never a nil *Store inside the interface
-			dcfg.Gates = a.gates
-		}
-		if a.drainer, err = drainer.New(dcfg); err != nil {
+			Log: a.log, Metrics: metrics, BuildVersion: opts.Version}); err != nil {
 			return nil, err
 		}
 		// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
 		// pass, which coalesces with any pass already pending.
 		if _, err := a.nc.QueueSubscribe(opts.Prefix+".>", "sluice-drainers", func(*nats.Msg) {
+			metrics.Pokes.Inc()
 			a.drainer.Wake()
 		}); err != nil {
 			return nil, fmt.Errorf("subscribe to pokes: %w", err)
@@ -293,9 +286,6 @@ func (a *App) Addr() string {
 
 // DB returns the process's database handle.
 func (a *App) DB() *sql.DB { return a.db }
-
-// Gates returns the process's rate-gate store, or nil when no memcached is configured.
-func (a *App) Gates() *rategate.Store { return a.gates }
 
 // Registry returns the process's metrics registry.
 func (a *App) Registry() *prometheus.Registry { return a.registry }
