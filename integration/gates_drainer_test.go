@@ -19,8 +19,8 @@ import (
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
 
-// counterValue reads a counter by name from reg.
-func counterValue(tb testing.TB, reg prometheus.Gatherer, name string) float64 {
+// gateCounter reads a counter by name from reg.
+func gateCounter(tb testing.TB, reg prometheus.Gatherer, name string) float64 {
 	tb.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -79,13 +79,13 @@ func TestGateMemcachedOutage(t *testing.T) {
 	}
 	succeeded := func(hash string, n int) func() (bool, error) {
 		return func() (bool, error) {
-			c, err := keyStates(ctx, env, hash)
+			c, err := gateKeyStates(ctx, env, hash)
 			return c["succeeded"] == n, err
 		}
 	}
 	mc := memcache.New(mcs.Addr())
-	kG, hG := rateKey(t, mc)
-	kO, hO := rateKey(t, mc)
+	kG, hG := gateRateKey(t, mc)
+	kO, hO := gateRateKey(t, mc)
 	work := map[string]any{"sleep_ms": 5}
 
 	// memcached up: the gated key waits, the other drains.
@@ -93,39 +93,39 @@ func TestGateMemcachedOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 4; i++ {
-		admitKey(t, env, "t4", kG, work)
-		admitKey(t, env, "t4", kO, work)
+		gateAdmitKey(t, env, "t4", kG, work)
+		gateAdmitKey(t, env, "t4", kO, work)
 	}
 	drive("the ungated key's 4 jobs to succeed", succeeded(hO, 4))
-	if c, err := keyStates(ctx, env, hG); err != nil || c["queued"] != 4 {
+	if c, err := gateKeyStates(ctx, env, hG); err != nil || c["queued"] != 4 {
 		t.Fatalf("gated key's jobs with memcached up: %v (%v), want 4 queued", c, err)
 	}
-	if n := counterValue(t, reg, "sluice_gate_unavailable_total"); n != 0 {
+	if n := gateCounter(t, reg, "sluice_gate_unavailable_total"); n != 0 {
 		t.Errorf("sluice_gate_unavailable_total = %v with memcached up, want 0", n)
 	}
 
 	// memcached stopped: dispatch continues, the gated key included (fail open).
 	mcs.Stop()
 	for i := 0; i < 4; i++ {
-		admitKey(t, env, "t4", kO, work)
+		gateAdmitKey(t, env, "t4", kO, work)
 	}
 	drive("every job to dispatch and succeed with memcached down", func() (bool, error) {
-		g, err := keyStates(ctx, env, hG)
+		g, err := gateKeyStates(ctx, env, hG)
 		if err != nil {
 			return false, err
 		}
-		o, err := keyStates(ctx, env, hO)
+		o, err := gateKeyStates(ctx, env, hO)
 		return g["succeeded"] == 4 && o["succeeded"] == 8, err
 	})
-	if n := counterValue(t, reg, "sluice_gate_unavailable_total"); n < 1 {
+	if n := gateCounter(t, reg, "sluice_gate_unavailable_total"); n < 1 {
 		t.Errorf("sluice_gate_unavailable_total = %v after passes with memcached down, want at least 1", n)
 	}
 
 	// A server that accepts and never answers, on the same port: the costly failure, each try
 	// pays the full timeout. Jobs still dispatch and no pass waits longer than the bound.
-	mute := muteServer(t, mcs.Addr())
+	mute := gateMuteServer(t, mcs.Addr())
 	for i := 0; i < 4; i++ {
-		admitKey(t, env, "t4", kO, work)
+		gateAdmitKey(t, env, "t4", kO, work)
 	}
 	drive("jobs to dispatch while memcached is mute", succeeded(hO, 12))
 	mute()
@@ -138,11 +138,11 @@ func TestGateMemcachedOutage(t *testing.T) {
 		return err == nil, nil
 	})
 	for i := 0; i < 4; i++ {
-		admitKey(t, env, "t4", kG, work)
-		admitKey(t, env, "t4", kO, work)
+		gateAdmitKey(t, env, "t4", kG, work)
+		gateAdmitKey(t, env, "t4", kO, work)
 	}
 	drive("the ungated key's 4 new jobs to succeed", succeeded(hO, 16))
-	if c, err := keyStates(ctx, env, hG); err != nil || c["queued"] != 4 || c["succeeded"] != 4 {
+	if c, err := gateKeyStates(ctx, env, hG); err != nil || c["queued"] != 4 || c["succeeded"] != 4 {
 		t.Errorf("gated key's jobs after memcached came back: %v (%v), want the 4 new ones queued", c, err)
 	}
 	if st := env.Exec.Stats(); st.DuplicateStarts != 0 {
@@ -156,16 +156,16 @@ func TestGateMemcachedOutage(t *testing.T) {
 		"bound_ms": (timeout + poll).Milliseconds()})
 }
 
-// stubExecutor answers each dispatch as the test arranged for the job's tenant, and keeps what
+// gateStubExecutor answers each dispatch as the test arranged for the job's tenant, and keeps what
 // it was sent. It stands in for an executor whose answers the simulated one cannot give (a 202
 // or a 2xx carrying a gate).
-type stubExecutor struct {
+type gateStubExecutor struct {
 	mu      sync.Mutex
 	answers map[string]executor.Answer // by tenant
 	got     map[int64][]executor.Dispatch
 }
 
-func (s *stubExecutor) Send(_ context.Context, d executor.Dispatch) executor.Answer {
+func (s *gateStubExecutor) Send(_ context.Context, d executor.Dispatch) executor.Answer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.got[d.JobID] = append(s.got[d.JobID], d)
@@ -175,7 +175,7 @@ func (s *stubExecutor) Send(_ context.Context, d executor.Dispatch) executor.Ans
 	return executor.Answer{Kind: executor.Done, HTTPStatus: 200, Status: "succeeded"}
 }
 
-func (s *stubExecutor) sent(id int64) []executor.Dispatch {
+func (s *gateStubExecutor) sent(id int64) []executor.Dispatch {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]executor.Dispatch(nil), s.got[id]...)
@@ -187,11 +187,11 @@ func (s *stubExecutor) sent(id int64) []executor.Dispatch {
 // job without a rate key (held by its own not-before instead), and the gate field of /complete.
 func TestGateDispatchAnswers(t *testing.T) {
 	t.Parallel()
-	addr := sharedMemcached(t)
+	addr := gateSharedMemcached(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
 	store := env.App.Gates()
 	mc := memcache.New(addr)
-	stub := &stubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
 		"accepts":  {Kind: executor.Accepted, HTTPStatus: 202, Gate: &executor.Gate{RetryAfter: 120}},
 		"limited":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
 		"keyless":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
@@ -207,13 +207,13 @@ func TestGateDispatchAnswers(t *testing.T) {
 		defer cancel()
 		d.Stop(sctx)
 	})
-	kA, hA := rateKey(t, mc)
-	kB, hB := rateKey(t, mc)
-	kD, hD := rateKey(t, mc)
-	a := admitKey(t, env, "accepts", kA, nil)
-	b := admitKey(t, env, "limited", kB, nil)
+	kA, hA := gateRateKey(t, mc)
+	kB, hB := gateRateKey(t, mc)
+	kD, hD := gateRateKey(t, mc)
+	a := gateAdmitKey(t, env, "accepts", kA, nil)
+	b := gateAdmitKey(t, env, "limited", kB, nil)
 	c := env.Admit(t, "keyless", nil)
-	dj := admitKey(t, env, "finishes", kD, nil)
+	dj := gateAdmitKey(t, env, "finishes", kD, nil)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 4 {
 		t.Fatalf("first pass: %+v, %v; want 4 claimed", p, err)
 	}
@@ -301,11 +301,11 @@ func TestGateDispatchAnswers(t *testing.T) {
 // must claim that job and nothing else: gated keys never hide a tenant's other keys.
 func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 	t.Parallel()
-	addr := sharedMemcached(t)
+	addr := gateSharedMemcached(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
 	store := env.App.Gates()
 	mc := memcache.New(addr)
-	stub := &stubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{}}
+	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{}}
 	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "heads-test"})
 	if err != nil {
 		t.Fatal(err)
@@ -318,14 +318,14 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 	})
 	gatedIDs := map[int64]bool{}
 	for i := 0; i < 10; i++ {
-		k, h := rateKey(t, mc)
+		k, h := gateRateKey(t, mc)
 		if _, err := store.Extend(ctx, h, 3600); err != nil {
 			t.Fatal(err)
 		}
-		gatedIDs[admitKey(t, env, "crowded", k, nil)] = true
+		gatedIDs[gateAdmitKey(t, env, "crowded", k, nil)] = true
 	}
-	kO, _ := rateKey(t, mc)
-	free := admitKey(t, env, "crowded", kO, nil)
+	kO, _ := gateRateKey(t, mc)
+	free := gateAdmitKey(t, env, "crowded", kO, nil)
 	p, err := d.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -345,9 +345,9 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 	}
 }
 
-// muteServer listens on addr, accepts connections and never answers, until the returned stop
+// gateMuteServer listens on addr, accepts connections and never answers, until the returned stop
 // function (also run at cleanup) closes everything.
-func muteServer(tb testing.TB, addr string) func() {
+func gateMuteServer(tb testing.TB, addr string) func() {
 	tb.Helper()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -21,10 +21,10 @@ import (
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
-// sharedMemcached returns the address of the memcached that CI and every developer machine run
+// gateSharedMemcached returns the address of the memcached that CI and every developer machine run
 // (deploy/local/setup.sh). Tests that use it give every gate a random key, so parallel tests never
 // share one; tests that stop memcached start their own (memcachedtest).
-func sharedMemcached(tb testing.TB) string {
+func gateSharedMemcached(tb testing.TB) string {
 	tb.Helper()
 	addr := os.Getenv("SLUICE_TEST_MEMCACHED_ADDR")
 	if addr == "" {
@@ -39,7 +39,7 @@ func sharedMemcached(tb testing.TB) string {
 }
 
 // rateKey returns a fresh raw rate key and its hash, and removes its gate when the test ends.
-func rateKey(tb testing.TB, mc *memcache.Client) (string, string) {
+func gateRateKey(tb testing.TB, mc *memcache.Client) (string, string) {
 	tb.Helper()
 	var b [12]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -51,8 +51,8 @@ func rateKey(tb testing.TB, mc *memcache.Client) (string, string) {
 	return raw, h
 }
 
-// admitKey admits a job of tenant under rate key raw and returns its id.
-func admitKey(tb testing.TB, env *harness.Env, tenant, raw string, payload any) int64 {
+// gateAdmitKey admits a job of tenant under rate key raw and returns its id.
+func gateAdmitKey(tb testing.TB, env *harness.Env, tenant, raw string, payload any) int64 {
 	tb.Helper()
 	r := env.Do(tb, http.MethodPost, "/v1/jobs", harness.ProducerToken,
 		map[string]any{"tenant": tenant, "rate_key": raw, "payload": payload})
@@ -62,8 +62,8 @@ func admitKey(tb testing.TB, env *harness.Env, tenant, raw string, payload any) 
 	return int64(r.Body["id"].(float64))
 }
 
-// keyStates counts the jobs of rate key hash per status.
-func keyStates(ctx context.Context, env *harness.Env, hash string) (map[string]int, error) {
+// gateKeyStates counts the jobs of rate key hash per status.
+func gateKeyStates(ctx context.Context, env *harness.Env, hash string) (map[string]int, error) {
 	rows, err := env.DB.QueryContext(ctx, "SELECT status, COUNT(*) FROM jobs WHERE rate_key_sha256 = ? GROUP BY status", hash)
 	if err != nil {
 		return nil, err
@@ -81,18 +81,18 @@ func keyStates(ctx context.Context, env *harness.Env, hash string) (map[string]i
 	return out, rows.Err()
 }
 
-// drainKey admits n jobs of tenant under rate key raw and waits until all have succeeded. It
+// gateDrainKey admits n jobs of tenant under rate key raw and waits until all have succeeded. It
 // returns the time from the first admission to the last success.
-func drainKey(tb testing.TB, env *harness.Env, tenant, raw string, n int, payload any) time.Duration {
+func gateDrainKey(tb testing.TB, env *harness.Env, tenant, raw string, n int, payload any) time.Duration {
 	tb.Helper()
 	ctx := context.Background()
 	h := gate.RateKeyHash(raw)
 	t0 := time.Now()
 	for i := 0; i < n; i++ {
-		admitKey(tb, env, tenant, raw, payload)
+		gateAdmitKey(tb, env, tenant, raw, payload)
 	}
 	harness.WaitFor(tb, 60*time.Second, fmt.Sprintf("the %d jobs of one key to succeed", n), func() (bool, error) {
-		c, err := keyStates(ctx, env, h)
+		c, err := gateKeyStates(ctx, env, h)
 		return c["succeeded"] == n, err
 	})
 	return time.Since(t0)
@@ -146,20 +146,20 @@ func listedGate(tb testing.TB, env *harness.Env, hash string) (map[string]any, b
 // gated key never hides the tenant's other keys.
 func TestGateScenario3HourlyLimit(t *testing.T) {
 	t.Parallel()
-	addr := sharedMemcached(t)
+	addr := gateSharedMemcached(t)
 	mc := memcache.New(addr)
 	env := harness.Start(t, harness.Options{Memcached: []string{addr}, GateTimeout: time.Second})
 	ctx := context.Background()
 	const tenant = "acme"
 	work := map[string]any{"sleep_ms": 20}
-	kBase, _ := rateKey(t, mc)
-	k1, h1 := rateKey(t, mc)
-	k2, h2 := rateKey(t, mc)
+	kBase, _ := gateRateKey(t, mc)
+	k1, h1 := gateRateKey(t, mc)
+	k2, h2 := gateRateKey(t, mc)
 
 	// Baseline: 50 jobs of one key, nothing gated, in the same process and test.
-	base := drainKey(t, env, tenant, kBase, 50, work)
+	base := gateDrainKey(t, env, tenant, kBase, 50, work)
 
-	first := admitKey(t, env, tenant, k1, map[string]any{"retry_after": 3600})
+	first := gateAdmitKey(t, env, tenant, k1, map[string]any{"retry_after": 3600})
 	harness.WaitFor(t, 30*time.Second, "K1's first job to come back queued as rate_limited", func() (bool, error) {
 		var status string
 		var code *string
@@ -190,11 +190,11 @@ func TestGateScenario3HourlyLimit(t *testing.T) {
 	}
 
 	for i := 0; i < 49; i++ {
-		admitKey(t, env, tenant, k1, work)
+		gateAdmitKey(t, env, tenant, k1, work)
 	}
-	gated := drainKey(t, env, tenant, k2, 50, work)
+	gated := gateDrainKey(t, env, tenant, k2, 50, work)
 
-	c1, err := keyStates(ctx, env, h1)
+	c1, err := gateKeyStates(ctx, env, h1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +244,7 @@ func TestGateScenario3HourlyLimit(t *testing.T) {
 		t.Fatalf("DELETE /v1/gates: HTTP %d: %s", r.Status, r.Raw)
 	}
 	harness.WaitFor(t, 60*time.Second, "K1's 49 jobs to drain after the gate was cleared", func() (bool, error) {
-		c, err := keyStates(ctx, env, h1)
+		c, err := gateKeyStates(ctx, env, h1)
 		return c["succeeded"] == 49, err
 	})
 	if st := env.Exec.Stats(); st.DuplicateStarts != 0 || st.MaxInFlightByTenant[tenant] > 2 {
@@ -262,28 +262,28 @@ func TestGateScenario3HourlyLimit(t *testing.T) {
 // moves the gate into the past the key's jobs drain.
 func TestGateWrittenDirectlyInMemcached(t *testing.T) {
 	t.Parallel()
-	addr := sharedMemcached(t)
+	addr := gateSharedMemcached(t)
 	mc := memcache.New(addr)
 	env := harness.Start(t, harness.Options{Memcached: []string{addr}, GateTimeout: time.Second})
 	ctx := context.Background()
-	kG, hG := rateKey(t, mc)
-	kO, hO := rateKey(t, mc)
+	kG, hG := gateRateKey(t, mc)
+	kO, hO := gateRateKey(t, mc)
 	until := time.Now().Add(time.Hour).Truncate(time.Millisecond)
 	if err := mc.Set(&memcache.Item{Key: "sluice:gate:" + hG, Value: []byte(strconv.FormatInt(until.UnixMilli(), 10)), Expiration: 3720}); err != nil {
 		t.Fatal(err)
 	}
 	work := map[string]any{"sleep_ms": 5}
 	for i := 0; i < 6; i++ {
-		admitKey(t, env, "globex", kG, work)
+		gateAdmitKey(t, env, "globex", kG, work)
 	}
 	for i := 0; i < 6; i++ {
-		admitKey(t, env, "globex", kO, work)
+		gateAdmitKey(t, env, "globex", kO, work)
 	}
 	harness.WaitFor(t, 30*time.Second, "the ungated key's 6 jobs to succeed", func() (bool, error) {
-		c, err := keyStates(ctx, env, hO)
+		c, err := gateKeyStates(ctx, env, hO)
 		return c["succeeded"] == 6, err
 	})
-	if c, err := keyStates(ctx, env, hG); err != nil || c["queued"] != 6 || len(c) != 1 {
+	if c, err := gateKeyStates(ctx, env, hG); err != nil || c["queued"] != 6 || len(c) != 1 {
 		t.Errorf("gated key's jobs: %v (%v), want all 6 queued", c, err)
 	}
 	if n := env.Exec.Stats().Received; n != 6 {
@@ -337,7 +337,7 @@ func TestGateWrittenDirectlyInMemcached(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.WaitFor(t, 30*time.Second, "the gated key's jobs to drain after its gate passed", func() (bool, error) {
-		c, err := keyStates(ctx, env, hG)
+		c, err := gateKeyStates(ctx, env, hG)
 		return c["succeeded"] == 6, err
 	})
 	if _, ok := listedGate(t, env, hG); ok {
