@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
@@ -394,4 +395,69 @@ func gateMuteServer(tb testing.TB, addr string) func() {
 	}
 	tb.Cleanup(stop)
 	return stop
+}
+
+// TestGateExpiresOnInjectedClock: a 429 with Retry-After 60 gates the key until now + 65 s on
+// the drainer's and the store's shared clock; the job is not claimed 64 s later and is claimed
+// 66 s later, with no sleeping: the clock is moved.
+func TestGateExpiresOnInjectedClock(t *testing.T) {
+	t.Parallel()
+	addr := gateSharedMemcached(t)
+	env := harness.Start(t, harness.Options{API: true, Relay: true})
+	mc := memcache.New(addr)
+	fake := clock.NewFake(time.Now())
+	store, err := rategate.New(rategate.Config{Servers: []string{addr}, Clock: fake, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+		"hourly": {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60},
+	}}
+	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, Clock: fake, ID: "clock-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		d.Stop(sctx)
+	})
+	k, h := gateRateKey(t, mc)
+	id := gateAdmitKey(t, env, "hourly", k, nil)
+	status := func() (string, error) {
+		var s string
+		err := env.DB.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&s)
+		return s, err
+	}
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+		t.Fatalf("first pass: %+v, %v; want the job claimed", p, err)
+	}
+	harness.WaitFor(t, 10*time.Second, "the 429 to requeue the job", func() (bool, error) {
+		s, err := status()
+		return s == "queued", err
+	})
+	stub.mu.Lock()
+	delete(stub.answers, "hourly") // the next dispatch succeeds
+	stub.mu.Unlock()
+	start, _ := fake.Now(ctx)
+	nb, ok, err := store.Get(ctx, h)
+	if err != nil || !ok || !nb.Equal(start.Add(65*time.Second).Truncate(time.Millisecond)) {
+		t.Fatalf("gate = %v (%v, %v), want now + 60 s + 5 s = %v", nb, ok, err, start.Add(65*time.Second))
+	}
+	fake.Advance(64 * time.Second)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
+		t.Fatalf("pass at +64 s: %+v, %v; want nothing claimed (gated until +65 s)", p, err)
+	}
+	fake.Advance(2 * time.Second)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+		t.Fatalf("pass at +66 s: %+v, %v; want the job claimed (its gate has passed)", p, err)
+	}
+	harness.WaitFor(t, 10*time.Second, "the job to succeed after its gate passed", func() (bool, error) {
+		s, err := status()
+		return s == "succeeded", err
+	})
+	if n := len(stub.sent(id)); n != 2 {
+		t.Errorf("the job was dispatched %d times, want 2 (the 429, then the run)", n)
+	}
 }
