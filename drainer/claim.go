@@ -66,14 +66,20 @@ func inFlightByTenant(ctx context.Context, q store.DB) (map[string]int, int, err
 	return out, total, rows.Err()
 }
 
-// candidates returns, per tenant below its cap, the tenant's oldest eligible queued jobs: at
-// most as many as it could start now plus slack for gated keys. The tenants with queued work are
-// found with one index probe per known tenant (the tenants table; every job's tenant has a row
-// there, a foreign key makes sure), and a tenant at its cap is skipped without reading its
-// backlog, so the cost grows with the number of tenants, never with a tenant's backlog. (A
-// SELECT DISTINCT over the claim index would be a loose index scan in theory; MariaDB 10.11 reads
-// the whole queued range instead.)
-func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int) (map[string][]candidate, error) {
+// want is how many queue heads a pass reads for one tenant.
+type want struct {
+	tenant string
+	n      int // heads to read: room plus gateSlack
+	room   int // jobs the tenant could start now
+}
+
+// wants returns the tenants below their cap that have queued work, with how many heads to read
+// for each. The tenants with queued work are found with one index probe per known tenant (the
+// tenants table; every job's tenant has a row there, a foreign key makes sure), and a tenant at
+// its cap is skipped without reading its backlog, so the cost grows with the number of tenants,
+// never with a tenant's backlog. (SELECT DISTINCT over the claim index would be a loose index scan
+// in theory; MariaDB 10.11 reads the whole queued range instead.)
+func (d *Drainer) wants(ctx context.Context, cfg limits.Config, inFlight map[string]int, total int) ([]want, error) {
 	free := cfg.GlobalInFlight - total
 	if free <= 0 {
 		return nil, nil
@@ -83,33 +89,40 @@ func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Conf
 	if err != nil {
 		return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
 	}
-	type want struct {
-		tenant string
-		n      int
-	}
-	var wants []want
+	defer rows.Close()
+	var ws []want
 	for rows.Next() {
 		var t string
 		if err := rows.Scan(&t); err != nil {
-			rows.Close()
 			return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
 		}
 		room := cfg.TenantCap(t) - inFlight[t]
 		if room <= 0 {
 			continue
 		}
-		wants = append(wants, want{t, min(room, free, d.cfg.ClaimBatch) + gateSlack})
+		r := min(room, free, d.cfg.ClaimBatch)
+		ws = append(ws, want{tenant: t, n: r + gateSlack, room: r})
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
 	}
-	if len(wants) == 0 {
-		return nil, nil
+	return ws, nil
+}
+
+// heads returns, for each tenant of ws, its oldest eligible queued jobs (at most w.n), leaving
+// out the jobs of the rate keys in excluded (keys found gated earlier in the pass).
+func (d *Drainer) heads(ctx context.Context, now time.Time, ws []want, excluded []string) (map[string][]candidate, error) {
+	out := map[string][]candidate{}
+	if len(ws) == 0 {
+		return out, nil
+	}
+	exclude := ""
+	if len(excluded) > 0 {
+		exclude = " AND (rate_key_sha256 IS NULL OR rate_key_sha256 NOT IN (" + placeholders(len(excluded)) + "))"
 	}
 	var q strings.Builder
-	args := make([]any, 0, 3*len(wants))
-	for i, w := range wants {
+	args := make([]any, 0, len(ws)*(3+len(excluded)))
+	for i, w := range ws {
 		if i > 0 {
 			q.WriteString(" UNION ALL ")
 		}
@@ -117,16 +130,19 @@ func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Conf
 		// rows: without the hint MariaDB may pick tenant_id and sort the whole backlog, and
 		// naming the equality columns in ORDER BY (status is an ENUM) also makes it sort.
 		q.WriteString(`(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs FORCE INDEX (claim)
-			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)
+			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)` + exclude + `
 			ORDER BY queued_at, id LIMIT ?)`)
-		args = append(args, w.tenant, now, w.n)
+		args = append(args, w.tenant, now)
+		for _, k := range excluded {
+			args = append(args, k)
+		}
+		args = append(args, w.n)
 	}
 	hr, err := d.cfg.DB.QueryContext(ctx, q.String(), args...)
 	if err != nil {
 		return nil, fmt.Errorf("read queue heads: %w", err)
 	}
 	defer hr.Close()
-	out := map[string][]candidate{}
 	for hr.Next() {
 		var c candidate
 		if err := hr.Scan(&c.id, &c.tenant, &c.rateKey, &c.queuedAt, &c.version); err != nil {
@@ -144,35 +160,90 @@ func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Conf
 }
 
 // gateSlack is how many extra heads per tenant a pass reads so that a gated key at the head of
-// a tenant's queue does not hide the tenant's other keys.
+// a tenant's queue usually costs no second read.
 const gateSlack = 4
 
-// dropGated removes candidates whose rate key is gated at now. A failing gate store fails open.
-func (d *Drainer) dropGated(ctx context.Context, now time.Time, cands map[string][]candidate) {
-	if d.cfg.Gates == nil || len(cands) == 0 {
-		return
+// gateRounds bounds the gate lookups of one pass. A tenant whose heads are all of gated keys is
+// read again without those keys, and the keys of the new heads are looked up in turn; each round
+// excludes every key found gated so far, so only a tenant with more than about
+// gateRounds × (room + gateSlack) distinct gated keys at its head can still wait a pass.
+const gateRounds = 4
+
+// candidates returns, per tenant below its cap, the tenant's oldest eligible queued jobs whose
+// rate key is not gated at now. The first read takes room + gateSlack heads per tenant and one
+// GetMulti looks up their keys; only a tenant left with fewer candidates than its room, whose
+// read was full (so more may exist), is read again with the gated keys excluded, so a gated key
+// never hides the tenant's other keys. A failing gate store fails open: whatever is not known
+// to be gated is a candidate. No transaction is open while memcached is asked.
+func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int) (map[string][]candidate, error) {
+	ws, err := d.wants(ctx, cfg, inFlight, total)
+	if err != nil || len(ws) == 0 {
+		return nil, err
 	}
-	seen := map[string]bool{}
-	var keys []string
-	for _, cs := range cands {
-		for _, c := range cs {
-			if c.rateKey.Valid && !seen[c.rateKey.String] {
-				seen[c.rateKey.String] = true
-				keys = append(keys, c.rateKey.String)
+	cands, err := d.heads(ctx, now, ws, nil)
+	if err != nil || d.cfg.Gates == nil {
+		return cands, err
+	}
+	read := map[string]int{} // heads read per tenant by its last read, before dropping gated ones
+	for t, cs := range cands {
+		read[t] = len(cs)
+	}
+	looked := map[string]bool{}
+	var gated []string
+	for round := 1; ; round++ {
+		var keys []string
+		for _, cs := range cands {
+			for _, c := range cs {
+				if c.rateKey.Valid && !looked[c.rateKey.String] {
+					looked[c.rateKey.String] = true
+					keys = append(keys, c.rateKey.String)
+				}
 			}
 		}
+		if len(keys) > 0 {
+			nb, err := d.cfg.Gates.NotBefore(ctx, keys)
+			if err != nil && d.cfg.Metrics != nil {
+				d.cfg.Metrics.GateUnavailable.Inc()
+			}
+			for _, k := range keys {
+				if t, ok := nb[k]; ok && t.After(now) {
+					gated = append(gated, k)
+				}
+			}
+			dropGated(cands, nb, now)
+			if err != nil {
+				return cands, nil // fail open: no second read on an unreliable answer
+			}
+		}
+		if round == gateRounds || len(gated) == 0 {
+			return cands, nil
+		}
+		var again []want
+		for _, w := range ws {
+			if len(cands[w.tenant]) < w.room && read[w.tenant] == w.n {
+				again = append(again, w)
+			}
+		}
+		if len(again) == 0 {
+			return cands, nil
+		}
+		more, err := d.heads(ctx, now, again, gated)
+		if err != nil {
+			return nil, err
+		}
+		for _, w := range again {
+			cands[w.tenant] = more[w.tenant]
+			read[w.tenant] = len(more[w.tenant])
+		}
 	}
-	if len(keys) == 0 {
-		return
-	}
-	gated, err := d.cfg.Gates.NotBefore(ctx, keys)
-	if err != nil && d.cfg.Metrics != nil {
-		d.cfg.Metrics.GateUnavailable.Inc()
-	}
+}
+
+// dropGated removes from cands the jobs whose rate key is gated at now according to gates.
+func dropGated(cands map[string][]candidate, gates map[string]time.Time, now time.Time) {
 	for t, cs := range cands {
 		kept := cs[:0]
 		for _, c := range cs {
-			if nb, ok := gated[c.rateKey.String]; c.rateKey.Valid && ok && nb.After(now) {
+			if nb, ok := gates[c.rateKey.String]; c.rateKey.Valid && ok && nb.After(now) {
 				continue
 			}
 			kept = append(kept, c)
@@ -207,7 +278,6 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	if err != nil || len(cands) == 0 {
 		return nil, false, err
 	}
-	d.dropGated(ctx, now, cands)
 
 	tx, err := d.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {

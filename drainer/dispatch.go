@@ -44,9 +44,11 @@ func (d *Drainer) startDispatch(c claimed) {
 
 // outcomeReq is one dispatch answer waiting to be recorded.
 type outcomeReq struct {
-	c    claimed
-	ans  executor.Answer
-	done chan error
+	c         claimed
+	ans       executor.Answer
+	gateRetry int  // the gate the answer asked for, in seconds (0: none)
+	gated     bool // the gate store took that gate
+	done      chan error
 }
 
 // maxOutcomeBatch bounds the outcomes written in one transaction.
@@ -58,6 +60,20 @@ const maxOutcomeBatch = 256
 // caller to find no batch in progress becomes the writer and records everything queued until the
 // queue is empty (group commit), so a thousand outcomes do not cost a thousand commits.
 func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) error {
+	// A gate in the answer (any answer, 202 included) or a 429 gates the rate key first, outside
+	// any transaction: the key's other jobs must stop being claimed whatever happens to this one.
+	gateRetry := 0
+	if ans.Gate != nil {
+		gateRetry = ans.Gate.RetryAfter
+	}
+	gated := false
+	if ans.Kind == executor.RateLimited {
+		// SPEC §8: a 429 always gates; without a usable Retry-After the shortest gate is used.
+		gateRetry = max(gateRetry, ans.RetryAfter, 1)
+	}
+	if gateRetry > 0 {
+		gated = d.gate(ctx, c.row, gateRetry)
+	}
 	if ans.Kind == executor.Accepted {
 		return nil // the executor will call /complete; the lease is renewed until the wall
 	}
@@ -69,7 +85,7 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 		d.mu.Unlock()
 		d.Wake() // capacity freed: claim the next job now, not at the next poll
 	}()
-	req := &outcomeReq{c: c, ans: ans, done: make(chan error, 1)}
+	req := &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated, done: make(chan error, 1)}
 	d.recMu.Lock()
 	d.recQueue = append(d.recQueue, req)
 	if d.recBusy {
@@ -97,21 +113,8 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 	}
 }
 
-// recordBatch writes the outcomes of batch in one transaction. Rate-key gates are written to the
-// gate store first, outside the transaction, so no transaction waits on memcached.
+// recordBatch writes the outcomes of batch in one transaction.
 func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
-	for _, r := range batch {
-		retry := 0
-		if r.ans.Gate != nil && r.ans.Gate.RetryAfter > 0 {
-			retry = r.ans.Gate.RetryAfter
-		}
-		if r.ans.Kind == executor.RateLimited {
-			retry = max(retry, r.ans.RetryAfter, 1)
-		}
-		if retry > 0 {
-			d.gate(ctx, r.c.row, retry)
-		}
-	}
 	now, err := d.cfg.Clock.Now(ctx)
 	if err != nil {
 		return err
@@ -150,7 +153,7 @@ func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
 				"claimed_version", req.c.row.Version, "version", r.Version, "status", r.Status)
 			continue
 		}
-		items = append(items, store.Finishing{Row: r, Outcome: d.outcome(now, r, req.c, req.ans)})
+		items = append(items, store.Finishing{Row: r, Outcome: d.outcome(now, r, req)})
 	}
 	if len(items) == 0 {
 		return nil
@@ -171,7 +174,8 @@ func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
 }
 
 // outcome maps an executor's answer to the job's next state (the SPEC §8 table).
-func (d *Drainer) outcome(now time.Time, r store.Row, c claimed, ans executor.Answer) store.Outcome {
+func (d *Drainer) outcome(now time.Time, r store.Row, req *outcomeReq) store.Outcome {
+	ans := req.ans
 	neverStarted := r.Status != job.Running && !d.cfg.UnconfirmedStarts
 	switch ans.Kind {
 	case executor.Done:
@@ -180,9 +184,18 @@ func (d *Drainer) outcome(now time.Time, r store.Row, c claimed, ans executor.An
 		if !neverStarted {
 			return store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited), ErrorMessage: "the executor answered 429 after the start"}
 		}
-		nb := now.Add(time.Duration(max(ans.RetryAfter, 1)) * time.Second)
-		return store.Outcome{Status: job.Queued, NotBefore: &nb, ErrorCode: string(job.CodeRateLimited),
+		// The gate holds the job back, so clearing the gate releases it too. Only when the gate
+		// could not be written (no store, memcached down, no rate key) does the job get a
+		// not-before of its own, so that it at least does not hit the quota again at once. A 429
+		// never spends the dispatch budget: an hourly limit must be waited out.
+		o := store.Outcome{Status: job.Queued, ErrorCode: string(job.CodeRateLimited),
 			ErrorMessage: "the executor answered 429; the rate key is gated"}
+		if !req.gated {
+			nb := now.Add(time.Duration(min(req.gateRetry, rategateMaxRetry))*time.Second + rategateMargin)
+			o.NotBefore = &nb
+			o.ErrorMessage = "the executor answered 429; the rate key could not be gated, so the job waits on its own"
+		}
+		return o
 	case executor.Refused:
 		if !neverStarted {
 			return store.Outcome{Status: job.Failed, ErrorCode: "executor_refused", ErrorMessage: "the executor answered 503 after the start"}
@@ -195,7 +208,7 @@ func (d *Drainer) outcome(now time.Time, r store.Row, c claimed, ans executor.An
 			msg = ans.Err.Error()
 		}
 		if neverStarted {
-			return store.Outcome{Status: job.Queued, CountFailure: true, Budget: c.budget, ErrorCode: "dispatch_error", ErrorMessage: msg}
+			return store.Outcome{Status: job.Queued, CountFailure: true, Budget: req.c.budget, ErrorCode: "dispatch_error", ErrorMessage: msg}
 		}
 		return store.Outcome{Status: job.Lost, ErrorCode: "outcome_unknown", ErrorMessage: msg}
 	}
@@ -214,13 +227,28 @@ func refusalDelay(retryAfter, attempt int) time.Duration {
 	return min(delay, time.Minute)
 }
 
-// gate extends the gate of r's rate key; a failing gate store is logged, never fatal (the job's
-// own not-before still holds it back).
-func (d *Drainer) gate(ctx context.Context, r store.Row, retryAfter int) {
+// rategateMaxRetry and rategateMargin mirror rategate.MaxRetryAfter and rategate.Margin for a
+// job held back on its own when its key could not be gated (the drainer does not import the
+// memcached store; the SPEC fixes both numbers).
+const (
+	rategateMaxRetry = 86400
+	rategateMargin   = 5 * time.Second
+)
+
+// gate extends the gate of r's rate key by retryAfter seconds (clamped to SPEC §5's 1..86,400)
+// and reports whether the gate is now in force. A failing gate store is counted and logged,
+// never fatal.
+func (d *Drainer) gate(ctx context.Context, r store.Row, retryAfter int) bool {
 	if d.cfg.Gates == nil || r.RateKeySHA256 == nil {
-		return
+		return false
 	}
+	retryAfter = min(max(retryAfter, 1), rategateMaxRetry)
 	if _, err := d.cfg.Gates.Extend(ctx, *r.RateKeySHA256, retryAfter); err != nil {
-		d.cfg.Log.Warn("could not gate rate key", "rate_key_sha256", *r.RateKeySHA256, "error", err)
+		if d.cfg.Metrics != nil {
+			d.cfg.Metrics.GateUnavailable.Inc()
+		}
+		d.cfg.Log.Info("could not gate rate key; the job waits on its own not-before", "rate_key_sha256", *r.RateKeySHA256, "retry_after", retryAfter, "error", err)
+		return false
 	}
+	return true
 }

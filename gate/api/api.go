@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/outbox"
 )
 
@@ -46,6 +47,9 @@ type Config struct {
 	Published func([]outbox.Row)
 	// Log receives request errors. Default: discard.
 	Log *slog.Logger
+	// Gates is the rate-gate store behind /v1/gates and the gate field of /complete. Default:
+	// none (those endpoints answer 503 unavailable, /complete ignores its gate).
+	Gates *rategate.Store
 }
 
 // Server serves the API. Safe for concurrent use.
@@ -90,6 +94,9 @@ var routeList = []string{
 	"DELETE /v1/jobs/{id}",
 	"POST /v1/jobs/{id}/start",
 	"POST /v1/jobs/{id}/complete",
+	"POST /v1/gates",
+	"GET /v1/gates",
+	"DELETE /v1/gates/{rate_key_sha256}",
 	"GET /healthz",
 	"GET /readyz",
 	"GET /metrics",
@@ -101,6 +108,9 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("DELETE /v1/jobs/{id}", s.auth(s.cancel, Producer))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/start", s.auth(s.start, Executor))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/complete", s.auth(s.complete, Executor))
+	s.mux.HandleFunc("POST /v1/gates", s.auth(s.setGate, Executor))
+	s.mux.HandleFunc("GET /v1/gates", s.auth(s.listGates, Admin))
+	s.mux.HandleFunc("DELETE /v1/gates/{rate_key_sha256}", s.auth(s.clearGate, Admin))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})

@@ -151,7 +151,7 @@ type completeRequest struct {
 	ErrorMessage string          `json:"error_message"`
 	Result       json.RawMessage `json:"result"`
 	Gate         *struct {
-		RetryAfter int `json:"retry_after"`
+		RetryAfter *int `json:"retry_after"`
 	} `json:"gate"`
 }
 
@@ -182,6 +182,12 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, job.Invalid("error_code", "error_code is at most 64 bytes"))
 		return
 	}
+	if req.Gate != nil {
+		if err := validRetryAfter("gate.retry_after", req.Gate.RetryAfter); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
 	var row store.Row
 	err = s.inTx(r.Context(), func(tx *sql.Tx) error {
 		now, err := s.cfg.Clock.Now(r.Context())
@@ -193,6 +199,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 			ErrorMessage: req.ErrorMessage, Result: req.Result})
 		return err
 	})
+	if req.Gate != nil {
+		// The quota news is true whatever became of this outcome: gate the key either way.
+		s.gateFromCompletion(r.Context(), id, row.RateKeySHA256, *req.Gate.RetryAfter)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -51,6 +51,11 @@ type Options struct {
 	OnReceive func(jobID int64, tenant string, at time.Time)
 	// Log, if nil, discards (set SLUICE_TEST_LOG=1 to see the app's log).
 	Log *slog.Logger
+	// Memcached, as app.Options: the rate-gate servers. Default none (no key is ever gated).
+	Memcached []string
+	// GateTimeout, as app.Options. Tests that assert gates hold set it well above the 50 ms
+	// default, which a loaded 2-core machine running -race can exceed (and then fails open).
+	GateTimeout time.Duration
 }
 
 // Start brings up an Env for tb.
@@ -88,6 +93,7 @@ func Start(tb testing.TB, o Options) *Env {
 		MySQLDSN: e.DB.DSN, NATSURL: e.NATS.URL(), Listen: "127.0.0.1:0",
 		ExecutorURL: e.ExecURL, ExecutorSecret: Secret, Tokens: tokens, InitStream: true,
 		API: o.API, Relay: o.Relay, Drainer: o.Drainer, Grace: 10 * time.Second, Log: log,
+		Memcached: o.Memcached, GateTimeout: o.GateTimeout,
 	})
 	if err != nil {
 		tb.Fatalf("harness: start sluice: %v", err)

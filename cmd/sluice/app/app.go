@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -65,6 +66,11 @@ type Options struct {
 	Version string
 	// Log receives everything. Default: JSON on stderr.
 	Log *slog.Logger
+	// Memcached are the rate-gate servers (SLUICE_MEMCACHED). Default: none, and then no key is
+	// ever gated (the drainer claims as if memcached were down, and /v1/gates answers 503).
+	Memcached []string
+	// GateTimeout bounds each memcached round trip of the gate store. Default 50 ms.
+	GateTimeout time.Duration
 }
 
 // App is a running sluice process.
@@ -78,6 +84,7 @@ type App struct {
 	drainer  *drainer.Drainer
 	relay    *publisher.Relay
 	fast     *publisher.FastPath
+	gates    *rategate.Store
 	httpSrv  *http.Server
 	listener net.Listener
 
@@ -178,10 +185,13 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			return nil, err
 		}
 	}
+	if err := a.startGates(); err != nil {
+		return nil, err
+	}
 	if opts.Drainer {
 		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
 		metrics := drainer.NewMetrics(a.registry)
-		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID,
+		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
 			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
 			Log: a.log, Metrics: metrics, BuildVersion: opts.Version}); err != nil {
 			return nil, err
@@ -232,7 +242,7 @@ func (a *App) startAPI(ctx context.Context) error {
 		return err
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
-		Gatherer: a.registry, Log: a.log, Ready: a.ready})
+		Gatherer: a.registry, Log: a.log, Ready: a.ready, Gates: a.gates})
 	if err != nil {
 		return err
 	}

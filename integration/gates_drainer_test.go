@@ -1,0 +1,463 @@
+package integration_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/memcachedtest"
+)
+
+// gateCounter reads a counter by name from reg.
+func gateCounter(tb testing.TB, reg prometheus.Gatherer, name string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	tb.Fatalf("no counter %s", name)
+	return 0
+}
+
+// TestGateMemcachedOutage is SPEC §12 invariant 7 with a test-owned memcached: while it is up a
+// gated key's jobs wait; stopped mid-run, every job dispatches (fail open, counted in
+// sluice_gate_unavailable_total); started again on the same port, gates work again. The drainer
+// is driven one pass at a time, and no pass may take longer than the gate timeout plus one poll
+// period.
+func TestGateMemcachedOutage(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{API: true, Relay: true}) // the test runs the drainer
+	mcs := memcachedtest.Start(t)
+	// 250 ms rather than the 50 ms default: the phases that assert a gate holds must not fail
+	// open on a loaded machine, and the mute phase still shows that the timeout bounds a pass.
+	const timeout, poll = 250 * time.Millisecond, time.Second
+	const skipFor = 300 * time.Millisecond
+	store, err := rategate.New(rategate.Config{Servers: []string{mcs.Addr()}, Timeout: timeout, SkipFor: skipFor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
+		Gates: store, Metrics: drainer.NewMetrics(reg), ID: "outage-test", PollInterval: poll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		d.Stop(sctx)
+	})
+	var slowest time.Duration
+	passes, timedOut := 0, 0
+	drive := func(what string, cond func() (bool, error)) {
+		t.Helper()
+		harness.WaitFor(t, 30*time.Second, what, func() (bool, error) {
+			t0 := time.Now()
+			if _, err := d.RunOnce(ctx); err != nil {
+				return false, err
+			}
+			took := time.Since(t0)
+			slowest = max(slowest, took)
+			if took >= timeout {
+				timedOut++
+			}
+			passes++
+			return cond()
+		})
+	}
+	succeeded := func(hash string, n int) func() (bool, error) {
+		return func() (bool, error) {
+			c, err := gateKeyStates(ctx, env, hash)
+			return c["succeeded"] == n, err
+		}
+	}
+	mc := memcache.New(mcs.Addr())
+	kG, hG := gateRateKey(t, mc)
+	kO, hO := gateRateKey(t, mc)
+	work := map[string]any{"sleep_ms": 5}
+
+	// memcached up: the gated key waits, the other drains.
+	if _, err := store.Extend(ctx, hG, 3600); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		gateAdmitKey(t, env, "t4", kG, work)
+		gateAdmitKey(t, env, "t4", kO, work)
+	}
+	drive("the ungated key's 4 jobs to succeed", succeeded(hO, 4))
+	if c, err := gateKeyStates(ctx, env, hG); err != nil || c["queued"] != 4 {
+		t.Fatalf("gated key's jobs with memcached up: %v (%v), want 4 queued", c, err)
+	}
+	if n := gateCounter(t, reg, "sluice_gate_unavailable_total"); n != 0 {
+		t.Errorf("sluice_gate_unavailable_total = %v with memcached up, want 0", n)
+	}
+
+	// memcached stopped: dispatch continues, the gated key included (fail open).
+	mcs.Stop()
+	for i := 0; i < 4; i++ {
+		gateAdmitKey(t, env, "t4", kO, work)
+	}
+	drive("every job to dispatch and succeed with memcached down", func() (bool, error) {
+		g, err := gateKeyStates(ctx, env, hG)
+		if err != nil {
+			return false, err
+		}
+		o, err := gateKeyStates(ctx, env, hO)
+		return g["succeeded"] == 4 && o["succeeded"] == 8, err
+	})
+	if n := gateCounter(t, reg, "sluice_gate_unavailable_total"); n < 1 {
+		t.Errorf("sluice_gate_unavailable_total = %v after passes with memcached down, want at least 1", n)
+	}
+
+	// A server that accepts and never answers, on the same port: the costly failure, where a try
+	// pays the full timeout. 8 jobs of 200 ms at the tenant cap of 2 keep jobs queued for about
+	// 800 ms, longer than the store's 300 ms skip window, so some pass must meet the mute server
+	// (the phase waits for one); jobs still dispatch and no pass waits longer than the bound.
+	mute := gateMuteServer(t, mcs.Addr())
+	slow := map[string]any{"sleep_ms": 200}
+	for i := 0; i < 8; i++ {
+		gateAdmitKey(t, env, "t4", kO, slow)
+	}
+	before := timedOut
+	drive("jobs to dispatch while memcached is mute, and a pass to meet it", func() (bool, error) {
+		ok, err := succeeded(hO, 16)()
+		return ok && timedOut > before, err
+	})
+	mute()
+
+	// memcached back on the same port (empty): gates work again once the store's skip window
+	// has passed.
+	mcs.Restart()
+	harness.WaitFor(t, 10*time.Second, "the gate store to write memcached again", func() (bool, error) {
+		_, err := store.Extend(ctx, hG, 3600)
+		return err == nil, nil
+	})
+	for i := 0; i < 4; i++ {
+		gateAdmitKey(t, env, "t4", kG, work)
+		gateAdmitKey(t, env, "t4", kO, work)
+	}
+	drive("the ungated key's 4 new jobs to succeed", succeeded(hO, 20))
+	if c, err := gateKeyStates(ctx, env, hG); err != nil || c["queued"] != 4 || c["succeeded"] != 4 {
+		t.Errorf("gated key's jobs after memcached came back: %v (%v), want the 4 new ones queued", c, err)
+	}
+	if st := env.Exec.Stats(); st.DuplicateStarts != 0 {
+		t.Errorf("%d duplicate starts", st.DuplicateStarts)
+	}
+	if slowest > timeout+poll {
+		t.Errorf("the slowest of %d passes took %s, want at most the gate timeout plus one poll period (%s)", passes, slowest, timeout+poll)
+	}
+	t.Logf("%d passes, %d of them paid the %s gate timeout, slowest %s", passes, timedOut, timeout, slowest.Round(time.Microsecond))
+	harness.Emit("gate_outage_slowest_pass", map[string]any{"passes": passes, "timed_out_passes": timedOut, "slowest_ms": float64(slowest.Microseconds()) / 1000,
+		"bound_ms": (timeout + poll).Milliseconds()})
+}
+
+// gateStubExecutor answers each dispatch as the test arranged for the job's tenant, and keeps what
+// it was sent. It stands in for an executor whose answers the simulated one cannot give (a 202
+// or a 2xx carrying a gate).
+type gateStubExecutor struct {
+	mu      sync.Mutex
+	answers map[string]executor.Answer // by tenant
+	got     map[int64][]executor.Dispatch
+}
+
+func (s *gateStubExecutor) Send(_ context.Context, d executor.Dispatch) executor.Answer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got[d.JobID] = append(s.got[d.JobID], d)
+	if a, ok := s.answers[d.Tenant]; ok {
+		return a
+	}
+	return executor.Answer{Kind: executor.Done, HTTPStatus: 200, Status: "succeeded"}
+}
+
+func (s *gateStubExecutor) sent(id int64) []executor.Dispatch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]executor.Dispatch(nil), s.got[id]...)
+}
+
+// TestGateDispatchAnswers covers the other gate writers of SPEC §6 and §8: the gate field of a
+// 202 and of a 2xx answer, a 429 with Retry-After (the job is requeued, never started, held by
+// the gate and not by a not-before of its own, and not claimed again while gated), a 429 for a
+// job without a rate key (held by its own not-before instead), and the gate field of /complete.
+func TestGateDispatchAnswers(t *testing.T) {
+	t.Parallel()
+	addr := gateSharedMemcached(t)
+	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
+	store := env.App.Gates()
+	mc := memcache.New(addr)
+	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+		"accepts":  {Kind: executor.Accepted, HTTPStatus: 202, Gate: &executor.Gate{RetryAfter: 120}},
+		"limited":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
+		"keyless":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
+		"finishes": {Kind: executor.Done, HTTPStatus: 200, Status: "succeeded", Gate: &executor.Gate{RetryAfter: 60}},
+	}}
+	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "answers-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		d.Stop(sctx)
+	})
+	kA, hA := gateRateKey(t, mc)
+	kB, hB := gateRateKey(t, mc)
+	kD, hD := gateRateKey(t, mc)
+	a := gateAdmitKey(t, env, "accepts", kA, nil)
+	b := gateAdmitKey(t, env, "limited", kB, nil)
+	c := env.Admit(t, "keyless", nil)
+	dj := gateAdmitKey(t, env, "finishes", kD, nil)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 4 {
+		t.Fatalf("first pass: %+v, %v; want 4 claimed", p, err)
+	}
+	row := func(id int64) (status string, code *string, notBefore *time.Time, err error) {
+		err = env.DB.QueryRowContext(ctx, "SELECT status, error_code, not_before FROM jobs WHERE id = ?", id).Scan(&status, &code, &notBefore)
+		return
+	}
+	gateIn := func(hash string, lo, hi time.Duration) {
+		t.Helper()
+		nb, ok, err := store.Get(ctx, hash)
+		if err != nil || !ok {
+			t.Errorf("no gate for %s: %v", hash, err)
+			return
+		}
+		if d := time.Until(nb); d < lo || d > hi {
+			t.Errorf("gate of %s ends in %s, want between %s and %s", hash, d, lo, hi)
+		}
+	}
+	harness.WaitFor(t, 10*time.Second, "the 429s and the 2xx to be recorded", func() (bool, error) {
+		sb, _, _, err := row(b)
+		if err != nil {
+			return false, err
+		}
+		sc, _, _, err := row(c)
+		if err != nil {
+			return false, err
+		}
+		sd, _, _, err := row(dj)
+		return sb == "queued" && sc == "queued" && sd == "succeeded", err
+	})
+	// 202 with a gate: the key is gated, the job stays dispatched until /complete.
+	gateIn(hA, 60*time.Second, 126*time.Second)
+	// 2xx with a gate.
+	gateIn(hD, 30*time.Second, 66*time.Second)
+	// 429 with Retry-After 30 on a key: gated; the job is queued, never started, no not-before.
+	gateIn(hB, 20*time.Second, 36*time.Second)
+	if s, code, nb, _ := row(b); s != "queued" || code == nil || *code != "rate_limited" || nb != nil {
+		t.Errorf("429'd job: status %s, error_code %v, not_before %v; want queued, rate_limited, none", s, code, nb)
+	}
+	// 429 without a rate key: nothing to gate, so the job waits on a not-before of its own.
+	if s, code, nb, _ := row(c); s != "queued" || code == nil || *code != "rate_limited" || nb == nil {
+		t.Errorf("keyless 429'd job: status %s, error_code %v, not_before %v; want queued, rate_limited, set", s, code, nb)
+	}
+	// Another pass claims neither: one is gated, the other not yet due.
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, m := len(stub.sent(b)), len(stub.sent(c)); n != 1 || m != 1 {
+		t.Errorf("after a second pass the 429'd jobs were dispatched %d and %d times, want once each", n, m)
+	}
+	// Clearing the gate releases the 429'd job.
+	if err := store.Clear(ctx, hB); err != nil {
+		t.Fatal(err)
+	}
+	stub.mu.Lock()
+	delete(stub.answers, "limited") // its upstream quota is back
+	stub.mu.Unlock()
+	harness.WaitFor(t, 10*time.Second, "the 429'd job to run once its gate was cleared", func() (bool, error) {
+		if _, err := d.RunOnce(ctx); err != nil {
+			return false, err
+		}
+		s, _, _, err := row(b)
+		return s == "succeeded", err
+	})
+
+	// /complete with a gate: validated before anything is written, then applied.
+	nonce := stub.sent(a)[0].Nonce
+	path := "/v1/jobs/" + strconv.FormatInt(a, 10) + "/complete"
+	r := env.Do(t, http.MethodPost, path, harness.ExecutorToken, map[string]any{"nonce": nonce, "status": "succeeded", "gate": map[string]any{"retry_after": 0}})
+	if r.Status != http.StatusBadRequest || r.Body["field"] != "gate.retry_after" {
+		t.Errorf("/complete with gate.retry_after 0: HTTP %d %s, want 400 naming gate.retry_after", r.Status, r.Raw)
+	}
+	if s, _, _, _ := row(a); s != "dispatched" {
+		t.Errorf("a refused /complete changed the job to %s", s)
+	}
+	r = env.Do(t, http.MethodPost, path, harness.ExecutorToken, map[string]any{"nonce": nonce, "status": "succeeded", "gate": map[string]any{"retry_after": 600}})
+	if r.Status != http.StatusOK || r.Body["status"] != "succeeded" {
+		t.Fatalf("/complete with a gate: HTTP %d %s", r.Status, r.Raw)
+	}
+	gateIn(hA, 590*time.Second, 606*time.Second)
+}
+
+// TestGateManyGatedKeysAtTenantHead: a tenant's queue starts with 10 jobs of 10 different gated
+// keys (more than one read of its heads holds), then one job of an ungated key. The first pass
+// must claim that job and nothing else: gated keys never hide a tenant's other keys.
+func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
+	t.Parallel()
+	addr := gateSharedMemcached(t)
+	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
+	store := env.App.Gates()
+	mc := memcache.New(addr)
+	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{}}
+	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "heads-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		d.Stop(sctx)
+	})
+	gatedIDs := map[int64]bool{}
+	for i := 0; i < 10; i++ {
+		k, h := gateRateKey(t, mc)
+		if _, err := store.Extend(ctx, h, 3600); err != nil {
+			t.Fatal(err)
+		}
+		gatedIDs[gateAdmitKey(t, env, "crowded", k, nil)] = true
+	}
+	kO, _ := gateRateKey(t, mc)
+	free := gateAdmitKey(t, env, "crowded", kO, nil)
+	p, err := d.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Claimed != 1 {
+		t.Fatalf("first pass claimed %d jobs, want exactly the ungated one", p.Claimed)
+	}
+	harness.WaitFor(t, 10*time.Second, "the ungated job to succeed", func() (bool, error) {
+		var s string
+		err := env.DB.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", free).Scan(&s)
+		return s == "succeeded", err
+	})
+	for id := range gatedIDs {
+		if n := len(stub.sent(id)); n != 0 {
+			t.Errorf("gated job %d was dispatched %d times", id, n)
+		}
+	}
+}
+
+// gateMuteServer listens on addr, accepts connections and never answers, until the returned stop
+// function (also run at cleanup) closes everything.
+func gateMuteServer(tb testing.TB, addr string) func() {
+	tb.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		tb.Fatalf("mute server on %s: %v", addr, err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			l.Close()
+			<-done
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return stop
+}
+
+// TestGateExpiresOnInjectedClock: a 429 with Retry-After 60 gates the key until now + 65 s on
+// the drainer's and the store's shared clock; the job is not claimed 64 s later and is claimed
+// 66 s later, with no sleeping: the clock is moved.
+func TestGateExpiresOnInjectedClock(t *testing.T) {
+	t.Parallel()
+	addr := gateSharedMemcached(t)
+	env := harness.Start(t, harness.Options{API: true, Relay: true})
+	mc := memcache.New(addr)
+	fake := clock.NewFake(time.Now())
+	store, err := rategate.New(rategate.Config{Servers: []string{addr}, Clock: fake, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+		"hourly": {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60},
+	}}
+	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, Clock: fake, ID: "clock-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		d.Stop(sctx)
+	})
+	k, h := gateRateKey(t, mc)
+	id := gateAdmitKey(t, env, "hourly", k, nil)
+	status := func() (string, error) {
+		var s string
+		err := env.DB.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&s)
+		return s, err
+	}
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+		t.Fatalf("first pass: %+v, %v; want the job claimed", p, err)
+	}
+	harness.WaitFor(t, 10*time.Second, "the 429 to requeue the job", func() (bool, error) {
+		s, err := status()
+		return s == "queued", err
+	})
+	stub.mu.Lock()
+	delete(stub.answers, "hourly") // the next dispatch succeeds
+	stub.mu.Unlock()
+	start, _ := fake.Now(ctx)
+	nb, ok, err := store.Get(ctx, h)
+	if err != nil || !ok || !nb.Equal(start.Add(65*time.Second).Truncate(time.Millisecond)) {
+		t.Fatalf("gate = %v (%v, %v), want now + 60 s + 5 s = %v", nb, ok, err, start.Add(65*time.Second))
+	}
+	fake.Advance(64 * time.Second)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
+		t.Fatalf("pass at +64 s: %+v, %v; want nothing claimed (gated until +65 s)", p, err)
+	}
+	fake.Advance(2 * time.Second)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+		t.Fatalf("pass at +66 s: %+v, %v; want the job claimed (its gate has passed)", p, err)
+	}
+	harness.WaitFor(t, 10*time.Second, "the job to succeed after its gate passed", func() (bool, error) {
+		s, err := status()
+		return s == "succeeded", err
+	})
+	if n := len(stub.sent(id)); n != 2 {
+		t.Errorf("the job was dispatched %d times, want 2 (the 429, then the run)", n)
+	}
+}
