@@ -70,8 +70,10 @@ func assertCapsHeld(t *testing.T, env *harness.Env, global, tenant int) {
 // TestDrainerFairness is acceptance scenario 1: a tenant's backlog never holds more than its cap,
 // and a newcomer's job takes the next free slot instead of waiting behind older work — also when
 // two backlogged tenants together fill every slot.
+//
+// It asserts on time, so it does not run in parallel with the package's other tests: Go runs the
+// non-parallel tests of a package one at a time, before the parallel ones.
 func TestDrainerFairness(t *testing.T) {
-	t.Parallel()
 	const serviceMS = 50
 	env := harness.Start(t, harness.Options{})
 	ctx := context.Background()
