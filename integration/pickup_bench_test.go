@@ -1,0 +1,118 @@
+package integration_test
+
+import (
+	"context"
+	"math/rand"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/integration/harness"
+)
+
+// measurePickup admits n jobs one at a time into an idle sluice and returns, for each, the time
+// from the producer starting POST /v1/jobs to the executor receiving the dispatch (SPEC §14).
+func measurePickup(b *testing.B, env *harness.Env, got chan int64, n int, admit *[]time.Duration, pace func() time.Duration) []time.Duration {
+	out := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		if pace != nil {
+			// Arrival pacing of the load generator (not synchronisation): producers arrive at
+			// random moments, not in step with the drainer's poll.
+			<-time.After(pace())
+		}
+		start := time.Now()
+		r := env.Do(b, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "pickup"})
+		if admit != nil {
+			*admit = append(*admit, time.Since(start))
+		}
+		if r.Status != http.StatusAccepted {
+			b.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
+		}
+		id := int64(r.Body["id"].(float64))
+		for {
+			select {
+			case rid := <-got:
+				if rid != id {
+					continue
+				}
+				out = append(out, time.Since(start))
+			case <-time.After(10 * time.Second):
+				b.Fatalf("job %d was not dispatched within 10 s", id)
+			}
+			break
+		}
+		// Let the job finish so that every sample starts from an idle drainer.
+		harness.WaitFor(b, 10*time.Second, "the job to finish", func() (bool, error) {
+			return readJobB(b, env, id) == "succeeded", nil
+		})
+	}
+	return out
+}
+
+func readJobB(b *testing.B, env *harness.Env, id int64) string {
+	var s string
+	if err := env.DB.QueryRow("SELECT status FROM jobs WHERE id = ?", id).Scan(&s); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// BenchmarkPickupLatency measures pickup latency with pokes, beside a raw JetStream publish with
+// acknowledgement and the raw two-statement transaction in the same run, and then with the
+// broker stopped (the 1 Hz poll alone).
+func BenchmarkPickupLatency(b *testing.B) {
+	got := make(chan int64, 16)
+	env := harness.Start(b, harness.Options{OnReceive: func(id int64, _ string, _ time.Time) {
+		select {
+		case got <- id:
+		default:
+		}
+	}})
+	const n = 300
+	// Warm the connection pools before measuring.
+	measurePickup(b, env, got, 20, nil, nil)
+	var admit []time.Duration
+	withPokes := measurePickup(b, env, got, n, &admit, nil)
+
+	nc, err := nats.Connect(env.NATS.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	var rawPub []time.Duration
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		if _, err := js.Publish(ctx, "sluice.bench.raw", []byte("x")); err != nil {
+			b.Fatal(err)
+		}
+		rawPub = append(rawPub, time.Since(start))
+	}
+	nc.Close()
+	raw := rawTx(b, env.DB, n)
+
+	env.NATS.Shutdown()
+	rng := rand.New(rand.NewSource(1))
+	pollOnly := measurePickup(b, env, got, 30, nil, func() time.Duration {
+		return time.Duration(rng.Int63n(int64(time.Second)))
+	})
+
+	p := harness.Percentiles(withPokes, 50, 99)
+	q := harness.Percentiles(pollOnly, 50, 100)
+	j := harness.Percentiles(rawPub, 50)
+	r := harness.Percentiles(raw, 50)
+	a := harness.Percentiles(admit, 50)
+	harness.Emit("pickup_latency", map[string]any{
+		"admission_response_p50_ms": a[0],
+		"samples": n, "pokes_p50_ms": p[0], "pokes_p99_ms": p[1],
+		"raw_jetstream_publish_ack_p50_ms": j[0], "raw_two_statement_tx_p50_ms": r[0],
+		"pokes_p50_over_raw_tx_p50": round2(p[0] / r[0]),
+		"broker_down_samples": len(pollOnly), "broker_down_p50_ms": q[0], "broker_down_max_ms": q[1],
+	})
+}
