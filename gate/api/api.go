@@ -90,6 +90,7 @@ var routeList = []string{
 	"DELETE /v1/jobs/{id}",
 	"POST /v1/jobs/{id}/start",
 	"POST /v1/jobs/{id}/complete",
+	"POST /v1/releases",
 	"GET /healthz",
 	"GET /readyz",
 	"GET /metrics",
@@ -101,6 +102,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("DELETE /v1/jobs/{id}", s.auth(s.cancel, Producer))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/start", s.auth(s.start, Executor))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/complete", s.auth(s.complete, Executor))
+	s.mux.HandleFunc("POST /v1/releases", s.auth(s.release, Executor))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
