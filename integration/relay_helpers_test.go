@@ -28,7 +28,7 @@ type relayEnv struct {
 
 // newRelayEnv connects to url (a test-owned broker), creates the stream with replicas, and
 // gives the test its own database.
-func newRelayEnv(t *testing.T, url string, replicas int) *relayEnv {
+func newRelayEnv(t testing.TB, url string, replicas int) *relayEnv {
 	t.Helper()
 	e := &relayEnv{db: testdb.New(t)}
 	var err error
@@ -50,7 +50,7 @@ func newRelayEnv(t *testing.T, url string, replicas int) *relayEnv {
 	return e
 }
 
-func (e *relayEnv) relay(t *testing.T, cfg publisher.RelayConfig) *publisher.Relay {
+func (e *relayEnv) relay(t testing.TB, cfg publisher.RelayConfig) *publisher.Relay {
 	t.Helper()
 	cfg.DB, cfg.NC, cfg.JS, cfg.InstallID = e.db.DB, e.nc, e.js, e.installID
 	r, err := publisher.NewRelay(cfg)

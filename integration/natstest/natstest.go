@@ -36,6 +36,9 @@ func Start(tb testing.TB) *Server {
 // URL is the client URL; it stays the same across restarts.
 func (s *Server) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.opts.Port) }
 
+// Name is the server's name (n1, n2, ... in a cluster), as stream cluster info reports leaders.
+func (s *Server) Name() string { return s.opts.ServerName }
+
 // Stop shuts the server down and waits for it. Idempotent.
 func (s *Server) Stop() {
 	s.mu.Lock()
