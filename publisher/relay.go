@@ -245,7 +245,10 @@ func (r *Relay) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-reconnected:
+		case _, ok := <-reconnected:
+			if !ok {
+				reconnected = nil // closed with the connection: nothing more will come
+			}
 			bo.Reset()
 		case <-r.wake:
 			if failing {

@@ -94,7 +94,11 @@ func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	cfg := publisher.ReplayConfig{DB: db, InstallID: installID, Selection: sel, DryRun: dryRun,
 		Progress: func(p publisher.ReplayProgress) {
-			fmt.Fprintf(stdout, "replay %d: %d/%d rows (ids %d..%d), %d refused\n", p.Replay, p.Published, p.Selected, p.FirstID, p.LastID, p.Refused)
+			what := fmt.Sprintf("replay %d", p.Replay)
+			if dryRun {
+				what = "dry run"
+			}
+			fmt.Fprintf(stdout, "%s: %d/%d rows (ids %d..%d), %d refused\n", what, p.Published, p.Selected, p.FirstID, p.LastID, p.Refused)
 		}}
 	if !dryRun {
 		core, err := c.bool("nats-core")
