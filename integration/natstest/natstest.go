@@ -26,11 +26,7 @@ type Server struct {
 // directory of tb.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	s := &Server{opts: server.Options{Host: "127.0.0.1", Port: FreePort(tb), JetStream: true,
-		StoreDir: tb.TempDir(), NoSigs: true, NoLog: true}}
-	s.Restart(tb)
-	tb.Cleanup(s.Stop)
-	return s
+	return StartWith(tb, func(*server.Options) {})
 }
 
 // URL is the client URL; it stays the same across restarts.
@@ -170,4 +166,16 @@ func FreePort(tb testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// StartWith runs a single server like Start, with tune applied to its options first (a smaller
+// max payload, no JetStream...).
+func StartWith(tb testing.TB, tune func(*server.Options)) *Server {
+	tb.Helper()
+	s := &Server{opts: server.Options{Host: "127.0.0.1", Port: FreePort(tb), JetStream: true,
+		StoreDir: tb.TempDir(), NoSigs: true, NoLog: true}}
+	tune(&s.opts)
+	s.Restart(tb)
+	tb.Cleanup(s.Stop)
+	return s
 }
