@@ -22,7 +22,7 @@ func TestPermanentRefusals(t *testing.T) {
 		{jetstream.ErrStreamMessageExceedsMaximum, true},
 		{&jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamMessageExceedsMaximum}, true},
 		{&jetstream.APIError{Code: 503, ErrorCode: 10008}, false}, // e.g. no leader yet: transient
-		{jetstream.ErrStreamNotFound, false},                       // fixed by `sluice nats init`
+		{jetstream.ErrStreamNotFound, false},                      // fixed by `sluice nats init`
 		{nats.ErrNoResponders, false},
 		{nats.ErrTimeout, false},
 		{nats.ErrConnectionClosed, false},
