@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,6 +151,13 @@ func TestReleaseOverHTTP(t *testing.T) {
 	}
 	if n := countOutbox(t, env.DB, "1"); n != 1 {
 		t.Fatalf("%d outbox rows, want only the one valid release", n)
+	}
+	m := env.Do(t, http.MethodGet, "/metrics", "", nil)
+	for _, line := range []string{"sluice_outbox_unpublished 0", "sluice_outbox_oldest_unpublished_age_seconds 0",
+		"sluice_outbox_set_aside 0", "sluice_relay_published_total 1"} {
+		if !strings.Contains(string(m.Raw), "\n"+line+"\n") {
+			t.Errorf("/metrics lacks %q", line)
+		}
 	}
 }
 
