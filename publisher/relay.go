@@ -122,37 +122,18 @@ func (r *Relay) Wake() {
 // the same transaction and counted. With the broker disconnected it returns at once, touching
 // neither the database nor the broker.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	b, err := r.publishBatch(ctx)
-	if err != nil || b == nil {
-		return 0, err
-	}
-	return r.commit(ctx, b)
-}
-
-// batch is a claimed and published batch whose marks are not committed yet: tx holds the row
-// locks until commit.
-type batch struct {
-	tx   *sql.Tx
-	rows int
-	res  sent
-}
-
-// publishBatch claims the next batch in a new transaction and publishes it. It returns nil
-// when nothing is unpublished, and an error (with the transaction rolled back) when the broker
-// is disconnected or the claim failed.
-func (r *Relay) publishBatch(ctx context.Context) (*batch, error) {
 	if !r.cfg.NC.IsConnected() {
 		r.countError(errBrokerDown)
-		return nil, errBrokerDown
+		return 0, errBrokerDown
 	}
 	tx, err := r.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, fmt.Errorf("relay: begin: %w", err)
+		return 0, fmt.Errorf("relay: begin: %w", err)
 	}
+	defer func() { _ = tx.Rollback() }()
 	rows, err := outbox.ClaimUnpublished(ctx, tx, r.cfg.Batch)
 	if err != nil || len(rows) == 0 {
-		_ = tx.Rollback()
-		return nil, err
+		return 0, err
 	}
 	msgs := make([]outMsg, len(rows))
 	for i, row := range rows {
@@ -162,41 +143,34 @@ func (r *Relay) publishBatch(ctx context.Context) (*batch, error) {
 	if r.cfg.AfterPublish != nil {
 		r.cfg.AfterPublish(res.acked)
 	}
-	return &batch{tx: tx, rows: len(rows), res: res}, nil
-}
-
-// commit marks b's acknowledged rows published and sets its refused rows aside, commits, and
-// returns the number acknowledged, with the batch's publish error if it had one.
-func (r *Relay) commit(ctx context.Context, b *batch) (int, error) {
-	defer func() { _ = b.tx.Rollback() }()
 	now, err := r.cfg.Clock.Now(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if err := outbox.MarkPublished(ctx, b.tx, now, b.res.acked); err != nil {
+	if err := outbox.MarkPublished(ctx, tx, now, res.acked); err != nil {
 		return 0, err
 	}
-	if err := outbox.SetAside(ctx, b.tx, now, b.res.refused); err != nil {
+	if err := outbox.SetAside(ctx, tx, now, res.refused); err != nil {
 		return 0, err
 	}
-	if err := b.tx.Commit(); err != nil {
+	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("relay: commit marks: %w", err)
 	}
-	for _, ref := range b.res.refused {
+	for _, ref := range res.refused {
 		r.cfg.Log.Error("relay: the broker refused an outbox row permanently; set aside in outbox_failed",
 			"outbox_id", ref.ID, "error", ref.Err)
 	}
 	if r.cfg.Metrics != nil {
-		r.cfg.Metrics.Published.Add(float64(len(b.res.acked)))
-		if len(b.res.refused) > 0 {
-			r.cfg.Metrics.Errors.WithLabelValues("refused").Add(float64(len(b.res.refused)))
+		r.cfg.Metrics.Published.Add(float64(len(res.acked)))
+		if len(res.refused) > 0 {
+			r.cfg.Metrics.Errors.WithLabelValues("refused").Add(float64(len(res.refused)))
 		}
 	}
-	if b.res.err != nil {
-		r.countError(b.res.err)
-		return len(b.res.acked), b.res.err
+	if res.err != nil {
+		r.countError(res.err)
+		return len(res.acked), res.err
 	}
-	return len(b.res.acked), nil
+	return len(res.acked), nil
 }
 
 func (r *Relay) countError(err error) {
@@ -212,11 +186,6 @@ var errBrokerDown = errors.New("relay: broker not connected")
 // MaxBackoff, with jitter) so that a broker outage costs no busy loop. When the connection comes
 // back the backoff is reset and the backlog published at once, instead of at the next backoff
 // tick.
-//
-// Run pipelines a backlog: while one batch's marks commit, the next batch is claimed (SKIP
-// LOCKED passes over the committing batch's rows) and published. A batch is published only
-// after the one before it was acknowledged, so each subject's rows still reach the broker in id
-// order. At most one commit is outstanding, and Run waits for it before returning.
 func (r *Relay) Run(ctx context.Context) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 100 * time.Millisecond
@@ -224,19 +193,6 @@ func (r *Relay) Run(ctx context.Context) {
 	bo.MaxElapsedTime = 0
 	reconnected := r.cfg.NC.StatusChanged(nats.CONNECTED)
 	defer r.cfg.NC.RemoveStatusListener(reconnected)
-	// A commit outlives a stop request by a little: the batch is already published, and
-	// committing its marks spares the next relay a republish.
-	commitCtx := context.WithoutCancel(ctx)
-	var pending chan error // the outstanding commit, if any
-	waitPending := func() error {
-		if pending == nil {
-			return nil
-		}
-		err := <-pending
-		pending = nil
-		return err
-	}
-	defer func() { _ = waitPending() }()
 	t := time.NewTimer(0)
 	defer t.Stop()
 	failing := false
@@ -255,23 +211,7 @@ func (r *Relay) Run(ctx context.Context) {
 				continue // the backoff timer (or a reconnection) decides when to try again
 			}
 		}
-		b, err := r.publishBatch(ctx)
-		if cerr := waitPending(); err == nil {
-			err = cerr
-		}
-		if b != nil {
-			done := make(chan error, 1)
-			pending = done
-			go func() {
-				cctx, cancel := context.WithTimeout(commitCtx, 30*time.Second)
-				defer cancel()
-				_, err := r.commit(cctx, b)
-				done <- err
-			}()
-			if b.res.err != nil && err == nil {
-				err = b.res.err
-			}
-		}
+		n, err := r.RunOnce(ctx)
 		var wait time.Duration
 		switch {
 		case ctx.Err() != nil:
@@ -288,7 +228,7 @@ func (r *Relay) Run(ctx context.Context) {
 			}
 			failing = false
 			bo.Reset()
-			if b == nil || b.rows < r.cfg.Batch {
+			if n < r.cfg.Batch {
 				wait = r.cfg.Interval
 			}
 		}
