@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/publisher"
@@ -25,6 +27,9 @@ func TestBrokerOutageScenario9(t *testing.T) {
 	ns := natstest.Start(t)
 	env := harness.Start(t, harness.Options{NATSURL: ns.URL()})
 	ctx := context.Background()
+	// The caps are not what this test is about: raise them so that 2,000 jobs drain quickly on a
+	// shared machine. The drain still has no pokes: only the poll and local wake-ups.
+	raiseCaps(t, env, 16, 4)
 	ns.Stop()
 
 	const jobs = 2000
@@ -107,4 +112,24 @@ func TestBrokerOutageScenario9(t *testing.T) {
 		t.Fatalf("only %d outbox rows for %d jobs", len(ids), jobs)
 	}
 	assertExactlyOnce(t, installID, ids, consumeAll(t, js))
+}
+
+// raiseCaps writes a runtime configuration version with the given global and per-tenant caps,
+// as an operator's PATCH would; drainers read it in their next claim.
+func raiseCaps(t *testing.T, env *harness.Env, global, tenant int) {
+	t.Helper()
+	ctx := context.Background()
+	v, err := limits.Load(ctx, env.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.Config.GlobalInFlight, v.Config.TenantInFlight = global, tenant
+	raw, err := json.Marshal(v.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.DB.ExecContext(ctx, `INSERT INTO config_versions (version, config, changed_by, changed_at, note)
+		VALUES (?, ?, 'test', UTC_TIMESTAMP(6), 'raise caps')`, v.Version+1, string(raw)); err != nil {
+		t.Fatal(err)
+	}
 }
