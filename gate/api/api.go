@@ -90,10 +90,10 @@ var routeList = []string{
 	"DELETE /v1/jobs/{id}",
 	"POST /v1/jobs/{id}/start",
 	"POST /v1/jobs/{id}/complete",
-	"POST /v1/releases",
 	"GET /healthz",
 	"GET /readyz",
 	"GET /metrics",
+	"POST /v1/releases",
 }
 
 func (s *Server) routes() {
@@ -102,12 +102,12 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("DELETE /v1/jobs/{id}", s.auth(s.cancel, Producer))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/start", s.auth(s.start, Executor))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/complete", s.auth(s.complete, Executor))
-	s.mux.HandleFunc("POST /v1/releases", s.auth(s.release, Executor))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("POST /v1/releases", s.auth(s.release, Executor))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, job.Errorf(job.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})

@@ -47,13 +47,13 @@ type Env struct {
 type Options struct {
 	// Roles, as app.Options; all false runs all three.
 	API, Relay, Drainer bool
+	// NATSURL, if set, is a broker the test owns (one it stops and starts); the harness then
+	// starts no embedded server and Env.NATS is nil.
+	NATSURL string
 	// OnReceive is passed to the simulated executor.
 	OnReceive func(jobID int64, tenant string, at time.Time)
 	// Log, if nil, discards (set SLUICE_TEST_LOG=1 to see the app's log).
 	Log *slog.Logger
-	// NATSURL, if set, is a broker the test owns (one it stops and starts); the harness then
-	// starts no embedded server and Env.NATS is nil.
-	NATSURL string
 }
 
 // Start brings up an Env for tb.
