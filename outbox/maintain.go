@@ -105,16 +105,8 @@ func ReadPublished(ctx context.Context, q QueryContexter, sel Selection, after i
 	if err != nil {
 		return nil, fmt.Errorf("read published outbox rows: %w", err)
 	}
-	defer rows.Close()
-	var out []Row
-	for rows.Next() {
-		var r Row
-		if err := rows.Scan(&r.ID, &r.Subject, &r.Payload, &r.CreatedAt, &r.Attempts); err != nil {
-			return nil, fmt.Errorf("read published outbox rows: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := scanRows(rows)
+	if err != nil {
 		return nil, fmt.Errorf("read published outbox rows: %w", err)
 	}
 	return out, nil
