@@ -128,19 +128,25 @@ func ClaimUnpublished(ctx context.Context, tx *sql.Tx, limit int) ([]Row, error)
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
+	out, err := scanRows(rows)
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// scanRows reads and closes rows selected as id, subject, payload, created_at, attempts.
+func scanRows(rows *sql.Rows) ([]Row, error) {
 	defer rows.Close()
 	var out []Row
 	for rows.Next() {
 		var r Row
 		if err := rows.Scan(&r.ID, &r.Subject, &r.Payload, &r.CreatedAt, &r.Attempts); err != nil {
-			return nil, fmt.Errorf("claim outbox rows: %w", err)
+			return nil, err
 		}
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows: %w", err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 // MarkPublished records that the broker acknowledged the rows ids at now. Rows already marked

@@ -111,19 +111,24 @@ func (f *FastPath) Run(ctx context.Context) {
 }
 
 func (f *FastPath) publishBatch(ctx context.Context, batch []outbox.Row) {
-	acked, err := publish(ctx, f.cfg.NC, f.cfg.JS, f.cfg.InstallID, batch, f.cfg.AckTimeout)
-	if err != nil {
-		f.cfg.Log.Debug("fast path publish failed; the relay will publish", "error", err)
+	msgs := make([]outMsg, len(batch))
+	for i, row := range batch {
+		msgs[i] = relayMsg(f.cfg.InstallID, row)
 	}
-	if len(acked) == 0 {
+	// Refused rows are left to the relay, which sets them aside under its row locks.
+	res := publish(ctx, f.cfg.NC, f.cfg.JS, msgs, f.cfg.AckTimeout)
+	if res.err != nil {
+		f.cfg.Log.Debug("fast path publish failed; the relay will publish", "error", res.err)
+	}
+	if len(res.acked) == 0 {
 		return
 	}
 	if f.cfg.Metrics != nil {
-		f.cfg.Metrics.Published.Add(float64(len(acked)))
+		f.cfg.Metrics.Published.Add(float64(len(res.acked)))
 	}
 	now, err := f.cfg.Clock.Now(ctx)
 	if err == nil {
-		err = outbox.MarkPublished(ctx, f.cfg.DB, now, acked)
+		err = outbox.MarkPublished(ctx, f.cfg.DB, now, res.acked)
 	}
 	if err != nil {
 		// The rows were published but not marked: the relay publishes them again with the same

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -29,7 +28,9 @@ type RelayConfig struct {
 	JS jetstream.JetStream
 	// InstallID prefixes message ids. Required.
 	InstallID string
-	// Batch bounds the rows published per pass. Default 500.
+	// Batch bounds the rows published per pass. Default 2000: marking rows published is the
+	// relay's main cost and is cheaper per row in larger statements (BenchmarkRelayBacklog);
+	// keep it below the JetStream context's async max pending (4096 in sluice).
 	Batch int
 	// AckTimeout bounds the wait for a batch's acknowledgements. Default 5 s.
 	AckTimeout time.Duration
@@ -39,8 +40,15 @@ type RelayConfig struct {
 	Clock clock.Clock
 	// Log receives problems. Default: discard.
 	Log *slog.Logger
+	// MaxBackoff caps the wait between failed passes. Default 5 s: an outage is noticed within
+	// it, and a reconnection ends the wait at once anyway.
+	MaxBackoff time.Duration
 	// Metrics, if set, counts publications.
 	Metrics *RelayMetrics
+	// AfterPublish, if set, is called after a batch's acknowledgements and before their marks
+	// commit, with the acknowledged ids. A test signal (tests kill the relay there); nil in
+	// production.
+	AfterPublish func(acked []int64)
 }
 
 // RelayMetrics are the relay's collectors.
@@ -79,13 +87,16 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		return nil, errors.New("invalid config: InstallID: required")
 	}
 	if cfg.Batch <= 0 {
-		cfg.Batch = 500
+		cfg.Batch = 2000
 	}
 	if cfg.AckTimeout <= 0 {
 		cfg.AckTimeout = 5 * time.Second
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = 500 * time.Millisecond
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = 5 * time.Second
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.DB{DB: cfg.DB}
@@ -107,9 +118,12 @@ func (r *Relay) Wake() {
 // RunOnce publishes one batch of unpublished rows and returns how many were acknowledged. The
 // batch's rows stay locked (SKIP LOCKED for other relays) until their marks commit, so a row is
 // published twice only if this process dies between the acknowledgement and the commit; the
-// broker's duplicate window absorbs that.
+// broker's duplicate window absorbs that. Rows the broker refuses permanently are set aside in
+// the same transaction and counted. With the broker disconnected it returns at once, touching
+// neither the database nor the broker.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	if !r.cfg.NC.IsConnected() {
+		r.countError(errBrokerDown)
 		return 0, errBrokerDown
 	}
 	tx, err := r.cfg.DB.BeginTx(ctx, nil)
@@ -121,39 +135,64 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
-	acked, pubErr := publish(ctx, r.cfg.NC, r.cfg.JS, r.cfg.InstallID, rows, r.cfg.AckTimeout)
+	msgs := make([]outMsg, len(rows))
+	for i, row := range rows {
+		msgs[i] = relayMsg(r.cfg.InstallID, row)
+	}
+	res := publish(ctx, r.cfg.NC, r.cfg.JS, msgs, r.cfg.AckTimeout)
+	if r.cfg.AfterPublish != nil {
+		r.cfg.AfterPublish(res.acked)
+	}
 	now, err := r.cfg.Clock.Now(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if err := outbox.MarkPublished(ctx, tx, now, acked); err != nil {
+	if err := outbox.MarkPublished(ctx, tx, now, res.acked); err != nil {
+		return 0, err
+	}
+	if err := outbox.SetAside(ctx, tx, now, res.refused); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("relay: commit marks: %w", err)
 	}
+	for _, ref := range res.refused {
+		r.cfg.Log.Error("relay: the broker refused an outbox row permanently; set aside in outbox_failed",
+			"outbox_id", ref.ID, "error", ref.Err)
+	}
 	if r.cfg.Metrics != nil {
-		r.cfg.Metrics.Published.Add(float64(len(acked)))
-		if pubErr != nil {
-			r.cfg.Metrics.Errors.WithLabelValues("publish").Inc()
+		r.cfg.Metrics.Published.Add(float64(len(res.acked)))
+		if len(res.refused) > 0 {
+			r.cfg.Metrics.Errors.WithLabelValues("refused").Add(float64(len(res.refused)))
 		}
 	}
-	if pubErr != nil {
-		return len(acked), pubErr
+	if res.err != nil {
+		r.countError(res.err)
+		return len(res.acked), res.err
 	}
-	return len(acked), nil
+	return len(res.acked), nil
+}
+
+func (r *Relay) countError(err error) {
+	if r.cfg.Metrics != nil {
+		r.cfg.Metrics.Errors.WithLabelValues(errorKind(err)).Inc()
+	}
 }
 
 var errBrokerDown = errors.New("relay: broker not connected")
 
 // Run publishes until ctx is done: a full batch is followed at once by the next, an idle relay
-// looks again every Interval or when woken, and failures back off exponentially (capped at 5 s,
-// with jitter) so that a broker outage costs no busy loop.
+// looks again every Interval or when woken, and failures back off exponentially (capped at
+// MaxBackoff, with jitter) so that a broker outage costs no busy loop. When the connection comes
+// back the backoff is reset and the backlog published at once, instead of at the next backoff
+// tick.
 func (r *Relay) Run(ctx context.Context) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 100 * time.Millisecond
-	bo.MaxInterval = 5 * time.Second
+	bo.MaxInterval = r.cfg.MaxBackoff
 	bo.MaxElapsedTime = 0
+	reconnected := r.cfg.NC.StatusChanged(nats.CONNECTED)
+	defer r.cfg.NC.RemoveStatusListener(reconnected)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	failing := false
@@ -162,9 +201,14 @@ func (r *Relay) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case _, ok := <-reconnected:
+			if !ok {
+				reconnected = nil // closed with the connection: nothing more will come
+			}
+			bo.Reset()
 		case <-r.wake:
 			if failing {
-				continue // the backoff timer decides when to try again
+				continue // the backoff timer (or a reconnection) decides when to try again
 			}
 		}
 		n, err := r.RunOnce(ctx)
@@ -196,71 +240,4 @@ func (r *Relay) Run(ctx context.Context) {
 		}
 		t.Reset(wait)
 	}
-}
-
-// publish sends rows and returns the ids the broker acknowledged (JetStream) or that were
-// flushed (core NATS).
-func publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, installID string, rows []outbox.Row, ackTimeout time.Duration) ([]int64, error) {
-	if js == nil {
-		for _, row := range rows {
-			if err := nc.PublishMsg(message(installID, row)); err != nil {
-				return nil, fmt.Errorf("publish outbox row %d: %w", row.ID, err)
-			}
-		}
-		fctx, cancel := context.WithTimeout(ctx, ackTimeout)
-		defer cancel()
-		if err := nc.FlushWithContext(fctx); err != nil {
-			return nil, fmt.Errorf("flush: %w", err)
-		}
-		ids := make([]int64, len(rows))
-		for i, row := range rows {
-			ids[i] = row.ID
-		}
-		return ids, nil
-	}
-	type pending struct {
-		id  int64
-		fut jetstream.PubAckFuture
-	}
-	futs := make([]pending, 0, len(rows))
-	var firstErr error
-	for _, row := range rows {
-		f, err := js.PublishMsgAsync(message(installID, row), jetstream.WithMsgID(MsgID(installID, row.ID)))
-		if err != nil {
-			firstErr = fmt.Errorf("publish outbox row %d: %w", row.ID, err)
-			break
-		}
-		futs = append(futs, pending{row.ID, f})
-	}
-	timeout := time.NewTimer(ackTimeout)
-	defer timeout.Stop()
-	var acked []int64
-	for _, p := range futs {
-		select {
-		case <-p.fut.Ok():
-			acked = append(acked, p.id)
-		case err := <-p.fut.Err():
-			if firstErr == nil {
-				firstErr = fmt.Errorf("publish outbox row %d: %w", p.id, err)
-			}
-		case <-timeout.C:
-			if firstErr == nil {
-				firstErr = fmt.Errorf("publish outbox row %d: no acknowledgement within %s", p.id, ackTimeout)
-			}
-			return acked, firstErr
-		case <-ctx.Done():
-			return acked, ctx.Err()
-		}
-	}
-	return acked, firstErr
-}
-
-func message(installID string, row outbox.Row) *nats.Msg {
-	m := nats.NewMsg(row.Subject)
-	m.Data = row.Payload
-	m.Header.Set(HeaderOutboxID, strconv.FormatInt(row.ID, 10))
-	if installID != "" {
-		m.Header.Set(jetstream.MsgIDHeader, MsgID(installID, row.ID))
-	}
-	return m
 }

@@ -1,7 +1,9 @@
 // Package publisher moves outbox rows to NATS: the Relay publishes whatever is committed and
-// unpublished, the FastPath publishes an admission's own rows right after its commit, and
-// EnsureStream creates the JetStream stream they publish into. Producers that emit
-// capacity-release events use Complete inside their own transaction.
+// unpublished (setting aside rows the broker refuses for good), the FastPath publishes an
+// admission's own rows right after its commit, Replay republishes published rows for consumers
+// that lost state, the Purger deletes published rows past their retention, and EnsureStream
+// creates the JetStream stream they publish into. Producers that share the database emit
+// completions and capacity-release events with a Producer inside their own transaction.
 package publisher
 
 import (

@@ -38,6 +38,7 @@ Usage:
   sluice dev [flags]                                   everything in one process with a simulated executor
   sluice migrate [up|status] [flags]                   apply or list schema migrations
   sluice nats init [flags]                             create or update the JetStream stream
+  sluice outbox status|replay|restore [flags]          outbox backlog, replay published rows, restore set-aside rows
   sluice simexec [flags]                               run the simulated executor alone
   sluice gate set|list|clear [flags]                   set, list or clear rate gates
   sluice version                                       print the version
@@ -67,6 +68,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = migrate(ctx, rest, stdout, stderr)
 	case "nats":
 		err = natsCmd(ctx, rest, stdout, stderr)
+	case "outbox":
+		err = outboxCmd(ctx, rest, stdout, stderr)
 	case "simexec":
 		err = simexecCmd(ctx, rest, stdout, stderr)
 	case "gate":

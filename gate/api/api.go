@@ -100,6 +100,7 @@ var routeList = []string{
 	"GET /healthz",
 	"GET /readyz",
 	"GET /metrics",
+	"POST /v1/releases",
 }
 
 func (s *Server) routes() {
@@ -116,6 +117,7 @@ func (s *Server) routes() {
 	})
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("POST /v1/releases", s.auth(s.release, Executor))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, job.Errorf(job.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})

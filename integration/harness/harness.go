@@ -47,6 +47,9 @@ type Env struct {
 type Options struct {
 	// Roles, as app.Options; all false runs all three.
 	API, Relay, Drainer bool
+	// NATSURL, if set, is a broker the test owns (one it stops and starts); the harness then
+	// starts no embedded server and Env.NATS is nil.
+	NATSURL string
 	// OnReceive is passed to the simulated executor.
 	OnReceive func(jobID int64, tenant string, at time.Time)
 	// Log, if nil, discards (set SLUICE_TEST_LOG=1 to see the app's log).
@@ -63,10 +66,14 @@ func Start(tb testing.TB, o Options) *Env {
 	tb.Helper()
 	e := &Env{DB: testdb.New(tb), HTTP: &http.Client{Timeout: 30 * time.Second}}
 	var err error
-	if e.NATS, err = app.StartEmbeddedNATS(tb.TempDir(), 0); err != nil {
-		tb.Fatalf("harness: %v", err)
+	natsURL := o.NATSURL
+	if natsURL == "" {
+		if e.NATS, err = app.StartEmbeddedNATS(tb.TempDir(), 0); err != nil {
+			tb.Fatalf("harness: %v", err)
+		}
+		tb.Cleanup(e.NATS.Shutdown)
+		natsURL = e.NATS.URL()
 	}
-	tb.Cleanup(e.NATS.Shutdown)
 	log := o.Log
 	if log == nil {
 		if os.Getenv("SLUICE_TEST_LOG") != "" {
@@ -90,7 +97,7 @@ func Start(tb testing.TB, o Options) *Env {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	e.App, err = app.Start(ctx, app.Options{
-		MySQLDSN: e.DB.DSN, NATSURL: e.NATS.URL(), Listen: "127.0.0.1:0",
+		MySQLDSN: e.DB.DSN, NATSURL: natsURL, Listen: "127.0.0.1:0",
 		ExecutorURL: e.ExecURL, ExecutorSecret: Secret, Tokens: tokens, InitStream: true,
 		API: o.API, Relay: o.Relay, Drainer: o.Drainer, Grace: 10 * time.Second, Log: log,
 		Memcached: o.Memcached, GateTimeout: o.GateTimeout,

@@ -83,6 +83,7 @@ type App struct {
 	registry *prometheus.Registry
 	drainer  *drainer.Drainer
 	relay    *publisher.Relay
+	purger   *publisher.Purger
 	fast     *publisher.FastPath
 	gates    *rategate.Store
 	httpSrv  *http.Server
@@ -173,9 +174,15 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		return nil, err
 	}
 	relayMetrics := publisher.NewRelayMetrics(a.registry)
+	a.registry.MustRegister(publisher.NewOutboxCollector(a.db, nil, a.log))
 	if opts.Relay {
 		if a.relay, err = publisher.NewRelay(publisher.RelayConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
 			Log: a.log, Metrics: relayMetrics}); err != nil {
+			return nil, err
+		}
+		if a.purger, err = publisher.NewPurger(publisher.PurgerConfig{DB: a.db, Log: a.log, Retention: func() time.Duration {
+			return time.Duration(a.limits.Current().Config.OutboxRetentionDays) * 24 * time.Hour
+		}}); err != nil {
 			return nil, err
 		}
 	}
@@ -215,6 +222,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	a.goLoop(func() { a.limits.Run(loopCtx) })
 	if a.relay != nil {
 		a.goLoop(func() { a.relay.Run(loopCtx) })
+		a.goLoop(func() { a.purger.Run(loopCtx) })
 	}
 	if a.fast != nil {
 		a.goLoop(func() { a.fast.Run(loopCtx) })
