@@ -110,9 +110,9 @@ func BenchmarkPickupLatency(b *testing.B) {
 	a := harness.Percentiles(admit, 50)
 	harness.Emit("pickup_latency", map[string]any{
 		"admission_response_p50_ms": a[0],
-		"samples": n, "pokes_p50_ms": p[0], "pokes_p99_ms": p[1],
+		"samples":                   n, "pokes_p50_ms": p[0], "pokes_p99_ms": p[1],
 		"raw_jetstream_publish_ack_p50_ms": j[0], "raw_two_statement_tx_p50_ms": r[0],
 		"pokes_p50_over_raw_tx_p50": round2(p[0] / r[0]),
-		"broker_down_samples": len(pollOnly), "broker_down_p50_ms": q[0], "broker_down_max_ms": q[1],
+		"broker_down_samples":       len(pollOnly), "broker_down_p50_ms": q[0], "broker_down_max_ms": q[1],
 	})
 }
