@@ -318,6 +318,13 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	if len(chosen) == 0 {
 		return nil, false, nil
 	}
+	// A pass's clock reading may predate the admission of a job it found (the job committed
+	// while the pass was reading candidates): a dispatch never precedes its admission.
+	for _, c := range chosen {
+		if c.queuedAt.After(now) {
+			now = c.queuedAt
+		}
+	}
 	out, err := d.claimChosen(ctx, tx, now, cfg, chosen)
 	if err != nil || len(out) == 0 {
 		return nil, false, err

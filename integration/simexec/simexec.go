@@ -182,7 +182,14 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 	}
 	if apiURL, _ := s.api(); apiURL != "" {
 		s.run(r.Context(), p.ConfirmDelayMS)
-		if err := s.confirm(r.Context(), d); err != nil {
+		// Once the API has answered /start the executor is committed to the job, whatever
+		// becomes of the dispatch connection: the confirmation must not be abandoned halfway
+		// because the drainer that sent the dispatch died, or the API would record a start the
+		// counters never saw.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+		err := s.confirm(cctx, d)
+		cancel()
+		if err != nil {
 			s.mu.Lock()
 			s.stats.RefusedStarts++
 			s.mu.Unlock()
