@@ -46,6 +46,12 @@ type Config struct {
 	Published func([]outbox.Row)
 	// Log receives request errors. Default: discard.
 	Log *slog.Logger
+	// Status serves GET /v1/status. Default: the database part only (broker and memcached
+	// reported down).
+	Status StatusReader
+	// Components, if set, reports the optional dependencies (NATS, memcached) in /readyz; they
+	// never make the process unready, since sluice works without them.
+	Components func(ctx context.Context) map[string]any
 }
 
 // Server serves the API. Safe for concurrent use.
@@ -90,6 +96,10 @@ var routeList = []string{
 	"DELETE /v1/jobs/{id}",
 	"POST /v1/jobs/{id}/start",
 	"POST /v1/jobs/{id}/complete",
+	"GET /v1/status",
+	"GET /v1/config",
+	"PATCH /v1/config",
+	"GET /v1/config/history",
 	"GET /healthz",
 	"GET /readyz",
 	"GET /metrics",
@@ -101,6 +111,10 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("DELETE /v1/jobs/{id}", s.auth(s.cancel, Producer))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/start", s.auth(s.start, Executor))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/complete", s.auth(s.complete, Executor))
+	s.mux.HandleFunc("GET /v1/status", s.auth(s.getStatus, Admin))
+	s.mux.HandleFunc("GET /v1/config", s.auth(s.getConfig, Admin))
+	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
+	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
@@ -268,13 +282,20 @@ func pathID(r *http.Request) (int64, error) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	body := map[string]any{"status": "ready"}
+	if s.cfg.Components != nil {
+		for k, v := range s.cfg.Components(r.Context()) {
+			body[k] = v
+		}
+	}
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(r.Context()); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "error_code": job.CodeUnavailable, "message": err.Error()})
+			body["status"], body["error_code"], body["message"] = "unavailable", job.CodeUnavailable, err.Error()
+			writeJSON(w, http.StatusServiceUnavailable, body)
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready"})
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (s *Server) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
