@@ -39,6 +39,8 @@ Usage:
   sluice migrate [up|status] [flags]                   apply or list schema migrations
   sluice nats init [flags]                             create or update the JetStream stream
   sluice simexec [flags]                               run the simulated executor alone
+  sluice status [--json] [flags]                       queue, tenants, gates, drainers, outbox (admin token)
+  sluice config show|set key=value... --note TEXT|history   runtime config (admin token)
   sluice version                                       print the version
 
 Settings come from flags, SLUICE_* environment variables or a --config file, in that order.
@@ -68,6 +70,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = natsCmd(ctx, rest, stdout, stderr)
 	case "simexec":
 		err = simexecCmd(ctx, rest, stdout, stderr)
+	case "status":
+		err = statusCmd(ctx, rest, stdout, stderr)
+	case "config":
+		err = configCmd(ctx, rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sluice", version)
 	case "help", "-h", "--help":
@@ -148,7 +154,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		ExecutorURL: c.get("executor-url"), ExecutorSecret: c.get("executor-secret"), UnconfirmedStarts: !confirm,
 		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
 		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,
-		Version: version, Log: log,
+		Version: version, Log: log, Memcached: strings.FieldsFunc(c.get("memcached"), func(r rune) bool { return r == ',' || r == ' ' }),
 	}
 	var shutdown []func()
 	defer func() {

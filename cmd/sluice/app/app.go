@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -26,6 +27,8 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/opsmetrics"
+	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -63,6 +66,12 @@ type Options struct {
 	Grace time.Duration
 	// Version is the build version. Default "dev".
 	Version string
+	// Memcached lists the gate store's servers, probed for /v1/status, /readyz and the
+	// sluice_memcached_reachable gauge. Default none (reported unreachable).
+	Memcached []string
+	// Gates, if set, is the rate-gate store: the drainer consults it before claiming and
+	// /v1/status lists the gated keys through it. Default none (no key is ever gated).
+	Gates drainer.Gates
 	// Log receives everything. Default: JSON on stderr.
 	Log *slog.Logger
 }
@@ -81,10 +90,17 @@ type App struct {
 	httpSrv  *http.Server
 	listener net.Listener
 
-	cancel  context.CancelFunc // stops the loops (claiming, relaying, reloading)
-	loops   sync.WaitGroup
-	serveWG sync.WaitGroup
-	stopped sync.Once
+	memcached *memcachedProbe
+	status    *status.Reader
+	ncClosed  chan struct{} // closed when the NATS connection is closed (after Drain)
+
+	stopClaims context.CancelFunc // stops the drainer's loop: no new claims
+	claimLoop  sync.WaitGroup
+	cancel     context.CancelFunc // stops the other loops (relaying, reloading)
+	loops      sync.WaitGroup
+	serveWG    sync.WaitGroup
+	stopping   atomic.Bool // /readyz answers 503 from the first moment of Stop
+	stopped    sync.Once
 }
 
 // Start connects and starts the roles in opts. The returned App runs until Stop.
@@ -119,7 +135,8 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	case opts.API && opts.Tokens == nil:
 		return nil, errors.New("invalid config: tokens (SLUICE_TOKENS or SLUICE_TOKENS_FILE): required to run the API")
 	}
-	a := &App{opts: opts, log: opts.Log, registry: prometheus.NewRegistry()}
+	a := &App{opts: opts, log: opts.Log, registry: prometheus.NewRegistry(), memcached: newMemcachedProbe(opts.Memcached),
+		ncClosed: make(chan struct{})}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ok := false
 	defer func() {
@@ -143,7 +160,16 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if opts.DrainerID != "" {
 		name += " " + opts.DrainerID
 	}
-	if a.nc, err = nats.Connect(opts.NATSURL, publisher.ConnectOptions(name)...); err != nil {
+	// Reconnects are deliberate (publisher.ConnectOptions: forever, 250 ms apart with jitter, no
+	// reconnect buffer); the handlers only log, at most one line per state change.
+	var closeOnce sync.Once
+	natsOpts := append(publisher.ConnectOptions(name),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			a.log.Warn("NATS disconnected; reconnecting (pokes are hints: the drainer polls, the outbox keeps what is not published)", "error", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { a.log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted()) }),
+		nats.ClosedHandler(func(*nats.Conn) { closeOnce.Do(func() { close(a.ncClosed) }) }))
+	if a.nc, err = nats.Connect(opts.NATSURL, natsOpts...); err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", opts.NATSURL, err)
 	}
 	var js jetstream.JetStream
@@ -166,6 +192,15 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		return nil, err
 	}
 	relayMetrics := publisher.NewRelayMetrics(a.registry)
+	if a.status, err = status.New(status.Config{DB: a.db, Limits: a.limits, Gates: opts.Gates,
+		BrokerConnected: a.nc.IsConnected, MemcachedReachable: a.memcached.Reachable}); err != nil {
+		return nil, err
+	}
+	opsCollector, err := opsmetrics.New(opsmetrics.Config{Status: a.status, Log: a.log})
+	if err != nil {
+		return nil, err
+	}
+	a.registry.MustRegister(opsCollector)
 	if opts.Relay {
 		if a.relay, err = publisher.NewRelay(publisher.RelayConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
 			Log: a.log, Metrics: relayMetrics}); err != nil {
@@ -180,14 +215,16 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	if opts.Drainer {
 		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
+		dm := drainer.NewMetrics(a.registry)
 		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID,
 			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
-			Log: a.log, Metrics: drainer.NewMetrics(a.registry), BuildVersion: opts.Version}); err != nil {
+			Gates: opts.Gates, Log: a.log, Metrics: dm, BuildVersion: opts.Version}); err != nil {
 			return nil, err
 		}
 		// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
 		// pass, which coalesces with any pass already pending.
 		if _, err := a.nc.QueueSubscribe(opts.Prefix+".>", "sluice-drainers", func(*nats.Msg) {
+			dm.Pokes.Inc()
 			a.drainer.Wake()
 		}); err != nil {
 			return nil, fmt.Errorf("subscribe to pokes: %w", err)
@@ -200,6 +237,8 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
+	claimCtx, stopClaims := context.WithCancel(context.Background())
+	a.stopClaims = stopClaims
 	a.goLoop(func() { a.limits.Run(loopCtx) })
 	if a.relay != nil {
 		a.goLoop(func() { a.relay.Run(loopCtx) })
@@ -208,7 +247,11 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		a.goLoop(func() { a.fast.Run(loopCtx) })
 	}
 	if a.drainer != nil {
-		a.goLoop(func() { a.drainer.Run(loopCtx) })
+		a.claimLoop.Add(1)
+		go func() {
+			defer a.claimLoop.Done()
+			a.drainer.Run(claimCtx)
+		}()
 	}
 	ok = true
 	a.log.Info("sluice started", "api", opts.API, "relay", opts.Relay, "drainer", opts.Drainer, "listen", a.Addr(), "version", opts.Version)
@@ -225,12 +268,12 @@ func (a *App) goLoop(f func()) {
 
 func (a *App) startAPI(ctx context.Context) error {
 	adm, err := gate.New(gate.Config{DB: a.db, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
-		Published: a.fast.Submit})
+		Published: a.fast.Submit, Metrics: gate.NewMetrics(a.registry)})
 	if err != nil {
 		return err
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
-		Gatherer: a.registry, Log: a.log, Ready: a.ready})
+		Gatherer: a.registry, Log: a.log, Ready: a.ready, Status: a.status, Components: a.components})
 	if err != nil {
 		return err
 	}
@@ -250,8 +293,12 @@ func (a *App) startAPI(ctx context.Context) error {
 	return nil
 }
 
-// ready is /readyz: the database reachable and its schema current.
+// ready is /readyz: the database reachable and its schema current, and the process not
+// stopping (so a load balancer stops sending it work while it drains).
 func (a *App) ready(ctx context.Context) error {
+	if a.stopping.Load() {
+		return errors.New("shutting down")
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	current, err := migrations.Current(ctx, a.db)
@@ -262,6 +309,18 @@ func (a *App) ready(ctx context.Context) error {
 		return errors.New("database schema is not current")
 	}
 	return nil
+}
+
+// components reports the optional dependencies in /readyz: sluice works without them (pokes
+// are hints, gates fail open), so they never make the process unready.
+func (a *App) components(ctx context.Context) map[string]any {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return map[string]any{
+		"broker":    map[string]any{"connected": a.nc.IsConnected()},
+		"memcached": map[string]any{"reachable": a.memcached.Reachable(ctx)},
+		"config":    map[string]any{"version": a.limits.Current().Version, "stale": a.limits.Stale()},
+	}
 }
 
 // Addr returns the API's listening address, or "" without the API role.
@@ -278,35 +337,58 @@ func (a *App) DB() *sql.DB { return a.db }
 // Registry returns the process's metrics registry.
 func (a *App) Registry() *prometheus.Registry { return a.registry }
 
-// Stop shuts down in this order: stop claiming and relaying (the loops), stop accepting API
-// requests and finish those in progress, let in-flight dispatches finish up to the grace period
-// (then record them as unknown outcomes), drain the NATS connection, close the database.
-// Nothing is lost if the process is killed instead: leases and the outbox cover it. Idempotent.
+// Stop shuts down in this order, and returns when it is done:
+//
+//  1. stop claiming at once (the drainer's loop ends after the pass in progress) and answer
+//     /readyz with 503, so a load balancer stops sending work;
+//  2. let in-flight dispatches finish up to the grace period, while the API still serves the
+//     executors' /start and /complete calls; past the grace, the rest are recorded as unknown
+//     outcomes (requeued if never started, else lost) and the drainer records its clean stop;
+//  3. stop accepting API requests and finish those in progress (at most 10 s);
+//  4. stop the relay, fast path and config reloads: outbox rows written meanwhile wait for the
+//     next relay, the outbox being durable;
+//  5. drain the NATS connection (flush what is pending, unsubscribe) and close the database.
+//
+// Nothing is lost if the process is killed instead at any point: leases and the outbox cover
+// it. Idempotent.
 func (a *App) Stop(ctx context.Context) error {
 	var err error
 	a.stopped.Do(func() {
-		a.cancel()
-		a.loops.Wait()
+		a.stopping.Store(true)
+		a.stopClaims()
+		a.claimLoop.Wait()
+		if a.drainer != nil {
+			a.log.Info("stopped claiming; waiting for in-flight dispatches", "in_flight", a.drainer.InFlight(), "grace", a.opts.Grace.String())
+			gctx, cancel := context.WithTimeout(ctx, a.opts.Grace)
+			a.drainer.Stop(gctx)
+			cancel()
+		}
 		if a.httpSrv != nil {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err = a.httpSrv.Shutdown(sctx)
 			cancel()
 			a.serveWG.Wait()
 		}
-		if a.drainer != nil {
-			gctx, cancel := context.WithTimeout(ctx, a.opts.Grace)
-			a.drainer.Stop(gctx)
-			cancel()
-		}
+		a.cancel()
+		a.loops.Wait()
 		a.closeConns()
 		a.log.Info("sluice stopped")
 	})
 	return err
 }
 
+// natsDrainTimeout bounds the wait for the NATS connection to drain at shutdown.
+const natsDrainTimeout = 5 * time.Second
+
 func (a *App) closeConns() {
 	if a.nc != nil {
-		_ = a.nc.Drain()
+		// Drain is asynchronous: wait for the connection to close, or give up and close it.
+		if err := a.nc.Drain(); err == nil {
+			select {
+			case <-a.ncClosed:
+			case <-time.After(natsDrainTimeout):
+			}
+		}
 		a.nc.Close()
 	}
 	if a.db != nil {
