@@ -42,7 +42,7 @@ type opsOptions struct {
 	DSN     string // default: a fresh testdb
 	NATSURL string // default: a fresh embedded server
 	// WrapExec wraps the simulated executor's handler (to observe dispatches).
-	WrapExec func(http.Handler) http.Handler
+	WrapExec  func(http.Handler) http.Handler
 	Memcached []string
 	Poll      time.Duration
 }
