@@ -18,9 +18,11 @@ import (
 	"github.com/sluicehq/sluice/gate/status"
 )
 
-// Reader reads the status; *status.Reader is one.
+// Reader reads the status; *status.Reader is one. Local is what the process knows without the
+// database (broker, memcached, config version and staleness).
 type Reader interface {
 	Read(ctx context.Context) (status.Status, error)
+	Local(ctx context.Context) status.Status
 }
 
 // Config configures a Collector. Field docs give the defaults.
@@ -100,18 +102,26 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector: it reads the status within Timeout. When the read
-// fails it reports sluice_status_read_success 0 and nothing else, rather than stale figures.
+// fails it reports sluice_status_read_success 0 and only what the process knows without the
+// database (broker, memcached, config), rather than stale figures.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
 	s, err := c.cfg.Status.Read(ctx)
 	if err != nil {
 		c.warn(err)
-		ch <- prometheus.MustNewConstMetric(c.readOK, prometheus.GaugeValue, 0)
+		g(c.readOK, 0)
+		lctx, lcancel := context.WithTimeout(context.Background(), 500*time.Millisecond) // ctx may be spent
+		local := c.cfg.Status.Local(lctx)
+		lcancel()
+		g(c.brokerUp, b2f(local.Broker.Connected))
+		g(c.memcachedUp, b2f(local.Memcached.Reachable))
+		g(c.cfgVer, float64(local.Config.Version))
+		g(c.cfgStale, b2f(local.Config.Stale))
 		return
-	}
-	g := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	g(c.readOK, 1)
 	g(c.queueDepth, float64(s.Queue.Depth))

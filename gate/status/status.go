@@ -270,13 +270,29 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 		return s, fmt.Errorf("status: %w", err)
 	}
 	s.Outbox = Outbox{Unpublished: ob.Unpublished, OldestUnpublishedAgeSeconds: ob.OldestAgeSeconds}
+	local := r.Local(ctx)
+	s.Broker, s.Memcached = local.Broker, local.Memcached
+	if r.cfg.Limits != nil {
+		s.Config = local.Config
+	}
+	return s, nil
+}
+
+// Local returns what this process knows without the database: its broker connection, the gate
+// store's reachability and the config version it runs on (stale when its re-reads fail). The
+// metrics report these even while the database is down, which is when they matter.
+func (r *Reader) Local(ctx context.Context) Status {
+	var s Status
 	if r.cfg.BrokerConnected != nil {
 		s.Broker.Connected = r.cfg.BrokerConnected()
 	}
 	if r.cfg.MemcachedReachable != nil {
 		s.Memcached.Reachable = r.cfg.MemcachedReachable(ctx)
 	}
-	return s, nil
+	if r.cfg.Limits != nil {
+		s.Config = ConfigRef{Version: r.cfg.Limits.Current().Version, Stale: r.cfg.Limits.Stale()}
+	}
+	return s
 }
 
 // config returns the configuration the drainers claim under (the newest row: claims read it in
@@ -287,9 +303,6 @@ func (r *Reader) config(ctx context.Context, s *Status) (limits.Config, error) {
 		return limits.Config{}, fmt.Errorf("status: %w", err)
 	}
 	s.Config = ConfigRef{Version: v.Version}
-	if r.cfg.Limits != nil {
-		s.Config = ConfigRef{Version: r.cfg.Limits.Current().Version, Stale: r.cfg.Limits.Stale()}
-	}
 	return v.Config, nil
 }
 
