@@ -154,7 +154,7 @@ func startMariaDB(t *testing.T) *mariadb {
 		}
 	}
 	m := &mariadb{t: t, dir: t.TempDir(), port: freePort(t)}
-	install := exec.Command("mariadb-install-db", "--datadir="+filepath.Join(m.dir, "data"),
+	install := exec.Command("mariadb-install-db", "--no-defaults", "--datadir="+filepath.Join(m.dir, "data"),
 		"--auth-root-authentication-method=normal", "--skip-test-db", "--user=root")
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
