@@ -90,11 +90,11 @@ const keyA = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 func TestDrainerStates(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
-		name   string
+		name    string
 		arrange func(f *fixture)
-		gates  status.Gates
-		want   string
-		reason string
+		gates   status.Gates
+		want    string
+		reason  string
 	}{
 		{name: "idle: no queued work", want: status.Idle,
 			arrange: func(f *fixture) { f.drainer("d", 500*time.Millisecond, -1, 0) }},
