@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/migrations"
 )
@@ -189,4 +193,120 @@ func TestOpsMariaDBRestart(t *testing.T) {
 		cfg, _ := r.Body["config"].(map[string]any)
 		return r.Status == http.StatusOK && cfg["stale"] == false, nil
 	})
+}
+
+// TestOpsNATSRestart stops the broker under traffic and starts it again on the same port and
+// store (SPEC §12 invariant 5): admission and drain go on without it (the poll is the backstop),
+// the status shows the broker down, and once it is back the client reconnects by itself, the
+// outbox is published completely, each row once in the stream, and pokes flow again.
+func TestOpsNATSRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, port := t.TempDir(), freePort(t)
+	var mu sync.Mutex
+	ns, err := app.StartEmbeddedNATS(dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if ns != nil {
+			ns.Shutdown()
+		}
+	})
+	env := startOps(t, opsOptions{NATSURL: ns.URL()})
+	brokerConnected := func() (bool, error) {
+		r := env.Do(t, http.MethodGet, "/v1/status", harness.AdminToken, nil)
+		b, _ := r.Body["broker"].(map[string]any)
+		if r.Status != http.StatusOK || b == nil {
+			return false, fmt.Errorf("status: HTTP %d %s", r.Status, r.Raw)
+		}
+		return b["connected"] == true, nil
+	}
+	succeeded := func(n int) func() (bool, error) {
+		return func() (bool, error) {
+			c, err := env.CountJobs(ctx)
+			return c["succeeded"] == n, err
+		}
+	}
+	for i := 0; i < 10; i++ {
+		env.Admit(t, fmt.Sprintf("t%d", i%3), map[string]any{"sleep_ms": 10})
+	}
+	harness.WaitFor(t, 20*time.Second, "10 jobs to succeed with the broker up", succeeded(10))
+
+	mu.Lock()
+	ns.Shutdown()
+	ns = nil
+	mu.Unlock()
+	harness.WaitFor(t, 10*time.Second, "status to show the broker disconnected", func() (bool, error) {
+		up, err := brokerConnected()
+		return !up, err
+	})
+	for i := 0; i < 20; i++ {
+		env.Admit(t, fmt.Sprintf("t%d", i%3), map[string]any{"sleep_ms": 10})
+	}
+	harness.WaitFor(t, 30*time.Second, "20 more jobs to succeed without the broker (poll backstop)", succeeded(30))
+	var waiting int
+	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL").Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
+	if waiting < 20 {
+		t.Errorf("%d outbox rows unpublished during the outage, want at least the 20 enqueue pokes", waiting)
+	}
+
+	mu.Lock()
+	ns, err = app.StartEmbeddedNATS(dir, port)
+	mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 15*time.Second, "the client to reconnect by itself", brokerConnected)
+	harness.WaitFor(t, 15*time.Second, "the outbox to be published after the outage", func() (bool, error) {
+		var n int
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL").Scan(&n)
+		return n == 0, err
+	})
+	pokesBefore, _ := metricValue(scrape(t, env.URL), "sluice_pokes_received_total")
+	for i := 0; i < 5; i++ {
+		env.Admit(t, "after", map[string]any{"sleep_ms": 10})
+	}
+	harness.WaitFor(t, 20*time.Second, "5 jobs after the restart", succeeded(35))
+	harness.WaitFor(t, 10*time.Second, "pokes to flow again", func() (bool, error) {
+		v, _ := metricValue(scrape(t, env.URL), "sluice_pokes_received_total")
+		return v >= pokesBefore+5, nil
+	})
+	harness.WaitFor(t, 10*time.Second, "the outbox to be empty", func() (bool, error) {
+		var n int
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL").Scan(&n)
+		return n == 0, err
+	})
+
+	var rows uint64
+	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, "SLUICE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != rows {
+		t.Errorf("stream holds %d messages, want one per outbox row (%d)", info.State.Msgs, rows)
+	}
+	if st := env.Exec.Stats(); st.DuplicateStarts != 0 || st.TotalStarts != 35 {
+		t.Errorf("executor: %d starts, %d duplicates; want 35 and 0", st.TotalStarts, st.DuplicateStarts)
+	}
 }
