@@ -133,6 +133,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	if err != nil {
 		return err
 	}
+	useDriverLog(log)
 	confirm, err := c.bool("executor-confirm-start")
 	if err != nil {
 		return err
