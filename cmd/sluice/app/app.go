@@ -7,6 +7,7 @@ package app
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
@@ -234,6 +236,8 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		if err := a.startAPI(ctx); err != nil {
 			return nil, err
 		}
+	} else if err := a.startOpsServer(ctx); err != nil {
+		return nil, err
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
@@ -277,12 +281,18 @@ func (a *App) startAPI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return a.serve(ctx, srv)
+}
+
+// serve listens on the listen address and serves h until Stop.
+func (a *App) serve(ctx context.Context, h http.Handler) error {
 	var lc net.ListenConfig
+	var err error
 	a.listener, err = lc.Listen(ctx, "tcp", a.opts.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", a.opts.Listen, err)
 	}
-	a.httpSrv = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	a.httpSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	a.serveWG.Add(1)
 	go func() {
 		defer a.serveWG.Done()
@@ -291,6 +301,34 @@ func (a *App) startAPI(ctx context.Context) error {
 		}
 	}()
 	return nil
+}
+
+// startOpsServer serves /metrics, /healthz and /readyz on the listen address for a process
+// without the API role (a split relay or drainer), so that every process can be scraped and
+// health-checked.
+func (a *App) startOpsServer(ctx context.Context) error {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeOpsJSON(w, http.StatusOK, map[string]any{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		body := a.components(r.Context())
+		body["status"] = "ready"
+		code := http.StatusOK
+		if err := a.ready(r.Context()); err != nil {
+			body["status"], body["error_code"], body["message"] = "unavailable", "unavailable", err.Error()
+			code = http.StatusServiceUnavailable
+		}
+		writeOpsJSON(w, code, body)
+	})
+	return a.serve(ctx, mux)
+}
+
+func writeOpsJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // ready is /readyz: the database reachable and its schema current, and the process not
@@ -323,7 +361,8 @@ func (a *App) components(ctx context.Context) map[string]any {
 	}
 }
 
-// Addr returns the API's listening address, or "" without the API role.
+// Addr returns the listening address: the API's, or the metrics and health endpoints' of a
+// process without the API role.
 func (a *App) Addr() string {
 	if a.listener == nil {
 		return ""
