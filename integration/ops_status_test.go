@@ -96,9 +96,14 @@ func TestOpsMetrics(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		env.Admit(t, "runner", map[string]any{"sleep_ms": 5})
 	}
-	harness.WaitFor(t, 20*time.Second, "5 jobs to succeed", func() (bool, error) {
+	harness.WaitFor(t, 20*time.Second, "5 jobs to succeed and be counted", func() (bool, error) {
 		c, err := env.CountJobs(ctx)
-		return c["succeeded"] == 5, err
+		if err != nil || c["succeeded"] != 5 {
+			return false, err
+		}
+		// Outcomes are counted just after their commit.
+		v, _ := metricValue(scrape(t, env.URL), "sluice_execution_seconds_count")
+		return v == 5, nil
 	})
 	// Then pause dispatch and queue tenant tNN with NN+1 jobs, 25 tenants: 325 queued.
 	if r := env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{
