@@ -123,6 +123,12 @@ func TestOpsMariaDBRestart(t *testing.T) {
 		defer load.mu.Unlock()
 		return load.unavailable >= 100, nil // an outage of a second or more, jobs in flight across it
 	})
+	if code, _, raw := getJSON(t, env.URL+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with the database down: HTTP %d %s, want 503", code, raw)
+	}
+	if v, ok := metricValue(scrape(t, env.URL), "sluice_status_read_success"); !ok || v != 0 {
+		t.Errorf("sluice_status_read_success with the database down = %v (present %v), want 0", v, ok)
+	}
 	before := load.count()
 	m.start()
 	restartedAt := time.Now()
@@ -186,6 +192,9 @@ func TestOpsMariaDBRestart(t *testing.T) {
 		if n := st.Starts[strconv.FormatInt(id, 10)]; n != 1 {
 			t.Errorf("job %d (key %s) started %d times, want 1", id, key, n)
 		}
+	}
+	if code, _, raw := getJSON(t, env.URL+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz after the restart: HTTP %d %s, want 200", code, raw)
 	}
 	// The status and metrics read again from the restarted database, and the config is fresh.
 	harness.WaitFor(t, 10*time.Second, "status to read again with a fresh config", func() (bool, error) {

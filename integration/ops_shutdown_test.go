@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/cmd/sluice/app"
+	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -267,6 +268,20 @@ func TestOpsServeBinary(t *testing.T) {
 			AND lease_until > UTC_TIMESTAMP(6)`).Scan(&inFlight); err != nil || inFlight != 2 {
 			t.Errorf("%d jobs in flight with a live lease after the forced exit (%v), want 2", inFlight, err)
 		}
+		// A drainer that died without a clean stop is reported stalled once it has missed 3 poll
+		// periods, from the database alone.
+		r, err := status.New(status.Config{DB: p.db.DB})
+		if err != nil {
+			t.Fatal(err)
+		}
+		harness.WaitFor(t, 10*time.Second, "the dead drainer to be reported stalled", func() (bool, error) {
+			st, err := r.Read(context.Background())
+			if err != nil || len(st.Drainers) != 1 {
+				return false, err
+			}
+			d := st.Drainers[0]
+			return d.ID == "serve-under-test" && d.State == status.Stalled && strings.Contains(d.Reason, "no heartbeat"), nil
+		})
 	})
 }
 
