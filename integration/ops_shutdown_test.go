@@ -200,7 +200,7 @@ func TestOpsServeBinary(t *testing.T) {
 	t.Run("graceful", func(t *testing.T) {
 		p := startServe(t, bin)
 		for i := 0; i < 4; i++ {
-			p.admit(fmt.Sprintf("t%d", i%2), map[string]any{"sleep_ms": 1500})
+			p.admit(fmt.Sprintf("t%d", i%2), map[string]any{"sleep_ms": 4000})
 		}
 		harness.WaitFor(t, 10*time.Second, "4 jobs running at the executor", func() (bool, error) { return p.exec.Stats().InFlight == 4, nil })
 		p.admit("t0", map[string]any{"sleep_ms": 10})

@@ -57,9 +57,9 @@ func TestOpsStatus(t *testing.T) {
 		return s == status.Idle && st.Broker.Connected && st.Memcached.Reachable, nil
 	})
 
-	// Active: three 1.5 s jobs of one tenant (cap 2): two in flight, one queued.
+	// Active: three 3 s jobs of one tenant (cap 2): two in flight, one queued.
 	for i := 0; i < 3; i++ {
-		env.Admit(t, "acme", map[string]any{"sleep_ms": 1500})
+		env.Admit(t, "acme", map[string]any{"sleep_ms": 3000})
 	}
 	harness.WaitFor(t, 10*time.Second, "the drainer to be active with 2 in flight", func() (bool, error) {
 		st, s, err := drainerState()
