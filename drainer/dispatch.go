@@ -32,26 +32,23 @@ func (d *Drainer) startDispatch(c claimed) {
 			Attempt:       c.row.Attempt,
 		})
 		// Record with a context of its own: a canceled dispatch must still record its outcome.
-		rctx, rcancel := context.WithTimeout(context.Background(), recordPatience)
+		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer rcancel()
-		if err := d.recordRetrying(rctx, c, ans); err != nil {
+		if err := d.record(rctx, c, ans); err != nil {
 			d.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
 		}
 	}()
 }
 
-// recordPatience bounds how long a dispatch's outcome is retried while the database is
-// unreachable. An outcome not recorded by then is left to lease recovery, which cannot know it
-// and so marks a started job lost: retrying through a database restart avoids that.
-const recordPatience = 30 * time.Second
-
-// recordRetrying records ans, retrying failed attempts (a database restart, a dropped
-// connection) with backoff until ctx ends. Retrying is safe: record is fenced on the claimed
-// version, so an attempt whose COMMIT did land makes the next one a no-op.
-func (d *Drainer) recordRetrying(ctx context.Context, c claimed, ans executor.Answer) error {
+// record records ans, retrying failed attempts (a database restart, a dropped connection) with
+// backoff until ctx ends (startDispatch gives it 30 s). An outcome not recorded is left to lease
+// recovery, which cannot know it and so marks a started job lost: retrying through a database
+// restart avoids that. Retrying is safe: each attempt is fenced on the claimed version, so one
+// whose COMMIT did land makes the next a no-op.
+func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) error {
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := d.record(ctx, c, ans)
+		err := d.recordOnce(ctx, c, ans)
 		if err == nil {
 			if attempt > 1 {
 				d.cfg.Log.Info("dispatch outcome recorded after retries", "job_id", c.row.ID, "attempts", attempt)
@@ -69,10 +66,10 @@ func (d *Drainer) recordRetrying(ctx context.Context, c claimed, ans executor.An
 	}
 }
 
-// record applies an executor's answer to the job it was dispatched as (SPEC §8), fenced on the
+// recordOnce applies an executor's answer to the job it was dispatched as (SPEC §8), fenced on the
 // claimed version: if recovery or an executor's /complete got there first, the write is refused
 // and this drainer lets go of the job.
-func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) (err error) {
+func (d *Drainer) recordOnce(ctx context.Context, c claimed, ans executor.Answer) (err error) {
 	if ans.Kind == executor.Accepted {
 		return nil // the executor will call /complete; the lease is renewed until the wall
 	}

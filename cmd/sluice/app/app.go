@@ -217,16 +217,16 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	if opts.Drainer {
 		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
-		dm := drainer.NewMetrics(a.registry)
+		metrics := drainer.NewMetrics(a.registry)
 		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID,
 			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
-			Gates: opts.Gates, Log: a.log, Metrics: dm, BuildVersion: opts.Version}); err != nil {
+			Gates: opts.Gates, Log: a.log, Metrics: metrics, BuildVersion: opts.Version}); err != nil {
 			return nil, err
 		}
 		// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
 		// pass, which coalesces with any pass already pending.
 		if _, err := a.nc.QueueSubscribe(opts.Prefix+".>", "sluice-drainers", func(*nats.Msg) {
-			dm.Pokes.Inc()
+			metrics.Pokes.Inc()
 			a.drainer.Wake()
 		}); err != nil {
 			return nil, fmt.Errorf("subscribe to pokes: %w", err)
