@@ -155,7 +155,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		ExecutorURL: c.get("executor-url"), ExecutorSecret: c.get("executor-secret"), UnconfirmedStarts: !confirm,
 		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
 		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,
-		Version: version, Log: log, Memcached: strings.FieldsFunc(c.get("memcached"), func(r rune) bool { return r == ',' || r == ' ' }),
+		Version: version, Log: log, Memcached: splitList(c.get("memcached")),
 	}
 	var shutdown []func()
 	defer func() {

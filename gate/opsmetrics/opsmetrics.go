@@ -35,6 +35,9 @@ type Config struct {
 	TopTenants int
 	// Log receives read failures, at most one line per minute. Default: discard.
 	Log *slog.Logger
+	// OmitGatedKeys leaves sluice_gated_keys out, for a process whose gate store exports it.
+	// Default false.
+	OmitGatedKeys bool
 }
 
 // OtherTenant is the tenant label under which tenants beyond TopTenants are summed.
@@ -94,10 +97,13 @@ func New(cfg Config) (*Collector, error) {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.queueDepth, c.queueOldest, c.inFlight, c.gatedKeys, c.outboxUnpublished,
+	for _, d := range []*prometheus.Desc{c.queueDepth, c.queueOldest, c.inFlight, c.outboxUnpublished,
 		c.outboxOldest, c.tenantDepth, c.tenantOldest, c.tenantInFlight, c.drainers, c.brokerUp, c.memcachedUp,
 		c.cfgVer, c.cfgStale, c.readOK} {
 		ch <- d
+	}
+	if !c.cfg.OmitGatedKeys {
+		ch <- c.gatedKeys
 	}
 }
 
@@ -127,7 +133,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	g(c.queueDepth, float64(s.Queue.Depth))
 	g(c.queueOldest, s.Queue.OldestAgeSeconds)
 	g(c.inFlight, float64(s.InFlight))
-	g(c.gatedKeys, float64(len(s.Gates)))
+	if !c.cfg.OmitGatedKeys {
+		g(c.gatedKeys, float64(len(s.Gates)))
+	}
 	g(c.outboxUnpublished, float64(s.Outbox.Unpublished))
 	g(c.outboxOldest, s.Outbox.OldestUnpublishedAgeSeconds)
 	var other status.Tenant

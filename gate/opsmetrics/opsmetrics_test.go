@@ -91,3 +91,34 @@ func TestReadFailure(t *testing.T) {
 		t.Errorf("queue depth exported although the read failed:\n%s", out)
 	}
 }
+
+// TestOmitGatedKeys: where the gate store already exports sluice_gated_keys, registering the
+// collector fails, and one built with OmitGatedKeys registers beside it (what app does).
+func TestOmitGatedKeys(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_gated_keys", Help: "the gate store's"}, func() float64 { return 3 }))
+	full, err := opsmetrics.New(opsmetrics.Config{Status: fakeReader{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Register(full); err == nil {
+		t.Fatal("a second sluice_gated_keys registered without error")
+	}
+	omit, err := opsmetrics.New(opsmetrics.Config{Status: fakeReader{}, OmitGatedKeys: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Register(omit); err != nil {
+		t.Fatalf("OmitGatedKeys collector: %v", err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "sluice_gated_keys" && mf.GetMetric()[0].GetGauge().GetValue() != 3 {
+			t.Errorf("sluice_gated_keys = %v, want the gate store's 3", mf.GetMetric()[0].GetGauge().GetValue())
+		}
+	}
+}

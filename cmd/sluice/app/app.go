@@ -68,14 +68,11 @@ type Options struct {
 	Grace time.Duration
 	// Version is the build version. Default "dev".
 	Version string
-	// Memcached lists the gate store's servers, probed for /v1/status, /readyz and the
-	// sluice_memcached_reachable gauge. Default none (reported unreachable).
-	Memcached []string
-	// Gates, if set, is the rate-gate store: the drainer consults it before claiming and
-	// /v1/status lists the gated keys through it. Default none (no key is ever gated).
-	Gates drainer.Gates
 	// Log receives everything. Default: JSON on stderr.
 	Log *slog.Logger
+	// Memcached are the rate-gate servers (SLUICE_MEMCACHED). Default: none, and then no key is
+	// ever gated (the drainer claims as if memcached were down, and /v1/gates answers 503).
+	Memcached []string
 }
 
 // App is a running sluice process.
@@ -194,15 +191,12 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		return nil, err
 	}
 	relayMetrics := publisher.NewRelayMetrics(a.registry)
-	if a.status, err = status.New(status.Config{DB: a.db, Limits: a.limits, Gates: opts.Gates,
+	// Gates: the rate-gate store, once one is wired (drainer.Gates has the NotBefore status
+	// needs); nil lists no gated keys.
+	if a.status, err = status.New(status.Config{DB: a.db, Limits: a.limits, Gates: nil,
 		BrokerConnected: a.nc.IsConnected, MemcachedReachable: a.memcached.Reachable}); err != nil {
 		return nil, err
 	}
-	opsCollector, err := opsmetrics.New(opsmetrics.Config{Status: a.status, Log: a.log})
-	if err != nil {
-		return nil, err
-	}
-	a.registry.MustRegister(opsCollector)
 	if opts.Relay {
 		if a.relay, err = publisher.NewRelay(publisher.RelayConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
 			Log: a.log, Metrics: relayMetrics}); err != nil {
@@ -220,7 +214,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		metrics := drainer.NewMetrics(a.registry)
 		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID,
 			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
-			Gates: opts.Gates, Log: a.log, Metrics: metrics, BuildVersion: opts.Version}); err != nil {
+			Log: a.log, Metrics: metrics, BuildVersion: opts.Version}); err != nil {
 			return nil, err
 		}
 		// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
@@ -231,6 +225,9 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}); err != nil {
 			return nil, fmt.Errorf("subscribe to pokes: %w", err)
 		}
+	}
+	if err := a.registerStatusMetrics(); err != nil {
+		return nil, err
 	}
 	if opts.API {
 		if err := a.startAPI(ctx); err != nil {
@@ -300,6 +297,28 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 			a.log.Error("API server stopped", "error", err)
 		}
 	}()
+	return nil
+}
+
+// registerStatusMetrics registers the database-derived gauges (opsmetrics). If the rate-gate
+// store already exports sluice_gated_keys (it owns the gated keys), its series is kept and this
+// collector leaves that one gauge out.
+func (a *App) registerStatusMetrics() error {
+	cfg := opsmetrics.Config{Status: a.status, Log: a.log}
+	c, err := opsmetrics.New(cfg)
+	if err != nil {
+		return err
+	}
+	if err := a.registry.Register(c); err == nil {
+		return nil
+	}
+	cfg.OmitGatedKeys = true
+	if c, err = opsmetrics.New(cfg); err != nil {
+		return err
+	}
+	if err := a.registry.Register(c); err != nil {
+		return fmt.Errorf("register status metrics: %w", err)
+	}
 	return nil
 }
 
