@@ -24,12 +24,19 @@ var specMetrics = []string{"sluice_jobs_admitted_total", "sluice_jobs_finished_t
 
 var metricRef = regexp.MustCompile(`\b(?:sluice|go|process)_[a-z0-9_]+\b`)
 
-// registered returns the metric families a running sluice exposes, after one job ran so that
-// labelled counters have children.
+// registered returns the metric families a running sluice exposes, after one job ran and one
+// admission was refused for depth, so that labelled counters have children however they are
+// initialised.
 func registered(t *testing.T) map[string]string {
 	t.Helper()
 	env := harness.Start(t, harness.Options{})
 	env.Admit(t, "acme", nil)
+	if r := env.Do(t, "PATCH", "/v1/config", harness.AdminToken, map[string]any{"changes": map[string]any{"tenant_queue_depth": 0}}); r.Status != 200 {
+		t.Fatalf("PATCH: HTTP %d %s", r.Status, r.Raw)
+	}
+	if r := env.Do(t, "POST", "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "refused"}); r.Status != 429 {
+		t.Fatalf("admission at depth cap 0: HTTP %d %s, want 429", r.Status, r.Raw)
+	}
 	out := map[string]string{}
 	// The outcome is counted just after its commit: wait for the counter, not only the row.
 	harness.WaitFor(t, 20*time.Second, "the job's outcome to be counted", func() (bool, error) {

@@ -9,6 +9,7 @@ package opsmetrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -35,9 +36,10 @@ type Config struct {
 	TopTenants int
 	// Log receives read failures, at most one line per minute. Default: discard.
 	Log *slog.Logger
-	// OmitGatedKeys leaves sluice_gated_keys out, for a process whose gate store exports it.
-	// Default false.
-	OmitGatedKeys bool
+	// Omit names metrics this collector leaves out because another component of the process
+	// exports them (the gate store's sluice_gated_keys, the relay's outbox gauges). Register
+	// fills it in. Default none.
+	Omit []string
 }
 
 // OtherTenant is the tenant label under which tenants beyond TopTenants are summed.
@@ -52,6 +54,8 @@ type Collector struct {
 	tenantDepth, tenantOldest, tenantInFlight         *prometheus.Desc
 	drainers, brokerUp, memcachedUp, cfgVer, cfgStale *prometheus.Desc
 	readOK                                            *prometheus.Desc
+	names                                             map[*prometheus.Desc]string
+	omit                                              map[string]bool
 
 	mu       sync.Mutex
 	lastWarn time.Time
@@ -72,11 +76,19 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc(name, help, labels, nil)
+	names, omit := map[*prometheus.Desc]string{}, map[string]bool{}
+	for _, n := range cfg.Omit {
+		omit[n] = true
 	}
-	return &Collector{
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		desc := prometheus.NewDesc(name, help, labels, nil)
+		names[desc] = name
+		return desc
+	}
+	c := &Collector{
 		cfg:               cfg,
+		names:             names,
+		omit:              omit,
 		queueDepth:        d("sluice_queue_depth", "Jobs queued, all tenants."),
 		queueOldest:       d("sluice_queue_oldest_age_seconds", "Age of the oldest queued job (0 when the queue is empty)."),
 		inFlight:          d("sluice_in_flight", "Jobs claimed, dispatched or running, all tenants."),
@@ -92,18 +104,52 @@ func New(cfg Config) (*Collector, error) {
 		cfgVer:            d("sluice_config_version", "Runtime config version this process runs on."),
 		cfgStale:          d("sluice_config_stale", "1 if this process could not re-read the runtime config and runs on its last good one."),
 		readOK:            d("sluice_status_read_success", "1 if the last scrape could read the status from the database; 0 means the other sluice_ gauges of this collector are missing."),
-	}, nil
+	}
+	return c, nil
 }
+
+// Register registers a collector built from cfg on reg, leaving out (and returning) the metrics
+// some other collector on reg already exports: components that own a figure (the gate store
+// its gated keys, the relay its outbox backlog) may export it themselves, and a registry refuses
+// a name twice. Register it after those components.
+func Register(reg prometheus.Registerer, cfg Config) (*Collector, []string, error) {
+	probe, err := New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	omitted := append([]string(nil), cfg.Omit...)
+	for desc, name := range probe.names {
+		one := single{desc}
+		if err := reg.Register(one); err != nil {
+			omitted = append(omitted, name)
+			continue
+		}
+		reg.Unregister(one)
+	}
+	cfg.Omit = omitted
+	c, err := New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := reg.Register(c); err != nil {
+		return nil, nil, fmt.Errorf("register status metrics: %w", err)
+	}
+	return c, omitted, nil
+}
+
+// single is a collector of one description, used by Register to ask the registry whether a
+// name is taken.
+type single struct{ desc *prometheus.Desc }
+
+func (s single) Describe(ch chan<- *prometheus.Desc) { ch <- s.desc }
+func (s single) Collect(chan<- prometheus.Metric)    {}
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.queueDepth, c.queueOldest, c.inFlight, c.outboxUnpublished,
-		c.outboxOldest, c.tenantDepth, c.tenantOldest, c.tenantInFlight, c.drainers, c.brokerUp, c.memcachedUp,
-		c.cfgVer, c.cfgStale, c.readOK} {
-		ch <- d
-	}
-	if !c.cfg.OmitGatedKeys {
-		ch <- c.gatedKeys
+	for d, name := range c.names {
+		if !c.omit[name] {
+			ch <- d
+		}
 	}
 }
 
@@ -114,7 +160,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
 	g := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		if !c.omit[c.names[d]] {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		}
 	}
 	s, err := c.cfg.Status.Read(ctx)
 	if err != nil {
@@ -133,9 +181,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	g(c.queueDepth, float64(s.Queue.Depth))
 	g(c.queueOldest, s.Queue.OldestAgeSeconds)
 	g(c.inFlight, float64(s.InFlight))
-	if !c.cfg.OmitGatedKeys {
-		g(c.gatedKeys, float64(len(s.Gates)))
-	}
+	g(c.gatedKeys, float64(len(s.Gates)))
 	g(c.outboxUnpublished, float64(s.Outbox.Unpublished))
 	g(c.outboxOldest, s.Outbox.OldestUnpublishedAgeSeconds)
 	var other status.Tenant

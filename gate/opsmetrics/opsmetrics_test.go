@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -92,12 +93,14 @@ func TestReadFailure(t *testing.T) {
 	}
 }
 
-// TestOmitGatedKeys: where the gate store already exports sluice_gated_keys, registering the
-// collector fails, and one built with OmitGatedKeys registers beside it (what app does).
-func TestOmitGatedKeys(t *testing.T) {
+// TestRegisterLeavesOwnedMetrics: where another component already exports a figure (the gate
+// store's sluice_gated_keys, the relay's outbox backlog), Register leaves it to that component
+// and exports the rest.
+func TestRegisterLeavesOwnedMetrics(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_gated_keys", Help: "the gate store's"}, func() float64 { return 3 }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_outbox_unpublished", Help: "the relay's"}, func() float64 { return 9 }))
 	full, err := opsmetrics.New(opsmetrics.Config{Status: fakeReader{}})
 	if err != nil {
 		t.Fatal(err)
@@ -105,20 +108,25 @@ func TestOmitGatedKeys(t *testing.T) {
 	if err := reg.Register(full); err == nil {
 		t.Fatal("a second sluice_gated_keys registered without error")
 	}
-	omit, err := opsmetrics.New(opsmetrics.Config{Status: fakeReader{}, OmitGatedKeys: true})
+	_, omitted, err := opsmetrics.Register(reg, opsmetrics.Config{Status: fakeReader{st: status.Status{Queue: status.Queue{Depth: 4}}}})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("Register: %v", err)
 	}
-	if err := reg.Register(omit); err != nil {
-		t.Fatalf("OmitGatedKeys collector: %v", err)
+	slices.Sort(omitted)
+	if !slices.Equal(omitted, []string{"sluice_gated_keys", "sluice_outbox_unpublished"}) {
+		t.Errorf("omitted %v, want the two owned elsewhere", omitted)
 	}
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	got := map[string]float64{}
 	for _, mf := range mfs {
-		if mf.GetName() == "sluice_gated_keys" && mf.GetMetric()[0].GetGauge().GetValue() != 3 {
-			t.Errorf("sluice_gated_keys = %v, want the gate store's 3", mf.GetMetric()[0].GetGauge().GetValue())
+		if m := mf.GetMetric(); len(m) == 1 {
+			got[mf.GetName()] = m[0].GetGauge().GetValue()
 		}
+	}
+	if got["sluice_gated_keys"] != 3 || got["sluice_outbox_unpublished"] != 9 || got["sluice_queue_depth"] != 4 {
+		t.Errorf("gathered %v: want the owners' gated keys (3) and outbox (9) beside this queue depth (4)", got)
 	}
 }

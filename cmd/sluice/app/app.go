@@ -300,24 +300,16 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 	return nil
 }
 
-// registerStatusMetrics registers the database-derived gauges (opsmetrics). If the rate-gate
-// store already exports sluice_gated_keys (it owns the gated keys), its series is kept and this
-// collector leaves that one gauge out.
+// registerStatusMetrics registers the database-derived gauges (opsmetrics), after every other
+// component: a gauge that a component owning the figure already exports (the gate store's
+// sluice_gated_keys, the relay's outbox backlog) is left to it.
 func (a *App) registerStatusMetrics() error {
-	cfg := opsmetrics.Config{Status: a.status, Log: a.log}
-	c, err := opsmetrics.New(cfg)
+	_, omitted, err := opsmetrics.Register(a.registry, opsmetrics.Config{Status: a.status, Log: a.log})
 	if err != nil {
 		return err
 	}
-	if err := a.registry.Register(c); err == nil {
-		return nil
-	}
-	cfg.OmitGatedKeys = true
-	if c, err = opsmetrics.New(cfg); err != nil {
-		return err
-	}
-	if err := a.registry.Register(c); err != nil {
-		return fmt.Errorf("register status metrics: %w", err)
+	if len(omitted) > 0 {
+		a.log.Debug("status metrics exported by other components", "metrics", omitted)
 	}
 	return nil
 }
