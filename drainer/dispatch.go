@@ -34,49 +34,20 @@ func (d *Drainer) startDispatch(c claimed) {
 		// Record with a context of its own: a canceled dispatch must still record its outcome.
 		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer rcancel()
-		if err := d.record(rctx, c, ans); err != nil {
+		if err := d.recordRetrying(rctx, c, ans); err != nil {
 			d.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
 		}
 	}()
 }
 
-// record records ans, retrying failed attempts (a database restart, a dropped connection) with
-// backoff until ctx ends (startDispatch gives it 30 s). An outcome not recorded is left to lease
-// recovery, which cannot know it and so marks a started job lost: retrying through a database
-// restart avoids that. Retrying is safe: each attempt is fenced on the claimed version, so one
-// whose COMMIT did land makes the next a no-op.
-func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) error {
-	wait := 50 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := d.recordOnce(ctx, c, ans)
-		if err == nil {
-			if attempt > 1 {
-				d.cfg.Log.Info("dispatch outcome recorded after retries", "job_id", c.row.ID, "attempts", attempt)
-			}
-			return nil
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		wait = min(2*wait, time.Second)
-	}
-}
-
-// recordOnce applies an executor's answer to the job it was dispatched as (SPEC §8), fenced on the
+// record applies an executor's answer to the job it was dispatched as (SPEC §8), fenced on the
 // claimed version: if recovery or an executor's /complete got there first, the write is refused
 // and this drainer lets go of the job.
-func (d *Drainer) recordOnce(ctx context.Context, c claimed, ans executor.Answer) (err error) {
+func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) error {
 	if ans.Kind == executor.Accepted {
 		return nil // the executor will call /complete; the lease is renewed until the wall
 	}
 	defer func() {
-		if err != nil {
-			return // still ours: keep renewing the lease while the record is retried
-		}
 		d.mu.Lock()
 		if h, ok := d.held[c.row.ID]; ok && h.version == c.row.Version {
 			delete(d.held, c.row.ID)

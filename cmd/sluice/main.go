@@ -39,9 +39,9 @@ Usage:
   sluice migrate [up|status] [flags]                   apply or list schema migrations
   sluice nats init [flags]                             create or update the JetStream stream
   sluice simexec [flags]                               run the simulated executor alone
+  sluice version                                       print the version
   sluice status [--json] [flags]                       queue, tenants, gates, drainers, outbox (admin token)
   sluice config show|set key=value... --note TEXT|history   runtime config (admin token)
-  sluice version                                       print the version
 
 Settings come from flags, SLUICE_* environment variables or a --config file, in that order.
 Run 'sluice serve -h' to list them.
@@ -70,12 +70,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = natsCmd(ctx, rest, stdout, stderr)
 	case "simexec":
 		err = simexecCmd(ctx, rest, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "sluice", version)
 	case "status":
 		err = statusCmd(ctx, rest, stdout, stderr)
 	case "config":
 		err = configCmd(ctx, rest, stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, "sluice", version)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 	default:

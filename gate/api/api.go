@@ -42,16 +42,16 @@ type Config struct {
 	Gatherer prometheus.Gatherer
 	// Ready reports readiness for /readyz. Default: always ready.
 	Ready func(ctx context.Context) error
+	// Components, if set, reports the optional dependencies (NATS, memcached) in /readyz; they
+	// never make the process unready, since sluice works without them.
+	Components func(ctx context.Context) map[string]any
+	// Status serves GET /v1/status. Default: the database part only (broker and memcached
+	// reported down).
+	Status StatusReader
 	// Published is called with the outbox rows a start or completion wrote (the fast path).
 	Published func([]outbox.Row)
 	// Log receives request errors. Default: discard.
 	Log *slog.Logger
-	// Status serves GET /v1/status. Default: the database part only (broker and memcached
-	// reported down).
-	Status StatusReader
-	// Components, if set, reports the optional dependencies (NATS, memcached) in /readyz; they
-	// never make the process unready, since sluice works without them.
-	Components func(ctx context.Context) map[string]any
 }
 
 // Server serves the API. Safe for concurrent use.
@@ -96,13 +96,13 @@ var routeList = []string{
 	"DELETE /v1/jobs/{id}",
 	"POST /v1/jobs/{id}/start",
 	"POST /v1/jobs/{id}/complete",
+	"GET /healthz",
+	"GET /readyz",
+	"GET /metrics",
 	"GET /v1/status",
 	"GET /v1/config",
 	"PATCH /v1/config",
 	"GET /v1/config/history",
-	"GET /healthz",
-	"GET /readyz",
-	"GET /metrics",
 }
 
 func (s *Server) routes() {
@@ -111,15 +111,15 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("DELETE /v1/jobs/{id}", s.auth(s.cancel, Producer))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/start", s.auth(s.start, Executor))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/complete", s.auth(s.complete, Executor))
-	s.mux.HandleFunc("GET /v1/status", s.auth(s.getStatus, Admin))
-	s.mux.HandleFunc("GET /v1/config", s.auth(s.getConfig, Admin))
-	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
-	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("GET /v1/status", s.auth(s.getStatus, Admin))
+	s.mux.HandleFunc("GET /v1/config", s.auth(s.getConfig, Admin))
+	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
+	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, job.Errorf(job.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})

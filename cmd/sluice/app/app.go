@@ -7,7 +7,6 @@ package app
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,22 +14,18 @@ import (
 	"net/http"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/limits"
-	"github.com/sluicehq/sluice/gate/opsmetrics"
-	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -73,6 +68,8 @@ type Options struct {
 	// Memcached are the rate-gate servers (SLUICE_MEMCACHED). Default: none, and then no key is
 	// ever gated (the drainer claims as if memcached were down, and /v1/gates answers 503).
 	Memcached []string
+	// GateTimeout bounds each memcached round trip of the gate store. Default 50 ms.
+	GateTimeout time.Duration
 }
 
 // App is a running sluice process.
@@ -88,18 +85,12 @@ type App struct {
 	fast     *publisher.FastPath
 	httpSrv  *http.Server
 	listener net.Listener
+	ops      opsState // status, probes and the shutdown sequence (ops.go)
 
-	memcached *memcachedProbe
-	status    *status.Reader
-	ncClosed  chan struct{} // closed when the NATS connection is closed (after Drain)
-
-	stopClaims context.CancelFunc // stops the drainer's loop: no new claims
-	claimLoop  sync.WaitGroup
-	cancel     context.CancelFunc // stops the other loops (relaying, reloading)
-	loops      sync.WaitGroup
-	serveWG    sync.WaitGroup
-	stopping   atomic.Bool // /readyz answers 503 from the first moment of Stop
-	stopped    sync.Once
+	cancel  context.CancelFunc // stops the loops (claiming, relaying, reloading)
+	loops   sync.WaitGroup
+	serveWG sync.WaitGroup
+	stopped sync.Once
 }
 
 // Start connects and starts the roles in opts. The returned App runs until Stop.
@@ -134,9 +125,9 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	case opts.API && opts.Tokens == nil:
 		return nil, errors.New("invalid config: tokens (SLUICE_TOKENS or SLUICE_TOKENS_FILE): required to run the API")
 	}
-	a := &App{opts: opts, log: opts.Log, registry: prometheus.NewRegistry(), memcached: newMemcachedProbe(opts.Memcached),
-		ncClosed: make(chan struct{})}
+	a := &App{opts: opts, log: opts.Log, registry: prometheus.NewRegistry()}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.ops.init(opts)
 	ok := false
 	defer func() {
 		if !ok {
@@ -159,16 +150,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if opts.DrainerID != "" {
 		name += " " + opts.DrainerID
 	}
-	// Reconnects are deliberate (publisher.ConnectOptions: forever, 250 ms apart with jitter, no
-	// reconnect buffer); the handlers only log, at most one line per state change.
-	var closeOnce sync.Once
-	natsOpts := append(publisher.ConnectOptions(name),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			a.log.Warn("NATS disconnected; reconnecting (pokes are hints: the drainer polls, the outbox keeps what is not published)", "error", err)
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { a.log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted()) }),
-		nats.ClosedHandler(func(*nats.Conn) { closeOnce.Do(func() { close(a.ncClosed) }) }))
-	if a.nc, err = nats.Connect(opts.NATSURL, natsOpts...); err != nil {
+	if a.nc, err = nats.Connect(opts.NATSURL, a.natsOptions(name)...); err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", opts.NATSURL, err)
 	}
 	var js jetstream.JetStream
@@ -191,12 +173,6 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		return nil, err
 	}
 	relayMetrics := publisher.NewRelayMetrics(a.registry)
-	// Gates: the rate-gate store, once one is wired (drainer.Gates has the NotBefore status
-	// needs); nil lists no gated keys.
-	if a.status, err = status.New(status.Config{DB: a.db, Limits: a.limits, Gates: nil,
-		BrokerConnected: a.nc.IsConnected, MemcachedReachable: a.memcached.Reachable}); err != nil {
-		return nil, err
-	}
 	if opts.Relay {
 		if a.relay, err = publisher.NewRelay(publisher.RelayConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
 			Log: a.log, Metrics: relayMetrics}); err != nil {
@@ -226,7 +202,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			return nil, fmt.Errorf("subscribe to pokes: %w", err)
 		}
 	}
-	if err := a.registerStatusMetrics(); err != nil {
+	if err := a.startStatus(); err != nil {
 		return nil, err
 	}
 	if opts.API {
@@ -238,8 +214,6 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
-	claimCtx, stopClaims := context.WithCancel(context.Background())
-	a.stopClaims = stopClaims
 	a.goLoop(func() { a.limits.Run(loopCtx) })
 	if a.relay != nil {
 		a.goLoop(func() { a.relay.Run(loopCtx) })
@@ -248,11 +222,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		a.goLoop(func() { a.fast.Run(loopCtx) })
 	}
 	if a.drainer != nil {
-		a.claimLoop.Add(1)
-		go func() {
-			defer a.claimLoop.Done()
-			a.drainer.Run(claimCtx)
-		}()
+		a.startClaiming()
 	}
 	ok = true
 	a.log.Info("sluice started", "api", opts.API, "relay", opts.Relay, "drainer", opts.Drainer, "listen", a.Addr(), "version", opts.Version)
@@ -274,7 +244,7 @@ func (a *App) startAPI(ctx context.Context) error {
 		return err
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
-		Gatherer: a.registry, Log: a.log, Ready: a.ready, Status: a.status, Components: a.components})
+		Gatherer: a.registry, Log: a.log, Ready: a.ready, Status: a.ops.status, Components: a.components})
 	if err != nil {
 		return err
 	}
@@ -300,52 +270,10 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 	return nil
 }
 
-// registerStatusMetrics registers the database-derived gauges (opsmetrics), after every other
-// component: a gauge that a component owning the figure already exports (the gate store's
-// sluice_gated_keys, the relay's outbox backlog) is left to it.
-func (a *App) registerStatusMetrics() error {
-	_, omitted, err := opsmetrics.Register(a.registry, opsmetrics.Config{Status: a.status, Log: a.log})
-	if err != nil {
-		return err
-	}
-	if len(omitted) > 0 {
-		a.log.Debug("status metrics exported by other components", "metrics", omitted)
-	}
-	return nil
-}
-
-// startOpsServer serves /metrics, /healthz and /readyz on the listen address for a process
-// without the API role (a split relay or drainer), so that every process can be scraped and
-// health-checked.
-func (a *App) startOpsServer(ctx context.Context) error {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeOpsJSON(w, http.StatusOK, map[string]any{"status": "ok"})
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		body := a.components(r.Context())
-		body["status"] = "ready"
-		code := http.StatusOK
-		if err := a.ready(r.Context()); err != nil {
-			body["status"], body["error_code"], body["message"] = "unavailable", "unavailable", err.Error()
-			code = http.StatusServiceUnavailable
-		}
-		writeOpsJSON(w, code, body)
-	})
-	return a.serve(ctx, mux)
-}
-
-func writeOpsJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 // ready is /readyz: the database reachable and its schema current, and the process not
 // stopping (so a load balancer stops sending it work while it drains).
 func (a *App) ready(ctx context.Context) error {
-	if a.stopping.Load() {
+	if a.ops.stopping.Load() {
 		return errors.New("shutting down")
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -358,18 +286,6 @@ func (a *App) ready(ctx context.Context) error {
 		return errors.New("database schema is not current")
 	}
 	return nil
-}
-
-// components reports the optional dependencies in /readyz: sluice works without them (pokes
-// are hints, gates fail open), so they never make the process unready.
-func (a *App) components(ctx context.Context) map[string]any {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	return map[string]any{
-		"broker":    map[string]any{"connected": a.nc.IsConnected()},
-		"memcached": map[string]any{"reachable": a.memcached.Reachable(ctx)},
-		"config":    map[string]any{"version": a.limits.Current().Version, "stale": a.limits.Stale()},
-	}
 }
 
 // Addr returns the listening address: the API's, or the metrics and health endpoints' of a
@@ -404,15 +320,7 @@ func (a *App) Registry() *prometheus.Registry { return a.registry }
 func (a *App) Stop(ctx context.Context) error {
 	var err error
 	a.stopped.Do(func() {
-		a.stopping.Store(true)
-		a.stopClaims()
-		a.claimLoop.Wait()
-		if a.drainer != nil {
-			a.log.Info("stopped claiming; waiting for in-flight dispatches", "in_flight", a.drainer.InFlight(), "grace", a.opts.Grace.String())
-			gctx, cancel := context.WithTimeout(ctx, a.opts.Grace)
-			a.drainer.Stop(gctx)
-			cancel()
-		}
+		a.stopClaiming(ctx)
 		if a.httpSrv != nil {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err = a.httpSrv.Shutdown(sctx)
@@ -427,18 +335,9 @@ func (a *App) Stop(ctx context.Context) error {
 	return err
 }
 
-// natsDrainTimeout bounds the wait for the NATS connection to drain at shutdown.
-const natsDrainTimeout = 5 * time.Second
-
 func (a *App) closeConns() {
 	if a.nc != nil {
-		// Drain is asynchronous: wait for the connection to close, or give up and close it.
-		if err := a.nc.Drain(); err == nil {
-			select {
-			case <-a.ncClosed:
-			case <-time.After(natsDrainTimeout):
-			}
-		}
+		a.drainNATS()
 		a.nc.Close()
 	}
 	if a.db != nil {
