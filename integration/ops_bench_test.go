@@ -36,7 +36,9 @@ func BenchmarkOpsStatusRead(b *testing.B) {
 	}
 	empty := measure(5)
 	// In 100,000-row statements: one statement of a million rows outlasts the read timeout.
-	qs := []string{`INSERT INTO jobs (tenant, status, queued_at) SELECT CONCAT('t', seq DIV 10), 'queued', UTC_TIMESTAMP(6) FROM seq_0_to_9999`}
+	qs := []string{`INSERT INTO tenants (tenant, created_at) SELECT CONCAT('t', seq), UTC_TIMESTAMP(6) FROM seq_0_to_999`,
+		`INSERT INTO tenants (tenant, created_at) VALUES ('whale', UTC_TIMESTAMP(6))`,
+		`INSERT INTO jobs (tenant, status, queued_at) SELECT CONCAT('t', seq DIV 10), 'queued', UTC_TIMESTAMP(6) FROM seq_0_to_9999`}
 	for i := 0; i < 10; i++ {
 		qs = append(qs, fmt.Sprintf(`INSERT INTO jobs (tenant, status, queued_at)
 			SELECT 'whale', 'queued', UTC_TIMESTAMP(6) - INTERVAL (seq + %d) MICROSECOND FROM seq_1_to_100000`, i*100000))

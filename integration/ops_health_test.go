@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -83,7 +84,8 @@ func TestOpsHealth(t *testing.T) {
 	nctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	d, err := app.Start(nctx, app.Options{MySQLDSN: env.DB.DSN, NATSURL: env.NATS.URL(), Listen: "127.0.0.1:0",
-		ExecutorURL: env.ExecURL, ExecutorSecret: harness.Secret, Drainer: true, DrainerID: "drainer-only"})
+		ExecutorURL: env.ExecURL, ExecutorSecret: harness.Secret, Drainer: true, DrainerID: "drainer-only",
+		Log: slog.New(slog.NewJSONHandler(testLogSink(), nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

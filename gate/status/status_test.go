@@ -55,6 +55,8 @@ func (f *fixture) drainer(id string, hb, lc time.Duration, inFlight int) {
 
 // job inserts a job of tenant in status, queued age before now.
 func (f *fixture) job(tenant, status string, age time.Duration, rateKey any, notBefore any) {
+	// Every job's tenant has a row (admission writes it; a later schema enforces it).
+	f.exec(`INSERT INTO tenants (tenant, created_at) VALUES (?, ?) ON DUPLICATE KEY UPDATE tenant = tenant`, tenant, f.now)
 	f.exec(`INSERT INTO jobs (tenant, rate_key_sha256, status, queued_at, not_before) VALUES (?, ?, ?, ?, ?)`,
 		tenant, rateKey, status, f.now.Add(-age), notBefore)
 }
