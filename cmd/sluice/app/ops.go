@@ -41,6 +41,9 @@ func (o *opsState) init(opts Options) {
 func (a *App) natsOptions(name string) []nats.Option {
 	return append(publisher.ConnectOptions(name),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if a.ops.stopping.Load() {
+				return // our own Drain at shutdown, not an outage
+			}
 			a.log.Warn("NATS disconnected; reconnecting (pokes are hints: the drainer polls, the outbox keeps what is not published)", "error", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { a.log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted()) }),
