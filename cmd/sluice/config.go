@@ -41,7 +41,7 @@ func configCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 		if *asJSON {
-			return printJSON(stdout, v)
+			return printIndented(stdout, v)
 		}
 		fmt.Fprintf(stdout, "runtime config version %d\n", v.Version)
 		printConfig(stdout, v.Config)
@@ -66,7 +66,7 @@ func configCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 		if *asJSON {
-			return printJSON(stdout, v)
+			return printIndented(stdout, v)
 		}
 		if v.Change == nil {
 			fmt.Fprintf(stdout, "nothing changed; version %d stays in force\n", v.Version)
@@ -80,7 +80,7 @@ func configCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 		if *asJSON {
-			return printJSON(stdout, map[string]any{"history": h})
+			return printIndented(stdout, map[string]any{"history": h})
 		}
 		if len(h) == 0 {
 			fmt.Fprintln(stdout, "no changes: the defaults are in force")
@@ -131,7 +131,8 @@ func printChange(w io.Writer, ch limits.Change) {
 	}
 }
 
-func printJSON(w io.Writer, v any) error {
+// printIndented writes v as indented JSON (the --json output of the admin commands).
+func printIndented(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
