@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/migrations"
 )
 
@@ -125,3 +126,25 @@ func TestOpsHealth(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestOpsSchemaGapIsNotCurrent: a database that has a later migration but lacks an earlier one
+// (branches merged out of order) is not current, so /readyz and start-up refuse it.
+func TestOpsSchemaGapIsNotCurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	all, err := migrations.All()
+	if err != nil || len(all) < 2 {
+		t.Fatalf("migrations: %v (%d)", err, len(all))
+	}
+	if ok, err := migrations.Current(ctx, db.DB); err != nil || !ok {
+		t.Fatalf("fresh database: current %v (%v), want true", ok, err)
+	}
+	gap := all[len(all)-2].Version // not the latest: MAX(version) stays the latest
+	if _, err := db.ExecContext(ctx, "DELETE FROM schema_migrations WHERE version = ?", gap); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := migrations.Current(ctx, db.DB); err != nil || ok {
+		t.Errorf("database lacking migration %d: current %v (%v), want false", gap, ok, err)
+	}
+}

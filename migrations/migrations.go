@@ -164,14 +164,36 @@ func List(ctx context.Context, db *sql.DB) ([]Status, error) {
 	return out, nil
 }
 
-// Current reports whether every embedded migration has been applied.
+// Current reports whether every embedded migration has been applied. Every version is checked,
+// not only the highest: branches merged out of order add migrations below versions a database
+// may already have.
 func Current(ctx context.Context, db *sql.DB) (bool, error) {
-	var v sql.NullInt64
-	err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM schema_migrations").Scan(&v)
+	all, err := All()
+	if err != nil {
+		return false, err
+	}
+	rows, err := db.QueryContext(ctx, "SELECT version FROM schema_migrations")
 	if err != nil {
 		return false, fmt.Errorf("read schema version: %w", err)
 	}
-	return v.Valid && int(v.Int64) >= Latest(), nil
+	defer rows.Close()
+	applied := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return false, fmt.Errorf("read schema version: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("read schema version: %w", err)
+	}
+	for _, m := range all {
+		if !applied[m.Version] {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 func appliedVersions(ctx context.Context, conn *sql.Conn) (map[int]time.Time, error) {
