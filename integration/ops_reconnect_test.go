@@ -111,6 +111,12 @@ func TestOpsMariaDBRestart(t *testing.T) {
 	}
 	db.Close()
 	env := startOps(t, opsOptions{DSN: m.DSN("sluice")})
+	// The outage below outlasts a config re-read (5 s); leases of 30 s keep it shorter than a
+	// lease, the case the drainer rides out with the real outcome of every job.
+	if r := env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{
+		"changes": map[string]any{"lease_seconds": 30}, "note": "outage test"}); r.Status != http.StatusOK {
+		t.Fatalf("PATCH: HTTP %d %s", r.Status, r.Raw)
+	}
 
 	stop := make(chan struct{})
 	load := runLoad(ctx, env.URL, env.HTTP, stop, 200)
@@ -129,6 +135,13 @@ func TestOpsMariaDBRestart(t *testing.T) {
 	if v, ok := metricValue(scrape(t, env.URL), "sluice_status_read_success"); !ok || v != 0 {
 		t.Errorf("sluice_status_read_success with the database down = %v (present %v), want 0", v, ok)
 	}
+	// The process keeps its last good config and says so once a re-read has failed.
+	harness.WaitFor(t, 10*time.Second, "sluice_config_stale to report the failed re-read", func() (bool, error) {
+		m := scrape(t, env.URL)
+		stale, _ := metricValue(m, "sluice_config_stale")
+		version, _ := metricValue(m, "sluice_config_version")
+		return stale == 1 && version == 1, nil
+	})
 	before := load.count()
 	m.start()
 	restartedAt := time.Now()
