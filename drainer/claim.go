@@ -513,10 +513,7 @@ func (d *Drainer) recover(ctx context.Context, now time.Time) (int, error) {
 	if len(expired) == 0 {
 		return 0, nil
 	}
-	cfg, err := loadLimits(ctx, d.cfg.DB) // recovery is rare: read the budget in force
-	if err != nil {
-		return 0, err
-	}
+	cfg := d.lastConfig() // read by this pass's upkeep
 	n := 0
 	for _, r := range expired {
 		var o store.Outcome

@@ -33,7 +33,7 @@ func (d *Drainer) startDispatch(c claimed) {
 		// Record with a context of its own: a canceled dispatch must still record its outcome.
 		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer rcancel()
-		if err := d.record(rctx, c, ans); err != nil {
+		if err := d.recordRetrying(rctx, c, ans); err != nil {
 			d.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
 		}
 		if d.cfg.Recorded != nil {

@@ -187,6 +187,14 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 		return p, err
 	}
 	if upkeep := d.lastUpkeep.IsZero() || now.Sub(d.lastUpkeep) >= d.cfg.PollInterval || now.Before(d.lastUpkeep); upkeep {
+		// Candidates are chosen on the config the last claim read; with dispatch paused
+		// (global_in_flight 0) no claim runs, so the poll re-reads it too, or a paused drainer
+		// would never see the cap raised again.
+		cfg, err := loadLimits(ctx, d.cfg.DB)
+		if err != nil {
+			return p, err
+		}
+		d.remember(cfg)
 		if p.Renewed, err = d.renew(ctx, now); err != nil {
 			return p, err
 		}
@@ -262,6 +270,19 @@ func (d *Drainer) Stop(ctx context.Context) {
 		<-done
 	}
 	d.cancelWork()
+	d.markStopped()
+}
+
+// markStopped records a clean stop in the heartbeat row, so that status does not report a
+// drainer that exited on purpose as stalled. Best effort: a drainer killed instead is judged by
+// its heartbeat's age.
+func (d *Drainer) markStopped() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := d.cfg.DB.ExecContext(ctx, "UPDATE drainers SET stopped_at = UTC_TIMESTAMP(6), in_flight = ? WHERE id = ?",
+		d.InFlight(), d.cfg.ID); err != nil {
+		d.cfg.Log.Warn("could not record the drainer's stop", "error", err)
+	}
 }
 
 // InFlight returns how many jobs this drainer holds.
@@ -380,10 +401,17 @@ func (d *Drainer) heartbeat(ctx context.Context, now time.Time, claimed bool) er
 	}
 	d.mu.Unlock()
 	host, _ := os.Hostname()
-	_, err := d.cfg.DB.ExecContext(ctx, `INSERT INTO drainers (id, host, pid, version, started_at, heartbeat_at, last_claim_at, in_flight)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE heartbeat_at = VALUES(heartbeat_at),
-		last_claim_at = VALUES(last_claim_at), in_flight = VALUES(in_flight)`,
-		d.cfg.ID, host, os.Getpid(), d.cfg.BuildVersion, now, now, lastClaim, inFlight)
+	// A drainer restarted under the same id (a fixed SLUICE_DRAINER_ID) is a new process: the
+	// row's start time follows the pid, and a clean stop recorded earlier is cleared.
+	_, err := d.cfg.DB.ExecContext(ctx, `INSERT INTO drainers (id, host, pid, version, started_at, heartbeat_at,
+		last_poll_at, last_claim_at, in_flight, poll_interval_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE
+		started_at = IF(pid = VALUES(pid) AND host = VALUES(host), started_at, VALUES(started_at)),
+		host = VALUES(host), pid = VALUES(pid), version = VALUES(version),
+		heartbeat_at = VALUES(heartbeat_at), last_poll_at = VALUES(last_poll_at),
+		last_claim_at = VALUES(last_claim_at), in_flight = VALUES(in_flight),
+		poll_interval_ms = VALUES(poll_interval_ms), stopped_at = NULL`,
+		d.cfg.ID, host, os.Getpid(), d.cfg.BuildVersion, now, now, now, lastClaim, inFlight, d.cfg.PollInterval.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("drainer heartbeat: %w", err)
 	}

@@ -35,6 +35,8 @@ type Config struct {
 	// TxAttempts bounds retries of a transaction that hit a deadlock or lock wait timeout.
 	// Default 3.
 	TxAttempts int
+	// Metrics, if set, counts admissions and depth cap refusals.
+	Metrics *Metrics
 }
 
 // Admitter admits jobs. Safe for concurrent use.
@@ -92,6 +94,12 @@ type Result struct {
 // capacity_exceeded, unavailable or outcome_unknown. Nothing is written for a refusal except a
 // queue_full's rejected row.
 func (a *Admitter) Admit(ctx context.Context, caller string, req Request) (Result, error) {
+	res, err := a.admit(ctx, caller, req)
+	a.cfg.Metrics.observe(res, err)
+	return res, err
+}
+
+func (a *Admitter) admit(ctx context.Context, caller string, req Request) (Result, error) {
 	cfg := a.cfg.Limits.Current().Config
 	if err := req.Validate(cfg.MaxPayloadBytes); err != nil {
 		return Result{}, err

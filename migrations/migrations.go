@@ -164,7 +164,9 @@ func List(ctx context.Context, db *sql.DB) ([]Status, error) {
 	return out, nil
 }
 
-// Current reports whether every embedded migration has been applied.
+// Current reports whether every embedded migration has been applied. Every version is checked,
+// not only the highest: branches merged out of order add migrations below versions a database
+// may already have.
 func Current(ctx context.Context, db *sql.DB) (bool, error) {
 	list, err := List(ctx, db)
 	if err != nil {

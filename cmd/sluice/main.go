@@ -42,6 +42,8 @@ Usage:
   sluice simexec [flags]                               run the simulated executor alone
   sluice gate set|list|clear [flags]                   set, list or clear rate gates
   sluice version                                       print the version
+  sluice status [--json] [flags]                       queue, tenants, gates, drainers, outbox (admin token)
+  sluice config show|set key=value... --note TEXT|history   runtime config (admin token)
 
 Settings come from flags, SLUICE_* environment variables or a --config file, in that order.
 Run 'sluice serve -h' to list them.
@@ -76,6 +78,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = gateCmd(ctx, rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sluice", version)
+	case "status":
+		err = statusCmd(ctx, rest, stdout, stderr)
+	case "config":
+		err = configCmd(ctx, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 	default:
@@ -133,6 +139,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	if err != nil {
 		return err
 	}
+	useDriverLog(log)
 	confirm, err := c.bool("executor-confirm-start")
 	if err != nil {
 		return err

@@ -43,6 +43,12 @@ type Config struct {
 	Gatherer prometheus.Gatherer
 	// Ready reports readiness for /readyz. Default: always ready.
 	Ready func(ctx context.Context) error
+	// Components, if set, reports the optional dependencies (NATS, memcached) in /readyz; they
+	// never make the process unready, since sluice works without them.
+	Components func(ctx context.Context) map[string]any
+	// Status serves GET /v1/status. Default: the database part only (broker and memcached
+	// reported down).
+	Status StatusReader
 	// Published is called with the outbox rows a start or completion wrote (the fast path).
 	Published func([]outbox.Row)
 	// Log receives request errors. Default: discard.
@@ -101,6 +107,10 @@ var routeList = []string{
 	"GET /readyz",
 	"GET /metrics",
 	"POST /v1/releases",
+	"GET /v1/status",
+	"GET /v1/config",
+	"PATCH /v1/config",
+	"GET /v1/config/history",
 }
 
 func (s *Server) routes() {
@@ -118,6 +128,10 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("POST /v1/releases", s.auth(s.release, Executor))
+	s.mux.HandleFunc("GET /v1/status", s.auth(s.getStatus, Admin))
+	s.mux.HandleFunc("GET /v1/config", s.auth(s.getConfig, Admin))
+	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
+	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, job.Errorf(job.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
@@ -280,13 +294,20 @@ func pathID(r *http.Request) (int64, error) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	body := map[string]any{"status": "ready"}
+	if s.cfg.Components != nil {
+		for k, v := range s.cfg.Components(r.Context()) {
+			body[k] = v
+		}
+	}
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(r.Context()); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "error_code": job.CodeUnavailable, "message": err.Error()})
+			body["status"], body["error_code"], body["message"] = "unavailable", job.CodeUnavailable, err.Error()
+			writeJSON(w, http.StatusServiceUnavailable, body)
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready"})
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (s *Server) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {

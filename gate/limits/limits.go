@@ -106,7 +106,7 @@ func (c Config) Wall() time.Duration { return time.Duration(c.ExecutionWallSecon
 // NonceTTL returns the nonce TTL.
 func (c Config) NonceTTL() time.Duration { return time.Duration(c.NonceTTLSeconds) * time.Second }
 
-// Validate returns an error naming the first invalid key and why.
+// Validate returns a *FieldError naming the first invalid key and why.
 func (c Config) Validate() error {
 	nonNeg := []struct {
 		key string
@@ -121,7 +121,7 @@ func (c Config) Validate() error {
 	}
 	for _, f := range nonNeg {
 		if f.v < 0 {
-			return fmt.Errorf("%s: must be 0 or more, got %d", f.key, f.v)
+			return invalidf(f.key, "must be 0 or more, got %d", f.v)
 		}
 	}
 	positive := []struct {
@@ -138,26 +138,26 @@ func (c Config) Validate() error {
 	}
 	for _, f := range positive {
 		if f.v <= 0 {
-			return fmt.Errorf("%s: must be at least 1, got %d", f.key, f.v)
+			return invalidf(f.key, "must be at least 1, got %d", f.v)
 		}
 	}
 	for t, n := range c.TenantInFlightOverrides {
 		if n < 0 {
-			return fmt.Errorf("tenant_in_flight_overrides: tenant %q: must be 0 or more, got %d", t, n)
+			return invalidf("tenant_in_flight_overrides", "tenant %q: must be 0 or more, got %d", t, n)
 		}
 	}
 	switch c.AdmissionMode {
 	case ModeEnforce, ModeShadow, ModeOff:
 	default:
-		return fmt.Errorf("admission_mode: must be enforce, shadow or off, got %q", c.AdmissionMode)
+		return invalidf("admission_mode", "must be enforce, shadow or off, got %q", c.AdmissionMode)
 	}
 	switch c.Ordering {
 	case Fair, FIFO, RoundRobin:
 	default:
-		return fmt.Errorf("ordering: must be fair, fifo or round_robin, got %q", c.Ordering)
+		return invalidf("ordering", "must be fair, fifo or round_robin, got %q", c.Ordering)
 	}
 	if c.MaxPayloadBytes > 16<<20 {
-		return fmt.Errorf("max_payload_bytes: at most %d (the payload column's size), got %d", 16<<20, c.MaxPayloadBytes)
+		return invalidf("max_payload_bytes", "at most %d (the payload column's size), got %d", 16<<20, c.MaxPayloadBytes)
 	}
 	return nil
 }

@@ -88,6 +88,7 @@ type App struct {
 	gates    *rategate.Store
 	httpSrv  *http.Server
 	listener net.Listener
+	ops      opsState // status, probes and the shutdown sequence (ops.go)
 
 	cancel  context.CancelFunc // stops the loops (claiming, relaying, reloading)
 	loops   sync.WaitGroup
@@ -129,6 +130,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	a := &App{opts: opts, log: opts.Log, registry: prometheus.NewRegistry()}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.ops.init(opts)
 	ok := false
 	defer func() {
 		if !ok {
@@ -151,7 +153,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if opts.DrainerID != "" {
 		name += " " + opts.DrainerID
 	}
-	if a.nc, err = nats.Connect(opts.NATSURL, publisher.ConnectOptions(name)...); err != nil {
+	if a.nc, err = nats.Connect(opts.NATSURL, a.natsOptions(name)...); err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", opts.NATSURL, err)
 	}
 	var js jetstream.JetStream
@@ -212,10 +214,15 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			return nil, fmt.Errorf("subscribe to pokes: %w", err)
 		}
 	}
+	if err := a.startStatus(); err != nil {
+		return nil, err
+	}
 	if opts.API {
 		if err := a.startAPI(ctx); err != nil {
 			return nil, err
 		}
+	} else if err := a.startOpsServer(ctx); err != nil {
+		return nil, err
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
@@ -228,7 +235,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		a.goLoop(func() { a.fast.Run(loopCtx) })
 	}
 	if a.drainer != nil {
-		a.goLoop(func() { a.drainer.Run(loopCtx) })
+		a.startClaiming()
 	}
 	ok = true
 	a.log.Info("sluice started", "api", opts.API, "relay", opts.Relay, "drainer", opts.Drainer, "listen", a.Addr(), "version", opts.Version)
@@ -245,21 +252,27 @@ func (a *App) goLoop(f func()) {
 
 func (a *App) startAPI(ctx context.Context) error {
 	adm, err := gate.New(gate.Config{DB: a.db, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
-		Published: a.fast.Submit})
+		Published: a.fast.Submit, Metrics: gate.NewMetrics(a.registry)})
 	if err != nil {
 		return err
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
-		Gatherer: a.registry, Log: a.log, Ready: a.ready, Gates: a.gates})
+		Gatherer: a.registry, Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components})
 	if err != nil {
 		return err
 	}
+	return a.serve(ctx, srv)
+}
+
+// serve listens on the listen address and serves h until Stop.
+func (a *App) serve(ctx context.Context, h http.Handler) error {
 	var lc net.ListenConfig
+	var err error
 	a.listener, err = lc.Listen(ctx, "tcp", a.opts.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", a.opts.Listen, err)
 	}
-	a.httpSrv = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	a.httpSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	a.serveWG.Add(1)
 	go func() {
 		defer a.serveWG.Done()
@@ -270,8 +283,12 @@ func (a *App) startAPI(ctx context.Context) error {
 	return nil
 }
 
-// ready is /readyz: the database reachable and its schema current.
+// ready is /readyz: the database reachable and its schema current, and the process not
+// stopping (so a load balancer stops sending it work while it drains).
 func (a *App) ready(ctx context.Context) error {
+	if a.ops.stopping.Load() {
+		return errors.New("shutting down")
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	current, err := migrations.Current(ctx, a.db)
@@ -284,7 +301,8 @@ func (a *App) ready(ctx context.Context) error {
 	return nil
 }
 
-// Addr returns the API's listening address, or "" without the API role.
+// Addr returns the listening address: the API's, or the metrics and health endpoints' of a
+// process without the API role.
 func (a *App) Addr() string {
 	if a.listener == nil {
 		return ""
@@ -298,26 +316,32 @@ func (a *App) DB() *sql.DB { return a.db }
 // Registry returns the process's metrics registry.
 func (a *App) Registry() *prometheus.Registry { return a.registry }
 
-// Stop shuts down in this order: stop claiming and relaying (the loops), stop accepting API
-// requests and finish those in progress, let in-flight dispatches finish up to the grace period
-// (then record them as unknown outcomes), drain the NATS connection, close the database.
-// Nothing is lost if the process is killed instead: leases and the outbox cover it. Idempotent.
+// Stop shuts down in this order, and returns when it is done:
+//
+//  1. stop claiming at once (the drainer's loop ends after the pass in progress) and answer
+//     /readyz with 503, so a load balancer stops sending work;
+//  2. let in-flight dispatches finish up to the grace period, while the API still serves the
+//     executors' /start and /complete calls; past the grace, the rest are recorded as unknown
+//     outcomes (requeued if never started, else lost) and the drainer records its clean stop;
+//  3. stop accepting API requests and finish those in progress (at most 10 s);
+//  4. stop the relay, fast path and config reloads: outbox rows written meanwhile wait for the
+//     next relay, the outbox being durable;
+//  5. drain the NATS connection (flush what is pending, unsubscribe) and close the database.
+//
+// Nothing is lost if the process is killed instead at any point: leases and the outbox cover
+// it. Idempotent.
 func (a *App) Stop(ctx context.Context) error {
 	var err error
 	a.stopped.Do(func() {
-		a.cancel()
-		a.loops.Wait()
+		a.stopClaiming(ctx)
 		if a.httpSrv != nil {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err = a.httpSrv.Shutdown(sctx)
 			cancel()
 			a.serveWG.Wait()
 		}
-		if a.drainer != nil {
-			gctx, cancel := context.WithTimeout(ctx, a.opts.Grace)
-			a.drainer.Stop(gctx)
-			cancel()
-		}
+		a.cancel()
+		a.loops.Wait()
 		a.closeConns()
 		a.log.Info("sluice stopped")
 	})
@@ -326,7 +350,7 @@ func (a *App) Stop(ctx context.Context) error {
 
 func (a *App) closeConns() {
 	if a.nc != nil {
-		_ = a.nc.Drain()
+		a.drainNATS()
 		a.nc.Close()
 	}
 	if a.db != nil {

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/gate/status"
+)
+
+// adminFlags adds what the admin commands need beyond the settings: the API URL is the
+// api-url setting; the token comes from --token or SLUICE_TOKEN unless a setting of that name
+// already provides it.
+func adminFlags(fs *flag.FlagSet) func(c *config) string {
+	for _, s := range settings {
+		if s.flag == "token" {
+			return func(c *config) string { return c.get("token") }
+		}
+	}
+	tok := fs.String("token", os.Getenv("SLUICE_TOKEN"), "admin API token (SLUICE_TOKEN)")
+	return func(*config) string { return *tok }
+}
+
+// splitArgs moves flags (and their values) ahead of positional arguments, so that
+// `sluice config set a=1 --note x` parses like `sluice config set --note x a=1`. boolFlags
+// take no value.
+func splitArgs(args []string, boolFlags ...string) (flags, positional []string) {
+	isBool := map[string]bool{}
+	for _, b := range boolFlags {
+		isBool[b] = true
+	}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			positional = append(positional, args[i+1:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if !strings.Contains(name, "=") && !isBool[name] && i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	return flags, positional
+}
+
+func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print the status as JSON")
+	token := adminFlags(fs)
+	c, err := parseSettings(fs, args)
+	if err != nil {
+		return err
+	}
+	cl := client.New(c.get("api-url"), token(c))
+	st, err := cl.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	printStatus(stdout, st)
+	return nil
+}
+
+// printStatus renders the status as an operator reads it: the summary first, then tenants
+// deepest first (the order the API returns), gates and drainers.
+func printStatus(w io.Writer, st status.Status) {
+	yes := func(b bool, y, n string) string {
+		if b {
+			return y
+		}
+		return n
+	}
+	stale := ""
+	if st.Config.Stale {
+		stale = " (stale: re-read failing)"
+	}
+	fmt.Fprintf(w, "queue      %d queued, oldest %s, %d in flight\n", st.Queue.Depth, secs(st.Queue.OldestAgeSeconds), st.InFlight)
+	fmt.Fprintf(w, "outbox     %d unpublished, oldest %s\n", st.Outbox.Unpublished, secs(st.Outbox.OldestUnpublishedAgeSeconds))
+	fmt.Fprintf(w, "broker     %s\n", yes(st.Broker.Connected, "connected", "DISCONNECTED"))
+	fmt.Fprintf(w, "memcached  %s\n", yes(st.Memcached.Reachable, "reachable", "UNREACHABLE (gates fail open)"))
+	fmt.Fprintf(w, "config     version %d%s\n", st.Config.Version, stale)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nTENANT\tDEPTH\tOLDEST\tIN FLIGHT\tCAP")
+	for _, t := range st.Tenants {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\n", printable(t.Tenant), t.Depth, secs(t.OldestAgeSeconds), t.InFlight, t.Cap)
+	}
+	if len(st.Tenants) == 0 {
+		fmt.Fprintln(tw, "(none)\t\t\t\t")
+	}
+	fmt.Fprintln(tw, "\nGATED RATE KEY\tNOT BEFORE\tQUEUED\t\t")
+	for _, g := range st.Gates {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t\t\n", g.RateKeySHA256[:min(16, len(g.RateKeySHA256))]+"…", g.NotBefore.Format("2006-01-02T15:04:05Z"), g.Queued)
+	}
+	if len(st.Gates) == 0 {
+		fmt.Fprintln(tw, "(none)\t\t\t\t")
+	}
+	fmt.Fprintln(tw, "\nDRAINER\tSTATE\tHEARTBEAT\tIN FLIGHT\tHOST")
+	for _, d := range st.Drainers {
+		state := d.State
+		if d.Reason != "" {
+			state += " (" + d.Reason + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s ago\t%d\t%s\n", d.ID, state, secs(d.HeartbeatAgeSeconds), d.InFlight, d.Host)
+	}
+	if len(st.Drainers) == 0 {
+		fmt.Fprintln(tw, "(none running)\t\t\t\t")
+	}
+	tw.Flush()
+}
+
+func secs(s float64) string {
+	switch {
+	case s == 0:
+		return "-"
+	case s < 10:
+		return fmt.Sprintf("%.2fs", s)
+	case s < 120:
+		return fmt.Sprintf("%.0fs", s)
+	case s < 7200:
+		return fmt.Sprintf("%.1fm", s/60)
+	}
+	return fmt.Sprintf("%.1fh", s/3600)
+}
+
+// printable quotes a tenant name that would break the table (spaces, tabs, control bytes).
+func printable(s string) string {
+	if strings.ContainsAny(s, " \t\n\r") || !isPrint(s) {
+		return fmt.Sprintf("%q", s)
+	}
+	return s
+}
+
+func isPrint(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,97 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+)
+
+// configBody is GET /v1/config and the answer of PATCH /v1/config (SPEC §9).
+type configBody struct {
+	Version int64         `json:"version"`
+	Config  limits.Config `json:"config"`
+	// Change is the history entry a PATCH created; absent when it changed nothing.
+	Change *limits.Change `json:"change,omitempty"`
+}
+
+// getConfig is GET /v1/config (admin): the version in force, read from the database so that
+// every process answers the same.
+func (s *Server) getConfig(w http.ResponseWriter, r *http.Request) {
+	v, err := limits.Load(r.Context(), s.cfg.DB)
+	if err != nil {
+		s.fail(w, r, gate.AsUnavailable(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, configBody{Version: v.Version, Config: v.Config})
+}
+
+// patchRequest is the body of PATCH /v1/config.
+type patchRequest struct {
+	Changes map[string]json.RawMessage `json:"changes"`
+	Note    string                     `json:"note"`
+}
+
+// patchConfig is PATCH /v1/config (admin): all changes or none, validated with the reason; one
+// history row and one log line per new version. This process re-reads at once; the others
+// within limits.ReloadEvery.
+func (s *Server) patchConfig(w http.ResponseWriter, r *http.Request) {
+	data, err := readBody(r, 1<<20)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var req patchRequest
+	if err := decode(data, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if len(req.Changes) == 0 {
+		s.fail(w, r, job.Invalid("changes", "changes must be an object of at least one key and its new value"))
+		return
+	}
+	if len(req.Note) > 10000 {
+		s.fail(w, r, job.Invalid("note", "note is at most 10000 bytes"))
+		return
+	}
+	v, ch, err := limits.Patch(r.Context(), s.cfg.DB, s.cfg.Log, callerOf(r).Name, req.Changes, req.Note)
+	var fe *limits.FieldError
+	if errors.As(err, &fe) {
+		s.fail(w, r, &job.Error{Code: job.CodeInvalidRequest, Message: fe.Error(),
+			Detail: map[string]any{"field": fe.Key, "reason": fe.Reason}})
+		return
+	}
+	if err != nil {
+		s.fail(w, r, gate.AsUnavailable(err))
+		return
+	}
+	_ = s.cfg.Limits.Reload(r.Context()) // a failure keeps the last good config; the loop retries
+	body := configBody{Version: v.Version, Config: v.Config}
+	if ch.Version != 0 {
+		body.Change = &ch
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// configHistory is GET /v1/config/history?limit= (admin): every change, newest first.
+func (s *Server) configHistory(w http.ResponseWriter, r *http.Request) {
+	limit := 100
+	if l := r.URL.Query().Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			s.fail(w, r, job.Invalid("limit", "limit must be a whole number from 1 to 1000"))
+			return
+		}
+		limit = n
+	}
+	h, err := limits.History(r.Context(), s.cfg.DB, limit)
+	if err != nil {
+		s.fail(w, r, gate.AsUnavailable(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"history": h})
+}

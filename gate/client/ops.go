@@ -1,0 +1,63 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/status"
+)
+
+// Status reads GET /v1/status (admin).
+func (c *Client) Status(ctx context.Context) (status.Status, error) {
+	var s status.Status
+	_, err := c.Do(ctx, http.MethodGet, "/v1/status", nil, &s)
+	return s, err
+}
+
+// ConfigVersion is the runtime configuration in force and its version; Change is set by
+// PatchConfig when a new version was written.
+type ConfigVersion struct {
+	Version int64          `json:"version"`
+	Config  limits.Config  `json:"config"`
+	Change  *limits.Change `json:"change,omitempty"`
+}
+
+// Config reads GET /v1/config (admin).
+func (c *Client) Config(ctx context.Context) (ConfigVersion, error) {
+	var v ConfigVersion
+	_, err := c.Do(ctx, http.MethodGet, "/v1/config", nil, &v)
+	return v, err
+}
+
+// PatchConfig applies changes (key → new value, any JSON value) with note, all or none. An
+// invalid change is an *Error with code invalid_request whose Body names the "field".
+func (c *Client) PatchConfig(ctx context.Context, changes map[string]any, note string) (ConfigVersion, error) {
+	raw := make(map[string]json.RawMessage, len(changes))
+	for k, v := range changes {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return ConfigVersion{}, fmt.Errorf("encode %s: %w", k, err)
+		}
+		raw[k] = b
+	}
+	var v ConfigVersion
+	_, err := c.Do(ctx, http.MethodPatch, "/v1/config", map[string]any{"changes": raw, "note": note}, &v)
+	return v, err
+}
+
+// ConfigHistory reads GET /v1/config/history (admin), newest first; limit 0 means the server's
+// default (100).
+func (c *Client) ConfigHistory(ctx context.Context, limit int) ([]limits.Change, error) {
+	path := "/v1/config/history"
+	if limit > 0 {
+		path += fmt.Sprintf("?limit=%d", limit)
+	}
+	var out struct {
+		History []limits.Change `json:"history"`
+	}
+	_, err := c.Do(ctx, http.MethodGet, path, nil, &out)
+	return out.History, err
+}

@@ -1,0 +1,132 @@
+package opsmetrics_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/gate/opsmetrics"
+	"github.com/sluicehq/sluice/gate/status"
+)
+
+type fakeReader struct {
+	st  status.Status
+	err error
+}
+
+func (f fakeReader) Read(context.Context) (status.Status, error) { return f.st, f.err }
+func (f fakeReader) Local(context.Context) status.Status {
+	return status.Status{Broker: status.Broker{Connected: true}, Config: status.ConfigRef{Version: 7, Stale: true}}
+}
+
+func collect(t *testing.T, r opsmetrics.Reader, top int) string {
+	t.Helper()
+	c, err := opsmetrics.New(opsmetrics.Config{Status: r, TopTenants: top})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := ""
+			for _, l := range m.GetLabel() {
+				labels += fmt.Sprintf("%s=%q", l.GetName(), l.GetValue())
+			}
+			fmt.Fprintf(&b, "%s{%s} %g\n", mf.GetName(), labels, m.GetGauge().GetValue())
+		}
+	}
+	return b.String()
+}
+
+// TestTopTenants: only the TopTenants deepest tenants get series; the rest are summed (depth, in
+// flight) or maxed (oldest age) under "other", which always exists.
+func TestTopTenants(t *testing.T) {
+	t.Parallel()
+	st := status.Status{Queue: status.Queue{Depth: 10}, Tenants: []status.Tenant{ // deepest first, as Read returns
+		{Tenant: "a", Depth: 5, InFlight: 1, OldestAgeSeconds: 9},
+		{Tenant: "b", Depth: 3, InFlight: 2, OldestAgeSeconds: 4},
+		{Tenant: "c", Depth: 1, InFlight: 2, OldestAgeSeconds: 30},
+		{Tenant: "d", Depth: 1, InFlight: 0, OldestAgeSeconds: 2},
+	}, Drainers: []status.Drainer{{State: status.Stalled}, {State: status.Active}, {State: status.Stalled}}}
+	out := collect(t, fakeReader{st: st}, 2)
+	for _, want := range []string{
+		`sluice_tenant_queue_depth{tenant="a"} 5`, `sluice_tenant_queue_depth{tenant="b"} 3`,
+		`sluice_tenant_queue_depth{tenant="other"} 2`, `sluice_tenant_in_flight{tenant="other"} 2`,
+		`sluice_tenant_queue_oldest_age_seconds{tenant="other"} 30`, `sluice_queue_depth{} 10`,
+		`sluice_drainers{state="stalled"} 2`, `sluice_drainers{state="idle"} 0`, `sluice_status_read_success{} 1`,
+	} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("missing %s in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `tenant="c"`) {
+		t.Errorf("tenant c beyond the top 2 has its own series:\n%s", out)
+	}
+	if n := strings.Count(collect(t, fakeReader{st: st}, 20), "sluice_tenant_queue_depth{"); n != 5 {
+		t.Errorf("%d depth series with room for 20, want 4 tenants + other", n)
+	}
+}
+
+// TestReadFailure: a failed read exports success 0 and the process-local gauges only, never
+// stale database figures.
+func TestReadFailure(t *testing.T) {
+	t.Parallel()
+	out := collect(t, fakeReader{err: errors.New("database down")}, 20)
+	for _, want := range []string{`sluice_status_read_success{} 0`, `sluice_broker_connected{} 1`, `sluice_config_version{} 7`, `sluice_config_stale{} 1`} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("missing %s in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "sluice_queue_depth") {
+		t.Errorf("queue depth exported although the read failed:\n%s", out)
+	}
+}
+
+// TestRegisterLeavesOwnedMetrics: where another component already exports a figure (the gate
+// store's sluice_gated_keys, the relay's outbox backlog), Register leaves it to that component
+// and exports the rest.
+func TestRegisterLeavesOwnedMetrics(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_gated_keys", Help: "the gate store's"}, func() float64 { return 3 }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_outbox_unpublished", Help: "the relay's"}, func() float64 { return 9 }))
+	full, err := opsmetrics.New(opsmetrics.Config{Status: fakeReader{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Register(full); err == nil {
+		t.Fatal("a second sluice_gated_keys registered without error")
+	}
+	_, omitted, err := opsmetrics.Register(reg, opsmetrics.Config{Status: fakeReader{st: status.Status{Queue: status.Queue{Depth: 4}}}})
+	if err != nil {
+		t.Fatalf("Register: %v", err)
+	}
+	slices.Sort(omitted)
+	if !slices.Equal(omitted, []string{"sluice_gated_keys", "sluice_outbox_unpublished"}) {
+		t.Errorf("omitted %v, want the two owned elsewhere", omitted)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if m := mf.GetMetric(); len(m) == 1 {
+			got[mf.GetName()] = m[0].GetGauge().GetValue()
+		}
+	}
+	if got["sluice_gated_keys"] != 3 || got["sluice_outbox_unpublished"] != 9 || got["sluice_queue_depth"] != 4 {
+		t.Errorf("gathered %v: want the owners' gated keys (3) and outbox (9) beside this queue depth (4)", got)
+	}
+}

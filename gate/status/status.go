@@ -1,0 +1,508 @@
+// Package status reads what an operator needs to see at a glance (SPEC §6 GET /v1/status, §13
+// scenario 8): queue depth and age overall and per tenant, in-flight counts and caps, gated rate
+// keys, drainer heartbeats with a state derived at read time, the outbox backlog, the broker and
+// memcached, and the runtime config version in force. Everything is read from the database (the
+// truth) at call time; nothing is cached, so two readers agree.
+package status
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// Drainer states (SPEC §6).
+const (
+	// Active: the drainer has work in flight or claimed within its last poll period, or the
+	// fleet has work in flight and the queue waits only for that capacity.
+	Active = "active"
+	// Idle: no queued work.
+	Idle = "idle"
+	// Gated: queued work exists but none of it may start now: every queued job's rate key is
+	// gated or its own not-before is in the future, or the caps are 0 (paused).
+	Gated = "gated"
+	// Stalled: no heartbeat for 3 poll periods, or eligible work with free capacity left
+	// unclaimed for StallAfter.
+	Stalled = "stalled"
+)
+
+// Gates reads rate gates; a gate store (memcached) implements it. NotBefore returns the gate
+// instant of each gated key among hashes, and fails open: what it could read and an error.
+type Gates interface {
+	NotBefore(ctx context.Context, hashes []string) (map[string]time.Time, error)
+}
+
+// Config configures a Reader. Field docs give the defaults.
+type Config struct {
+	// DB is the sluice database. Required.
+	DB *sql.DB
+	// Limits is the process's runtime config cache, for config.version and config.stale.
+	// Default: the version is read from the database and stale is false.
+	Limits *limits.Cache
+	// Gates, if set, is asked which queued rate keys are gated. Nil: no gates.
+	Gates Gates
+	// BrokerConnected reports whether this process's NATS connection is up. Nil: false.
+	BrokerConnected func() bool
+	// MemcachedReachable reports whether the gate store answers. Nil: false.
+	MemcachedReachable func(ctx context.Context) bool
+	// Clock is "now". Default: the database's clock, the one leases are judged by.
+	Clock clock.Clock
+	// StallAfter is how long eligible work with free capacity may stay unclaimed before the
+	// drainers are reported stalled. Default 5 s (SPEC §6).
+	StallAfter time.Duration
+	// GoneAfter hides drainers whose last heartbeat is older than this: a drainer killed and
+	// restarted under a new id leaves its old row behind. Default 10 min.
+	GoneAfter time.Duration
+	// HeadsPerTenant bounds how many queued jobs per tenant are inspected to decide whether
+	// work is eligible (gated keys at the head hide the rest beyond it). Default 16.
+	HeadsPerTenant int
+	// MaxTenants bounds the tenants inspected for eligibility, the deepest first. Default 500.
+	MaxTenants int
+}
+
+// Reader reads the status. Safe for concurrent use.
+type Reader struct {
+	cfg Config
+}
+
+// New returns a Reader, or an "invalid config" error naming the field.
+func New(cfg Config) (*Reader, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("invalid config: DB: required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.DB{DB: cfg.DB}
+	}
+	if cfg.StallAfter <= 0 {
+		cfg.StallAfter = 5 * time.Second
+	}
+	if cfg.GoneAfter <= 0 {
+		cfg.GoneAfter = 10 * time.Minute
+	}
+	if cfg.HeadsPerTenant <= 0 {
+		cfg.HeadsPerTenant = 16
+	}
+	if cfg.MaxTenants <= 0 {
+		cfg.MaxTenants = 500
+	}
+	return &Reader{cfg: cfg}, nil
+}
+
+// Status is the body of GET /v1/status (SPEC §6).
+type Status struct {
+	Queue     Queue     `json:"queue"`
+	InFlight  int       `json:"in_flight"`
+	Tenants   []Tenant  `json:"tenants"`
+	Gates     []Gate    `json:"gates"`
+	Drainers  []Drainer `json:"drainers"`
+	Outbox    Outbox    `json:"outbox"`
+	Broker    Broker    `json:"broker"`
+	Memcached Memcached `json:"memcached"`
+	Config    ConfigRef `json:"config"`
+	// At is the database time the status was read at.
+	At time.Time `json:"at"`
+}
+
+// Queue is the whole queue.
+type Queue struct {
+	Depth            int     `json:"depth"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+}
+
+// Tenant is one tenant with queued or in-flight work. Tenants are sorted by depth, deepest
+// first.
+type Tenant struct {
+	Tenant           string  `json:"tenant"`
+	Depth            int     `json:"depth"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	InFlight         int     `json:"in_flight"`
+	Cap              int     `json:"cap"`
+}
+
+// Gate is a gated rate key among the keys of queued jobs.
+type Gate struct {
+	RateKeySHA256 string    `json:"rate_key_sha256"`
+	NotBefore     time.Time `json:"not_before"`
+	Queued        int       `json:"queued"`
+}
+
+// Drainer is one drainer's heartbeat and derived state.
+type Drainer struct {
+	ID                  string   `json:"id"`
+	Host                string   `json:"host"`
+	PID                 int      `json:"pid"`
+	Version             string   `json:"version"`
+	State               string   `json:"state"`
+	HeartbeatAgeSeconds float64  `json:"heartbeat_age_seconds"`
+	LastClaimAgeSeconds *float64 `json:"last_claim_age_seconds"`
+	InFlight            int      `json:"in_flight"`
+	PollIntervalSeconds float64  `json:"poll_interval_seconds"`
+	// Reason says why a drainer is stalled or gated, in words.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Outbox is the relay's backlog.
+type Outbox struct {
+	Unpublished                 int64   `json:"unpublished"`
+	OldestUnpublishedAgeSeconds float64 `json:"oldest_unpublished_age_seconds"`
+}
+
+// Broker is this process's NATS connection.
+type Broker struct {
+	Connected bool `json:"connected"`
+}
+
+// Memcached is the gate store.
+type Memcached struct {
+	Reachable bool `json:"reachable"`
+}
+
+// ConfigRef is the runtime config version this process runs on.
+type ConfigRef struct {
+	Version int64 `json:"version"`
+	Stale   bool  `json:"stale"`
+}
+
+// Read reads the status. It fails only if the database cannot be read; an unreachable gate store
+// reads as "no gates" (the drainer fails open the same way).
+func (r *Reader) Read(ctx context.Context) (Status, error) {
+	var s Status
+	now, err := r.cfg.Clock.Now(ctx)
+	if err != nil {
+		return s, err
+	}
+	s.At = now
+	cfg, err := r.config(ctx, &s)
+	if err != nil {
+		return s, err
+	}
+	byTenant := map[string]*Tenant{}
+	tenant := func(t string) *Tenant {
+		if p, ok := byTenant[t]; ok {
+			return p
+		}
+		p := &Tenant{Tenant: t, Cap: cfg.TenantCap(t)}
+		byTenant[t] = p
+		return p
+	}
+	// The claim index (status, tenant, queued_at, id) serves both aggregates without touching rows.
+	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT tenant, COUNT(*), MIN(queued_at) FROM jobs
+		WHERE status = 'queued' GROUP BY tenant`)
+	if err != nil {
+		return s, fmt.Errorf("status: queued per tenant: %w", err)
+	}
+	var oldest time.Time
+	for rows.Next() {
+		var t string
+		var n int
+		var q time.Time
+		if err := rows.Scan(&t, &n, &q); err != nil {
+			rows.Close()
+			return s, fmt.Errorf("status: queued per tenant: %w", err)
+		}
+		p := tenant(t)
+		p.Depth, p.OldestAgeSeconds = n, age(now, q)
+		s.Queue.Depth += n
+		if oldest.IsZero() || q.Before(oldest) {
+			oldest = q
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return s, fmt.Errorf("status: queued per tenant: %w", err)
+	}
+	if !oldest.IsZero() {
+		s.Queue.OldestAgeSeconds = age(now, oldest)
+	}
+	if rows, err = r.cfg.DB.QueryContext(ctx, `SELECT tenant, COUNT(*) FROM jobs
+		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`); err != nil {
+		return s, fmt.Errorf("status: in flight per tenant: %w", err)
+	}
+	for rows.Next() {
+		var t string
+		var n int
+		if err := rows.Scan(&t, &n); err != nil {
+			rows.Close()
+			return s, fmt.Errorf("status: in flight per tenant: %w", err)
+		}
+		tenant(t).InFlight = n
+		s.InFlight += n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return s, fmt.Errorf("status: in flight per tenant: %w", err)
+	}
+	s.Tenants = make([]Tenant, 0, len(byTenant))
+	for _, p := range byTenant {
+		s.Tenants = append(s.Tenants, *p)
+	}
+	sort.Slice(s.Tenants, func(i, j int) bool {
+		a, b := s.Tenants[i], s.Tenants[j]
+		if a.Depth != b.Depth {
+			return a.Depth > b.Depth
+		}
+		if a.InFlight != b.InFlight {
+			return a.InFlight > b.InFlight
+		}
+		return a.Tenant < b.Tenant
+	})
+	gated, err := r.gates(ctx, now, &s)
+	if err != nil {
+		return s, err
+	}
+	elig, err := r.eligible(ctx, now, cfg, s, gated)
+	if err != nil {
+		return s, err
+	}
+	if err := r.drainers(ctx, now, cfg, &s, elig); err != nil {
+		return s, err
+	}
+	ob, err := outbox.ReadStats(ctx, r.cfg.DB, now)
+	if err != nil {
+		return s, fmt.Errorf("status: %w", err)
+	}
+	s.Outbox = Outbox{Unpublished: ob.Unpublished, OldestUnpublishedAgeSeconds: ob.OldestAgeSeconds}
+	local := r.Local(ctx)
+	s.Broker, s.Memcached = local.Broker, local.Memcached
+	if r.cfg.Limits != nil {
+		s.Config = local.Config
+	}
+	return s, nil
+}
+
+// Local returns what this process knows without the database: its broker connection, the gate
+// store's reachability and the config version it runs on (stale when its re-reads fail). The
+// metrics report these even while the database is down, which is when they matter.
+func (r *Reader) Local(ctx context.Context) Status {
+	var s Status
+	if r.cfg.BrokerConnected != nil {
+		s.Broker.Connected = r.cfg.BrokerConnected()
+	}
+	if r.cfg.MemcachedReachable != nil {
+		s.Memcached.Reachable = r.cfg.MemcachedReachable(ctx)
+	}
+	if r.cfg.Limits != nil {
+		s.Config = ConfigRef{Version: r.cfg.Limits.Current().Version, Stale: r.cfg.Limits.Stale()}
+	}
+	return s
+}
+
+// config returns the configuration the drainers claim under (the newest row: claims read it in
+// their own transaction) and fills s.Config with this process's view.
+func (r *Reader) config(ctx context.Context, s *Status) (limits.Config, error) {
+	v, err := limits.Load(ctx, r.cfg.DB)
+	if err != nil {
+		return limits.Config{}, fmt.Errorf("status: %w", err)
+	}
+	s.Config = ConfigRef{Version: v.Version}
+	return v.Config, nil
+}
+
+// maxRateKeys bounds the queued rate keys looked up in the gate store per read.
+const maxRateKeys = 10000
+
+// gates fills s.Gates with the gated keys among the rate keys of queued jobs and returns them.
+func (r *Reader) gates(ctx context.Context, now time.Time, s *Status) (map[string]time.Time, error) {
+	s.Gates = []Gate{}
+	if r.cfg.Gates == nil {
+		return nil, nil
+	}
+	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT rate_key_sha256, COUNT(*) FROM jobs
+		WHERE status = 'queued' AND rate_key_sha256 IS NOT NULL GROUP BY rate_key_sha256 LIMIT ?`, maxRateKeys)
+	if err != nil {
+		return nil, fmt.Errorf("status: queued rate keys: %w", err)
+	}
+	counts := map[string]int{}
+	var keys []string
+	for rows.Next() {
+		var k string
+		var n int
+		if err := rows.Scan(&k, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("status: queued rate keys: %w", err)
+		}
+		counts[k] = n
+		keys = append(keys, k)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("status: queued rate keys: %w", err)
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	nb, _ := r.cfg.Gates.NotBefore(ctx, keys) // fails open, like the drainer
+	gated := map[string]time.Time{}
+	for k, t := range nb {
+		if t.After(now) {
+			gated[k] = t
+			s.Gates = append(s.Gates, Gate{RateKeySHA256: k, NotBefore: t.UTC(), Queued: counts[k]})
+		}
+	}
+	sort.Slice(s.Gates, func(i, j int) bool { return s.Gates[i].RateKeySHA256 < s.Gates[j].RateKeySHA256 })
+	return gated, nil
+}
+
+// eligibility is what the drainer states are derived from.
+type eligibility struct {
+	// startable: some queued job could start now (key not gated, its not-before passed, its
+	// tenant below its cap) and the global cap has room.
+	startable bool
+	// since is when the oldest startable job became eligible (queued, or its not-before).
+	since time.Time
+	// ungated: some queued job is neither gated nor held by its own not-before.
+	ungated bool
+}
+
+// eligible inspects the heads of the deepest tenants' queues, the way a claim does.
+func (r *Reader) eligible(ctx context.Context, now time.Time, cfg limits.Config, s Status, gated map[string]time.Time) (eligibility, error) {
+	var e eligibility
+	var tenants []Tenant
+	for _, t := range s.Tenants {
+		if t.Depth > 0 {
+			tenants = append(tenants, t)
+		}
+		if len(tenants) >= r.cfg.MaxTenants {
+			break
+		}
+	}
+	if len(tenants) == 0 {
+		return e, nil
+	}
+	var q strings.Builder
+	args := make([]any, 0, 2*len(tenants))
+	for i, t := range tenants {
+		if i > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		// The claim index is forced, as in the drainer's own head read: without the hint MariaDB
+		// may pick another index and sort a tenant's whole backlog.
+		q.WriteString(`(SELECT tenant, rate_key_sha256, queued_at, not_before FROM jobs FORCE INDEX (claim)
+			WHERE status = 'queued' AND tenant = ? ORDER BY queued_at, id LIMIT ?)`)
+		args = append(args, t.Tenant, r.cfg.HeadsPerTenant)
+	}
+	rows, err := r.cfg.DB.QueryContext(ctx, q.String(), args...)
+	if err != nil {
+		return e, fmt.Errorf("status: queue heads: %w", err)
+	}
+	defer rows.Close()
+	inFlight := map[string]int{}
+	for _, t := range s.Tenants {
+		inFlight[t.Tenant] = t.InFlight
+	}
+	globalRoom := s.InFlight < cfg.GlobalInFlight
+	for rows.Next() {
+		var t string
+		var key sql.NullString
+		var queuedAt time.Time
+		var notBefore sql.NullTime
+		if err := rows.Scan(&t, &key, &queuedAt, &notBefore); err != nil {
+			return e, fmt.Errorf("status: queue heads: %w", err)
+		}
+		if key.Valid {
+			if _, ok := gated[key.String]; ok {
+				continue
+			}
+		}
+		if notBefore.Valid && notBefore.Time.After(now) {
+			continue
+		}
+		e.ungated = true
+		if !globalRoom || inFlight[t] >= cfg.TenantCap(t) {
+			continue
+		}
+		since := queuedAt
+		if notBefore.Valid && notBefore.Time.After(since) {
+			since = notBefore.Time
+		}
+		if !e.startable || since.Before(e.since) {
+			e.startable, e.since = true, since
+		}
+	}
+	return e, rows.Err()
+}
+
+// drainers fills s.Drainers, deriving each state at read time (SPEC §6).
+func (r *Reader) drainers(ctx context.Context, now time.Time, cfg limits.Config, s *Status, e eligibility) error {
+	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT id, host, pid, version, heartbeat_at, last_claim_at,
+		in_flight, poll_interval_ms, started_at FROM drainers
+		WHERE stopped_at IS NULL AND heartbeat_at > ? ORDER BY id`, now.Add(-r.cfg.GoneAfter))
+	if err != nil {
+		return fmt.Errorf("status: drainers: %w", err)
+	}
+	defer rows.Close()
+	type beat struct {
+		d         Drainer
+		heartbeat time.Time
+		lastClaim sql.NullTime
+		started   time.Time
+		poll      time.Duration
+	}
+	var beats []beat
+	var lastFleetClaim time.Time
+	for rows.Next() {
+		var b beat
+		var pollMS int64
+		if err := rows.Scan(&b.d.ID, &b.d.Host, &b.d.PID, &b.d.Version, &b.heartbeat, &b.lastClaim,
+			&b.d.InFlight, &pollMS, &b.started); err != nil {
+			return fmt.Errorf("status: drainers: %w", err)
+		}
+		b.poll = time.Duration(pollMS) * time.Millisecond
+		if b.poll <= 0 {
+			b.poll = time.Second
+		}
+		b.d.PollIntervalSeconds = b.poll.Seconds()
+		b.d.HeartbeatAgeSeconds = age(now, b.heartbeat)
+		if b.lastClaim.Valid {
+			a := age(now, b.lastClaim.Time)
+			b.d.LastClaimAgeSeconds = &a
+			if b.lastClaim.Time.After(lastFleetClaim) {
+				lastFleetClaim = b.lastClaim.Time
+			}
+		}
+		beats = append(beats, b)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("status: drainers: %w", err)
+	}
+	// The fleet is stuck when startable work has waited StallAfter since it became eligible and
+	// no drainer has claimed anything since then.
+	stuck := e.startable && now.Sub(e.since) >= r.cfg.StallAfter && now.Sub(lastFleetClaim) >= r.cfg.StallAfter
+	s.Drainers = make([]Drainer, 0, len(beats))
+	for _, b := range beats {
+		d := b.d
+		switch {
+		case now.Sub(b.heartbeat) > 3*b.poll:
+			d.State, d.Reason = Stalled, fmt.Sprintf("no heartbeat for %.1f s (3 poll periods are %.1f s)", d.HeartbeatAgeSeconds, 3*b.poll.Seconds())
+		case stuck && now.Sub(b.started) >= r.cfg.StallAfter:
+			d.State, d.Reason = Stalled, fmt.Sprintf("eligible work with free capacity has waited %.1f s unclaimed", now.Sub(e.since).Seconds())
+		case d.InFlight > 0 || (b.lastClaim.Valid && now.Sub(b.lastClaim.Time) <= b.poll):
+			d.State = Active
+		case s.Queue.Depth == 0:
+			d.State = Idle
+		case !e.ungated:
+			d.State, d.Reason = Gated, "every queued job's rate key is gated or its not-before is in the future"
+		case s.InFlight == 0 && !e.startable:
+			d.State, d.Reason = Gated, "queued work waits on caps that are 0 (paused)"
+		default:
+			d.State = Active // the queue waits for capacity that work in flight holds
+		}
+		s.Drainers = append(s.Drainers, d)
+	}
+	return nil
+}
+
+func age(now, t time.Time) float64 {
+	if a := now.Sub(t).Seconds(); a > 0 {
+		return a
+	}
+	return 0
+}

@@ -1,0 +1,219 @@
+package status_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/status"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// fakeGates is the gate store as status reads it: a fixed map of gated keys.
+type fakeGates map[string]time.Time
+
+func (g fakeGates) NotBefore(_ context.Context, hashes []string) (map[string]time.Time, error) {
+	out := map[string]time.Time{}
+	for _, h := range hashes {
+		if t, ok := g[h]; ok {
+			out[h] = t
+		}
+	}
+	return out, nil
+}
+
+type fixture struct {
+	t   *testing.T
+	db  *testdb.DB
+	now time.Time
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	return &fixture{t: t, db: testdb.New(t), now: clock.Trunc(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))}
+}
+
+func (f *fixture) exec(q string, args ...any) {
+	f.t.Helper()
+	if _, err := f.db.ExecContext(context.Background(), q, args...); err != nil {
+		f.t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// drainer writes a heartbeat row: last heartbeat hb before now, last claim lc before now (<0:
+// never), started an hour ago, poll period 1 s.
+func (f *fixture) drainer(id string, hb, lc time.Duration, inFlight int) {
+	var last any
+	if lc >= 0 {
+		last = f.now.Add(-lc)
+	}
+	f.exec(`INSERT INTO drainers (id, host, pid, version, started_at, heartbeat_at, last_poll_at, last_claim_at, in_flight, poll_interval_ms)
+		VALUES (?, 'h', 1, 'test', ?, ?, ?, ?, ?, 1000)`, id, f.now.Add(-time.Hour), f.now.Add(-hb), f.now.Add(-hb), last, inFlight)
+}
+
+// job inserts a job of tenant in status, queued age before now.
+func (f *fixture) job(tenant, status string, age time.Duration, rateKey any, notBefore any) {
+	// Every job's tenant has a row (admission writes it; a later schema enforces it).
+	f.exec(`INSERT INTO tenants (tenant, created_at) VALUES (?, ?) ON DUPLICATE KEY UPDATE tenant = tenant`, tenant, f.now)
+	f.exec(`INSERT INTO jobs (tenant, rate_key_sha256, status, queued_at, not_before) VALUES (?, ?, ?, ?, ?)`,
+		tenant, rateKey, status, f.now.Add(-age), notBefore)
+}
+
+func (f *fixture) read(gates status.Gates) status.Status {
+	f.t.Helper()
+	r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now), Gates: gates,
+		BrokerConnected: func() bool { return true }})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	s, err := r.Read(context.Background())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return s
+}
+
+func state(t *testing.T, s status.Status, id string) status.Drainer {
+	t.Helper()
+	for _, d := range s.Drainers {
+		if d.ID == id {
+			return d
+		}
+	}
+	t.Fatalf("drainer %s not in status %+v", id, s.Drainers)
+	return status.Drainer{}
+}
+
+const keyA = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+// TestDrainerStates derives each SPEC §6 state from database rows alone, at a fixed time.
+func TestDrainerStates(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		arrange func(f *fixture)
+		gates   status.Gates
+		want    string
+		reason  string
+	}{
+		{name: "idle: no queued work", want: status.Idle,
+			arrange: func(f *fixture) { f.drainer("d", 500*time.Millisecond, -1, 0) }},
+		{name: "stalled: no heartbeat for 3 poll periods", want: status.Stalled, reason: "no heartbeat",
+			arrange: func(f *fixture) { f.drainer("d", 3500*time.Millisecond, -1, 0) }},
+		{name: "not stalled at 2.9 poll periods", want: status.Idle,
+			arrange: func(f *fixture) { f.drainer("d", 2900*time.Millisecond, -1, 0) }},
+		{name: "active: work in flight", want: status.Active,
+			arrange: func(f *fixture) {
+				f.drainer("d", 200*time.Millisecond, 30*time.Second, 1)
+				f.job("acme", "running", time.Minute, nil, nil)
+			}},
+		{name: "active: claimed within the last poll period", want: status.Active,
+			arrange: func(f *fixture) { f.drainer("d", 200*time.Millisecond, 800*time.Millisecond, 0) }},
+		{name: "gated: every queued job's key is gated", want: status.Gated, gates: fakeGates{keyA: time.Date(2026, 3, 1, 13, 0, 0, 0, time.UTC)},
+			arrange: func(f *fixture) {
+				f.drainer("d", 200*time.Millisecond, time.Minute, 0)
+				f.job("acme", "queued", time.Minute, keyA, nil)
+				f.job("globex", "queued", time.Minute, keyA, nil)
+			}},
+		{name: "stalled: a gate that expired leaves eligible work unclaimed", want: status.Stalled, reason: "unclaimed",
+			gates: fakeGates{keyA: time.Date(2026, 3, 1, 11, 0, 0, 0, time.UTC)},
+			arrange: func(f *fixture) {
+				f.drainer("d", 200*time.Millisecond, time.Minute, 0)
+				f.job("acme", "queued", time.Minute, keyA, nil)
+			}},
+		{name: "gated: held by the job's own not-before", want: status.Gated,
+			arrange: func(f *fixture) {
+				f.drainer("d", 200*time.Millisecond, time.Minute, 0)
+				f.job("acme", "queued", time.Minute, nil, time.Date(2026, 3, 1, 12, 0, 30, 0, time.UTC))
+			}},
+		{name: "gated: dispatch paused (global_in_flight 0)", want: status.Gated, reason: "paused",
+			arrange: func(f *fixture) {
+				f.exec(`INSERT INTO config_versions (version, config, changed_by, changed_at) VALUES (1, '{"global_in_flight":0}', 't', ?)`, f.now)
+				f.drainer("d", 200*time.Millisecond, time.Minute, 0)
+				f.job("acme", "queued", time.Minute, nil, nil)
+			}},
+		{name: "stalled: eligible work with free capacity unclaimed for 5 s", want: status.Stalled, reason: "unclaimed",
+			arrange: func(f *fixture) {
+				f.drainer("d", 200*time.Millisecond, 10*time.Second, 0)
+				f.job("acme", "queued", 6*time.Second, nil, nil)
+			}},
+		{name: "not stalled: eligible for only 4 s", want: status.Active,
+			arrange: func(f *fixture) {
+				f.drainer("d", 200*time.Millisecond, 10*time.Second, 0)
+				f.job("acme", "queued", 4*time.Second, nil, nil)
+			}},
+		{name: "not stalled: a job eligible only since its not-before passed 2 s ago", want: status.Active,
+			arrange: func(f *fixture) {
+				f.drainer("d", 200*time.Millisecond, 10*time.Second, 0)
+				f.job("acme", "queued", time.Minute, nil, time.Date(2026, 3, 1, 11, 59, 58, 0, time.UTC))
+			}},
+		{name: "active: the queue waits for capacity held by another drainer", want: status.Active,
+			arrange: func(f *fixture) {
+				f.drainer("d", 200*time.Millisecond, time.Minute, 0)
+				f.job("acme", "running", time.Minute, nil, nil)
+				f.job("acme", "running", time.Minute, nil, nil)
+				f.job("acme", "queued", time.Minute, nil, nil)
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			tc.arrange(f)
+			d := state(t, f.read(tc.gates), "d")
+			if d.State != tc.want || !strings.Contains(d.Reason, tc.reason) {
+				t.Errorf("state %s (%s), want %s (reason containing %q)", d.State, d.Reason, tc.want, tc.reason)
+			}
+		})
+	}
+}
+
+// TestStatusFigures checks the queue, tenant, gate, outbox and drainer figures of one read.
+func TestStatusFigures(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.exec(`INSERT INTO config_versions (version, config, changed_by, changed_at) VALUES (3, '{"tenant_in_flight_overrides":{"globex":5}}', 't', ?)`, f.now)
+	f.job("acme", "queued", 90*time.Second, keyA, nil)
+	f.job("acme", "queued", 10*time.Second, nil, nil)
+	f.job("acme", "dispatched", 100*time.Second, nil, nil)
+	f.job("globex", "queued", 30*time.Second, nil, nil)
+	f.job("initech", "running", time.Second, nil, nil)
+	f.job("initech", "succeeded", time.Hour, nil, nil)
+	f.exec(`INSERT INTO outbox (subject, payload, created_at) VALUES ('s', 'p', ?), ('s', 'p', ?)`, f.now.Add(-7*time.Second), f.now.Add(-time.Second))
+	f.exec(`INSERT INTO outbox (subject, payload, created_at, published_at) VALUES ('s', 'p', ?, ?)`, f.now.Add(-time.Hour), f.now)
+	f.drainer("live", 100*time.Millisecond, 100*time.Millisecond, 2)
+	f.drainer("gone", time.Hour, -1, 0)
+	f.exec(`INSERT INTO drainers (id, host, pid, version, started_at, heartbeat_at, stopped_at) VALUES ('stopped', 'h', 2, 'v', ?, ?, ?)`, f.now, f.now, f.now)
+
+	s := f.read(fakeGates{keyA: f.now.Add(time.Minute)})
+	if s.Queue.Depth != 3 || s.Queue.OldestAgeSeconds != 90 || s.InFlight != 2 {
+		t.Errorf("queue %+v in flight %d, want depth 3, oldest 90 s, 2 in flight", s.Queue, s.InFlight)
+	}
+	want := []status.Tenant{
+		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2},
+		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5},
+		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2},
+	}
+	if len(s.Tenants) != len(want) {
+		t.Fatalf("tenants %+v, want %+v", s.Tenants, want)
+	}
+	for i := range want {
+		if s.Tenants[i] != want[i] {
+			t.Errorf("tenant %d = %+v, want %+v", i, s.Tenants[i], want[i])
+		}
+	}
+	if len(s.Gates) != 1 || s.Gates[0].RateKeySHA256 != keyA || s.Gates[0].Queued != 1 || !s.Gates[0].NotBefore.Equal(f.now.Add(time.Minute)) {
+		t.Errorf("gates %+v, want keyA gated for a minute with 1 queued", s.Gates)
+	}
+	if s.Outbox.Unpublished != 2 || s.Outbox.OldestUnpublishedAgeSeconds != 7 {
+		t.Errorf("outbox %+v, want 2 unpublished, oldest 7 s", s.Outbox)
+	}
+	if len(s.Drainers) != 1 || s.Drainers[0].ID != "live" || s.Drainers[0].State != status.Active || s.Drainers[0].InFlight != 2 {
+		t.Errorf("drainers %+v, want only 'live', active with 2 in flight (gone and stopped ones hidden)", s.Drainers)
+	}
+	if s.Config.Version != 3 || s.Config.Stale || !s.Broker.Connected || s.Memcached.Reachable {
+		t.Errorf("config %+v broker %+v memcached %+v", s.Config, s.Broker, s.Memcached)
+	}
+}
