@@ -318,13 +318,6 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	if len(chosen) == 0 {
 		return nil, false, nil
 	}
-	// A pass's clock reading may predate the admission of a job it found (the job committed
-	// while the pass was reading candidates): a dispatch never precedes its admission.
-	for _, c := range chosen {
-		if c.queuedAt.After(now) {
-			now = c.queuedAt
-		}
-	}
 	out, err := d.claimChosen(ctx, tx, now, cfg, chosen)
 	if err != nil || len(out) == 0 {
 		return nil, false, err
@@ -378,7 +371,21 @@ func (d *Drainer) claimChosen(ctx context.Context, tx *sql.Tx, now time.Time, cf
 	if d.cfg.UnconfirmedStarts {
 		started = now
 	}
-	args = append(args, now, now, started, now.Add(cfg.Lease()), d.cfg.ID, now.Add(cfg.NonceTTL()))
+	// A pass's clock reading may predate the admission of a job it found (the job committed
+	// while the pass was reading candidates), so the recorded claim and dispatch times are never
+	// earlier than the newest admission among the chosen: a dispatch never precedes its
+	// admission. Lease and nonce expiry count from the pass's own reading, which only makes them
+	// a little shorter.
+	stamp := now
+	for _, c := range chosen {
+		if c.queuedAt.After(stamp) {
+			stamp = c.queuedAt
+		}
+	}
+	if started != nil {
+		started = stamp
+	}
+	args = append(args, stamp, stamp, started, now.Add(cfg.Lease()), d.cfg.ID, now.Add(cfg.NonceTTL()))
 	for i, c := range chosen {
 		n, err := newNonce()
 		if err != nil {
@@ -425,7 +432,7 @@ func (d *Drainer) claimChosen(ctx context.Context, tx *sql.Tx, now time.Time, cf
 			k := c.rateKey.String
 			r.RateKeySHA256 = &k
 		}
-		r.DispatchedAt = &now
+		r.DispatchedAt = &stamp
 		out = append(out, claimed{row: r, nonce: nonces[i], wall: cfg.Wall(), budget: cfg.DispatchAttempts})
 	}
 	return out, nil

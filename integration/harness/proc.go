@@ -70,6 +70,7 @@ func (e *Env) StartDrainer(tb testing.TB, bin, id string) *Proc {
 		"SLUICE_EXECUTOR_URL="+e.ExecURL,
 		"SLUICE_EXECUTOR_SECRET="+Secret,
 		"SLUICE_DRAINER_ID="+id,
+		"SLUICE_LISTEN=127.0.0.1:0", // a drainer process serves /metrics and health checks too
 		"SLUICE_LOG_LEVEL=warn",
 		"SLUICE_SHUTDOWN_GRACE=5s",
 	)
