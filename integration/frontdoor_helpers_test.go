@@ -312,3 +312,11 @@ func jobID(t *testing.T, body map[string]any) int64 {
 	}
 	return int64(v)
 }
+
+func asErr(err error, target **client.Error) bool {
+	e, ok := err.(*client.Error)
+	if ok {
+		*target = e
+	}
+	return ok
+}
