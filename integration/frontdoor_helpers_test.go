@@ -120,7 +120,13 @@ func (l *logBuffer) lines(tb testing.TB, msg string) []map[string]any {
 
 func startFrontDoor(t *testing.T, o fdOptions) *frontDoor {
 	t.Helper()
-	f := &frontDoor{db: testdb.New(t), reg: prometheus.NewRegistry(), logs: &logBuffer{},
+	return startFrontDoorOn(t, &frontDoor{db: testdb.New(t)}, o)
+}
+
+// startFrontDoorOn starts another front door on the database of base.
+func startFrontDoorOn(t *testing.T, base *frontDoor, o fdOptions) *frontDoor {
+	t.Helper()
+	f := &frontDoor{db: base.db, reg: prometheus.NewRegistry(), logs: &logBuffer{},
 		now: &fakeNow{t: time.Now().UTC()}}
 	log := slog.New(slog.NewJSONHandler(io.MultiWriter(f.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	f.limits = limits.NewCache(f.db, log)
