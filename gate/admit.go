@@ -88,6 +88,7 @@ type Admitter struct {
 	cfg     Config
 	store   *store.Store
 	metrics *metrics
+	stmts   *stmtCache
 
 	logMu        sync.Mutex
 	lastFailOpen time.Time
@@ -121,7 +122,8 @@ func New(cfg Config) (*Admitter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, metrics: m}, nil
+	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, metrics: m,
+		stmts: newStmtCache(cfg.DB)}, nil
 }
 
 // Store returns the job store the Admitter writes transitions through.
@@ -444,7 +446,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 // lockTenants takes the row lock of every tenant in tenants (sorted, so that two batches lock
 // in the same order and cannot deadlock). Locking a tenant serialises that tenant's admissions,
 // which makes its depth cap and idempotent replay exact; other tenants are not blocked.
-func lockTenants(ctx context.Context, tx *sql.Tx, tenants []string) error {
+func lockTenants(ctx context.Context, tx txStmts, tenants []string) error {
 	var q strings.Builder
 	q.WriteString("INSERT INTO tenants (tenant, created_at) VALUES ")
 	args := make([]any, 0, len(tenants))
@@ -479,7 +481,8 @@ func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limi
 		}
 	}
 	sort.Strings(tenants)
-	if err := lockTenants(ctx, tx, tenants); err != nil {
+	ts := txStmts{c: a.stmts, tx: tx}
+	if err := lockTenants(ctx, ts, tenants); err != nil {
 		return nil, err
 	}
 	if len(items) == 1 {
@@ -490,7 +493,7 @@ func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limi
 		}
 		var keyedID, redrivenID sql.NullInt64
 		var depth, inFlight int
-		err := tx.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6),
+		err := ts.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6),
 			(SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND tenant = ?),
 			(SELECT COUNT(*) FROM jobs WHERE status IN `+inFlightStates+` AND tenant = ?),
 			(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g),
@@ -841,7 +844,7 @@ func (a *Admitter) insert(ctx context.Context, tx *sql.Tx, items []*item, st *st
 			args = append(args, it.req.Tenant, rateKey, payload, string(status), it.caller, idem, fp,
 				st.now, finished, code, msg, retryOf)
 		}
-		r, err := tx.ExecContext(ctx, q.String(), args...)
+		r, err := txStmts{c: a.stmts, tx: tx}.ExecContext(ctx, q.String(), args...)
 		if err != nil {
 			return fmt.Errorf("insert jobs: %w", err)
 		}
@@ -865,7 +868,7 @@ func (a *Admitter) insert(ctx context.Context, tx *sql.Tx, items []*item, st *st
 	}
 	for start := 0; start < len(msgs); start += insertChunk {
 		end := min(len(msgs), start+insertChunk)
-		ids, err := outbox.Write(ctx, tx, st.now, msgs[start:end]...)
+		ids, err := outbox.Write(ctx, txStmts{c: a.stmts, tx: tx}, st.now, msgs[start:end]...)
 		if err != nil {
 			return err
 		}

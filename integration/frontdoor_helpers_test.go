@@ -118,13 +118,13 @@ func (l *logBuffer) lines(tb testing.TB, msg string) []map[string]any {
 	return out
 }
 
-func startFrontDoor(t *testing.T, o fdOptions) *frontDoor {
+func startFrontDoor(t testing.TB, o fdOptions) *frontDoor {
 	t.Helper()
 	return startFrontDoorOn(t, &frontDoor{db: testdb.New(t)}, o)
 }
 
 // startFrontDoorOn starts another front door on the database of base.
-func startFrontDoorOn(t *testing.T, base *frontDoor, o fdOptions) *frontDoor {
+func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	t.Helper()
 	f := &frontDoor{db: base.db, reg: prometheus.NewRegistry(), logs: &logBuffer{},
 		now: &fakeNow{t: time.Now().UTC()}}
@@ -175,7 +175,7 @@ func startFrontDoorOn(t *testing.T, base *frontDoor, o fdOptions) *frontDoor {
 
 // setConfig writes a new runtime config version with changes applied and reloads it, as
 // PATCH /v1/config would.
-func (f *frontDoor) setConfig(t *testing.T, changes map[string]any) {
+func (f *frontDoor) setConfig(t testing.TB, changes map[string]any) {
 	t.Helper()
 	ctx := context.Background()
 	cur, err := limits.Load(ctx, f.db)
@@ -206,14 +206,14 @@ func (f *frontDoor) setConfig(t *testing.T, changes map[string]any) {
 }
 
 // do sends a raw request (body []byte or JSON-marshalled) with token.
-func (f *frontDoor) do(t *testing.T, method, path, token string, body any) harness.Response {
+func (f *frontDoor) do(t testing.TB, method, path, token string, body any) harness.Response {
 	t.Helper()
 	e := &harness.Env{URL: f.url, HTTP: &http.Client{Timeout: 30 * time.Second}}
 	return e.Do(t, method, path, token, body)
 }
 
 // rowCounts returns the rows in jobs, outbox and tenants: what "writes nothing" is checked on.
-func (f *frontDoor) rowCounts(t *testing.T) [3]int {
+func (f *frontDoor) rowCounts(t testing.TB) [3]int {
 	t.Helper()
 	var c [3]int
 	for i, table := range []string{"jobs", "outbox", "tenants"} {
@@ -225,7 +225,7 @@ func (f *frontDoor) rowCounts(t *testing.T) [3]int {
 }
 
 // fillQueued inserts n queued jobs of tenant directly (what earlier admissions would have left).
-func (f *frontDoor) fillQueued(t *testing.T, tenant string, n int, status string) {
+func (f *frontDoor) fillQueued(t testing.TB, tenant string, n int, status string) {
 	t.Helper()
 	for n > 0 {
 		k := min(n, 500)
@@ -242,7 +242,7 @@ func (f *frontDoor) fillQueued(t *testing.T, tenant string, n int, status string
 }
 
 // counter returns the value of a counter in f's registry with the given label value.
-func (f *frontDoor) counter(t *testing.T, name, label, value string) float64 {
+func (f *frontDoor) counter(t testing.TB, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := f.reg.Gather()
 	if err != nil {
@@ -278,7 +278,7 @@ func uniqueTenant(prefix string) string {
 }
 
 // startMemcached runs a private memcached on a free loopback port, stopped in t.Cleanup.
-func startMemcached(t *testing.T) (addr string, stop func()) {
+func startMemcached(t testing.TB) (addr string, stop func()) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -310,7 +310,7 @@ func startMemcached(t *testing.T) (addr string, stop func()) {
 	return addr, stop
 }
 
-func jobID(t *testing.T, body map[string]any) int64 {
+func jobID(t testing.TB, body map[string]any) int64 {
 	t.Helper()
 	v, ok := body["id"].(float64)
 	if !ok {

@@ -1,0 +1,186 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// benchTenants is the number of tenants admission benchmarks spread their jobs over (SPEC §14).
+const benchTenants = 16
+
+// BenchmarkAdmission measures single admissions over HTTP at 4 and 16 concurrent clients as a
+// ratio to the raw two-row transaction (INSERT job + INSERT outbox) against the same database at
+// the same concurrency in the same run (target ≥ 0.7), and batch admission in jobs/s (target
+// ≥ 50,000) beside the raw multi-row insert of the same rows. Each figure is one JSON line.
+// Run: go test -run '^$' -bench Admission -benchtime 1x ./integration/
+func BenchmarkAdmission(b *testing.B) {
+	f := startFrontDoor(b, fdOptions{})
+	ctx := context.Background()
+	for range b.N {
+		concs := []int{4, 16}
+		if os.Getenv("FD_BENCH_QUICK") != "" {
+			concs = []int{4}
+		}
+		for _, conc := range concs {
+			// Goroutine g admits for tenants g, g+conc, ...: no two clients contend for one tenant
+			// (admissions of one tenant serialise on its row lock). 120 jobs per tenant per round stays under the default depth caps (500 per tenant,
+			// 2,000 in all), so every admission takes the full enforce path and succeeds.
+			const perRound = 120 * benchTenants
+			var raw, api time.Duration
+			rounds := 3
+			if os.Getenv("FD_BENCH_QUICK") != "" {
+				rounds = 1
+			}
+			for round := 0; round < rounds; round++ {
+				truncate(b, f)
+				raw += timed(conc, perRound, func(g, n int) error { return rawAdmit(ctx, f, g+conc*(n%(benchTenants/conc))) })
+				truncate(b, f)
+				api += timed(conc, perRound, func(g, n int) error {
+					_, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: fmt.Sprintf("tenant-%02d", g+conc*(n%(benchTenants/conc))),
+						Payload: map[string]any{"n": n}})
+					return err
+				})
+			}
+			total := float64(rounds * perRound)
+			rawRate, apiRate := total/raw.Seconds(), total/api.Seconds()
+			harness.Emit("admission_single_http", map[string]any{"clients": conc, "jobs": int(total),
+				"jobs_per_s": round1(apiRate), "raw_tx_per_s": round1(rawRate), "ratio": round3(apiRate / rawRate), "target_ratio": 0.7})
+		}
+
+		if os.Getenv("FD_BENCH_QUICK") != "" {
+			continue
+		}
+		// Batch admission: 1,000 jobs per request over 16 tenants, 2 concurrent clients.
+		f.setConfig(b, map[string]any{"tenant_queue_depth": 1000000, "global_queue_depth": 1000000})
+		const batches, size, conc = 40, 1000, 2
+		reqs := make([]client.AdmitRequest, size)
+		for i := range reqs {
+			reqs[i] = client.AdmitRequest{Tenant: fmt.Sprintf("tenant-%02d", i%benchTenants), Payload: map[string]any{"n": i}}
+		}
+		truncate(b, f)
+		rawBatch := timed(conc, batches, func(g, n int) error { return rawBatchInsert(ctx, f, size) })
+		truncate(b, f)
+		apiBatch := timed(conc, batches, func(g, n int) error {
+			res, err := f.star.AdmitBatch(ctx, reqs)
+			if err == nil && res[size-1].Status != 202 {
+				err = fmt.Errorf("batch item refused: %+v", res[size-1])
+			}
+			return err
+		})
+		jobs := float64(batches * size)
+		harness.Emit("admission_batch_http", map[string]any{"clients": conc, "batch": size, "jobs": int(jobs),
+			"jobs_per_s": round1(jobs / apiBatch.Seconds()), "raw_rows_per_s": round1(jobs / rawBatch.Seconds()),
+			"ratio": round3(rawBatch.Seconds() / apiBatch.Seconds()), "target_jobs_per_s": 50000})
+		f.setConfig(b, map[string]any{"tenant_queue_depth": 500, "global_queue_depth": 2000})
+	}
+}
+
+// timed runs total calls of fn spread over conc goroutines (g is the goroutine, n the call) and
+// returns the wall time. A failing call panics: a benchmark of failures measures nothing.
+func timed(conc, total int, fn func(g, n int) error) time.Duration {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	start := time.Now()
+	for g := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n := int(next.Add(1)) - 1
+				if n >= total {
+					return
+				}
+				if err := fn(g, n); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	d := time.Since(start)
+	if err := firstErr.Load(); err != nil {
+		panic(fmt.Sprintf("benchmark call failed: %v", err))
+	}
+	return d
+}
+
+// rawAdmit is the floor admission is compared with: the same two rows in one transaction,
+// nothing else.
+func rawAdmit(ctx context.Context, f *frontDoor, tenant int) error {
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	name := fmt.Sprintf("tenant-%02d", tenant)
+	r, err := tx.ExecContext(ctx, `INSERT INTO jobs (tenant, payload, status, queued_at) VALUES (?, ?, 'queued', ?)`,
+		name, []byte(`{"n":1}`), now)
+	if err != nil {
+		return err
+	}
+	id, err := r.LastInsertId()
+	if err != nil {
+		return err
+	}
+	if _, err := outbox.Write(ctx, tx, now, outbox.PokeMessage("sluice", outbox.Enqueue, name, id)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// rawBatchInsert writes size job rows and size outbox rows in one transaction, in chunks of
+// 250 rows like admission does.
+func rawBatchInsert(ctx context.Context, f *frontDoor, size int) error {
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	for start := 0; start < size; start += 250 {
+		k := min(250, size-start)
+		q := "INSERT INTO jobs (tenant, payload, status, queued_at) VALUES "
+		args := make([]any, 0, 3*k)
+		msgs := make([]outbox.Message, 0, k)
+		for i := 0; i < k; i++ {
+			if i > 0 {
+				q += ","
+			}
+			q += "(?, ?, 'queued', ?)"
+			name := fmt.Sprintf("tenant-%02d", (start+i)%benchTenants)
+			args = append(args, name, []byte(`{"n":1}`), now)
+			msgs = append(msgs, outbox.PokeMessage("sluice", outbox.Enqueue, name, int64(start+i)))
+		}
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return err
+		}
+		if _, err := outbox.Write(ctx, tx, now, msgs...); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+func truncate(tb testing.TB, f *frontDoor) {
+	tb.Helper()
+	for _, q := range []string{"TRUNCATE TABLE jobs", "TRUNCATE TABLE outbox"} {
+		if _, err := f.db.ExecContext(context.Background(), q); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+func round1(v float64) float64 { return float64(int64(v*10+0.5)) / 10 }
+func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }
