@@ -143,7 +143,7 @@ func invalidUTF8Field(data []byte) error {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(data, &raw); err == nil {
 		for k, v := range raw {
-			if !utf8.Valid(v) && utf8.ValidString(k) {
+			if !utf8.Valid(v) && k != "" && utf8.ValidString(k) {
 				return job.Invalid(k, "%s is not valid UTF-8", k)
 			}
 		}
