@@ -39,6 +39,7 @@ Usage:
   sluice migrate [up|status] [flags]                   apply or list schema migrations
   sluice nats init [flags]                             create or update the JetStream stream
   sluice simexec [flags]                               run the simulated executor alone
+  sluice jobs list|show|cancel [flags]                 list, read or cancel jobs through the API
   sluice version                                       print the version
 
 Settings come from flags, SLUICE_* environment variables or a --config file, in that order.
@@ -68,6 +69,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = natsCmd(ctx, rest, stdout, stderr)
 	case "simexec":
 		err = simexecCmd(ctx, rest, stdout, stderr)
+	case "jobs":
+		err = jobsCmd(ctx, rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sluice", version)
 	case "help", "-h", "--help":
