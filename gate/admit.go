@@ -79,6 +79,10 @@ type Config struct {
 	// Now is the wall clock of rate-limit windows and gate instants (both live in memcached,
 	// which has no clock of its own). Default time.Now.
 	Now func() time.Time
+	// GlobalDepthRefresh is how long a counted global queued depth may stand in for a new
+	// count while it is well below the cap (see depthEstimate). Default 250 ms; negative counts
+	// on every admission.
+	GlobalDepthRefresh time.Duration
 	// Faults injects failures for tests. Default none.
 	Faults *Faults
 }
@@ -89,6 +93,7 @@ type Admitter struct {
 	store   *store.Store
 	metrics *metrics
 	stmts   *stmtCache
+	depth   depthEstimate
 
 	logMu        sync.Mutex
 	lastFailOpen time.Time
@@ -117,6 +122,9 @@ func New(cfg Config) (*Admitter, error) {
 	}
 	if cfg.Faults == nil {
 		cfg.Faults = &Faults{}
+	}
+	if cfg.GlobalDepthRefresh == 0 {
+		cfg.GlobalDepthRefresh = 250 * time.Millisecond
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -440,7 +448,9 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 		return nil, a.commitErr(ctx, err, live, reservations)
 	}
 	done = true
-	return a.finish(ctx, live, st), nil
+	rows = a.finish(ctx, live, st)
+	a.depth.admitted(len(rows))
+	return rows, nil
 }
 
 // lockTenants takes the row lock of every tenant in tenants (sorted, so that two batches lock
@@ -491,19 +501,39 @@ func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limi
 		if it.req.IdempotencyKey != nil {
 			key = *it.req.IdempotencyKey
 		}
+		// The global depth is counted exactly near the cap and for queue=false (whose
+		// Retry-After depends on it); far below the cap a recent count plus this process's
+		// admissions since stands in for it, because counting up to 2,000 index entries is
+		// most of an admission's cost (see depthEstimate).
+		immediate := it.req.Queue != nil && !*it.req.Queue
+		est, fresh := a.depth.estimate(a.cfg.Now(), a.cfg.GlobalDepthRefresh)
+		countGlobal := immediate || !fresh || est+depthMargin(cfg.GlobalQueueDepth) >= cfg.GlobalQueueDepth
+		globalSQL := "(SELECT ?)"
+		globalArg := any(est)
+		if countGlobal {
+			globalSQL = "(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g)"
+			globalArg = cfg.GlobalQueueDepth + 1
+		}
+		inFlightSQL := "(SELECT 0)"
+		if immediate {
+			inFlightSQL = "(SELECT COUNT(*) FROM jobs WHERE status IN " + inFlightStates + ")"
+		}
 		var keyedID, redrivenID sql.NullInt64
 		var depth, inFlight int
+		started := a.cfg.Now()
 		err := ts.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6),
 			(SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND tenant = ?),
 			(SELECT COUNT(*) FROM jobs WHERE status IN `+inFlightStates+` AND tenant = ?),
-			(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g),
-			(SELECT COUNT(*) FROM jobs WHERE status IN `+inFlightStates+`),
+			`+globalSQL+`, `+inFlightSQL+`,
 			(SELECT id FROM jobs WHERE tenant = ? AND idempotency_key = ?),
 			(SELECT MIN(id) FROM jobs WHERE retry_of = ?)`,
-			it.req.Tenant, it.req.Tenant, cfg.GlobalQueueDepth+1, it.req.Tenant, key, it.retryOf).
+			it.req.Tenant, it.req.Tenant, globalArg, it.req.Tenant, key, it.retryOf).
 			Scan(&st.now, &depth, &inFlight, &st.globalDepth, &st.globalInFlight, &keyedID, &redrivenID)
 		if err != nil {
 			return nil, fmt.Errorf("read admission state: %w", err)
+		}
+		if countGlobal {
+			a.depth.counted(started, st.globalDepth)
 		}
 		st.now = st.now.UTC()
 		st.tenantDepth[it.req.Tenant], st.tenantInFlight[it.req.Tenant] = depth, inFlight
@@ -529,6 +559,7 @@ func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limi
 		Scan(&st.now, &st.globalDepth, &st.globalInFlight); err != nil {
 		return nil, fmt.Errorf("read admission state: %w", err)
 	}
+	a.depth.counted(a.cfg.Now(), st.globalDepth)
 	st.now = st.now.UTC()
 	args := make([]any, len(tenants))
 	for i, t := range tenants {

@@ -31,26 +31,30 @@ func BenchmarkAdmission(b *testing.B) {
 			concs = []int{4}
 		}
 		for _, conc := range concs {
-			// Goroutine g admits for tenants g, g+conc, ...: no two clients contend for one tenant
-			// (admissions of one tenant serialise on its row lock). 120 jobs per tenant per round stays under the default depth caps (500 per tenant,
-			// 2,000 in all), so every admission takes the full enforce path and succeeds.
-			const perRound = 120 * benchTenants
-			var raw, api time.Duration
-			rounds := 3
+			// Raw and HTTP admissions alternate in chunks of 240, so that both see the same
+			// load on this shared machine. Goroutine g admits for tenants g, g+conc, ...: no
+			// two clients contend for one tenant (admissions of one tenant serialise on its row
+			// lock). The raw rows are written as succeeded, so the queue the admissions see grows
+			// from 0 to 1,920 (120 per tenant) in each pass, under the default depth caps, and
+			// every admission takes the full enforce path and succeeds.
+			const chunk, chunks = 240, 8
+			passes := 2
 			if os.Getenv("FD_BENCH_QUICK") != "" {
-				rounds = 1
+				passes = 1
 			}
-			for round := 0; round < rounds; round++ {
+			var raw, api time.Duration
+			for pass := 0; pass < passes; pass++ {
 				truncate(b, f)
-				raw += timed(conc, perRound, func(g, n int) error { return rawAdmit(ctx, f, g+conc*(n%(benchTenants/conc))) })
-				truncate(b, f)
-				api += timed(conc, perRound, func(g, n int) error {
-					_, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: fmt.Sprintf("tenant-%02d", g+conc*(n%(benchTenants/conc))),
-						Payload: map[string]any{"n": n}})
-					return err
-				})
+				for c := 0; c < chunks; c++ {
+					raw += timed(conc, chunk, func(g, n int) error { return rawAdmit(ctx, f, g+conc*(n%(benchTenants/conc))) })
+					api += timed(conc, chunk, func(g, n int) error {
+						_, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: fmt.Sprintf("tenant-%02d", g+conc*(n%(benchTenants/conc))),
+							Payload: map[string]any{"n": n}})
+						return err
+					})
+				}
 			}
-			total := float64(rounds * perRound)
+			total := float64(passes * chunks * chunk)
 			rawRate, apiRate := total/raw.Seconds(), total/api.Seconds()
 			harness.Emit("admission_single_http", map[string]any{"clients": conc, "jobs": int(total),
 				"jobs_per_s": round1(apiRate), "raw_tx_per_s": round1(rawRate), "ratio": round3(apiRate / rawRate), "target_ratio": 0.7})
@@ -116,7 +120,8 @@ func timed(conc, total int, fn func(g, n int) error) time.Duration {
 }
 
 // rawAdmit is the floor admission is compared with: the same two rows in one transaction,
-// nothing else.
+// nothing else. The job row is written as succeeded so that it does not count against the
+// depth caps of the admissions measured alongside.
 func rawAdmit(ctx context.Context, f *frontDoor, tenant int) error {
 	tx, err := f.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -125,7 +130,7 @@ func rawAdmit(ctx context.Context, f *frontDoor, tenant int) error {
 	defer tx.Rollback()
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	name := fmt.Sprintf("tenant-%02d", tenant)
-	r, err := tx.ExecContext(ctx, `INSERT INTO jobs (tenant, payload, status, queued_at) VALUES (?, ?, 'queued', ?)`,
+	r, err := tx.ExecContext(ctx, `INSERT INTO jobs (tenant, payload, status, queued_at) VALUES (?, ?, 'succeeded', ?)`,
 		name, []byte(`{"n":1}`), now)
 	if err != nil {
 		return err
