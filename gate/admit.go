@@ -929,6 +929,7 @@ func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbo
 		case it.scope != "":
 			a.metrics.depthRefused.WithLabelValues(it.scope).Inc()
 			a.cfg.Log.Warn("depth cap refused admission", "tenant", it.req.Tenant, "scope", it.scope, "job_id", it.id)
+			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Rejected, 0, st.now, string(job.CodeQueueFull))
 			it.err = depthError(it)
 		default:
 			it.res.Job.ID, it.res.Job.Tenant, it.res.Job.Status, it.res.Job.QueuedAt = it.id, it.req.Tenant, job.Queued, st.now
