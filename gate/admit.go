@@ -70,8 +70,9 @@ type Config struct {
 	// Registerer receives the admission metrics (sluice_jobs_admitted_total{outcome},
 	// sluice_depth_cap_refusals_total{scope}...). Default: none (the metrics are not exported).
 	Registerer prometheus.Registerer
-	// RateLimiter enforces admission_rate_per_minute. Default none: the limit is not enforced
-	// (and a warning is logged once when it is configured).
+	// RateLimiter enforces admission_rate_per_minute (a *ratelimit.Limiter; a nil one counts as
+	// none). Default none: the limit is not enforced (and a warning is logged once when it is
+	// configured).
 	RateLimiter RateLimiter
 	// Gates lets queue=false admissions refuse a gated rate key (scope rate_key). Default none:
 	// keys are treated as not gated.
@@ -122,6 +123,9 @@ func New(cfg Config) (*Admitter, error) {
 	}
 	if cfg.Faults == nil {
 		cfg.Faults = &Faults{}
+	}
+	if l, ok := cfg.RateLimiter.(*ratelimit.Limiter); ok && l == nil {
+		cfg.RateLimiter = nil // an interface holding a nil pointer is not "none"
 	}
 	if cfg.GlobalDepthRefresh == 0 {
 		cfg.GlobalDepthRefresh = 250 * time.Millisecond

@@ -227,6 +227,10 @@ func (f *frontDoor) rowCounts(t testing.TB) [3]int {
 // fillQueued inserts n queued jobs of tenant directly (what earlier admissions would have left).
 func (f *frontDoor) fillQueued(t testing.TB, tenant string, n int, status string) {
 	t.Helper()
+	// Every job's tenant has a row in tenants (admission writes it; the drainer relies on it).
+	if _, err := f.db.ExecContext(context.Background(), "INSERT IGNORE INTO tenants (tenant, created_at) VALUES (?, UTC_TIMESTAMP(6))", tenant); err != nil {
+		t.Fatal(err)
+	}
 	for n > 0 {
 		k := min(n, 500)
 		q := "INSERT INTO jobs (tenant, status, queued_at) VALUES " + strings.TrimSuffix(strings.Repeat("(?, ?, UTC_TIMESTAMP(6)),", k), ",")

@@ -20,9 +20,16 @@ import (
 
 // Config configures a Limiter. Field docs give the defaults.
 type Config struct {
-	// Client is the memcached client. Required. Its Timeout bounds every call (gomemcache's
-	// default is 100 ms); set MaxIdleConns to the expected admission concurrency.
+	// Client is the memcached client. Its Timeout bounds every call (gomemcache's default is
+	// 100 ms); set MaxIdleConns to the expected admission concurrency. Default: a client for
+	// Servers.
 	Client *memcache.Client
+	// Servers are the memcached servers (SLUICE_MEMCACHED) when Client is nil; one of the two
+	// is required.
+	Servers []string
+	// Timeout bounds each memcached call of a client built from Servers. Default 50 ms: the
+	// limiter fails open, so a slow memcached must not slow admissions down.
+	Timeout time.Duration
 	// Prefix starts every key. Default "sluice:admit:".
 	Prefix string
 	// Backoff is how long the limiter skips memcached after an error, so that a dead server
@@ -45,7 +52,15 @@ var ErrSkipped = errors.New("ratelimit: memcached recently failed; skipping it")
 // New returns a Limiter, or an "invalid config" error naming the field.
 func New(cfg Config) (*Limiter, error) {
 	if cfg.Client == nil {
-		return nil, errors.New("invalid config: Client: required")
+		if len(cfg.Servers) == 0 {
+			return nil, errors.New("invalid config: Client or Servers: required")
+		}
+		if cfg.Timeout <= 0 {
+			cfg.Timeout = 50 * time.Millisecond
+		}
+		cfg.Client = memcache.New(cfg.Servers...)
+		cfg.Client.Timeout = cfg.Timeout
+		cfg.Client.MaxIdleConns = 64
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = "sluice:admit:"
