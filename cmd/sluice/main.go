@@ -37,9 +37,9 @@ Usage:
   sluice serve [--api] [--relay] [--drainer] [flags]   run the API, relay and drainer (all by default)
   sluice dev [flags]                                   everything in one process with a simulated executor
   sluice migrate [up|status] [flags]                   apply or list schema migrations
+  sluice jobs list|show|cancel [flags]                 list, read or cancel jobs through the API
   sluice nats init [flags]                             create or update the JetStream stream
   sluice simexec [flags]                               run the simulated executor alone
-  sluice jobs list|show|cancel [flags]                 list, read or cancel jobs through the API
   sluice version                                       print the version
 
 Settings come from flags, SLUICE_* environment variables or a --config file, in that order.
@@ -65,12 +65,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = serve(ctx, rest, stdout, stderr, true)
 	case "migrate":
 		err = migrate(ctx, rest, stdout, stderr)
+	case "jobs":
+		err = jobsCmd(ctx, rest, stdout, stderr)
 	case "nats":
 		err = natsCmd(ctx, rest, stdout, stderr)
 	case "simexec":
 		err = simexecCmd(ctx, rest, stdout, stderr)
-	case "jobs":
-		err = jobsCmd(ctx, rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sluice", version)
 	case "help", "-h", "--help":
