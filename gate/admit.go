@@ -525,13 +525,24 @@ func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limi
 		var keyedID, redrivenID sql.NullInt64
 		var depth, inFlight int
 		started := a.cfg.Now()
+		// One scan of the tenant's (tenant, status) index range gives both its depth and its
+		// in-flight count; the lookups of an idempotency key or a redrive are only asked for
+		// when the request has one.
+		keySQL, redriveSQL := "(SELECT NULL)", "(SELECT NULL)"
+		args := []any{globalArg}
+		if key != nil {
+			keySQL = "(SELECT id FROM jobs WHERE tenant = ? AND idempotency_key = ?)"
+			args = append(args, it.req.Tenant, key)
+		}
+		if it.retryOf != nil {
+			redriveSQL = "(SELECT MIN(id) FROM jobs WHERE retry_of = ?)"
+			args = append(args, *it.retryOf)
+		}
+		args = append(args, it.req.Tenant)
 		err := ts.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6),
-			(SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND tenant = ?),
-			(SELECT COUNT(*) FROM jobs WHERE status IN `+inFlightStates+` AND tenant = ?),
-			`+globalSQL+`, `+inFlightSQL+`,
-			(SELECT id FROM jobs WHERE tenant = ? AND idempotency_key = ?),
-			(SELECT MIN(id) FROM jobs WHERE retry_of = ?)`,
-			it.req.Tenant, it.req.Tenant, globalArg, it.req.Tenant, key, it.retryOf).
+			COALESCE(SUM(status = 'queued'), 0), COALESCE(SUM(status <> 'queued'), 0),
+			`+globalSQL+`, `+inFlightSQL+`, `+keySQL+`, `+redriveSQL+`
+			FROM jobs WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`, args...).
 			Scan(&st.now, &depth, &inFlight, &st.globalDepth, &st.globalInFlight, &keyedID, &redrivenID)
 		if err != nil {
 			return nil, fmt.Errorf("read admission state: %w", err)
