@@ -496,6 +496,9 @@ func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limi
 	}
 	sort.Strings(tenants)
 	ts := txStmts{c: a.stmts, tx: tx}
+	// The lock is its own statement, before the reads: a locking read that also counted (in
+	// subqueries) would take its snapshot when it started, before it waited for the lock, and
+	// would miss what the previous holder committed (a racing duplicate key, a depth one short).
 	if err := lockTenants(ctx, ts, tenants); err != nil {
 		return nil, err
 	}
