@@ -85,6 +85,7 @@ func (l *Limiter) Key(tenant string, now time.Time) string {
 type Reservation struct {
 	l        *Limiter
 	key      string
+	at       time.Time // the reservation's clock reading, for the back-off of a failed refund
 	granted  int
 	refunded int
 	// RetryAfter is the number of seconds until the window that refused units resets (≥ 1).
@@ -112,7 +113,7 @@ func (r *Reservation) Refund(ctx context.Context, k int) {
 	}
 	r.refunded += k
 	if _, err := r.l.cfg.Client.Decrement(r.key, uint64(k)); err != nil {
-		r.l.failed()
+		r.l.failedAt(r.at)
 	}
 }
 
@@ -153,7 +154,7 @@ func (l *Limiter) Reserve(ctx context.Context, tenant string, n, limit int, now 
 			l.failedAt(now)
 		}
 	}
-	return &Reservation{l: l, key: key, granted: granted, RetryAfter: retry}, nil
+	return &Reservation{l: l, key: key, at: now, granted: granted, RetryAfter: retry}, nil
 }
 
 // Count returns the units currently charged to tenant in the minute containing now (0 when the
@@ -179,8 +180,6 @@ func trimSpace(b []byte) []byte {
 	}
 	return b
 }
-
-func (l *Limiter) failed() { l.failedAt(time.Now()) }
 
 func (l *Limiter) failedAt(now time.Time) {
 	l.mu.Lock()
