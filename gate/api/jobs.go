@@ -95,28 +95,10 @@ func (s *Server) admitBatch(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	var body struct {
-		Jobs []json.RawMessage `json:"jobs"`
-	}
-	if err := json.Unmarshal(data, &body); err != nil {
-		s.fail(w, r, gate.DecodeError(err))
+	reqs, decodeErrs, err := decodeBatch(data)
+	if err != nil {
+		s.fail(w, r, err)
 		return
-	}
-	switch {
-	case body.Jobs == nil:
-		s.fail(w, r, job.Invalid("jobs", "jobs is required: an array of admissions"))
-		return
-	case len(body.Jobs) == 0:
-		s.fail(w, r, job.Invalid("jobs", "jobs is empty"))
-		return
-	case len(body.Jobs) > gate.MaxBatch:
-		s.fail(w, r, job.Invalid("jobs", "a batch holds at most %d jobs, got %d", gate.MaxBatch, len(body.Jobs)))
-		return
-	}
-	reqs := make([]gate.Request, len(body.Jobs))
-	decodeErrs := make([]error, len(body.Jobs))
-	for i, raw := range body.Jobs {
-		reqs[i], decodeErrs[i] = gate.DecodeRequest(raw)
 	}
 	results, err := s.cfg.Admitter.AdmitBatch(r.Context(), c.Name, reqs, c.MayActFor, decodeErrs)
 	if err != nil {
@@ -139,6 +121,31 @@ func (s *Server) admitBatch(w http.ResponseWriter, r *http.Request) {
 		out[i] = it
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"results": out})
+}
+
+// decodeBatch decodes a batch body: an error for the envelope (the whole request is refused),
+// else one request per item and, in order, each item's own decoding error or nil.
+func decodeBatch(data []byte) ([]gate.Request, []error, error) {
+	var body struct {
+		Jobs []json.RawMessage `json:"jobs"`
+	}
+	if err := json.Unmarshal(data, &body); err != nil {
+		return nil, nil, gate.DecodeError(err)
+	}
+	switch {
+	case body.Jobs == nil:
+		return nil, nil, job.Invalid("jobs", "jobs is required: an array of admissions")
+	case len(body.Jobs) == 0:
+		return nil, nil, job.Invalid("jobs", "jobs is empty")
+	case len(body.Jobs) > gate.MaxBatch:
+		return nil, nil, job.Invalid("jobs", "a batch holds at most %d jobs, got %d", gate.MaxBatch, len(body.Jobs))
+	}
+	reqs := make([]gate.Request, len(body.Jobs))
+	errs := make([]error, len(body.Jobs))
+	for i, raw := range body.Jobs {
+		reqs[i], errs[i] = gate.DecodeRequest(raw)
+	}
+	return reqs, errs, nil
 }
 
 // encodeCursor and decodeCursor make the list cursor opaque: clients pass it back unchanged.
