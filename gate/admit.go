@@ -16,8 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
@@ -67,9 +65,10 @@ type Config struct {
 	// TxAttempts bounds retries of a transaction that hit a deadlock or lock wait timeout.
 	// Default 3.
 	TxAttempts int
-	// Registerer receives the admission metrics (sluice_jobs_admitted_total{outcome},
-	// sluice_depth_cap_refusals_total{scope}...). Default: none (the metrics are not exported).
-	Registerer prometheus.Registerer
+	// Metrics, if set, counts admissions and depth cap refusals.
+	Metrics *Metrics
+	// FailOpenMetrics, if set, counts rate-limiter and gate-lookup failures admission survived.
+	FailOpenMetrics *FailOpenMetrics
 	// RateLimiter enforces admission_rate_per_minute (a *ratelimit.Limiter; a nil one counts as
 	// none). Default none: the limit is not enforced (and a warning is logged once when it is
 	// configured).
@@ -90,11 +89,10 @@ type Config struct {
 
 // Admitter admits jobs. Safe for concurrent use.
 type Admitter struct {
-	cfg     Config
-	store   *store.Store
-	metrics *metrics
-	stmts   *stmtCache
-	depth   depthEstimate
+	cfg   Config
+	store *store.Store
+	stmts *stmtCache
+	depth depthEstimate
 
 	logMu        sync.Mutex
 	lastFailOpen time.Time
@@ -130,12 +128,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.GlobalDepthRefresh == 0 {
 		cfg.GlobalDepthRefresh = 250 * time.Millisecond
 	}
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, err
-	}
-	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, metrics: m,
-		stmts: newStmtCache(cfg.DB)}, nil
+	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, stmts: newStmtCache(cfg.DB)}, nil
 }
 
 // Store returns the job store the Admitter writes transitions through.
@@ -211,14 +204,14 @@ func (a *Admitter) Admit(ctx context.Context, caller string, req Request) (Resul
 	cfg := a.cfg.Limits.Current().Config
 	it := a.newItem(caller, req, cfg)
 	if it.invalid != nil {
-		a.count(it.invalid, Result{})
+		a.cfg.Metrics.observe(Result{}, it.invalid)
 		return Result{}, it.invalid
 	}
 	if err := a.run(ctx, []*item{it}, cfg); err != nil {
-		a.count(err, Result{})
+		a.cfg.Metrics.observe(Result{}, err)
 		return Result{}, err
 	}
-	a.count(it.err, it.res)
+	a.cfg.Metrics.observe(it.res, it.err)
 	return it.res, it.err
 }
 
@@ -244,7 +237,7 @@ func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request
 		}
 	}
 	if err := a.run(ctx, items, cfg); err != nil {
-		a.count(err, Result{})
+		a.cfg.Metrics.observe(Result{}, err)
 		return nil, err
 	}
 	out := make([]ItemResult, len(items))
@@ -254,7 +247,7 @@ func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request
 			err = it.invalid
 		}
 		out[i] = ItemResult{Result: it.res, Err: err}
-		a.count(err, it.res)
+		a.cfg.Metrics.observe(it.res, err)
 	}
 	return out, nil
 }
@@ -281,8 +274,10 @@ func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result
 		retryOf: &id, noRate: true, caller: old.Caller}
 	it.fp = it.req.fingerprint()
 	if err := a.run(ctx, []*item{it}, cfg); err != nil {
+		a.cfg.Metrics.observe(Result{}, err)
 		return Result{}, err
 	}
+	a.cfg.Metrics.observe(it.res, it.err)
 	return it.res, it.err
 }
 
@@ -298,20 +293,6 @@ func (a *Admitter) newItem(caller string, req Request, cfg limits.Config) *item 
 	}
 	it.fp = it.req.fingerprint()
 	return it
-}
-
-// count records one admission outcome in sluice_jobs_admitted_total.
-func (a *Admitter) count(err error, res Result) {
-	switch {
-	case err != nil:
-		a.metrics.admitted.WithLabelValues(string(job.ErrorCode(err))).Inc()
-	case res.Replayed:
-		a.metrics.admitted.WithLabelValues("replayed").Inc()
-	case res.Decision == ShadowRefused:
-		a.metrics.admitted.WithLabelValues("shadow_refused").Inc()
-	default:
-		a.metrics.admitted.WithLabelValues("admitted").Inc()
-	}
 }
 
 // run decides and writes items in one transaction, retried as a whole on deadlock.
@@ -355,7 +336,7 @@ func (a *Admitter) lookupGates(ctx context.Context, items []*item) {
 	defer cancel()
 	gated, err := a.cfg.Gates.NotBefore(gctx, hashes)
 	if err != nil {
-		a.metrics.gateErrs.Inc()
+		a.cfg.FailOpenMetrics.gateLookupFailed()
 		a.failOpen("rate gate lookup failed; treating keys as not gated", err)
 	}
 	now := a.cfg.Now()
@@ -721,7 +702,7 @@ func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Conf
 		r, err := a.cfg.RateLimiter.Reserve(rctx, t, len(its), limit, now)
 		cancel()
 		if err != nil {
-			a.metrics.limiterErrs.Inc()
+			a.cfg.FailOpenMetrics.limiterFailed()
 			a.failOpen("admission rate limiter unavailable; admitting without it (fail open)", err)
 			continue
 		}
@@ -945,7 +926,6 @@ func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbo
 			}
 		case !it.insert:
 		case it.scope != "":
-			a.metrics.depthRefused.WithLabelValues(it.scope).Inc()
 			a.cfg.Log.Warn("depth cap refused admission", "tenant", it.req.Tenant, "scope", it.scope, "job_id", it.id)
 			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Rejected, 0, st.now, string(job.CodeQueueFull))
 			it.err = depthError(it)

@@ -1,47 +1,63 @@
 package gate
 
 import (
-	"fmt"
+	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/gate/job"
 )
 
-// metrics are the admission collectors of SPEC §10.
-type metrics struct {
-	admitted     *prometheus.CounterVec
-	depthRefused *prometheus.CounterVec
-	limiterErrs  prometheus.Counter
-	gateErrs     prometheus.Counter
+// Metrics are admission's Prometheus collectors (SPEC §10).
+type Metrics struct {
+	// Admitted counts admission answers by outcome: admitted, replayed, shadow_refused, or the
+	// error_code of a refusal or failure (queue_full, capacity_exceeded, unavailable...).
+	Admitted *prometheus.CounterVec
+	// DepthCapRefusals counts queue_full refusals by scope (tenant, global): either cap firing
+	// is a defect signal for the operator (SPEC §5).
+	DepthCapRefusals *prometheus.CounterVec
 }
 
-// newMetrics builds the collectors and registers them on reg (nil: unregistered, still
-// counted, which keeps tests that build several Admitters simple).
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_jobs_admitted_total",
-			Help: "Admission attempts by outcome: admitted, shadow_refused (admitted although enforce mode would have refused), replayed (idempotent replay), or the refusal's error_code.",
-		}, []string{"outcome"}),
-		depthRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_depth_cap_refusals_total",
-			Help: "Admissions refused because a queued-depth cap was reached, by scope (tenant or global). Any increase is a defect signal.",
-		}, []string{"scope"}),
-		limiterErrs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_admission_rate_limiter_errors_total",
-			Help: "Admission rate-limit reservations that failed (memcached unreachable); admission failed open.",
-		}),
-		gateErrs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_admission_gate_lookup_errors_total",
-			Help: "Rate-gate lookups for queue=false admissions that failed; admission treated the key as not gated.",
-		}),
+// NewMetrics creates admission's collectors and registers them on reg. The label values an
+// alert rule names are created at zero, so the series exist before the first event.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Admitted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_admitted_total",
+			Help: "Admission answers, by outcome (admitted, replayed, shadow_refused or the error code)."}, []string{"outcome"}),
+		DepthCapRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_depth_cap_refusals_total",
+			Help: "Admissions refused with queue_full because a depth cap fired, by scope (tenant, global)."}, []string{"scope"}),
 	}
-	if reg == nil {
-		return m, nil
+	for _, o := range []string{"admitted", "replayed", string(job.CodeQueueFull), string(job.CodeUnavailable)} {
+		m.Admitted.WithLabelValues(o)
 	}
-	for _, c := range []prometheus.Collector{m.admitted, m.depthRefused, m.limiterErrs, m.gateErrs} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register admission metrics: %w", err)
+	m.DepthCapRefusals.WithLabelValues("tenant")
+	m.DepthCapRefusals.WithLabelValues("global")
+	reg.MustRegister(m.Admitted, m.DepthCapRefusals)
+	return m
+}
+
+// observe counts one admission's answer.
+func (m *Metrics) observe(res Result, err error) {
+	if m == nil {
+		return
+	}
+	if err != nil {
+		code := job.ErrorCode(err)
+		m.Admitted.WithLabelValues(string(code)).Inc()
+		var je *job.Error
+		if code == job.CodeQueueFull && errors.As(err, &je) {
+			if scope, ok := je.Detail["scope"].(string); ok {
+				m.DepthCapRefusals.WithLabelValues(scope).Inc()
+			}
 		}
+		return
 	}
-	return m, nil
+	switch {
+	case res.Replayed:
+		m.Admitted.WithLabelValues("replayed").Inc()
+	case res.Decision == ShadowRefused:
+		m.Admitted.WithLabelValues("shadow_refused").Inc()
+	default:
+		m.Admitted.WithLabelValues("admitted").Inc()
+	}
 }

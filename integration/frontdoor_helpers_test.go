@@ -130,21 +130,23 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 		now: &fakeNow{t: time.Now().UTC()}}
 	log := slog.New(slog.NewJSONHandler(io.MultiWriter(f.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	f.limits = limits.NewCache(f.db, log)
-	cfg := gate.Config{DB: f.db.DB, Limits: f.limits, Log: log, Registerer: f.reg, Faults: o.faults,
-		Gates: o.gates, Now: f.now.Now}
+	failOpen, err := gate.NewFailOpenMetrics(f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := gate.Config{DB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
+		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Now: f.now.Now}
 	if o.admitDB != nil {
 		cfg.DB = o.admitDB
 	}
 	if o.memcached != "" {
 		mc := memcache.New(o.memcached)
 		mc.MaxIdleConns = 64
-		var err error
 		if f.limiter, err = ratelimit.New(ratelimit.Config{Client: mc}); err != nil {
 			t.Fatal(err)
 		}
 		cfg.RateLimiter = f.limiter
 	}
-	var err error
 	if f.adm, err = gate.New(cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -225,7 +225,7 @@ func (a *App) goLoop(f func()) {
 
 func (a *App) startAPI(ctx context.Context) error {
 	adm, err := gate.New(gate.Config{DB: a.db, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
-		Published: a.fast.Submit, Registerer: a.registry})
+		Published: a.fast.Submit, Metrics: gate.NewMetrics(a.registry)})
 	if err != nil {
 		return err
 	}
