@@ -47,10 +47,10 @@ func BenchmarkAdmission(b *testing.B) {
 			const passes = 2
 			var raw, api time.Duration
 			for pass := 0; pass < passes; pass++ {
-				truncate(b, f)
+				truncateAdmissions(b, f)
 				for c := 0; c < chunks; c++ {
-					raw += timed(conc, chunk, func(g, n int) error { return rawAdmit(ctx, f, g+conc*(n%(benchTenants/conc))) })
-					api += timed(conc, chunk, func(g, n int) error {
+					raw += admissionTimed(conc, chunk, func(g, n int) error { return rawAdmit(ctx, f, g+conc*(n%(benchTenants/conc))) })
+					api += admissionTimed(conc, chunk, func(g, n int) error {
 						_, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: fmt.Sprintf("tenant-%02d", g+conc*(n%(benchTenants/conc))),
 							Payload: map[string]any{"n": n}})
 						return err
@@ -60,7 +60,7 @@ func BenchmarkAdmission(b *testing.B) {
 			total := float64(passes * chunks * chunk)
 			rawRate, apiRate := total/raw.Seconds(), total/api.Seconds()
 			harness.Emit("admission_single_http", map[string]any{"clients": conc, "jobs": int(total),
-				"jobs_per_s": round1(apiRate), "raw_tx_per_s": round1(rawRate), "ratio": round3(apiRate / rawRate), "target_ratio": 0.7})
+				"jobs_per_s": benchRound1(apiRate), "raw_tx_per_s": benchRound1(rawRate), "ratio": benchRound3(apiRate / rawRate), "target_ratio": 0.7})
 		}
 
 		if only == "single" {
@@ -76,10 +76,10 @@ func BenchmarkAdmission(b *testing.B) {
 		}
 		var rawBatch, apiBatch time.Duration
 		for r := 0; r < rounds; r++ {
-			truncate(b, f)
-			rawBatch += timed(conc, 2, func(g, n int) error { return rawBatchInsert(ctx, f, size) })
-			truncate(b, f)
-			apiBatch += timed(conc, 2, func(g, n int) error {
+			truncateAdmissions(b, f)
+			rawBatch += admissionTimed(conc, 2, func(g, n int) error { return rawBatchInsert(ctx, f, size) })
+			truncateAdmissions(b, f)
+			apiBatch += admissionTimed(conc, 2, func(g, n int) error {
 				res, err := f.star.AdmitBatch(ctx, reqs)
 				if err == nil && res[size-1].Status != 202 {
 					err = fmt.Errorf("batch item refused: %+v", res[size-1])
@@ -89,14 +89,14 @@ func BenchmarkAdmission(b *testing.B) {
 		}
 		jobs := float64(rounds * 2 * size)
 		harness.Emit("admission_batch_http", map[string]any{"clients": conc, "batch": size, "jobs": int(jobs),
-			"jobs_per_s": round1(jobs / apiBatch.Seconds()), "raw_rows_per_s": round1(jobs / rawBatch.Seconds()),
-			"ratio": round3(rawBatch.Seconds() / apiBatch.Seconds()), "target_jobs_per_s": 50000})
+			"jobs_per_s": benchRound1(jobs / apiBatch.Seconds()), "raw_rows_per_s": benchRound1(jobs / rawBatch.Seconds()),
+			"ratio": benchRound3(rawBatch.Seconds() / apiBatch.Seconds()), "target_jobs_per_s": 50000})
 	}
 }
 
-// timed runs total calls of fn spread over conc goroutines (g is the goroutine, n the call) and
+// admissionTimed runs total calls of fn spread over conc goroutines (g is the goroutine, n the call) and
 // returns the wall time. A failing call panics: a benchmark of failures measures nothing.
-func timed(conc, total int, fn func(g, n int) error) time.Duration {
+func admissionTimed(conc, total int, fn func(g, n int) error) time.Duration {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
@@ -184,7 +184,7 @@ func rawBatchInsert(ctx context.Context, f *frontDoor, size int) error {
 	return tx.Commit()
 }
 
-func truncate(tb testing.TB, f *frontDoor) {
+func truncateAdmissions(tb testing.TB, f *frontDoor) {
 	tb.Helper()
 	for _, q := range []string{"TRUNCATE TABLE jobs", "TRUNCATE TABLE outbox"} {
 		if _, err := f.db.ExecContext(context.Background(), q); err != nil {
@@ -193,5 +193,5 @@ func truncate(tb testing.TB, f *frontDoor) {
 	}
 }
 
-func round1(v float64) float64 { return float64(int64(v*10+0.5)) / 10 }
-func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }
+func benchRound1(v float64) float64 { return float64(int64(v*10+0.5)) / 10 }
+func benchRound3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }
