@@ -1,7 +1,7 @@
 // Package gate is sluice's front door and policy: admission (validation, idempotent replay,
-// depth caps, immediate-or-refuse), reading and cancelling jobs, and the executor-facing start
-// and completion calls. Its HTTP face is gate/api; the runtime limits it enforces are in
-// gate/limits.
+// the admission rate limit with refund, depth caps, immediate-or-refuse, the rollout mode),
+// batch admission and redrive, reading, listing and cancelling jobs. Its HTTP face is gate/api;
+// the runtime limits it enforces are in gate/limits, the rate-limit counters in gate/ratelimit.
 package gate
 
 import (
@@ -11,15 +11,45 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/ratelimit"
 	"github.com/sluicehq/sluice/outbox"
 )
 
-// Config configures an Admitter.
+// RateLimiter is the admission rate limit's counter store (gate/ratelimit over memcached). An
+// error means "unknown": admission fails open.
+type RateLimiter interface {
+	// Reserve takes up to n units of tenant's budget of limit per minute at now.
+	Reserve(ctx context.Context, tenant string, n, limit int, now time.Time) (*ratelimit.Reservation, error)
+}
+
+// GateLookup reads rate gates (SPEC §5), for queue=false admissions. Implementations fail open:
+// an error makes admission treat the keys as not gated.
+type GateLookup interface {
+	// NotBefore returns the gate instant of each gated key among hashes.
+	NotBefore(ctx context.Context, hashes []string) (map[string]time.Time, error)
+}
+
+// Faults are deterministic fault-injection points for tests. A nil *Faults and nil fields do
+// nothing; production code never sets them.
+type Faults struct {
+	// AfterReserve runs after the rate-limit reservation; an error aborts the admission there.
+	AfterReserve func(ctx context.Context) error
+	// AfterInsert runs after the job rows were inserted, before COMMIT.
+	AfterInsert func(ctx context.Context) error
+	// Commit replaces tx.Commit: it may commit or roll back and then report any error, which
+	// is how a test makes a COMMIT's outcome unknown.
+	Commit func(ctx context.Context, tx *sql.Tx) error
+}
+
+// Config configures an Admitter. Field docs give the defaults.
 type Config struct {
 	// DB is the sluice database. Required.
 	DB *sql.DB
@@ -37,12 +67,36 @@ type Config struct {
 	TxAttempts int
 	// Metrics, if set, counts admissions and depth cap refusals.
 	Metrics *Metrics
+	// FailOpenMetrics, if set, counts rate-limiter and gate-lookup failures admission survived.
+	FailOpenMetrics *FailOpenMetrics
+	// RateLimiter enforces admission_rate_per_minute (a *ratelimit.Limiter; a nil one counts as
+	// none). Default none: the limit is not enforced (and a warning is logged once when it is
+	// configured).
+	RateLimiter RateLimiter
+	// Gates lets queue=false admissions refuse a gated rate key (scope rate_key). Default none:
+	// keys are treated as not gated.
+	Gates GateLookup
+	// Now is the wall clock of rate-limit windows and gate instants (both live in memcached,
+	// which has no clock of its own). Default time.Now.
+	Now func() time.Time
+	// GlobalDepthRefresh is how long a counted global queued depth may stand in for a new
+	// count while it is well below the cap (see depthEstimate). Default 250 ms; negative counts
+	// on every admission.
+	GlobalDepthRefresh time.Duration
+	// Faults injects failures for tests. Default none.
+	Faults *Faults
 }
 
 // Admitter admits jobs. Safe for concurrent use.
 type Admitter struct {
 	cfg   Config
 	store *store.Store
+	stmts *stmtCache
+	depth depthEstimate
+
+	logMu        sync.Mutex
+	lastFailOpen time.Time
+	warnedNoRL   bool
 }
 
 // New returns an Admitter, or an "invalid config" error naming the field.
@@ -62,7 +116,19 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.TxAttempts <= 0 {
 		cfg.TxAttempts = 3
 	}
-	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}}, nil
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Faults == nil {
+		cfg.Faults = &Faults{}
+	}
+	if l, ok := cfg.RateLimiter.(*ratelimit.Limiter); ok && l == nil {
+		cfg.RateLimiter = nil // an interface holding a nil pointer is not "none"
+	}
+	if cfg.GlobalDepthRefresh == 0 {
+		cfg.GlobalDepthRefresh = 250 * time.Millisecond
+	}
+	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, stmts: newStmtCache(cfg.DB)}, nil
 }
 
 // Store returns the job store the Admitter writes transitions through.
@@ -89,236 +155,794 @@ type Result struct {
 	InFlight int
 }
 
-// Admit admits req for caller. It returns a Result, or a *job.Error: invalid_request,
-// payload_too_large, forbidden, idempotency_conflict, queue_full (with a rejected row's id),
-// capacity_exceeded, unavailable or outcome_unknown. Nothing is written for a refusal except a
-// queue_full's rejected row.
-func (a *Admitter) Admit(ctx context.Context, caller string, req Request) (Result, error) {
-	res, err := a.admit(ctx, caller, req)
-	a.cfg.Metrics.observe(res, err)
-	return res, err
+// ItemResult is one batch item's outcome: a Result, or Err (a *job.Error for refusals).
+type ItemResult struct {
+	Result
+	Err error
 }
 
-func (a *Admitter) admit(ctx context.Context, caller string, req Request) (Result, error) {
+// MaxBatch is the most jobs one batch may admit (SPEC §6).
+const MaxBatch = 1000
+
+// item is one admission being decided. The fields below "decided" are reset by every
+// transaction attempt.
+type item struct {
+	req      Request
+	invalid  error   // validation or scope failure, decided before any transaction
+	hash     *string // rate key SHA-256 hex
+	fp       []byte
+	retryOf  *int64 // a redrive
+	noRate   bool   // exempt from the admission rate limit (redrive: an operator's action)
+	caller   string
+	gatedFor int // seconds the rate key stays gated (queue=false), 0 if not gated
+
+	// decided
+	res      Result
+	err      error
+	insert   bool
+	scope    string // depth cap that refused it: a rejected row
+	reserved bool   // holds one unit of its tenant's rate reservation
+	dupOf    *item  // an earlier item of the same batch with the same idempotency key
+	id       int64
+	outboxID int64
+}
+
+func (it *item) reset() {
+	it.res, it.err, it.insert, it.scope, it.reserved, it.dupOf, it.id, it.outboxID =
+		Result{}, nil, false, "", false, nil, 0, 0
+}
+
+func (it *item) pending() bool {
+	return it.invalid == nil && it.err == nil && !it.insert && !it.res.Replayed && it.dupOf == nil
+}
+
+// Admit admits req for caller. It returns a Result, or a *job.Error: invalid_request,
+// payload_too_large, forbidden, idempotency_conflict, rate_limited, queue_full (with a rejected
+// row's id), capacity_exceeded, unavailable or outcome_unknown. Nothing is written for a refusal
+// except a queue_full's rejected row.
+func (a *Admitter) Admit(ctx context.Context, caller string, req Request) (Result, error) {
 	cfg := a.cfg.Limits.Current().Config
-	if err := req.Validate(cfg.MaxPayloadBytes); err != nil {
+	it := a.newItem(caller, req, cfg)
+	if it.invalid != nil {
+		a.cfg.Metrics.observe(Result{}, it.invalid)
+		return Result{}, it.invalid
+	}
+	if err := a.run(ctx, []*item{it}, cfg); err != nil {
+		a.cfg.Metrics.observe(Result{}, err)
 		return Result{}, err
 	}
-	var res Result
+	a.cfg.Metrics.observe(it.res, it.err)
+	return it.res, it.err
+}
+
+// AdmitBatch admits reqs for caller in one transaction and returns one result per request, in
+// order, each decided by the same rules as Admit (a later item sees the earlier ones' effect on
+// depths). mayActFor, if set, refuses items of other tenants with forbidden. pre, if not nil,
+// holds one error per request found while decoding it: such an item fails with that error. The
+// error is for the whole batch (invalid_request, unavailable, outcome_unknown, internal): then
+// no result is given.
+func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request, mayActFor func(tenant string) bool, pre []error) ([]ItemResult, error) {
+	if len(reqs) > MaxBatch {
+		return nil, job.Invalid("jobs", "a batch holds at most %d jobs, got %d", MaxBatch, len(reqs))
+	}
+	cfg := a.cfg.Limits.Current().Config
+	items := make([]*item, len(reqs))
+	for i, r := range reqs {
+		items[i] = a.newItem(caller, r, cfg)
+		if i < len(pre) && pre[i] != nil {
+			items[i].invalid = pre[i]
+		}
+		if items[i].invalid == nil && mayActFor != nil && !mayActFor(r.Tenant) {
+			items[i].invalid = job.Errorf(job.CodeForbidden, "this token may not act for that tenant")
+		}
+	}
+	if err := a.run(ctx, items, cfg); err != nil {
+		a.cfg.Metrics.observe(Result{}, err)
+		return nil, err
+	}
+	out := make([]ItemResult, len(items))
+	for i, it := range items {
+		err := it.err
+		if it.invalid != nil {
+			err = it.invalid
+		}
+		out[i] = ItemResult{Result: it.res, Err: err}
+		a.cfg.Metrics.observe(it.res, err)
+	}
+	return out, nil
+}
+
+// Redrive admits a new job with the tenant, rate key and payload of job id, which must be lost
+// or failed, with retry_of = id (SPEC §4). Redriving a job again returns the job its first
+// redrive created, with Replayed set. Depth caps apply; the admission rate limit does not (an
+// operator's action). Errors: store.ErrNotFound, not_redrivable, queue_full, unavailable,
+// outcome_unknown.
+func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result, error) {
+	old, err := store.Get(ctx, a.cfg.DB, id, false)
+	if err != nil {
+		if connectionLost(err) {
+			return Result{}, unavailable(err)
+		}
+		return Result{}, err
+	}
+	if old.Status != job.Lost && old.Status != job.Failed {
+		return Result{}, &job.Error{Code: job.CodeNotRedrivable, Message: "only a lost or failed job can be redriven",
+			Detail: map[string]any{"status": old.Status}}
+	}
+	cfg := a.cfg.Limits.Current().Config
+	it := &item{req: Request{Tenant: old.Tenant, Payload: old.Payload}, hash: old.RateKeySHA256,
+		retryOf: &id, noRate: true, caller: old.Caller}
+	it.fp = it.req.fingerprint()
+	if err := a.run(ctx, []*item{it}, cfg); err != nil {
+		a.cfg.Metrics.observe(Result{}, err)
+		return Result{}, err
+	}
+	a.cfg.Metrics.observe(it.res, it.err)
+	return it.res, it.err
+}
+
+func (a *Admitter) newItem(caller string, req Request, cfg limits.Config) *item {
+	it := &item{req: req, caller: caller}
+	if err := it.req.Validate(cfg.MaxPayloadBytes); err != nil {
+		it.invalid = err
+		return it
+	}
+	if it.req.RateKey != nil {
+		h := RateKeyHash(*it.req.RateKey)
+		it.hash = &h
+	}
+	it.fp = it.req.fingerprint()
+	return it
+}
+
+// run decides and writes items in one transaction, retried as a whole on deadlock.
+func (a *Admitter) run(ctx context.Context, items []*item, cfg limits.Config) error {
+	if cfg.AdmissionMode != limits.ModeOff {
+		a.lookupGates(ctx, items)
+	}
 	var rows []outbox.Row
 	var err error
 	for attempt := 1; ; attempt++ {
-		res, rows, err = a.admitTx(ctx, caller, &req, cfg)
+		rows, err = a.attempt(ctx, items, cfg)
 		if err == nil || !retryable(err) || attempt >= a.cfg.TxAttempts {
 			break
 		}
 	}
 	if err != nil {
-		return res, err
+		return err
 	}
 	if len(rows) > 0 && a.cfg.Published != nil {
 		a.cfg.Published(rows)
 	}
-	return res, nil
+	return nil
 }
 
-type counts struct {
+// lookupGates reads, before the transaction, the gates of queue=false items' rate keys: a
+// memcached round trip must not be made while holding a tenant's lock.
+func (a *Admitter) lookupGates(ctx context.Context, items []*item) {
+	if a.cfg.Gates == nil {
+		return
+	}
+	var hashes []string
+	for _, it := range items {
+		if it.invalid == nil && it.hash != nil && it.req.Queue != nil && !*it.req.Queue {
+			hashes = append(hashes, *it.hash)
+		}
+	}
+	if len(hashes) == 0 {
+		return
+	}
+	gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	gated, err := a.cfg.Gates.NotBefore(gctx, hashes)
+	if err != nil {
+		a.cfg.FailOpenMetrics.gateLookupFailed()
+		a.failOpen("rate gate lookup failed; treating keys as not gated", err)
+	}
+	now := a.cfg.Now()
+	for _, it := range items {
+		if it.invalid != nil || it.hash == nil || it.req.Queue == nil || *it.req.Queue {
+			continue
+		}
+		if nb, ok := gated[*it.hash]; ok && nb.After(now) {
+			it.gatedFor = int((nb.Sub(now) + time.Second - 1) / time.Second)
+		}
+	}
+}
+
+// failOpen logs a limiter-side failure at most once per 15 s (SPEC §5: fails open, counts it,
+// logs sparingly).
+func (a *Admitter) failOpen(msg string, err error) {
+	a.logMu.Lock()
+	now := time.Now()
+	if now.Sub(a.lastFailOpen) < 15*time.Second {
+		a.logMu.Unlock()
+		return
+	}
+	a.lastFailOpen = now
+	a.logMu.Unlock()
+	a.cfg.Log.Warn(msg, "error", err)
+}
+
+// state is what one admission transaction reads under its tenants' locks.
+type state struct {
 	now            time.Time
-	tenantDepth    int
+	tenantDepth    map[string]int
+	tenantInFlight map[string]int
 	globalDepth    int
-	tenantInFlight int
+	globalInFlight int
+	keyed          map[string]*store.Row // by tenant+"\x00"+idempotency key
+	redriven       map[int64]*store.Row  // retry_of → the job an earlier redrive created
 }
 
-func (a *Admitter) admitTx(ctx context.Context, caller string, req *Request, cfg limits.Config) (res Result, rows []outbox.Row, err error) {
+func keyOf(tenant, key string) string { return tenant + "\x00" + key }
+
+func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config) (rows []outbox.Row, err error) {
+	var live []*item
+	for _, it := range items {
+		it.reset()
+		if it.invalid == nil {
+			live = append(live, it)
+		}
+	}
+	if len(live) == 0 {
+		return nil, nil
+	}
 	tx, err := a.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {
-		return res, nil, unavailable(err)
+		return nil, unavailable(err)
 	}
-	committed := false
+	reservations := map[string]*ratelimit.Reservation{}
+	done := false
 	defer func() {
-		if !committed {
+		if !done {
 			_ = tx.Rollback()
+			for _, r := range reservations {
+				r.Refund(ctx, r.Granted())
+			}
 		}
 	}()
-	// Locking the tenant's row serialises this tenant's admissions, which makes its depth cap
-	// and idempotent replay exact; other tenants are not blocked.
-	if _, err := tx.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES (?, UTC_TIMESTAMP(6))
-		ON DUPLICATE KEY UPDATE tenant = tenant`, req.Tenant); err != nil {
-		return res, nil, a.txErr(err)
+	st, err := a.read(ctx, tx, live, cfg)
+	if err != nil {
+		return nil, a.txErr(err)
 	}
-	if req.IdempotencyKey != nil {
-		existing, err := a.findKeyed(ctx, tx, req.Tenant, *req.IdempotencyKey)
-		if err != nil {
-			return res, nil, a.txErr(err)
-		}
-		if existing != nil {
-			return a.replay(ctx, tx, caller, req, *existing)
+	if err := a.replays(ctx, tx, live, st); err != nil {
+		return nil, a.txErr(err)
+	}
+	a.rateLimit(ctx, live, cfg, st, reservations)
+	if f := a.cfg.Faults.AfterReserve; f != nil {
+		if err := f(ctx); err != nil {
+			return nil, a.txErr(err)
 		}
 	}
-	c, err := a.count(ctx, tx, req.Tenant, cfg)
-	if err != nil {
-		return res, nil, a.txErr(err)
+	a.decide(live, cfg, st, reservations)
+	if err := a.insert(ctx, tx, live, st); err != nil {
+		return nil, a.txErr(err)
 	}
-	res.Limit = cfg.TenantCap(req.Tenant)
-	res.InFlight = c.tenantInFlight
-	scope := ""
-	switch {
-	case cfg.AdmissionMode == limits.ModeOff:
-	case c.tenantDepth >= cfg.TenantQueueDepth:
-		scope = "tenant"
-	case c.globalDepth >= cfg.GlobalQueueDepth:
-		scope = "global"
-	}
-	switch {
-	case cfg.AdmissionMode == limits.ModeOff:
-	case scope != "" && cfg.AdmissionMode == limits.ModeEnforce:
-		res.Decision = Refused
-		return a.reject(ctx, tx, &committed, caller, req, c, scope)
-	case scope != "":
-		res.Decision = ShadowRefused
-		a.cfg.Log.Warn("depth cap would refuse admission (shadow mode)", "tenant", req.Tenant, "scope", scope)
-	default:
-		res.Decision = Admitted
-	}
-	if req.Queue != nil && !*req.Queue && cfg.AdmissionMode != limits.ModeOff {
-		if err := immediate(cfg, req.Tenant, c); err != nil {
-			if cfg.AdmissionMode == limits.ModeEnforce {
-				return res, nil, err
-			}
-			res.Decision = ShadowRefused
+	if f := a.cfg.Faults.AfterInsert; f != nil {
+		if err := f(ctx); err != nil {
+			return nil, a.txErr(err)
 		}
 	}
-	var rateKey any
-	if req.RateKey != nil {
-		rateKey = RateKeyHash(*req.RateKey)
+	commit := func() error { return tx.Commit() }
+	if f := a.cfg.Faults.Commit; f != nil {
+		commit = func() error { return f(ctx, tx) }
 	}
-	var idem any
-	if req.IdempotencyKey != nil {
-		idem = *req.IdempotencyKey
+	if err := commit(); err != nil {
+		done = true // the transaction is over either way
+		return nil, a.commitErr(ctx, err, live, reservations)
 	}
-	var payload any
-	if len(req.Payload) > 0 {
-		payload = []byte(req.Payload)
-	}
-	r, err := tx.ExecContext(ctx, `INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller,
-		idempotency_key, request_sha256, queued_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)`,
-		req.Tenant, rateKey, payload, caller, idem, req.fingerprint(), c.now)
-	if err != nil {
-		return res, nil, a.txErr(err)
-	}
-	id, err := r.LastInsertId()
-	if err != nil {
-		return res, nil, a.txErr(err)
-	}
-	msg := outbox.PokeMessage(a.cfg.Prefix, outbox.Enqueue, req.Tenant, id)
-	ids, err := outbox.Write(ctx, tx, c.now, msg)
-	if err != nil {
-		return res, nil, a.txErr(err)
-	}
-	if err := tx.Commit(); err != nil {
-		committed = true // the transaction is over either way
-		return res, nil, a.commitErr(ctx, err, req, id)
-	}
-	committed = true
-	pos := int64(c.tenantDepth + 1)
-	res.Job = job.Job{ID: id, Tenant: req.Tenant, Status: job.Queued, QueuedAt: c.now, Position: &pos}
-	if rateKey != nil {
-		h := rateKey.(string)
-		res.Job.RateKeySHA256 = &h
-	}
-	a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: id, Tenant: req.Tenant, QueuedAt: c.now, Status: "admitted"}}, job.Queued, 0, c.now, "")
-	return res, []outbox.Row{{ID: ids[0], Subject: msg.Subject, Payload: msg.Payload, CreatedAt: c.now}}, nil
+	done = true
+	rows = a.finish(ctx, live, st)
+	a.depth.admitted(len(rows))
+	return rows, nil
 }
 
-// count reads, under the tenant's lock, the database clock and the depths and in-flight count
-// admission decides on. Depth counts stop at the cap, so their cost is bounded by it.
-func (a *Admitter) count(ctx context.Context, tx *sql.Tx, tenant string, cfg limits.Config) (counts, error) {
-	var c counts
-	err := tx.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6),
-		(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' AND tenant = ? LIMIT ?) d),
-		(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g),
-		(SELECT COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') AND tenant = ?)`,
-		tenant, cfg.TenantQueueDepth+1, cfg.GlobalQueueDepth+1, tenant).
-		Scan(&c.now, &c.tenantDepth, &c.globalDepth, &c.tenantInFlight)
-	if err != nil {
-		return c, fmt.Errorf("read admission counts: %w", err)
+// lockTenants takes the row lock of every tenant in tenants (sorted, so that two batches lock
+// in the same order and cannot deadlock). Locking a tenant serialises that tenant's admissions,
+// which makes its depth cap and idempotent replay exact; other tenants are not blocked.
+func lockTenants(ctx context.Context, tx txStmts, tenants []string) error {
+	var q strings.Builder
+	q.WriteString("INSERT INTO tenants (tenant, created_at) VALUES ")
+	args := make([]any, 0, len(tenants))
+	for i, t := range tenants {
+		if i > 0 {
+			q.WriteString(",")
+		}
+		q.WriteString("(?, UTC_TIMESTAMP(6))")
+		args = append(args, t)
 	}
-	c.now = c.now.UTC()
-	return c, nil
-}
-
-// immediate decides a queue=false admission (SPEC §5): admitted only if the job could be
-// claimed now.
-func immediate(cfg limits.Config, tenant string, c counts) error {
-	tenantCap := cfg.TenantCap(tenant)
-	refuse := func(scope string, retryAfter int, paused bool) error {
-		return &job.Error{Code: job.CodeCapacityExceeded, Message: "no capacity to start the job now",
-			Detail: map[string]any{"scope": scope, "retry_after": retryAfter, "paused": paused}}
-	}
-	switch {
-	case tenantCap == 0:
-		return refuse("tenant", 120, true)
-	case cfg.GlobalInFlight == 0:
-		return refuse("global", 120, true)
-	case c.tenantDepth > 0 || c.tenantInFlight >= tenantCap:
-		return refuse("tenant", min(30, 5*(c.tenantDepth+1)), false)
+	q.WriteString(" ON DUPLICATE KEY UPDATE tenant = tenant")
+	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+		return fmt.Errorf("lock tenants: %w", err)
 	}
 	return nil
 }
 
-func (a *Admitter) reject(ctx context.Context, tx *sql.Tx, committed *bool, caller string, req *Request, c counts, scope string) (Result, []outbox.Row, error) {
-	var rateKey any
-	if req.RateKey != nil {
-		rateKey = RateKeyHash(*req.RateKey)
+const inFlightStates = "('claimed','dispatched','running')"
+
+// read locks the items' tenants and reads the database clock, the depths, in-flight counts and
+// idempotency keys the decisions need. A single admission does it in two statements; the
+// global depth count stops at the cap, so its cost is bounded by the cap.
+func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limits.Config) (*state, error) {
+	st := &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{},
+		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
+	seen := map[string]bool{}
+	var tenants []string
+	for _, it := range items {
+		if !seen[it.req.Tenant] {
+			seen[it.req.Tenant] = true
+			tenants = append(tenants, it.req.Tenant)
+		}
 	}
-	// A rejected row does not consume the idempotency key: the caller may retry with it.
-	r, err := tx.ExecContext(ctx, `INSERT INTO jobs (tenant, rate_key_sha256, status, caller, queued_at,
-		finished_at, error_code, error_message) VALUES (?, ?, 'rejected', ?, ?, ?, 'queue_full', ?)`,
-		req.Tenant, rateKey, caller, c.now, c.now, "queue full ("+scope+" depth cap)")
+	sort.Strings(tenants)
+	ts := txStmts{c: a.stmts, tx: tx}
+	// The lock is its own statement, before the reads: a locking read that also counted (in
+	// subqueries) would take its snapshot when it started, before it waited for the lock, and
+	// would miss what the previous holder committed (a racing duplicate key, a depth one short).
+	if err := lockTenants(ctx, ts, tenants); err != nil {
+		return nil, err
+	}
+	if len(items) == 1 {
+		it := items[0]
+		var key any
+		if it.req.IdempotencyKey != nil {
+			key = *it.req.IdempotencyKey
+		}
+		// The global depth is counted exactly near the cap and for queue=false (whose
+		// Retry-After depends on it); far below the cap a recent count plus this process's
+		// admissions since stands in for it, because counting up to 2,000 index entries is
+		// most of an admission's cost (see depthEstimate).
+		immediate := it.req.Queue != nil && !*it.req.Queue
+		est, fresh := a.depth.estimate(a.cfg.Now(), a.cfg.GlobalDepthRefresh)
+		countGlobal := immediate || !fresh || est+depthMargin(cfg.GlobalQueueDepth) >= cfg.GlobalQueueDepth
+		globalSQL := "(SELECT ?)"
+		globalArg := any(est)
+		if countGlobal {
+			globalSQL = "(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g)"
+			globalArg = cfg.GlobalQueueDepth + 1
+		}
+		inFlightSQL := "(SELECT 0)"
+		if immediate {
+			inFlightSQL = "(SELECT COUNT(*) FROM jobs WHERE status IN " + inFlightStates + ")"
+		}
+		var keyedID, redrivenID sql.NullInt64
+		var depth, inFlight int
+		started := a.cfg.Now()
+		// One scan of the tenant's (tenant, status) index range gives both its depth and its
+		// in-flight count; the lookups of an idempotency key or a redrive are only asked for
+		// when the request has one.
+		keySQL, redriveSQL := "(SELECT NULL)", "(SELECT NULL)"
+		args := []any{globalArg}
+		if key != nil {
+			keySQL = "(SELECT id FROM jobs WHERE tenant = ? AND idempotency_key = ?)"
+			args = append(args, it.req.Tenant, key)
+		}
+		if it.retryOf != nil {
+			redriveSQL = "(SELECT MIN(id) FROM jobs WHERE retry_of = ?)"
+			args = append(args, *it.retryOf)
+		}
+		args = append(args, it.req.Tenant)
+		err := ts.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6),
+			COALESCE(SUM(status = 'queued'), 0), COALESCE(SUM(status <> 'queued'), 0),
+			`+globalSQL+`, `+inFlightSQL+`, `+keySQL+`, `+redriveSQL+`
+			FROM jobs WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`, args...).
+			Scan(&st.now, &depth, &inFlight, &st.globalDepth, &st.globalInFlight, &keyedID, &redrivenID)
+		if err != nil {
+			return nil, fmt.Errorf("read admission state: %w", err)
+		}
+		if countGlobal {
+			a.depth.counted(started, st.globalDepth)
+		}
+		st.now = st.now.UTC()
+		st.tenantDepth[it.req.Tenant], st.tenantInFlight[it.req.Tenant] = depth, inFlight
+		if keyedID.Valid {
+			r, err := store.Get(ctx, tx, keyedID.Int64, false)
+			if err != nil {
+				return nil, err
+			}
+			st.keyed[keyOf(it.req.Tenant, *it.req.IdempotencyKey)] = &r
+		}
+		if redrivenID.Valid {
+			r, err := store.Get(ctx, tx, redrivenID.Int64, false)
+			if err != nil {
+				return nil, err
+			}
+			st.redriven[*it.retryOf] = &r
+		}
+		return st, nil
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6),
+		(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g),
+		(SELECT COUNT(*) FROM jobs WHERE status IN `+inFlightStates+`)`, cfg.GlobalQueueDepth+1).
+		Scan(&st.now, &st.globalDepth, &st.globalInFlight); err != nil {
+		return nil, fmt.Errorf("read admission state: %w", err)
+	}
+	a.depth.counted(a.cfg.Now(), st.globalDepth)
+	st.now = st.now.UTC()
+	args := make([]any, len(tenants))
+	for i, t := range tenants {
+		args[i] = t
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT tenant, status = 'queued', COUNT(*) FROM jobs
+		WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+placeholders(len(tenants))+`)
+		GROUP BY tenant, status = 'queued'`, args...)
 	if err != nil {
-		return Result{}, nil, a.txErr(err)
+		return nil, fmt.Errorf("read tenant depths: %w", err)
 	}
-	id, err := r.LastInsertId()
-	if err != nil {
-		return Result{}, nil, a.txErr(err)
+	for rows.Next() {
+		var t string
+		var queued bool
+		var n int
+		if err := rows.Scan(&t, &queued, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read tenant depths: %w", err)
+		}
+		if queued {
+			st.tenantDepth[t] = n
+		} else {
+			st.tenantInFlight[t] = n
+		}
 	}
-	if err := tx.Commit(); err != nil {
-		*committed = true
-		return Result{}, nil, a.txErr(err)
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read tenant depths: %w", err)
 	}
-	*committed = true
-	a.cfg.Log.Warn("depth cap refused admission", "tenant", req.Tenant, "scope", scope, "job_id", id)
-	return Result{Decision: Refused}, nil, &job.Error{Code: job.CodeQueueFull,
-		Message: "the " + scope + " queue is full",
-		Detail:  map[string]any{"scope": scope, "id": id, "retry_after": 30}}
+	var keys []any
+	for _, it := range items {
+		if it.req.IdempotencyKey != nil {
+			keys = append(keys, *it.req.IdempotencyKey)
+		}
+	}
+	if len(keys) > 0 {
+		rows, err := tx.QueryContext(ctx, "SELECT "+store.Columns+` FROM jobs WHERE tenant IN (`+
+			placeholders(len(tenants))+`) AND idempotency_key IN (`+placeholders(len(keys))+`)`,
+			append(args, keys...)...)
+		if err != nil {
+			return nil, fmt.Errorf("read idempotency keys: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			r, err := store.ScanRow(rows)
+			if err != nil {
+				return nil, fmt.Errorf("read idempotency keys: %w", err)
+			}
+			st.keyed[keyOf(r.Tenant, *r.IdempotencyKey)] = &r
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("read idempotency keys: %w", err)
+		}
+	}
+	return st, nil
 }
 
-func (a *Admitter) findKeyed(ctx context.Context, tx *sql.Tx, tenant, key string) (*store.Row, error) {
-	r, err := store.ScanRow(tx.QueryRowContext(ctx, "SELECT "+store.Columns+
-		" FROM jobs WHERE tenant = ? AND idempotency_key = ?", tenant, key))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
+// replays decides the items whose idempotency key already names a job (or an earlier item of
+// the same batch), and redrives already done.
+func (a *Admitter) replays(ctx context.Context, tx *sql.Tx, items []*item, st *state) error {
+	inBatch := map[string]*item{}
+	for _, it := range items {
+		if it.retryOf != nil {
+			if r, ok := st.redriven[*it.retryOf]; ok {
+				j, err := a.withPosition(ctx, tx, r.Job)
+				if err != nil {
+					return err
+				}
+				it.res = Result{Job: j, Replayed: true}
+			}
+			continue
+		}
+		if it.req.IdempotencyKey == nil {
+			continue
+		}
+		k := keyOf(it.req.Tenant, *it.req.IdempotencyKey)
+		if r, ok := st.keyed[k]; ok {
+			switch {
+			case r.Caller != it.caller:
+				it.err = job.Errorf(job.CodeForbidden, "the idempotency key belongs to another caller")
+			case !bytes.Equal(r.RequestSHA256, it.fp):
+				it.err = &job.Error{Code: job.CodeIdempotencyConflict,
+					Message: "the idempotency key was used with a different request",
+					Detail:  map[string]any{"id": r.ID}}
+			default:
+				j, err := a.withPosition(ctx, tx, r.Job)
+				if err != nil {
+					return err
+				}
+				it.res = Result{Job: j, Replayed: true}
+			}
+			continue
+		}
+		if first, ok := inBatch[k]; ok {
+			if first.caller != it.caller || !bytes.Equal(first.fp, it.fp) {
+				it.err = &job.Error{Code: job.CodeIdempotencyConflict,
+					Message: "the idempotency key was used with a different request earlier in this batch"}
+			} else {
+				it.dupOf = first
+			}
+			continue
+		}
+		inBatch[k] = it
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read idempotency key: %w", err)
-	}
-	return &r, nil
+	return nil
 }
 
-func (a *Admitter) replay(ctx context.Context, tx *sql.Tx, caller string, req *Request, r store.Row) (Result, []outbox.Row, error) {
-	if r.Caller != caller {
-		return Result{}, nil, job.Errorf(job.CodeForbidden, "the idempotency key belongs to another caller")
+// rateLimit reserves one unit per pending item of each tenant (SPEC §5: charged only for
+// admissions that commit; the units of items that end up not admitted are refunded). Items
+// beyond the budget are refused with rate_limited, or, in shadow mode, admitted and marked.
+func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Config, st *state, res map[string]*ratelimit.Reservation) {
+	limit := cfg.AdmissionRatePerMinute
+	if limit <= 0 || cfg.AdmissionMode == limits.ModeOff {
+		return
 	}
-	if !bytes.Equal(r.RequestSHA256, req.fingerprint()) {
-		return Result{}, nil, &job.Error{Code: job.CodeIdempotencyConflict,
-			Message: "the idempotency key was used with a different request",
-			Detail:  map[string]any{"id": r.ID}}
+	if a.cfg.RateLimiter == nil {
+		a.logMu.Lock()
+		warn := !a.warnedNoRL
+		a.warnedNoRL = true
+		a.logMu.Unlock()
+		if warn {
+			a.cfg.Log.Warn("admission_rate_per_minute is set but this process has no rate limiter (memcached); not enforced")
+		}
+		return
 	}
-	j, err := a.withPosition(ctx, tx, r.Job)
-	if err != nil {
-		return Result{}, nil, a.txErr(err)
+	byTenant := map[string][]*item{}
+	var order []string
+	for _, it := range items {
+		if !it.pending() || it.noRate {
+			continue
+		}
+		if _, ok := byTenant[it.req.Tenant]; !ok {
+			order = append(order, it.req.Tenant)
+		}
+		byTenant[it.req.Tenant] = append(byTenant[it.req.Tenant], it)
 	}
-	return Result{Job: j, Replayed: true}, nil, nil
+	now := a.cfg.Now()
+	for _, t := range order {
+		its := byTenant[t]
+		rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		r, err := a.cfg.RateLimiter.Reserve(rctx, t, len(its), limit, now)
+		cancel()
+		if err != nil {
+			a.cfg.FailOpenMetrics.limiterFailed()
+			a.failOpen("admission rate limiter unavailable; admitting without it (fail open)", err)
+			continue
+		}
+		res[t] = r
+		for i, it := range its {
+			if i < r.Granted() {
+				it.reserved = true
+				continue
+			}
+			if cfg.AdmissionMode == limits.ModeEnforce {
+				it.err = &job.Error{Code: job.CodeRateLimited, Message: "the tenant's admission rate limit is spent",
+					Detail: map[string]any{"retry_after": r.RetryAfter, "limit_per_minute": limit}}
+				it.res = Result{Decision: Refused, Limit: cfg.TenantCap(t), InFlight: st.tenantInFlight[t]}
+			} else {
+				it.res.Decision = ShadowRefused
+				a.cfg.Log.Warn("admission rate limit would refuse (shadow mode)", "tenant", t)
+			}
+		}
+	}
+}
+
+// decide applies the depth caps and immediate-or-refuse to the pending items, in order.
+func (a *Admitter) decide(items []*item, cfg limits.Config, st *state, res map[string]*ratelimit.Reservation) {
+	refund := func(it *item) {
+		if it.reserved {
+			it.reserved = false
+			res[it.req.Tenant].Refund(context.Background(), 1)
+		}
+	}
+	off := cfg.AdmissionMode == limits.ModeOff
+	for _, it := range items {
+		if !it.pending() {
+			continue
+		}
+		t := it.req.Tenant
+		it.res.Limit, it.res.InFlight = cfg.TenantCap(t), st.tenantInFlight[t]
+		shadow := it.res.Decision == ShadowRefused
+		scope := ""
+		switch {
+		case off:
+		case st.tenantDepth[t] >= cfg.TenantQueueDepth:
+			scope = "tenant"
+		case st.globalDepth >= cfg.GlobalQueueDepth:
+			scope = "global"
+		}
+		if scope != "" {
+			if cfg.AdmissionMode == limits.ModeEnforce {
+				it.scope, it.insert = scope, true
+				it.res.Decision = Refused
+				refund(it)
+				continue
+			}
+			shadow = true
+			a.cfg.Log.Warn("depth cap would refuse admission (shadow mode)", "tenant", t, "scope", scope)
+		}
+		if !off && it.req.Queue != nil && !*it.req.Queue {
+			if err := immediate(cfg, t, st, it.gatedFor); err != nil {
+				if cfg.AdmissionMode == limits.ModeEnforce {
+					it.err = err
+					it.res.Decision = Refused
+					refund(it)
+					continue
+				}
+				shadow = true
+				a.cfg.Log.Warn("immediate-or-refuse would refuse admission (shadow mode)", "tenant", t)
+			}
+		}
+		switch {
+		case off:
+			it.res.Decision = ""
+		case shadow:
+			it.res.Decision = ShadowRefused
+		default:
+			it.res.Decision = Admitted
+		}
+		it.insert = true
+		st.tenantDepth[t]++
+		st.globalDepth++
+		pos := int64(st.tenantDepth[t])
+		it.res.Job.Position = &pos
+	}
+}
+
+// immediate decides a queue=false admission (SPEC §5): admitted only if the job could be
+// claimed now. Of several reasons to refuse, the one with the longest wait is reported: 120 s
+// while a cap is 0 (paused), the remaining gate time for a gated key, else
+// min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the fullest scope.
+func immediate(cfg limits.Config, tenant string, st *state, gatedFor int) error {
+	type reason struct {
+		scope  string
+		after  int
+		paused bool
+	}
+	var reasons []reason
+	tenantCap := cfg.TenantCap(tenant)
+	if tenantCap == 0 {
+		reasons = append(reasons, reason{"tenant", 120, true})
+	}
+	if cfg.GlobalInFlight == 0 {
+		reasons = append(reasons, reason{"global", 120, true})
+	}
+	if gatedFor > 0 {
+		reasons = append(reasons, reason{"rate_key", gatedFor, false})
+	}
+	if d := st.tenantDepth[tenant]; d > 0 || st.tenantInFlight[tenant] >= tenantCap {
+		reasons = append(reasons, reason{"tenant", min(30, 5*(d+1)), false})
+	}
+	if st.globalInFlight >= cfg.GlobalInFlight {
+		reasons = append(reasons, reason{"global", min(30, 5*(st.globalDepth+1)), false})
+	}
+	if len(reasons) == 0 {
+		return nil
+	}
+	worst := reasons[0]
+	for _, r := range reasons[1:] {
+		if r.after > worst.after {
+			worst = r
+		}
+	}
+	return &job.Error{Code: job.CodeCapacityExceeded, Message: "no capacity to start the job now",
+		Detail: map[string]any{"scope": worst.scope, "retry_after": worst.after, "paused": worst.paused}}
+}
+
+// insertChunk bounds the rows of one INSERT, well under max_allowed_packet for any payloads a
+// batch body may carry.
+const insertChunk = 250
+
+// insert writes the rows of the items to insert (queued and rejected) and the enqueue pokes of
+// the queued ones.
+func (a *Admitter) insert(ctx context.Context, tx *sql.Tx, items []*item, st *state) error {
+	var ins []*item
+	for _, it := range items {
+		if it.insert {
+			ins = append(ins, it)
+		}
+	}
+	for start := 0; start < len(ins); start += insertChunk {
+		chunk := ins[start:min(len(ins), start+insertChunk)]
+		var q strings.Builder
+		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
+			request_sha256, queued_at, finished_at, error_code, error_message, retry_of) VALUES `)
+		args := make([]any, 0, 12*len(chunk))
+		for i, it := range chunk {
+			if i > 0 {
+				q.WriteString(",")
+			}
+			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?)")
+			var rateKey, payload, idem, fp, finished, code, msg, retryOf any
+			if it.hash != nil {
+				rateKey = *it.hash
+			}
+			if it.retryOf != nil {
+				retryOf = *it.retryOf
+			}
+			status := job.Queued
+			if it.scope != "" {
+				// A rejected row does not consume the idempotency key (the caller may retry
+				// with it) and keeps no payload.
+				status, finished, code = job.Rejected, st.now, string(job.CodeQueueFull)
+				msg = "queue full (" + it.scope + " depth cap)"
+			} else {
+				if len(it.req.Payload) > 0 {
+					payload = []byte(it.req.Payload)
+				}
+				if it.req.IdempotencyKey != nil {
+					idem, fp = *it.req.IdempotencyKey, it.fp
+				}
+			}
+			args = append(args, it.req.Tenant, rateKey, payload, string(status), it.caller, idem, fp,
+				st.now, finished, code, msg, retryOf)
+		}
+		r, err := txStmts{c: a.stmts, tx: tx}.ExecContext(ctx, q.String(), args...)
+		if err != nil {
+			return fmt.Errorf("insert jobs: %w", err)
+		}
+		first, err := r.LastInsertId()
+		if err != nil {
+			return fmt.Errorf("insert jobs: id: %w", err)
+		}
+		// A multi-row INSERT of known size gets consecutive ids (a "simple insert" reserves
+		// its whole range at once under every InnoDB auto-increment lock mode).
+		for i, it := range chunk {
+			it.id = first + int64(i)
+		}
+	}
+	var msgs []outbox.Message
+	var queued []*item
+	for _, it := range ins {
+		if it.scope == "" {
+			msgs = append(msgs, outbox.PokeMessage(a.cfg.Prefix, outbox.Enqueue, it.req.Tenant, it.id))
+			queued = append(queued, it)
+		}
+	}
+	for start := 0; start < len(msgs); start += insertChunk {
+		end := min(len(msgs), start+insertChunk)
+		ids, err := outbox.Write(ctx, txStmts{c: a.stmts, tx: tx}, st.now, msgs[start:end]...)
+		if err != nil {
+			return err
+		}
+		for i, id := range ids {
+			queued[start+i].outboxID = id
+		}
+	}
+	return nil
+}
+
+// finish builds the results of a committed transaction, logs and returns its outbox rows.
+func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbox.Row {
+	var rows []outbox.Row
+	for _, it := range items {
+		switch {
+		case it.dupOf != nil:
+			if it.dupOf.err != nil || it.dupOf.scope != "" {
+				it.err = it.dupOf.err
+				if it.dupOf.scope != "" {
+					it.err = depthError(it.dupOf)
+				}
+			} else {
+				it.res = it.dupOf.res
+				it.res.Replayed = true
+			}
+		case !it.insert:
+		case it.scope != "":
+			a.cfg.Log.Warn("depth cap refused admission", "tenant", it.req.Tenant, "scope", it.scope, "job_id", it.id)
+			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Rejected, 0, st.now, string(job.CodeQueueFull))
+			it.err = depthError(it)
+		default:
+			it.res.Job.ID, it.res.Job.Tenant, it.res.Job.Status, it.res.Job.QueuedAt = it.id, it.req.Tenant, job.Queued, st.now
+			it.res.Job.RateKeySHA256, it.res.Job.RetryOf = it.hash, it.retryOf
+			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Queued, 0, st.now, "")
+			msg := outbox.PokeMessage(a.cfg.Prefix, outbox.Enqueue, it.req.Tenant, it.id)
+			rows = append(rows, outbox.Row{ID: it.outboxID, Subject: msg.Subject, Payload: msg.Payload, CreatedAt: st.now})
+		}
+	}
+	return rows
+}
+
+func depthError(it *item) error {
+	return &job.Error{Code: job.CodeQueueFull, Message: "the " + it.scope + " queue is full",
+		Detail: map[string]any{"scope": it.scope, "id": it.id, "retry_after": 30}}
 }
 
 func (a *Admitter) withPosition(ctx context.Context, db store.DB, j job.Job) (job.Job, error) {
@@ -347,17 +971,52 @@ func (a *Admitter) txErr(err error) error {
 	return err
 }
 
-// commitErr classifies a failed COMMIT. If the connection broke during COMMIT its outcome is
-// unknown: an unkeyed request must not be retried blindly (it may create a duplicate); a keyed
-// one may, since its replay returns the one job that exists.
-func (a *Admitter) commitErr(ctx context.Context, err error, req *Request, id int64) error {
+// commitErr classifies a failed COMMIT and settles the rate-limit reservations. If the
+// connection broke during COMMIT its outcome is unknown: the first inserted row is re-read by
+// id on another connection and the charges are kept if it exists, refunded if not. An unkeyed
+// request must not be retried blindly (it may create a duplicate); a keyed one may, since its
+// replay returns the one job that exists.
+func (a *Admitter) commitErr(ctx context.Context, err error, items []*item, res map[string]*ratelimit.Reservation) error {
+	refundAll := func() {
+		for _, r := range res {
+			r.Refund(ctx, r.Granted())
+		}
+	}
 	if !connectionLost(err) {
+		refundAll()
 		return fmt.Errorf("commit admission: %w", err)
 	}
-	a.cfg.Log.Warn("admission commit outcome unknown", "tenant", req.Tenant, "job_id", id, "error", err)
+	var first int64
+	keyed := true
+	for _, it := range items {
+		if it.insert && first == 0 {
+			first = it.id
+		}
+		if it.req.IdempotencyKey == nil && it.retryOf == nil {
+			keyed = false
+		}
+	}
+	exists := "unknown"
+	if first != 0 {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, gerr := store.Get(rctx, a.cfg.DB, first, false)
+		cancel()
+		switch {
+		case gerr == nil:
+			exists = "yes"
+		case errors.Is(gerr, store.ErrNotFound):
+			exists = "no"
+			refundAll()
+		}
+	}
+	a.cfg.Log.Warn("admission commit outcome unknown", "job_id", first, "row_found_on_reread", exists, "error", err)
+	detail := map[string]any{"retryable": keyed}
+	if first != 0 && len(items) == 1 {
+		detail["id"] = first
+	}
 	return &job.Error{Code: job.CodeOutcomeUnknown, Err: err,
 		Message: "the database connection broke during commit; the job may or may not exist",
-		Detail:  map[string]any{"retryable": req.IdempotencyKey != nil}}
+		Detail:  detail}
 }
 
 func unavailable(err error) error {
@@ -376,4 +1035,11 @@ func (a *Admitter) Get(ctx context.Context, id int64) (store.Row, error) {
 	}
 	r.Job, err = a.withPosition(ctx, a.cfg.DB, r.Job)
 	return r, err
+}
+
+func placeholders(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return strings.Repeat("?,", n-1) + "?"
 }

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"reflect"
 	"unicode"
 	"unicode/utf8"
 
@@ -119,4 +121,62 @@ func (r *Request) fingerprint() []byte {
 		write([]byte("q1"))
 	}
 	return h.Sum(nil)
+}
+
+// DecodeRequest decodes one admission request body. Unknown fields are ignored; malformed
+// JSON, a wrong type or invalid UTF-8 is an invalid_request error naming the offending field
+// ("body" when it is not one field's fault). It does not Validate.
+func DecodeRequest(data []byte) (Request, error) {
+	var req Request
+	if !utf8.Valid(data) {
+		return req, invalidUTF8Field(data)
+	}
+	if err := json.Unmarshal(data, &req); err != nil {
+		return Request{}, DecodeError(err)
+	}
+	return req, nil
+}
+
+// invalidUTF8Field names the top-level field whose value holds invalid UTF-8: encoding/json
+// would silently replace such bytes, so the check runs on the raw values.
+func invalidUTF8Field(data []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err == nil {
+		for k, v := range raw {
+			if !utf8.Valid(v) && k != "" && utf8.ValidString(k) {
+				return job.Invalid(k, "%s is not valid UTF-8", k)
+			}
+		}
+	}
+	return job.Invalid("body", "the request body is not valid UTF-8")
+}
+
+// DecodeError turns an encoding/json error into invalid_request naming the field.
+func DecodeError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		if field == "" {
+			field = "body"
+		}
+		want := "value of another type"
+		switch te.Type.Kind() {
+		case reflect.String:
+			want = "string"
+		case reflect.Bool:
+			want = "boolean"
+		case reflect.Int, reflect.Int64, reflect.Float64, reflect.Uint, reflect.Uint64:
+			want = "number"
+		case reflect.Struct, reflect.Map:
+			want = "object"
+		case reflect.Slice, reflect.Array:
+			want = "array"
+		}
+		return job.Invalid(field, "%s must be a JSON %s, got %s", field, want, te.Value)
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return job.Invalid("body", "malformed JSON at byte %d: %v", se.Offset, se)
+	}
+	return job.Invalid("body", "malformed JSON: %v", err)
 }

@@ -37,6 +37,7 @@ Usage:
   sluice serve [--api] [--relay] [--drainer] [flags]   run the API, relay and drainer (all by default)
   sluice dev [flags]                                   everything in one process with a simulated executor
   sluice migrate [up|status] [flags]                   apply or list schema migrations
+  sluice jobs list|show|cancel [flags]                 list, read or cancel jobs through the API
   sluice nats init [flags]                             create or update the JetStream stream
   sluice outbox status|replay|restore [flags]          outbox backlog, replay published rows, restore set-aside rows
   sluice simexec [flags]                               run the simulated executor alone
@@ -68,6 +69,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = serve(ctx, rest, stdout, stderr, true)
 	case "migrate":
 		err = migrate(ctx, rest, stdout, stderr)
+	case "jobs":
+		err = jobsCmd(ctx, rest, stdout, stderr)
 	case "nats":
 		err = natsCmd(ctx, rest, stdout, stderr)
 	case "outbox":

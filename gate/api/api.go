@@ -96,6 +96,9 @@ func (s *Server) Routes() []string { return routeList }
 
 var routeList = []string{
 	"POST /v1/jobs",
+	"POST /v1/jobs:batch",
+	"GET /v1/jobs",
+	"POST /v1/jobs/{id}/redrive",
 	"GET /v1/jobs/{id}",
 	"DELETE /v1/jobs/{id}",
 	"POST /v1/jobs/{id}/start",
@@ -115,6 +118,9 @@ var routeList = []string{
 
 func (s *Server) routes() {
 	s.mux.HandleFunc("POST /v1/jobs", s.auth(s.admit, Producer))
+	s.mux.HandleFunc("POST /v1/jobs:batch", s.auth(s.admitBatch, Producer))
+	s.mux.HandleFunc("GET /v1/jobs", s.auth(s.list, Producer))
+	s.mux.HandleFunc("POST /v1/jobs/{id}/redrive", s.auth(s.redrive))
 	s.mux.HandleFunc("GET /v1/jobs/{id}", s.auth(s.getJob, Producer))
 	s.mux.HandleFunc("DELETE /v1/jobs/{id}", s.auth(s.cancel, Producer))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/start", s.auth(s.start, Executor))
@@ -181,6 +187,7 @@ var statusOf = map[job.Code]int{
 	job.CodeRateLimited:         http.StatusTooManyRequests,
 	job.CodeIdempotencyConflict: http.StatusConflict,
 	job.CodeNotCancelable:       http.StatusConflict,
+	job.CodeNotRedrivable:       http.StatusConflict,
 	job.CodeNonceInvalid:        http.StatusConflict,
 	job.CodeNonceExpired:        http.StatusConflict,
 	job.CodeNonceUsed:           http.StatusConflict,

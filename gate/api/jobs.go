@@ -2,25 +2,60 @@ package api
 
 import (
 	"database/sql"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
 )
 
+// maxBatchBody bounds a batch request body: 1,000 jobs of typical size fit many times over,
+// and a body this size still decodes in well under a second.
+const maxBatchBody = 32 << 20
+
+// readRaw reads at most limit bytes of r's body; more is payload_too_large.
+func readRaw(r *http.Request, limit int) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
+	if err != nil {
+		return nil, job.Invalid("body", "could not read the request body: %v", err)
+	}
+	if len(data) > limit {
+		return nil, &job.Error{Code: job.CodePayloadTooLarge, Message: "the request body is too large",
+			Detail: map[string]any{"limit_bytes": limit}}
+	}
+	return data, nil
+}
+
+// setCapacityHeaders writes the SPEC §5 admission headers (none when the rollout mode is off).
+func setCapacityHeaders(w http.ResponseWriter, res gate.Result) {
+	if res.Decision == "" {
+		return
+	}
+	w.Header().Set("Sluice-Capacity-Decision", string(res.Decision))
+	w.Header().Set("Sluice-Capacity-Limit", strconv.Itoa(res.Limit))
+	w.Header().Set("Sluice-Capacity-In-Flight", strconv.Itoa(res.InFlight))
+	if res.Job.Position != nil && res.Job.Status == job.Queued {
+		w.Header().Set("Sluice-Queue-Position", strconv.FormatInt(*res.Job.Position, 10))
+	}
+}
+
 func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	cfg := s.cfg.Limits.Current().Config
-	data, err := readBody(r, cfg.MaxPayloadBytes+bodyOverhead)
+	data, err := readRaw(r, cfg.MaxPayloadBytes+bodyOverhead)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	var req gate.Request
-	if err := decode(data, &req); err != nil {
+	req, err := gate.DecodeRequest(data)
+	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -29,25 +64,181 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.cfg.Admitter.Admit(r.Context(), c.Name, req)
-	if res.Decision != "" {
-		w.Header().Set("Sluice-Capacity-Decision", string(res.Decision))
-		w.Header().Set("Sluice-Capacity-Limit", strconv.Itoa(res.Limit))
-		w.Header().Set("Sluice-Capacity-In-Flight", strconv.Itoa(res.InFlight))
-	}
+	setCapacityHeaders(w, res)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(res.Job.ID, 10))
-	if res.Job.Position != nil && res.Decision != "" {
-		w.Header().Set("Sluice-Queue-Position", strconv.FormatInt(*res.Job.Position, 10))
-	}
 	if res.Replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 		writeJSON(w, http.StatusOK, res.Job)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, res.Job)
+}
+
+// BatchItem is one result of POST /v1/jobs:batch: the HTTP status the item would have had
+// alone, and its job or its error body.
+type BatchItem struct {
+	Status   int            `json:"status"`
+	Decision string         `json:"decision,omitempty"`
+	Replayed bool           `json:"replayed,omitempty"`
+	Job      *job.Job       `json:"job,omitempty"`
+	Error    map[string]any `json:"error,omitempty"`
+}
+
+func (s *Server) admitBatch(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	data, err := readRaw(r, maxBatchBody)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	reqs, decodeErrs, err := decodeBatch(data)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	results, err := s.cfg.Admitter.AdmitBatch(r.Context(), c.Name, reqs, c.MayActFor, decodeErrs)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]BatchItem, len(results))
+	for i, res := range results {
+		it := BatchItem{Decision: string(res.Decision)}
+		switch {
+		case res.Err != nil:
+			it.Status, it.Error = s.errorBody(r, res.Err)
+		case res.Replayed:
+			j := res.Job
+			it.Status, it.Replayed, it.Job = http.StatusOK, true, &j
+		default:
+			j := res.Job
+			it.Status, it.Job = http.StatusAccepted, &j
+		}
+		out[i] = it
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"results": out})
+}
+
+// decodeBatch decodes a batch body: an error for the envelope (the whole request is refused),
+// else one request per item and, in order, each item's own decoding error or nil.
+func decodeBatch(data []byte) ([]gate.Request, []error, error) {
+	var body struct {
+		Jobs []json.RawMessage `json:"jobs"`
+	}
+	if err := json.Unmarshal(data, &body); err != nil {
+		return nil, nil, gate.DecodeError(err)
+	}
+	switch {
+	case body.Jobs == nil:
+		return nil, nil, job.Invalid("jobs", "jobs is required: an array of admissions")
+	case len(body.Jobs) == 0:
+		return nil, nil, job.Invalid("jobs", "jobs is empty")
+	case len(body.Jobs) > gate.MaxBatch:
+		return nil, nil, job.Invalid("jobs", "a batch holds at most %d jobs, got %d", gate.MaxBatch, len(body.Jobs))
+	}
+	reqs := make([]gate.Request, len(body.Jobs))
+	errs := make([]error, len(body.Jobs))
+	for i, raw := range body.Jobs {
+		reqs[i], errs[i] = gate.DecodeRequest(raw)
+	}
+	return reqs, errs, nil
+}
+
+// encodeCursor and decodeCursor make the list cursor opaque: clients pass it back unchanged.
+func encodeCursor(id int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("before:" + strconv.FormatInt(id, 10)))
+}
+
+func decodeCursor(s string) (int64, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		if v, ok := strings.CutPrefix(string(raw), "before:"); ok {
+			if id, err := strconv.ParseInt(v, 10, 64); err == nil && id > 0 {
+				return id, nil
+			}
+		}
+	}
+	return 0, job.Invalid("cursor", "cursor is not one this API returned")
+}
+
+var listStatuses = []job.Status{job.Queued, job.Claimed, job.Dispatched, job.Running, job.Succeeded,
+	job.Failed, job.Canceled, job.Rejected, job.Lost, job.Expired}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	q := r.URL.Query()
+	f := gate.ListFilter{Limit: gate.DefaultListLimit}
+	if t := q.Get("tenant"); q.Has("tenant") {
+		if err := gate.ValidTenant("tenant", t); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if !c.MayActFor(t) {
+			s.fail(w, r, job.Errorf(job.CodeForbidden, "this token may not read that tenant's jobs"))
+			return
+		}
+		f.Tenants = []string{t}
+	} else if c.Role == Producer && !slices.Contains(c.Tenants, "*") {
+		f.Tenants = c.Tenants
+	}
+	if v := q.Get("status"); v != "" {
+		if !slices.Contains(listStatuses, job.Status(v)) {
+			s.fail(w, r, job.Invalid("status", "status must be one of %v", listStatuses))
+			return
+		}
+		f.Status = job.Status(v)
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > gate.MaxListLimit {
+			s.fail(w, r, job.Invalid("limit", "limit must be a whole number from 1 to %d", gate.MaxListLimit))
+			return
+		}
+		f.Limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		id, err := decodeCursor(v)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		f.Before = id
+	}
+	jobs, next, err := s.cfg.Admitter.List(r.Context(), f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var cursor *string
+	if next > 0 {
+		c := encodeCursor(next)
+		cursor = &c
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": jobs, "next_cursor": cursor})
+}
+
+func (s *Server) redrive(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, err := s.cfg.Admitter.Redrive(r.Context(), callerOf(r).Name, id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(res.Job.ID, 10))
+	if res.Replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+		writeJSON(w, http.StatusOK, res.Job)
+		return
+	}
+	writeJSON(w, http.StatusCreated, res.Job)
 }
 
 // visible reads job id for the caller: a producer asking for another tenant's job gets the same
@@ -208,4 +399,27 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, row.Job)
+}
+
+// errorBody is fail's mapping for an error that is not the whole answer (a batch item): the
+// HTTP status it would have had and its SPEC §6 error body.
+func (s *Server) errorBody(r *http.Request, err error) (int, map[string]any) {
+	var je *job.Error
+	if errors.Is(err, store.ErrNotFound) {
+		je = job.Errorf(job.CodeNotFound, "no such job")
+	} else if !errors.As(err, &je) {
+		s.cfg.Log.Error("batch item failed", "path", r.URL.Path, "error", err)
+		je = job.Errorf(job.CodeInternal, "internal error")
+	}
+	status, ok := statusOf[je.Code]
+	if !ok {
+		status = http.StatusInternalServerError
+	}
+	body := map[string]any{}
+	for k, v := range je.Detail {
+		body[k] = v
+	}
+	body["error_code"] = je.Code
+	body["message"] = je.Message
+	return status, body
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -24,13 +25,19 @@ type Client struct {
 	BaseURL string
 	// Token is the bearer token sent with every request.
 	Token string
-	// HTTP is the client to use. Default: a client with a 30 s timeout.
+	// HTTP is the client to use. Default (New): a 30 s timeout and up to 64 idle connections.
 	HTTP *http.Client
 }
 
-// New returns a client for baseURL authenticating with token.
+// New returns a client for baseURL authenticating with token. Its transport keeps up to 64
+// idle connections to the API (net/http's default keeps 2, so a producer with more concurrent
+// requests than that would open a new connection for most of them).
 func New(baseURL, token string) *Client {
-	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{Timeout: 30 * time.Second}}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 64
+	t.MaxIdleConnsPerHost = 64
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token,
+		HTTP: &http.Client{Timeout: 30 * time.Second, Transport: t}}
 }
 
 // Error is an API error answer.
@@ -145,5 +152,108 @@ func (c *Client) Job(ctx context.Context, id int64) (job.Job, error) {
 func (c *Client) Cancel(ctx context.Context, id int64) (job.Job, error) {
 	var j job.Job
 	_, err := c.Do(ctx, http.MethodDelete, "/v1/jobs/"+strconv.FormatInt(id, 10), nil, &j)
+	return j, err
+}
+
+// AdmitBatch submits up to 1,000 jobs in one transaction (POST /v1/jobs:batch) and returns one
+// result per job, in order. A refused item is a result with its error body, not an error.
+func (c *Client) AdmitBatch(ctx context.Context, reqs []AdmitRequest) ([]BatchItem, error) {
+	var out struct {
+		Results []BatchItem `json:"results"`
+	}
+	_, err := c.Do(ctx, http.MethodPost, "/v1/jobs:batch", map[string]any{"jobs": reqs}, &out)
+	return out.Results, err
+}
+
+// BatchItem is one result of AdmitBatch: the HTTP status the item would have had alone (202
+// admitted, 200 replayed, 4xx refused) and its job or error body.
+type BatchItem struct {
+	Status   int            `json:"status"`
+	Decision string         `json:"decision,omitempty"`
+	Replayed bool           `json:"replayed,omitempty"`
+	Job      *job.Job       `json:"job,omitempty"`
+	Error    map[string]any `json:"error,omitempty"`
+}
+
+// ListOptions filter List. Zero values mean "no filter" and the server's default limit (50).
+type ListOptions struct {
+	Tenant string
+	Status job.Status
+	Limit  int
+	Cursor string
+}
+
+// Page is one page of List: NextCursor is "" on the last page.
+type Page struct {
+	Jobs       []job.Job `json:"jobs"`
+	NextCursor string    `json:"next_cursor"`
+}
+
+// List reads one page of jobs, newest first (GET /v1/jobs). A producer sees only its tenants.
+func (c *Client) List(ctx context.Context, o ListOptions) (Page, error) {
+	q := url.Values{}
+	if o.Tenant != "" {
+		q.Set("tenant", o.Tenant)
+	}
+	if o.Status != "" {
+		q.Set("status", string(o.Status))
+	}
+	if o.Limit > 0 {
+		q.Set("limit", strconv.Itoa(o.Limit))
+	}
+	if o.Cursor != "" {
+		q.Set("cursor", o.Cursor)
+	}
+	path := "/v1/jobs"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var p struct {
+		Jobs       []job.Job `json:"jobs"`
+		NextCursor *string   `json:"next_cursor"`
+	}
+	_, err := c.Do(ctx, http.MethodGet, path, nil, &p)
+	out := Page{Jobs: p.Jobs}
+	if p.NextCursor != nil {
+		out.NextCursor = *p.NextCursor
+	}
+	return out, err
+}
+
+// Redrive admits a new job from a lost or failed one (admin). The answer is 201 with the new
+// job, or 200 with the job an earlier redrive of the same id created.
+func (c *Client) Redrive(ctx context.Context, id int64) (job.Job, Response, error) {
+	var j job.Job
+	r, err := c.Do(ctx, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/redrive", nil, &j)
+	return j, r, err
+}
+
+// Start confirms the start of a dispatched job with its nonce (executor). A *Error with code
+// nonce_invalid, nonce_expired, nonce_used or dispatch_void means: do not run the job.
+func (c *Client) Start(ctx context.Context, id int64, nonce string) (job.Job, error) {
+	var j job.Job
+	_, err := c.Do(ctx, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/start", map[string]string{"nonce": nonce}, &j)
+	return j, err
+}
+
+// Completion is the body of POST /v1/jobs/{id}/complete.
+type Completion struct {
+	Nonce        string          `json:"nonce"`
+	Status       string          `json:"status"` // succeeded, failed or not_started
+	ErrorCode    string          `json:"error_code,omitempty"`
+	ErrorMessage string          `json:"error_message,omitempty"`
+	Result       json.RawMessage `json:"result,omitempty"`
+	Gate         *GateRequest    `json:"gate,omitempty"`
+}
+
+// GateRequest asks for the job's rate key to be gated for RetryAfter seconds.
+type GateRequest struct {
+	RetryAfter int `json:"retry_after"`
+}
+
+// Complete reports a dispatched job's outcome (executor).
+func (c *Client) Complete(ctx context.Context, id int64, o Completion) (job.Job, error) {
+	var j job.Job
+	_, err := c.Do(ctx, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/complete", o, &j)
 	return j, err
 }

@@ -85,6 +85,7 @@ const (
 	CodeDispatchFailed      Code = "dispatch_failed"
 	CodeInternal            Code = "internal"
 	CodeMethodNotAllowed    Code = "method_not_allowed"
+	CodeNotRedrivable       Code = "not_redrivable"
 )
 
 // Error is an application error with a stable code. The HTTP edge maps Code to a status; Detail

@@ -27,6 +27,7 @@ import (
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/gate/ratelimit"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -251,8 +252,27 @@ func (a *App) goLoop(f func()) {
 }
 
 func (a *App) startAPI(ctx context.Context) error {
+	// The admission rate limit and the gate lookup of queue=false share memcached with the gate
+	// store; both fail open, so a missing memcached costs precision, never admissions.
+	var limiter gate.RateLimiter
+	if len(a.opts.Memcached) > 0 {
+		l, err := ratelimit.New(ratelimit.Config{Servers: a.opts.Memcached})
+		if err != nil {
+			return err
+		}
+		limiter = l
+	}
+	var lookup gate.GateLookup
+	if a.gates != nil {
+		lookup = a.gates
+	}
+	failOpen, err := gate.NewFailOpenMetrics(a.registry)
+	if err != nil {
+		return err
+	}
 	adm, err := gate.New(gate.Config{DB: a.db, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
-		Published: a.fast.Submit, Metrics: gate.NewMetrics(a.registry)})
+		Published: a.fast.Submit, Metrics: gate.NewMetrics(a.registry), RateLimiter: limiter, Gates: lookup,
+		FailOpenMetrics: failOpen})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// TestJobsCommand runs `sluice jobs list|show|cancel` against a real API over its own database.
+func TestJobsCommand(t *testing.T) {
+	db := testdb.New(t)
+	lim := limits.NewCache(db.DB, nil)
+	adm, err := gate.New(gate.Config{DB: db.DB, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, _ := api.NewTokens([]api.Token{{Name: "ops", Token: "ops-token", Role: api.Admin}})
+	srv, err := api.New(api.Config{DB: db.DB, Admitter: adm, Limits: lim, Tokens: toks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	var ids []int64
+	for _, tenant := range []string{"acme", "acme", "globex"} {
+		res, err := adm.Admit(context.Background(), "ops", gate.Request{Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.Job.ID)
+	}
+	sluice := func(args ...string) (string, int) {
+		var out, errOut bytes.Buffer
+		code := run(append(args, "--api-url", hs.URL, "--token", "ops-token"), &out, &errOut)
+		return out.String() + errOut.String(), code
+	}
+	out, code := sluice("jobs", "list", "--tenant", "acme")
+	if code != 0 || strings.Count(out, `"acme"`) != 2 || strings.Contains(out, "globex") || !strings.Contains(out, "queued") {
+		t.Errorf("jobs list --tenant acme: exit %d\n%s", code, out)
+	}
+	out, code = sluice("jobs", "list", "--limit", "1")
+	if code != 0 || !strings.Contains(out, "more: sluice jobs list --cursor ") {
+		t.Errorf("jobs list --limit 1: exit %d\n%s", code, out)
+	}
+	out, code = sluice("jobs", "show", strconv.FormatInt(ids[2], 10))
+	var j job.Job
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j.ID != ids[2] || j.Tenant != "globex" {
+		t.Errorf("jobs show: exit %d\n%s", code, out)
+	}
+	out, code = sluice("jobs", "cancel", strconv.FormatInt(ids[0], 10))
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j.Status != job.Canceled {
+		t.Errorf("jobs cancel: exit %d\n%s", code, out)
+	}
+	if out, code = sluice("jobs", "show", "999999"); code != 1 || !strings.Contains(out, "not_found") {
+		t.Errorf("jobs show of a missing id: exit %d\n%s", code, out)
+	}
+	if out, code = sluice("jobs", "frobnicate"); code != 1 {
+		t.Errorf("unknown subcommand: exit %d\n%s", code, out)
+	}
+}

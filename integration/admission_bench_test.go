@@ -1,0 +1,205 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// benchTenants is the number of tenants admission benchmarks spread their jobs over (SPEC §14).
+const benchTenants = 16
+
+// BenchmarkAdmission measures single admissions over HTTP at 4 and 16 concurrent clients as a
+// ratio to the raw two-row transaction (INSERT job + INSERT outbox) against the same database at
+// the same concurrency in the same run (target ≥ 0.7), and batch admission in jobs/s (target
+// ≥ 50,000) beside the raw multi-row insert of the same rows. Each figure is one JSON line.
+// Run: go test -run '^$' -bench Admission -benchtime 1x ./integration/
+//
+// Where a single admission's time goes beyond the raw transaction (measured at one client on
+// the 2-core machine, statement by statement): the tenant lock (~60 µs) and one read of the
+// tenant's depth and in-flight count (~150-350 µs at depths of 60-500: an index range the size
+// of the tenant's queue), which exact tenant caps and exact positions need. The HTTP hop itself
+// is ~50 µs. Reaching 0.7 needs that count to be O(1): a per-tenant queued counter kept by every
+// transition into and out of queued (admission, claim, requeue, cancel, expiry), which the
+// drainer's store would have to maintain too.
+func BenchmarkAdmission(b *testing.B) {
+	f := startFrontDoor(b, fdOptions{})
+	ctx := context.Background()
+	// The raw transactions write jobs of these tenants too; every job's tenant has a row.
+	for i := range benchTenants {
+		f.fillQueued(b, fmt.Sprintf("tenant-%02d", i), 0, "queued")
+	}
+	for range b.N {
+		// SLUICE_BENCH_ONLY=single or =batch runs one half (for profiling).
+		only := os.Getenv("SLUICE_BENCH_ONLY")
+		concs := []int{4, 16}
+		if only == "batch" {
+			concs = nil
+		}
+		for _, conc := range concs {
+			// Raw and HTTP admissions alternate in chunks of 240, so that both see the same
+			// load on this shared machine. Goroutine g admits for tenants g, g+conc, ...: no
+			// two clients contend for one tenant (admissions of one tenant serialise on its row
+			// lock). The raw rows are written as succeeded, so the queue the admissions see grows
+			// from 0 to 1,920 (120 per tenant) in each pass, under the default depth caps, and
+			// every admission takes the full enforce path and succeeds.
+			const chunk, chunks = 240, 8
+			const passes = 2
+			var raw, api time.Duration
+			for pass := 0; pass < passes; pass++ {
+				truncateAdmissions(b, f)
+				for c := 0; c < chunks; c++ {
+					raw += admissionTimed(conc, chunk, func(g, n int) error { return rawAdmit(ctx, f, g+conc*(n%(benchTenants/conc))) })
+					api += admissionTimed(conc, chunk, func(g, n int) error {
+						_, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: fmt.Sprintf("tenant-%02d", g+conc*(n%(benchTenants/conc))),
+							Payload: map[string]any{"n": n}})
+						return err
+					})
+				}
+			}
+			total := float64(passes * chunks * chunk)
+			rawRate, apiRate := total/raw.Seconds(), total/api.Seconds()
+			harness.Emit("admission_single_http", map[string]any{"clients": conc, "jobs": int(total),
+				"jobs_per_s": benchRound1(apiRate), "raw_tx_per_s": benchRound1(rawRate), "ratio": benchRound3(apiRate / rawRate), "target_ratio": 0.7})
+		}
+
+		if only == "single" {
+			continue
+		}
+		// Batch admission: 1,000 jobs per request over 16 tenants, 2 concurrent clients, under
+		// the default caps: each round admits 2,000 jobs (the global cap) and is then cleared,
+		// alternating with the raw multi-row insert of the same rows.
+		const rounds, size, conc = 20, 1000, 2
+		reqs := make([]client.AdmitRequest, size)
+		for i := range reqs {
+			reqs[i] = client.AdmitRequest{Tenant: fmt.Sprintf("tenant-%02d", i%benchTenants), Payload: map[string]any{"n": i}}
+		}
+		var rawBatch, apiBatch time.Duration
+		for r := 0; r < rounds; r++ {
+			truncateAdmissions(b, f)
+			rawBatch += admissionTimed(conc, 2, func(g, n int) error { return rawBatchInsert(ctx, f, size) })
+			truncateAdmissions(b, f)
+			apiBatch += admissionTimed(conc, 2, func(g, n int) error {
+				res, err := f.star.AdmitBatch(ctx, reqs)
+				if err == nil && res[size-1].Status != 202 {
+					err = fmt.Errorf("batch item refused: %+v", res[size-1])
+				}
+				return err
+			})
+		}
+		jobs := float64(rounds * 2 * size)
+		harness.Emit("admission_batch_http", map[string]any{"clients": conc, "batch": size, "jobs": int(jobs),
+			"jobs_per_s": benchRound1(jobs / apiBatch.Seconds()), "raw_rows_per_s": benchRound1(jobs / rawBatch.Seconds()),
+			"ratio": benchRound3(rawBatch.Seconds() / apiBatch.Seconds()), "target_jobs_per_s": 50000})
+	}
+}
+
+// admissionTimed runs total calls of fn spread over conc goroutines (g is the goroutine, n the call) and
+// returns the wall time. A failing call panics: a benchmark of failures measures nothing.
+func admissionTimed(conc, total int, fn func(g, n int) error) time.Duration {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	start := time.Now()
+	for g := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n := int(next.Add(1)) - 1
+				if n >= total {
+					return
+				}
+				if err := fn(g, n); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	d := time.Since(start)
+	if err := firstErr.Load(); err != nil {
+		panic(fmt.Sprintf("benchmark call failed: %v", err))
+	}
+	return d
+}
+
+// rawAdmit is the floor admission is compared with: the same two rows in one transaction,
+// nothing else. The job row is written as succeeded so that it does not count against the
+// depth caps of the admissions measured alongside.
+func rawAdmit(ctx context.Context, f *frontDoor, tenant int) error {
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	name := fmt.Sprintf("tenant-%02d", tenant)
+	r, err := tx.ExecContext(ctx, `INSERT INTO jobs (tenant, payload, status, queued_at) VALUES (?, ?, 'succeeded', ?)`,
+		name, []byte(`{"n":1}`), now)
+	if err != nil {
+		return err
+	}
+	id, err := r.LastInsertId()
+	if err != nil {
+		return err
+	}
+	if _, err := outbox.Write(ctx, tx, now, outbox.PokeMessage("sluice", outbox.Enqueue, name, id)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// rawBatchInsert writes size job rows and size outbox rows in one transaction, in chunks of
+// 250 rows like admission does.
+func rawBatchInsert(ctx context.Context, f *frontDoor, size int) error {
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	for start := 0; start < size; start += 250 {
+		k := min(250, size-start)
+		q := "INSERT INTO jobs (tenant, payload, status, queued_at) VALUES "
+		args := make([]any, 0, 3*k)
+		msgs := make([]outbox.Message, 0, k)
+		for i := 0; i < k; i++ {
+			if i > 0 {
+				q += ","
+			}
+			q += "(?, ?, 'queued', ?)"
+			name := fmt.Sprintf("tenant-%02d", (start+i)%benchTenants)
+			args = append(args, name, []byte(`{"n":1}`), now)
+			msgs = append(msgs, outbox.PokeMessage("sluice", outbox.Enqueue, name, int64(start+i)))
+		}
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return err
+		}
+		if _, err := outbox.Write(ctx, tx, now, msgs...); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+func truncateAdmissions(tb testing.TB, f *frontDoor) {
+	tb.Helper()
+	for _, q := range []string{"TRUNCATE TABLE jobs", "TRUNCATE TABLE outbox"} {
+		if _, err := f.db.ExecContext(context.Background(), q); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+func benchRound1(v float64) float64 { return float64(int64(v*10+0.5)) / 10 }
+func benchRound3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }

@@ -1,0 +1,334 @@
+package integration_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/ratelimit"
+	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// Front-door tokens: two producers with disjoint tenants, one for every tenant, an executor and
+// an admin.
+const (
+	fdAlphaToken = "alpha-producer-token-0001" // tenants acme, globex
+	fdBetaToken  = "beta-producer-token-0002"  // tenant initech
+	fdStarToken  = "star-producer-token-0003"  // every tenant
+	fdExecToken  = "executor-token-0004"
+	fdAdminToken = "admin-token-0005"
+)
+
+// frontDoor is the admission API over a test's own database: the same gate.Admitter and
+// api.Server that `sluice serve` runs, built directly so a test can set the runtime config,
+// inject faults and read the log and metrics.
+type frontDoor struct {
+	db      *testdb.DB
+	limits  *limits.Cache
+	adm     *gate.Admitter
+	srv     *httptest.Server
+	url     string
+	reg     *prometheus.Registry
+	logs    *logBuffer
+	limiter *ratelimit.Limiter
+	now     *fakeNow
+
+	alpha, beta, star, exec, admin *client.Client
+}
+
+type fdOptions struct {
+	// memcached is the rate limiter's server; "" runs without a rate limiter.
+	memcached string
+	faults    *gate.Faults
+	gates     gate.GateLookup
+	// admitDB, if set, is the database handle admission uses (a proxied one).
+	admitDB *sql.DB
+}
+
+// fakeNow is the wall clock of rate-limit windows and gates, fixed unless a test moves it, so
+// that a minute boundary never splits a test's charges.
+type fakeNow struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (f *fakeNow) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.t
+}
+
+// logBuffer collects the JSON log lines of a test. Safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// lines returns the decoded log lines whose msg is msg.
+func (l *logBuffer) lines(tb testing.TB, msg string) []map[string]any {
+	tb.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(l.String(), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			tb.Fatalf("log line %q: %v", line, err)
+		}
+		if m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func startFrontDoor(t testing.TB, o fdOptions) *frontDoor {
+	t.Helper()
+	return startFrontDoorOn(t, &frontDoor{db: testdb.New(t)}, o)
+}
+
+// startFrontDoorOn starts another front door on the database of base.
+func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
+	t.Helper()
+	f := &frontDoor{db: base.db, reg: prometheus.NewRegistry(), logs: &logBuffer{},
+		now: &fakeNow{t: time.Now().UTC()}}
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(f.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	f.limits = limits.NewCache(f.db, log)
+	failOpen, err := gate.NewFailOpenMetrics(f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := gate.Config{DB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
+		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Now: f.now.Now}
+	if o.admitDB != nil {
+		cfg.DB = o.admitDB
+	}
+	if o.memcached != "" {
+		mc := memcache.New(o.memcached)
+		mc.MaxIdleConns = 64
+		if f.limiter, err = ratelimit.New(ratelimit.Config{Client: mc}); err != nil {
+			t.Fatal(err)
+		}
+		cfg.RateLimiter = f.limiter
+	}
+	if f.adm, err = gate.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := api.NewTokens([]api.Token{
+		{Name: "alpha", Token: fdAlphaToken, Role: api.Producer, Tenants: []string{"acme", "globex"}},
+		{Name: "beta", Token: fdBetaToken, Role: api.Producer, Tenants: []string{"initech"}},
+		{Name: "star", Token: fdStarToken, Role: api.Producer, Tenants: []string{"*"}},
+		{Name: "exec", Token: fdExecToken, Role: api.Executor},
+		{Name: "admin", Token: fdAdminToken, Role: api.Admin},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := api.New(api.Config{DB: f.db.DB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.srv = httptest.NewServer(s)
+	t.Cleanup(f.srv.Close)
+	f.url = f.srv.URL
+	f.alpha = client.New(f.url, fdAlphaToken)
+	f.beta = client.New(f.url, fdBetaToken)
+	f.star = client.New(f.url, fdStarToken)
+	f.exec = client.New(f.url, fdExecToken)
+	f.admin = client.New(f.url, fdAdminToken)
+	return f
+}
+
+// setConfig writes a new runtime config version with changes applied and reloads it, as
+// PATCH /v1/config would.
+func (f *frontDoor) setConfig(t testing.TB, changes map[string]any) {
+	t.Helper()
+	ctx := context.Background()
+	cur, err := limits.Load(ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(cur.Config)
+	var m map[string]any
+	_ = json.Unmarshal(raw, &m)
+	for k, v := range changes {
+		m[k] = v
+	}
+	raw, _ = json.Marshal(m)
+	cfg, err := limits.Decode(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.ExecContext(ctx, `INSERT INTO config_versions (version, config, changed_by, changed_at, note)
+		VALUES (?, ?, 'test', UTC_TIMESTAMP(6), 'test')`, cur.Version+1, string(raw)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.limits.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// do sends a raw request (body []byte or JSON-marshalled) with token.
+func (f *frontDoor) do(t testing.TB, method, path, token string, body any) harness.Response {
+	t.Helper()
+	e := &harness.Env{URL: f.url, HTTP: &http.Client{Timeout: 30 * time.Second}}
+	return e.Do(t, method, path, token, body)
+}
+
+// rowCounts returns the rows in jobs, outbox and tenants: what "writes nothing" is checked on.
+func (f *frontDoor) rowCounts(t testing.TB) [3]int {
+	t.Helper()
+	var c [3]int
+	for i, table := range []string{"jobs", "outbox", "tenants"} {
+		if err := f.db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM "+table).Scan(&c[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// fillQueued inserts n queued jobs of tenant directly (what earlier admissions would have left).
+func (f *frontDoor) fillQueued(t testing.TB, tenant string, n int, status string) {
+	t.Helper()
+	// Every job's tenant has a row in tenants (admission writes it; the drainer relies on it).
+	if _, err := f.db.ExecContext(context.Background(), "INSERT IGNORE INTO tenants (tenant, created_at) VALUES (?, UTC_TIMESTAMP(6))", tenant); err != nil {
+		t.Fatal(err)
+	}
+	for n > 0 {
+		k := min(n, 500)
+		q := "INSERT INTO jobs (tenant, status, queued_at) VALUES " + strings.TrimSuffix(strings.Repeat("(?, ?, UTC_TIMESTAMP(6)),", k), ",")
+		args := make([]any, 0, 2*k)
+		for i := 0; i < k; i++ {
+			args = append(args, tenant, status)
+		}
+		if _, err := f.db.ExecContext(context.Background(), q, args...); err != nil {
+			t.Fatal(err)
+		}
+		n -= k
+	}
+}
+
+// counter returns the value of a counter in f's registry with the given label value.
+func (f *frontDoor) counter(t testing.TB, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := f.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if label == "" || hasLabel(m, label, value) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func hasLabel(m *dto.Metric, name, value string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name && l.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}
+
+// uniqueTenant returns a tenant name no other test run uses (memcached outlives databases).
+func uniqueTenant(prefix string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "-" + hex.EncodeToString(b[:])
+}
+
+// startMemcached runs a private memcached on a free loopback port, stopped in t.Cleanup.
+func startMemcached(t testing.TB) (addr string, stop func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	addr = "127.0.0.1:" + strconv.Itoa(port)
+	cmd := exec.Command("/usr/bin/memcached", "-l", "127.0.0.1", "-p", strconv.Itoa(port), "-u", "memcache")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start memcached: %v", err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+	}
+	t.Cleanup(stop)
+	harness.WaitFor(t, 10*time.Second, "memcached to accept connections", func() (bool, error) {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err != nil {
+			return false, nil
+		}
+		c.Close()
+		return true, nil
+	})
+	return addr, stop
+}
+
+func jobID(t testing.TB, body map[string]any) int64 {
+	t.Helper()
+	v, ok := body["id"].(float64)
+	if !ok {
+		t.Fatalf("body has no id: %v", body)
+	}
+	return int64(v)
+}
+
+func asErr(err error, target **client.Error) bool {
+	e, ok := err.(*client.Error)
+	if ok {
+		*target = e
+	}
+	return ok
+}

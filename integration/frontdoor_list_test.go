@@ -1,0 +1,233 @@
+package integration_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/sluicehq/sluice/gate/client"
+)
+
+// TestFrontDoorListAndCancel: newest first, default 50, bounded limit, a cursor that stays
+// valid while rows are inserted, status filter, positions on queued jobs (equal to GET's), and
+// cancel: 200 canceled, again 200, 409 not_cancelable for a job in flight.
+func TestFrontDoorListAndCancel(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	ctx := context.Background()
+	var ids []int64
+	for i := range 60 {
+		tenant := "acme"
+		if i%3 == 2 {
+			tenant = "globex"
+		}
+		j, _, err := f.alpha.Admit(ctx, client.AdmitRequest{Tenant: tenant, Payload: i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, j.ID)
+	}
+	p, err := f.alpha.List(ctx, client.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Jobs) != 50 || p.Jobs[0].ID != ids[59] || p.NextCursor == "" {
+		t.Fatalf("default page: %d jobs, first %d, cursor %q; want 50 newest first with a cursor", len(p.Jobs), p.Jobs[0].ID, p.NextCursor)
+	}
+	// Page through 10 at a time while inserting: every original job is seen exactly once, in
+	// descending order, and no new one appears in a later page.
+	seen := map[int64]bool{}
+	cursor := ""
+	last := int64(1 << 62)
+	for pages := 0; ; pages++ {
+		p, err := f.alpha.List(ctx, client.ListOptions{Limit: 10, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range p.Jobs {
+			if j.ID >= last || seen[j.ID] {
+				t.Fatalf("page %d: job %d out of order or repeated", pages, j.ID)
+			}
+			last = j.ID
+			seen[j.ID] = true
+		}
+		if _, _, err := f.alpha.Admit(ctx, client.AdmitRequest{Tenant: "acme"}); err != nil {
+			t.Fatal(err)
+		}
+		if p.NextCursor == "" {
+			break
+		}
+		cursor = p.NextCursor
+		if pages > 10 {
+			t.Fatal("too many pages")
+		}
+	}
+	if len(seen) != 60 {
+		t.Errorf("paging saw %d jobs, want the 60 that existed", len(seen))
+	}
+	// Filters and positions: globex's queued jobs are at 1..20 in claim order.
+	p, err = f.alpha.List(ctx, client.ListOptions{Tenant: "globex", Status: "queued", Limit: 1000})
+	if err != nil || len(p.Jobs) != 20 {
+		t.Fatalf("globex queued: %d jobs %v", len(p.Jobs), err)
+	}
+	for i, j := range p.Jobs {
+		if j.Tenant != "globex" || j.Status != "queued" || j.Position == nil || *j.Position != int64(20-i) {
+			t.Errorf("globex job %d: %+v, want queued at position %d", j.ID, j, 20-i)
+		}
+		if i == 3 {
+			g, err := f.alpha.Job(ctx, j.ID)
+			if err != nil || g.Position == nil || *g.Position != *j.Position {
+				t.Errorf("GET position %v differs from the listing's %d", g.Position, *j.Position)
+			}
+		}
+	}
+	for _, q := range []string{"limit=0", "limit=1001", "limit=x", "status=bogus", "cursor=garbage", "tenant="} {
+		if r := f.do(t, http.MethodGet, "/v1/jobs?"+q, fdAlphaToken, nil); r.Status != 400 || r.Body["error_code"] != "invalid_request" {
+			t.Errorf("?%s: %d %s, want 400 invalid_request", q, r.Status, r.Raw)
+		}
+	}
+	if r := f.do(t, http.MethodGet, "/v1/jobs?limit=1000", fdAlphaToken, nil); r.Status != 200 {
+		t.Errorf("limit=1000: %d", r.Status)
+	}
+
+	// Cancel: the first globex job; positions behind it move up.
+	first := p.Jobs[len(p.Jobs)-1]
+	c, err := f.alpha.Cancel(ctx, first.ID)
+	if err != nil || c.Status != "canceled" || c.FinishedAt == nil {
+		t.Fatalf("cancel: %+v %v", c, err)
+	}
+	if c, err := f.alpha.Cancel(ctx, first.ID); err != nil || c.Status != "canceled" {
+		t.Errorf("cancel again: %+v %v, want 200 canceled", c, err)
+	}
+	second := p.Jobs[len(p.Jobs)-2]
+	if g, _ := f.alpha.Job(ctx, second.ID); g.Position == nil || *g.Position != 1 {
+		t.Errorf("after the cancel the next job's position is %v, want 1", g.Position)
+	}
+	if _, err := f.db.ExecContext(ctx, "UPDATE jobs SET status = 'running', version = version + 1 WHERE id = ?", second.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.alpha.Cancel(ctx, second.ID); client.Code(err) != "not_cancelable" {
+		t.Errorf("cancel of a running job: %v, want not_cancelable", err)
+	}
+	if g, _ := f.alpha.Job(ctx, second.ID); g.Status != "running" || g.Position != nil {
+		t.Errorf("running job after a refused cancel: %+v", g)
+	}
+}
+
+// TestFrontDoorBatch: up to 1,000 admissions in one transaction with per-item results in order
+// under the same rules: validation, scope, idempotency (also within the batch), depth caps.
+func TestFrontDoorBatch(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	ctx := context.Background()
+	reqs := make([]client.AdmitRequest, 1000)
+	for i := range reqs {
+		reqs[i] = client.AdmitRequest{Tenant: "t" + string(rune('a'+i%16)), Payload: map[string]int{"i": i}}
+	}
+	res, err := f.star.AdmitBatch(ctx, reqs)
+	if err != nil || len(res) != 1000 {
+		t.Fatalf("batch of 1000: %d results, %v", len(res), err)
+	}
+	for i, r := range res {
+		if r.Status != 202 || r.Job == nil || r.Job.Tenant != reqs[i].Tenant || (i > 0 && r.Job.ID <= res[i-1].Job.ID) ||
+			r.Job.Position == nil || *r.Job.Position != int64(i/16+1) {
+			t.Fatalf("item %d: %+v", i, r)
+		}
+	}
+	var n, ob int
+	_ = f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs").Scan(&n)
+	_ = f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&ob)
+	if n != 1000 || ob != 1000 {
+		t.Errorf("%d jobs and %d outbox rows, want 1000 each", n, ob)
+	}
+	if _, err := f.star.AdmitBatch(ctx, make([]client.AdmitRequest, 1001)); client.Code(err) != "invalid_request" {
+		t.Errorf("batch of 1001: %v, want invalid_request", err)
+	}
+	if r := f.do(t, http.MethodPost, "/v1/jobs:batch", fdStarToken, map[string]any{"jobs": []any{}}); r.Status != 400 {
+		t.Errorf("empty batch: %d", r.Status)
+	}
+
+	// Mixed: rules apply per item, in order.
+	f.setConfig(t, map[string]any{"tenant_queue_depth": 2})
+	mixed := []client.AdmitRequest{
+		{Tenant: "acme", IdempotencyKey: "k"},             // 0: admitted
+		{Tenant: "initech"},                               // 1: forbidden for alpha
+		{Tenant: "acme", IdempotencyKey: "k"},             // 2: the same key again in the batch: replay of 0
+		{Tenant: "acme", IdempotencyKey: "k", Payload: 1}, // 3: same key, other request: 409
+		{Tenant: "acme"},                                  // 4: admitted (depth 2 reached)
+		{Tenant: "acme", IdempotencyKey: "k2"},            // 5: depth cap: rejected row, key not consumed
+		{Tenant: "globex"},                                // 6: admitted
+	}
+	res, err = f.alpha.AdmitBatch(ctx, mixed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int{202, 403, 200, 409, 202, 429, 202}
+	for i, r := range res {
+		if r.Status != want[i] {
+			t.Errorf("mixed item %d: %+v, want %d", i, r, want[i])
+		}
+	}
+	if res[2].Job == nil || res[2].Job.ID != res[0].Job.ID || !res[2].Replayed {
+		t.Errorf("in-batch replay: %+v, want job %d replayed", res[2], res[0].Job.ID)
+	}
+	if res[5].Error["error_code"] != "queue_full" || res[5].Error["scope"] != "tenant" || res[5].Error["id"] == nil {
+		t.Errorf("depth refusal: %+v", res[5].Error)
+	}
+	var key any
+	if err := f.db.QueryRowContext(ctx, "SELECT idempotency_key FROM jobs WHERE id = ?", int64(res[5].Error["id"].(float64))).Scan(&key); err != nil || key != nil {
+		t.Errorf("rejected row: key %v (%v), want NULL", key, err)
+	}
+}
+
+// TestFrontDoorRedrive: an admin redrives a lost or failed job into a new queued job with the
+// same tenant, rate key and payload and retry_of set; a second redrive answers the same new
+// job; other states are 409, producers 403, missing ids 404.
+func TestFrontDoorRedrive(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	ctx := context.Background()
+	var olds []int64
+	for _, st := range []string{"lost", "failed", "queued", "succeeded"} {
+		j, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: "acme", RateKey: "key-1", Payload: map[string]string{"run": st}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.db.ExecContext(ctx, "UPDATE jobs SET status = ?, version = version + 2 WHERE id = ?", st, j.ID); err != nil {
+			t.Fatal(err)
+		}
+		olds = append(olds, j.ID)
+	}
+	for _, old := range olds[:2] {
+		n, r, err := f.admin.Redrive(ctx, old)
+		if err != nil || r.HTTPStatus != 201 {
+			t.Fatalf("redrive %d: %v %v", old, r.HTTPStatus, err)
+		}
+		o, _ := f.admin.Job(ctx, old)
+		if n.RetryOf == nil || *n.RetryOf != old || n.Status != "queued" || n.Tenant != "acme" ||
+			n.RateKeySHA256 == nil || *n.RateKeySHA256 != *o.RateKeySHA256 || r.Header.Get("Location") == "" {
+			t.Errorf("redriven job: %+v", n)
+		}
+		var p1, p2 []byte
+		_ = f.db.QueryRowContext(ctx, "SELECT payload FROM jobs WHERE id = ?", old).Scan(&p1)
+		_ = f.db.QueryRowContext(ctx, "SELECT payload FROM jobs WHERE id = ?", n.ID).Scan(&p2)
+		if string(p1) != string(p2) || len(p1) == 0 {
+			t.Errorf("payload %q, want the original %q", p2, p1)
+		}
+		again, r, err := f.admin.Redrive(ctx, old)
+		if err != nil || r.HTTPStatus != 200 || again.ID != n.ID || r.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("second redrive: %v %+v %v, want 200 with job %d", r.HTTPStatus, again, err, n.ID)
+		}
+	}
+	for _, old := range olds[2:] {
+		if _, _, err := f.admin.Redrive(ctx, old); client.Code(err) != "not_redrivable" {
+			t.Errorf("redrive of a %d: %v, want not_redrivable", old, err)
+		}
+	}
+	if _, _, err := f.star.Redrive(ctx, olds[0]); client.Code(err) != "forbidden" {
+		t.Errorf("producer redrive: %v, want forbidden", err)
+	}
+	if _, _, err := f.admin.Redrive(ctx, 987654); client.Code(err) != "not_found" {
+		t.Errorf("redrive of a missing id: %v, want not_found", err)
+	}
+}
