@@ -44,4 +44,8 @@ clean:
 # raw limit measured in the same run (same transaction against the same database, raw JetStream
 # publish), because these machines are shared and noisy.
 bench: services
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./integration/... | grep '^{"bench"'
+	@out=$$(mktemp); status=0; \
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./integration/... > $$out 2>&1 || status=$$?; \
+	grep '^{"bench"' $$out; \
+	if [ $$status -ne 0 ]; then grep -v '^{"bench"' $$out | grep -v '^\[mysql\]' | tail -40; fi; \
+	rm -f $$out; exit $$status

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -12,16 +13,32 @@ import (
 // repository's benchmark command (make bench) collects these lines. Report a raw limit measured
 // in the same run beside every figure, and the ratio, because the machines are shared and noisy.
 func Emit(name string, fields map[string]any) {
-	out := map[string]any{"bench": name}
-	for k, v := range fields {
-		out[k] = v
+	// "bench" comes first whatever the other keys are, so `grep '^{"bench"'` finds every line.
+	keys := make([]string, 0, len(fields))
+	for k := range fields {
+		if k != "bench" {
+			keys = append(keys, k)
+		}
 	}
-	line, err := json.Marshal(out)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
-		return
+	sort.Strings(keys)
+	var b strings.Builder
+	head, _ := json.Marshal(name)
+	b.WriteString(`{"bench":`)
+	b.Write(head)
+	for _, k := range keys {
+		kj, _ := json.Marshal(k)
+		vj, err := json.Marshal(fields[k])
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench %s: field %s: %v\n", name, k, err)
+			return
+		}
+		b.WriteByte(',')
+		b.Write(kj)
+		b.WriteByte(':')
+		b.Write(vj)
 	}
-	fmt.Println(string(line))
+	b.WriteByte('}')
+	fmt.Println(b.String())
 }
 
 // Percentiles returns the p-th percentiles (0-100) of ds in milliseconds, rounded to µs.
