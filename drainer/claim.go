@@ -100,11 +100,18 @@ func (d *Drainer) wants(ctx context.Context, cfg limits.Config, inFlight map[str
 		if room <= 0 {
 			continue
 		}
-		r := min(room, free, d.cfg.ClaimBatch)
-		ws = append(ws, want{tenant: t, n: r + gateSlack, room: r})
+		ws = append(ws, want{tenant: t, room: min(room, free, d.cfg.ClaimBatch)})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
+	}
+	// A pass reads each tenant's fair share of the free slots, not each tenant's full room: with
+	// 64 tenants and 64 free slots that is 1 head each instead of 64. A tenant whose share runs
+	// out while it may have more stops the pass early (see claim), and the next pass goes on.
+	share := (min(free, d.cfg.ClaimBatch) + len(ws) - 1) / max(len(ws), 1)
+	for i := range ws {
+		ws[i].room = min(ws[i].room, max(share, 1))
+		ws[i].n = ws[i].room + gateSlack
 	}
 	return ws, nil
 }
@@ -175,18 +182,33 @@ const gateRounds = 4
 // read was full (so more may exist), is read again with the gated keys excluded, so a gated key
 // never hides the tenant's other keys. A failing gate store fails open: whatever is not known
 // to be gated is a candidate. No transaction is open while memcached is asked.
-func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int) (map[string][]candidate, error) {
+func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int) (map[string][]candidate, map[string]bool, error) {
 	ws, err := d.wants(ctx, cfg, inFlight, total)
 	if err != nil || len(ws) == 0 {
-		return nil, err
+		return nil, nil, err
 	}
+	cands, read, err := d.gatedCandidates(ctx, now, ws)
+	if err != nil {
+		return nil, nil, err
+	}
+	// A tenant whose last read filled its limit may have more eligible jobs than were read.
+	more := map[string]bool{}
+	for _, w := range ws {
+		more[w.tenant] = read[w.tenant] >= w.n
+	}
+	return cands, more, nil
+}
+
+// gatedCandidates reads the heads of ws and drops those of gated rate keys, re-reading tenants
+// whose heads were all gated. It also returns how many heads the last read of each tenant gave.
+func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]int, error) {
 	cands, err := d.heads(ctx, now, ws, nil)
-	if err != nil || d.cfg.Gates == nil {
-		return cands, err
-	}
 	read := map[string]int{} // heads read per tenant by its last read, before dropping gated ones
 	for t, cs := range cands {
 		read[t] = len(cs)
+	}
+	if err != nil || d.cfg.Gates == nil {
+		return cands, read, err
 	}
 	looked := map[string]bool{}
 	var gated []string
@@ -212,11 +234,11 @@ func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Conf
 			}
 			dropGated(cands, nb, now)
 			if err != nil {
-				return cands, nil // fail open: no second read on an unreliable answer
+				return cands, read, nil // fail open: no second read on an unreliable answer
 			}
 		}
 		if round == gateRounds || len(gated) == 0 {
-			return cands, nil
+			return cands, read, nil
 		}
 		var again []want
 		for _, w := range ws {
@@ -225,11 +247,11 @@ func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Conf
 			}
 		}
 		if len(again) == 0 {
-			return cands, nil
+			return cands, read, nil
 		}
 		more, err := d.heads(ctx, now, again, gated)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, w := range again {
 			cands[w.tenant] = more[w.tenant]
@@ -274,7 +296,7 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	if err != nil {
 		return nil, false, err
 	}
-	cands, err := d.candidates(ctx, now, cfg, inFlight, total)
+	cands, more, err := d.candidates(ctx, now, cfg, inFlight, total)
 	if err != nil || len(cands) == 0 {
 		return nil, false, err
 	}
@@ -308,6 +330,13 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		}
 		t := d.pick(cfg, cands, inFlight)
 		if t == "" {
+			break
+		}
+		if len(cands[t]) == 1 && more[t] {
+			// The tenant's last read head: it may have more that should go before other
+			// tenants' jobs, so after this one the pass ends and the next reads again.
+			full = true
+			chosen = append(chosen, cands[t][0])
 			break
 		}
 		chosen = append(chosen, cands[t][0])
@@ -395,17 +424,19 @@ func (d *Drainer) claimChosen(ctx context.Context, tx *sql.Tx, now time.Time, cf
 		cases.WriteString(" WHEN ? THEN ?")
 		args = append(args, c.id, store.HashNonce(n))
 	}
+	// The fence is a row-constructor IN over (id, version), read by primary key; OR-ed
+	// (id = ? AND version = ?) groups cost the optimizer more than the update itself.
 	for i, c := range chosen {
 		if i > 0 {
-			fence.WriteString(" OR ")
+			fence.WriteString(",")
 		}
-		fence.WriteString("(id = ? AND version = ?)")
+		fence.WriteString("(?,?)")
 		args = append(args, c.id, c.version)
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'dispatched', version = version + 1,
 		attempt = attempt + 1, claimed_at = ?, dispatched_at = ?, started_at = ?, lease_until = ?,
 		drainer_id = ?, nonce_expires_at = ?, not_before = NULL, nonce_sha256 = CASE id`+cases.String()+` END
-		WHERE status = 'queued' AND (`+fence.String()+`)`, args...)
+		WHERE (id, version) IN (`+fence.String()+`) AND status = 'queued'`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}

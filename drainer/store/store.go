@@ -297,12 +297,11 @@ func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Fi
 				lease_until = NULL` + set.String()
 			args = append([]any{now}, args...)
 		}
-		q += " WHERE "
-		for k, i := range g.items {
-			if k > 0 {
-				q += " OR "
-			}
-			q += "(id = ? AND version = ? AND status = ?)"
+		// The fence is one row-constructor IN over (id, version, status): MariaDB reads those rows
+		// by primary key. The same fence as OR-ed (id = ? AND version = ? AND status = ?) groups
+		// cost 7 ms to plan for 63 rows, six times the update itself.
+		q += " WHERE (id, version, status) IN (" + strings.TrimSuffix(strings.Repeat("(?,?,?),", len(g.items)), ",") + ")"
+		for _, i := range g.items {
 			r := items[i].Row
 			args = append(args, r.ID, r.Version, string(r.Status))
 		}
