@@ -8,7 +8,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 # Packages that need no services run under -race; integration/ talks to MariaDB and NATS.
 UNIT     = $(shell $(GO) list ./... | grep -v /integration)
 
-.PHONY: run test build services vet lint unit integration bench clean
+.PHONY: run test build services vet lint unit fuzz integration bench clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/sluice
@@ -20,7 +20,7 @@ run: services build
 	$(BIN) migrate up
 	$(BIN) dev
 
-test: services vet lint unit integration
+test: services vet lint unit fuzz integration
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
@@ -36,6 +36,13 @@ unit:
 
 integration:
 	$(GO) test -race -count=1 -p 2 -timeout 30m ./integration/...
+
+# A short run of every fuzz target (the seed corpora also run as plain tests in `unit`).
+FUZZTIME ?= 5s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./gate
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatch$$' -fuzztime $(FUZZTIME) ./gate/api
+	$(GO) test -run '^$$' -fuzz '^FuzzCursor$$' -fuzztime $(FUZZTIME) ./gate/api
 
 clean:
 	rm -rf bin
