@@ -84,8 +84,11 @@ func (d *Drainer) wants(ctx context.Context, cfg limits.Config, inFlight map[str
 	if free <= 0 {
 		return nil, nil
 	}
-	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT t.tenant FROM tenants t WHERE EXISTS
-		(SELECT 1 FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant)`)
+	// A correlated scalar subquery with LIMIT 1, not EXISTS: MariaDB 10.11 turns EXISTS into a
+	// semi-join that materialises every queued row (126 ms with 110,000 queued over 65 tenants,
+	// growing with the backlog), while this probes the claim index once per tenant (1.7 ms).
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT t.tenant FROM tenants t WHERE
+		(SELECT 1 FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant LIMIT 1) IS NOT NULL`)
 	if err != nil {
 		return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
 	}
