@@ -200,7 +200,7 @@ func (s *gateStubExecutor) sent(id int64) []executor.Dispatch {
 // job without a rate key (held by its own not-before instead), and the gate field of /complete.
 func TestGateDispatchAnswers(t *testing.T) {
 	t.Parallel()
-	addr := gateSharedMemcached(t)
+	addr := memcachedtest.Shared(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
 	store := env.App.Gates()
 	mc := memcache.New(addr)
@@ -314,7 +314,7 @@ func TestGateDispatchAnswers(t *testing.T) {
 // must claim that job and nothing else: gated keys never hide a tenant's other keys.
 func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 	t.Parallel()
-	addr := gateSharedMemcached(t)
+	addr := memcachedtest.Shared(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
 	store := env.App.Gates()
 	mc := memcache.New(addr)
@@ -402,7 +402,7 @@ func gateMuteServer(tb testing.TB, addr string) func() {
 // 66 s later, with no sleeping: the clock is moved.
 func TestGateExpiresOnInjectedClock(t *testing.T) {
 	t.Parallel()
-	addr := gateSharedMemcached(t)
+	addr := memcachedtest.Shared(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true})
 	mc := memcache.New(addr)
 	fake := clock.NewFake(time.Now())

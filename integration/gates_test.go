@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
 	"regexp"
 	"strconv"
 	"testing"
@@ -19,24 +17,8 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
-
-// gateSharedMemcached returns the address of the memcached that CI and every developer machine run
-// (deploy/local/setup.sh). Tests that use it give every gate a random key, so parallel tests never
-// share one; tests that stop memcached start their own (memcachedtest).
-func gateSharedMemcached(tb testing.TB) string {
-	tb.Helper()
-	addr := os.Getenv("SLUICE_TEST_MEMCACHED_ADDR")
-	if addr == "" {
-		addr = "127.0.0.1:11211"
-	}
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		tb.Fatalf("memcached is not reachable at %s (run deploy/local/setup.sh or set SLUICE_TEST_MEMCACHED_ADDR): %v", addr, err)
-	}
-	c.Close()
-	return addr
-}
 
 // rateKey returns a fresh raw rate key and its hash, and removes its gate when the test ends.
 func gateRateKey(tb testing.TB, mc *memcache.Client) (string, string) {
@@ -146,7 +128,7 @@ func listedGate(tb testing.TB, env *harness.Env, hash string) (map[string]any, b
 // gated key never hides the tenant's other keys.
 func TestGateScenario3HourlyLimit(t *testing.T) {
 	t.Parallel()
-	addr := gateSharedMemcached(t)
+	addr := memcachedtest.Shared(t)
 	mc := memcache.New(addr)
 	env := harness.Start(t, harness.Options{Memcached: []string{addr}, GateTimeout: time.Second})
 	ctx := context.Background()
@@ -262,7 +244,7 @@ func TestGateScenario3HourlyLimit(t *testing.T) {
 // moves the gate into the past the key's jobs drain.
 func TestGateWrittenDirectlyInMemcached(t *testing.T) {
 	t.Parallel()
-	addr := gateSharedMemcached(t)
+	addr := memcachedtest.Shared(t)
 	mc := memcache.New(addr)
 	env := harness.Start(t, harness.Options{Memcached: []string{addr}, GateTimeout: time.Second})
 	ctx := context.Background()

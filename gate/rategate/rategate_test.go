@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,23 +22,6 @@ import (
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
-
-// sharedMemcached is the memcached every developer machine and CI runs (deploy/local/setup.sh).
-// Tests that only read and write use it with keys of their own; tests that stop memcached start
-// their own with memcachedtest.
-func sharedMemcached(tb testing.TB) string {
-	tb.Helper()
-	addr := os.Getenv("SLUICE_TEST_MEMCACHED_ADDR")
-	if addr == "" {
-		addr = "127.0.0.1:11211"
-	}
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		tb.Fatalf("memcached is not reachable at %s (run deploy/local/setup.sh or set SLUICE_TEST_MEMCACHED_ADDR): %v", addr, err)
-	}
-	c.Close()
-	return addr
-}
 
 // randomHash returns a fresh rate key hash, so parallel tests never share a gate.
 func randomHash(tb testing.TB) string {
@@ -140,7 +122,7 @@ func TestConfigInvalid(t *testing.T) {
 // meta-get (for the TTL), as an executor in another language would see it.
 func TestExtendWritesDocumentedFormat(t *testing.T) {
 	t.Parallel()
-	b := setup(t, sharedMemcached(t), nil)
+	b := setup(t, memcachedtest.Shared(t), nil)
 	ctx := context.Background()
 	h := randomHash(t)
 	t.Cleanup(func() { _ = b.raw.Delete(rategate.Key(h)) })
@@ -216,7 +198,7 @@ func metaTTL(tb testing.TB, addr, key string) int {
 // concurrent writers with different retry_after values leave the longest gate.
 func TestExtendOnlyGrows(t *testing.T) {
 	t.Parallel()
-	b := setup(t, sharedMemcached(t), nil)
+	b := setup(t, memcachedtest.Shared(t), nil)
 	ctx := context.Background()
 	now, _ := b.clock.Now(ctx)
 	h := randomHash(t)
@@ -277,7 +259,7 @@ func TestExtendOnlyGrows(t *testing.T) {
 // unreadable value is no gate.
 func TestReadsForeignGates(t *testing.T) {
 	t.Parallel()
-	b := setup(t, sharedMemcached(t), nil)
+	b := setup(t, memcachedtest.Shared(t), nil)
 	ctx := context.Background()
 	h1, h2, h3 := randomHash(t), randomHash(t), randomHash(t)
 	t.Cleanup(func() {

@@ -99,3 +99,21 @@ func (s *Server) Stop() {
 
 // String describes the server for test logs.
 func (s *Server) String() string { return fmt.Sprintf("memcached %s", s.Addr()) }
+
+// Shared returns the address of the memcached that CI and every developer machine run
+// (deploy/local/setup.sh), or SLUICE_TEST_MEMCACHED_ADDR, failing tb with a clear message if it
+// does not answer. Tests that use it give every key a random name, so parallel tests never share
+// one; tests that stop memcached Start their own.
+func Shared(tb testing.TB) string {
+	tb.Helper()
+	addr := os.Getenv("SLUICE_TEST_MEMCACHED_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:11211"
+	}
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		tb.Fatalf("memcached is not reachable at %s (run deploy/local/setup.sh or set SLUICE_TEST_MEMCACHED_ADDR): %v", addr, err)
+	}
+	c.Close()
+	return addr
+}
