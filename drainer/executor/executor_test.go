@@ -1,0 +1,67 @@
+package executor
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSignVerify(t *testing.T) {
+	body := []byte(`{"job_id":1}`)
+	sig := Sign([]byte("secret"), body)
+	if !strings.HasPrefix(sig, "sha256=") || len(sig) != len("sha256=")+64 {
+		t.Fatalf("signature %q: want sha256= and 64 hex digits", sig)
+	}
+	if !Verify([]byte("secret"), body, sig) {
+		t.Error("a body's own signature does not verify")
+	}
+	if Verify([]byte("other"), body, sig) || Verify([]byte("secret"), []byte(`{"job_id":2}`), sig) {
+		t.Error("a signature verifies with another secret or body")
+	}
+}
+
+// TestClassify is the SPEC §8 table.
+func TestClassify(t *testing.T) {
+	cases := []struct {
+		status     int
+		retryAfter string
+		body       string
+		want       Kind
+		retry      int
+	}{
+		{200, "", `{"status":"succeeded","result":{"x":1}}`, Done, 0},
+		{201, "", `{"status":"failed","error_code":"boom"}`, Done, 0},
+		{200, "", `{"status":"weird"}`, Unknown, 0},
+		{200, "", `not json`, Unknown, 0},
+		{202, "", ``, Accepted, 0},
+		{202, "", `{"gate":{"retry_after":30}}`, Accepted, 0},
+		{429, "3600", ``, RateLimited, 3600},
+		{503, "7", ``, Refused, 7},
+		{503, "", ``, Refused, 0},
+		{500, "", `{"status":"succeeded"}`, Unknown, 0},
+		{409, "", ``, Unknown, 0},
+	}
+	for _, c := range cases {
+		a := Classify(c.status, c.retryAfter, []byte(c.body))
+		if a.Kind != c.want || a.RetryAfter != c.retry {
+			t.Errorf("HTTP %d %q %s: kind %d retry %d, want %d %d", c.status, c.retryAfter, c.body, a.Kind, a.RetryAfter, c.want, c.retry)
+		}
+	}
+	if a := Classify(202, "", []byte(`{"gate":{"retry_after":30}}`)); a.Gate == nil || a.Gate.RetryAfter != 30 {
+		t.Errorf("the gate of a 202 answer was lost: %+v", a.Gate)
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	if got := parseRetryAfter("120"); got != 120 {
+		t.Errorf("seconds: got %d", got)
+	}
+	if got := parseRetryAfter("-5"); got != 0 {
+		t.Errorf("negative: got %d", got)
+	}
+	future := time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat)
+	if got := parseRetryAfter(future); got < 85 || got > 91 {
+		t.Errorf("HTTP date 90 s ahead: got %d", got)
+	}
+}

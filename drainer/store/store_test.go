@@ -1,0 +1,131 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// dispatched inserts a job already dispatched at version 1 under nonce, and returns it as read.
+func dispatched(t *testing.T, db *testdb.DB, now time.Time, tenant, nonce string) store.Row {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO tenants (tenant, created_at) VALUES (?, ?)", tenant, now); err != nil {
+		t.Fatal(err)
+	}
+	res, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, version, attempt, queued_at, claimed_at,
+		dispatched_at, lease_until, drainer_id, nonce_sha256, nonce_expires_at)
+		VALUES (?, 'dispatched', 1, 1, ?, ?, ?, ?, 'd', ?, ?)`,
+		tenant, now, now, now, now.Add(10*time.Second), store.HashNonce(nonce), now.Add(5*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := res.LastInsertId()
+	r, err := store.Get(ctx, db, id, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestFinishManyFences checks that a batch whose rows moved on is refused as a whole (and the
+// caller's rollback leaves everything as it was), and that a fresh batch writes every row and
+// one release poke per job.
+func TestFinishManyFences(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	now := clock.Trunc(time.Now())
+	s := &store.Store{}
+	a := dispatched(t, db, now, "t", "na")
+	b := dispatched(t, db, now, "t", "nb")
+
+	stale := b
+	stale.Version = 0
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.FinishMany(ctx, tx, now, []store.Finishing{
+		{Row: a, Outcome: store.Outcome{Status: job.Succeeded}},
+		{Row: stale, Outcome: store.Outcome{Status: job.Succeeded}},
+	})
+	if !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("batch with a stale row: %v, want ErrFenced", err)
+	}
+	_ = tx.Rollback()
+	if r, _ := store.Get(ctx, db, a.ID, false); r.Status != job.Dispatched {
+		t.Fatalf("after the refused batch job %d is %s, want dispatched", a.ID, r.Status)
+	}
+
+	tx, err = db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to, err := s.FinishMany(ctx, tx, now, []store.Finishing{
+		{Row: a, Outcome: store.Outcome{Status: job.Succeeded, Result: []byte(`{"ok":true}`)}},
+		{Row: b, Outcome: store.Outcome{Status: job.Queued, CountFailure: true, Budget: 3}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if to[0] != job.Succeeded || to[1] != job.Queued {
+		t.Errorf("ended as %v", to)
+	}
+	ra, _ := store.Get(ctx, db, a.ID, false)
+	rb, _ := store.Get(ctx, db, b.ID, false)
+	if ra.Status != job.Succeeded || ra.Version != 2 || ra.StartedAt == nil || string(ra.Result) != `{"ok":true}` {
+		t.Errorf("succeeded job: %+v", ra.Job)
+	}
+	if rb.Status != job.Queued || rb.Version != 2 || rb.DispatchFailures != 1 || rb.NonceSHA256 != nil || rb.VoidedNonce == nil {
+		t.Errorf("requeued job: status %s version %d failures %d nonce %x voided %x", rb.Status, rb.Version, rb.DispatchFailures, rb.NonceSHA256, rb.VoidedNonce)
+	}
+	var pokes int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&pokes); err != nil {
+		t.Fatal(err)
+	}
+	if pokes != 3 { // two releases and the requeued job's enqueue
+		t.Errorf("%d outbox rows, want 3", pokes)
+	}
+
+	// The voided nonce now answers dispatch_void, a foreign one on a queued job too.
+	tx, _ = db.BeginTx(ctx, nil)
+	_, err = s.ConfirmStart(ctx, tx, now, b.ID, "nb")
+	_ = tx.Rollback()
+	if job.ErrorCode(err) != job.CodeDispatchVoid {
+		t.Errorf("confirming a voided dispatch: %v, want dispatch_void", err)
+	}
+}
+
+// TestFinishBudget: a requeue that would spend past the dispatch budget fails the job with
+// dispatch_failed and no start.
+func TestFinishBudget(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	now := clock.Trunc(time.Now())
+	r := dispatched(t, db, now, "t", "n")
+	r.DispatchFailures = 2
+	if _, err := db.ExecContext(ctx, "UPDATE jobs SET dispatch_failures = 2 WHERE id = ?", r.ID); err != nil {
+		t.Fatal(err)
+	}
+	tx, _ := db.BeginTx(ctx, nil)
+	to, err := (&store.Store{}).Finish(ctx, tx, now, r, store.Outcome{Status: job.Queued, CountFailure: true, Budget: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := store.Get(ctx, db, r.ID, false)
+	if to != job.Failed || got.ErrorCode == nil || *got.ErrorCode != string(job.CodeDispatchFailed) || got.StartedAt != nil {
+		t.Errorf("ended %s with %v, started %v; want failed dispatch_failed, never started", to, got.ErrorCode, got.StartedAt)
+	}
+}

@@ -1,0 +1,37 @@
+package outbox
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// TestSubjectRoundTrip covers tenants that no raw subject token could carry (SPEC §7).
+func TestSubjectRoundTrip(t *testing.T) {
+	for _, tenant := range []string{"acme", "a.b", "*", ">", "with space", "ünï ☃", strings.Repeat("x", 191)} {
+		s := Subject("sluice", Release, tenant)
+		if strings.ContainsAny(strings.TrimPrefix(s, "sluice.release."), ".*> ") {
+			t.Errorf("subject %q for tenant %q has a character subjects cannot carry", s, tenant)
+		}
+		kind, got, err := ParseSubject("sluice", s)
+		if err != nil || kind != Release || got != tenant {
+			t.Errorf("ParseSubject(%q) = %q, %q, %v; want release, %q", s, kind, got, err, tenant)
+		}
+	}
+	for _, bad := range []string{"other.enqueue.YQ", "sluice.enqueue", "sluice.enqueue.!!"} {
+		if _, _, err := ParseSubject("sluice", bad); err == nil {
+			t.Errorf("ParseSubject(%q) accepted a malformed subject", bad)
+		}
+	}
+}
+
+func TestPokeMessage(t *testing.T) {
+	m := PokeMessage("p", Enqueue, "t.1", 42)
+	var p Poke
+	if err := json.Unmarshal(m.Payload, &p); err != nil {
+		t.Fatal(err)
+	}
+	if p != (Poke{Kind: Enqueue, Tenant: "t.1", JobID: 42}) || m.Subject != Subject("p", Enqueue, "t.1") {
+		t.Errorf("poke %+v on %q", p, m.Subject)
+	}
+}
