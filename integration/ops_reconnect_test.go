@@ -167,7 +167,7 @@ func TestOpsMariaDBRestart(t *testing.T) {
 		var open, unpublished int
 		err := check.QueryRowContext(ctx, `SELECT
 			(SELECT COUNT(*) FROM jobs WHERE status IN ('queued','claimed','dispatched','running')),
-			(SELECT COUNT(*) FROM outbox WHERE published_at IS NULL)`).Scan(&open, &unpublished)
+			(SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00')`).Scan(&open, &unpublished)
 		return open == 0 && unpublished == 0, err
 	})
 	rows, err := check.QueryContext(ctx, "SELECT id, status, idempotency_key FROM jobs")
@@ -270,7 +270,7 @@ func TestOpsNATSRestart(t *testing.T) {
 	}
 	harness.WaitFor(t, 30*time.Second, "20 more jobs to succeed without the broker (poll backstop)", succeeded(30))
 	var waiting int
-	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL").Scan(&waiting); err != nil {
+	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&waiting); err != nil {
 		t.Fatal(err)
 	}
 	if waiting < 20 {
@@ -286,7 +286,7 @@ func TestOpsNATSRestart(t *testing.T) {
 	harness.WaitFor(t, 15*time.Second, "the client to reconnect by itself", brokerConnected)
 	harness.WaitFor(t, 15*time.Second, "the outbox to be published after the outage", func() (bool, error) {
 		var n int
-		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL").Scan(&n)
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&n)
 		return n == 0, err
 	})
 	pokesBefore, _ := metricValue(scrape(t, env.URL), "sluice_pokes_received_total")
@@ -300,7 +300,7 @@ func TestOpsNATSRestart(t *testing.T) {
 	})
 	harness.WaitFor(t, 10*time.Second, "the outbox to be empty", func() (bool, error) {
 		var n int
-		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL").Scan(&n)
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&n)
 		return n == 0, err
 	})
 

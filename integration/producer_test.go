@@ -140,9 +140,9 @@ func TestReleaseOverHTTP(t *testing.T) {
 		t.Fatalf("release subject %q, want %q", subject, want)
 	}
 	harness.WaitFor(t, 10*time.Second, "the release to be published", func() (bool, error) {
-		var published sql.NullTime
-		err := env.DB.QueryRowContext(ctx, "SELECT published_at FROM outbox WHERE id = ?", id).Scan(&published)
-		return published.Valid, err
+		var published bool
+		err := env.DB.QueryRowContext(ctx, "SELECT published_at > "+outbox.Unpublished+" FROM outbox WHERE id = ?", id).Scan(&published)
+		return published, err
 	})
 	for _, body := range []any{[]byte(`{"tenant": 7}`), []byte(`{"tenant": ""}`), []byte(`{not json`), map[string]any{"tenant": "a\u0001b"}} {
 		r := env.Do(t, http.MethodPost, "/v1/releases", harness.ExecutorToken, body)

@@ -43,7 +43,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 			t.Fatalf("child %d ended with %v, want SIGKILL between publish and mark: %s", i, err, out)
 		}
 	}
-	unpublished := countOutbox(t, e.db, "published_at IS NULL")
+	unpublished := countOutbox(t, e.db, "published_at = '1000-01-01 00:00:00'")
 	if unpublished == 0 || unpublished == int64(len(ids)) {
 		t.Fatalf("%d rows unpublished after the kills; want the children to have marked some, not all", unpublished)
 	}
@@ -57,7 +57,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 			break
 		}
 	}
-	if n := countOutbox(t, e.db, "published_at IS NULL"); n != 0 {
+	if n := countOutbox(t, e.db, "published_at = '1000-01-01 00:00:00'"); n != 0 {
 		t.Fatalf("%d rows unpublished at the end", n)
 	}
 	assertExactlyOnce(t, e.installID, ids, consumeAll(t, e.js))

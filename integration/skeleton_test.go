@@ -91,7 +91,7 @@ func TestWalkingSkeleton(t *testing.T) {
 	// one once although the fast path and the relay may both have sent it.
 	harness.WaitFor(t, 30*time.Second, "the outbox to be fully published", func() (bool, error) {
 		var n int
-		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL").Scan(&n)
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&n)
 		return n == 0, err
 	})
 	var rows int

@@ -23,11 +23,11 @@ func SetAside(ctx context.Context, tx Execer, now time.Time, refused []Refusal) 
 			msg = msg[:1000]
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO outbox_failed (id, subject, payload, created_at, failed_at, attempts, error)
-			SELECT id, subject, payload, created_at, ?, attempts + 1, ? FROM outbox WHERE id = ? AND published_at IS NULL`,
+			SELECT id, subject, payload, created_at, ?, attempts + 1, ? FROM outbox WHERE id = ? AND published_at = `+Unpublished,
 			now, msg, r.ID); err != nil {
 			return fmt.Errorf("set outbox row %d aside: %w", r.ID, err)
 		}
-		if _, err := tx.ExecContext(ctx, "DELETE FROM outbox WHERE id = ? AND published_at IS NULL", r.ID); err != nil {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM outbox WHERE id = ? AND published_at = "+Unpublished, r.ID); err != nil {
 			return fmt.Errorf("set outbox row %d aside: %w", r.ID, err)
 		}
 	}
@@ -61,10 +61,10 @@ func Restore(ctx context.Context, db *sql.DB, fromID, toID int64) (int64, error)
 // PurgePublished deletes at most limit rows published before cutoff and returns how many it
 // deleted. One short statement per call, in autocommit: under READ COMMITTED the range scan of
 // the (published_at, id) index takes record locks on the deleted rows only, never on the
-// unpublished rows (published_at NULL sorts before the range) that admissions and the relay
+// unpublished rows (the Unpublished sentinel sorts before the range) that admissions and the relay
 // touch. Callers loop while a call deletes limit rows.
 func PurgePublished(ctx context.Context, db Execer, cutoff time.Time, limit int) (int64, error) {
-	res, err := db.ExecContext(ctx, `DELETE FROM outbox WHERE published_at IS NOT NULL AND published_at < ?
+	res, err := db.ExecContext(ctx, `DELETE FROM outbox WHERE published_at > `+Unpublished+` AND published_at < ?
 		ORDER BY published_at, id LIMIT ?`, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("purge published outbox rows: %w", err)
@@ -93,7 +93,7 @@ type QueryContexter interface {
 // and a row that commits or is published later was not part of what a consumer lost.
 func ReadPublished(ctx context.Context, q QueryContexter, sel Selection, after int64, limit int) ([]Row, error) {
 	query := `SELECT id, subject, payload, created_at, attempts FROM outbox
-		WHERE id > ? AND id >= ? AND published_at IS NOT NULL`
+		WHERE id > ? AND id >= ? AND published_at > ` + Unpublished
 	args := []any{after, sel.FromID}
 	if sel.Since != nil {
 		query += " AND published_at >= ?"
@@ -114,7 +114,7 @@ func ReadPublished(ctx context.Context, q QueryContexter, sel Selection, after i
 
 // CountPublished returns how many rows sel selects now.
 func CountPublished(ctx context.Context, q Querier, sel Selection) (int64, error) {
-	query := "SELECT COUNT(*) FROM outbox WHERE id >= ? AND published_at IS NOT NULL"
+	query := "SELECT COUNT(*) FROM outbox WHERE id >= ? AND published_at > " + Unpublished
 	args := []any{sel.FromID}
 	if sel.Since != nil {
 		query += " AND published_at >= ?"

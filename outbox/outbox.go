@@ -23,6 +23,11 @@ const (
 	Release Kind = "release"
 )
 
+// Unpublished is the published_at of a row the broker has not acknowledged yet, as an SQL
+// literal. A NOT NULL sentinel rather than NULL, so that marking a row published updates it in
+// place (migration 0007 says why); it sorts before every real publication time.
+const Unpublished = "'1000-01-01 00:00:00'"
+
 // DefaultPrefix is the subject prefix when none is configured.
 const DefaultPrefix = "sluice"
 
@@ -120,11 +125,11 @@ type Row struct {
 // ClaimUnpublished locks up to limit unpublished rows, oldest id first, and returns them. It must
 // run in a transaction; the row locks are held until that transaction ends. SKIP LOCKED lets
 // several relays run at once, each taking rows no other relay holds, and the selection is by
-// state (published_at IS NULL), never by an id high-water mark, because ids are assigned at
+// state (published_at = Unpublished), never by an id high-water mark, because ids are assigned at
 // INSERT but rows become visible at COMMIT, out of id order.
 func ClaimUnpublished(ctx context.Context, tx *sql.Tx, limit int) ([]Row, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT id, subject, payload, created_at, attempts FROM outbox
-		WHERE published_at IS NULL ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`, limit)
+		WHERE published_at = `+Unpublished+` ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -155,7 +160,7 @@ func MarkPublished(ctx context.Context, tx Execer, now time.Time, ids []int64) e
 	if len(ids) == 0 {
 		return nil
 	}
-	q := "UPDATE outbox SET published_at = ? WHERE published_at IS NULL AND id IN (" + placeholders(len(ids)) + ")"
+	q := "UPDATE outbox SET published_at = ? WHERE published_at = " + Unpublished + " AND id IN (" + placeholders(len(ids)) + ")"
 	args := make([]any, 0, len(ids)+1)
 	args = append(args, now)
 	for _, id := range ids {
@@ -205,7 +210,7 @@ func ReadStats(ctx context.Context, q Querier, now time.Time) (Stats, error) {
 	var s Stats
 	var oldest sql.NullTime
 	if err := q.QueryRowContext(ctx,
-		"SELECT COUNT(*), MIN(created_at) FROM outbox WHERE published_at IS NULL").Scan(&s.Unpublished, &oldest); err != nil {
+		"SELECT COUNT(*), MIN(created_at) FROM outbox WHERE published_at = "+Unpublished).Scan(&s.Unpublished, &oldest); err != nil {
 		return s, fmt.Errorf("read outbox stats: %w", err)
 	}
 	if oldest.Valid {
