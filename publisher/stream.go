@@ -9,6 +9,7 @@ package publisher
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -63,7 +64,26 @@ func (c *StreamConfig) fill() error {
 	return nil
 }
 
-// EnsureStream creates the stream, or updates it to cfg, on file storage.
+// CreateStreamIfMissing creates the stream with cfg if the broker has none of that name, and
+// otherwise leaves the existing one exactly as it is. Processes call it at start-up: updating
+// there would reset what an operator set with `sluice nats init` (three replicas, a longer
+// duplicate window) to a process's defaults.
+func CreateStreamIfMissing(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, bool, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, false, err
+	}
+	s, err := js.Stream(ctx, cfg.Name)
+	if err == nil {
+		return s, false, nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, false, fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+	}
+	s, err = EnsureStream(ctx, js, cfg)
+	return s, err == nil, err
+}
+
+// EnsureStream creates the stream, or updates it to cfg, on file storage (`sluice nats init`).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err

@@ -57,7 +57,8 @@ type Options struct {
 	Prefix string
 	// API, Relay and Drainer select the roles to run. All false means all three.
 	API, Relay, Drainer bool
-	// InitStream creates or updates the JetStream stream at start-up. Default false.
+	// InitStream creates the JetStream stream at start-up if it is missing (an existing one is
+	// left as `sluice nats init` set it). Default false.
 	InitStream bool
 	// PollInterval is the drainer's backstop poll. Default 1 s.
 	PollInterval time.Duration
@@ -164,11 +165,14 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 		if opts.InitStream {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := publisher.EnsureStream(sctx, js, publisher.StreamConfig{Prefix: opts.Prefix})
+			_, created, err := publisher.CreateStreamIfMissing(sctx, js, publisher.StreamConfig{Prefix: opts.Prefix})
 			cancel()
-			if err != nil {
+			switch {
+			case err != nil:
 				// The broker may be down; sluice works without it (pokes are hints).
-				a.log.Warn("could not create or update the JetStream stream; continuing", "error", err)
+				a.log.Warn("could not create the JetStream stream; continuing", "error", err)
+			case created:
+				a.log.Info("created the JetStream stream with default settings (see `sluice nats init`)")
 			}
 		}
 	}
