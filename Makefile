@@ -28,7 +28,7 @@ vet:
 
 lint:
 	@command -v staticcheck >/dev/null 2>&1 || test -x "$$($(GO) env GOPATH)/bin/staticcheck" || \
-		$(GO) install honnef.co/go/tools/cmd/staticcheck@latest
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" staticcheck ./...
 
 unit:
