@@ -1,6 +1,6 @@
 # sluice — the two commands a newcomer needs:
 #   make run    local services up (installed if missing), migrations applied, `sluice dev` serving
-#   make test   local services up, vet, staticcheck, unit tests with -race, integration tests
+#   make test   local services up, vet, staticcheck, unit tests with -race, fuzz, integration tests
 GO       ?= go
 BIN      := bin/sluice
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
