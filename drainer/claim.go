@@ -360,8 +360,9 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		return nil, false, fmt.Errorf("commit claim: %w", err)
 	}
 	if err := d.loadPayloads(ctx, out); err != nil {
-		// Committed but unreadable: leave the jobs to lease recovery rather than send them
-		// without their payload.
+		// Committed but unreadable: nothing was sent, so hand the jobs back at once rather than
+		// leave them to lease recovery, which (with unconfirmed starts) would call them lost.
+		d.releaseUnsent(ctx, now, out)
 		return nil, false, err
 	}
 	d.mu.Lock()
@@ -374,6 +375,23 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 			job.Dispatched, c.row.Version, now, "")
 	}
 	return out, full, nil
+}
+
+// releaseUnsent returns claimed jobs that were never sent to queued, fenced on the claim. If the
+// database refuses this too, lease recovery takes them later.
+func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed) {
+	items := make([]store.Finishing, len(cs))
+	for i, c := range cs {
+		items[i] = store.Finishing{Row: c.row, Outcome: store.Outcome{Status: job.Queued,
+			ErrorCode: "dispatch_error", ErrorMessage: "the claimed job could not be read back; it was never sent"}}
+	}
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := d.store.FinishMany(ctx, tx, now, items)
+		return err
+	})
+	if err != nil {
+		d.cfg.Log.Warn("could not hand back claimed jobs that were never sent; lease recovery will", "jobs", len(cs), "error", err)
+	}
 }
 
 // lastConfig returns the runtime configuration the last claim transaction read (the defaults

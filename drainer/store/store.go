@@ -276,12 +276,17 @@ func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Fi
 		var q string
 		if kind == "requeue" {
 			col("not_before", func(i int) any { return items[i].Outcome.NotBefore })
-			col("dispatch_failures", func(i int) any {
+			// An increment, not the value read: a caller may hand back a row it never read whole.
+			set.WriteString(", dispatch_failures = dispatch_failures + CASE id")
+			for _, i := range g.items {
+				inc := 0
 				if items[i].Outcome.CountFailure {
-					return items[i].Row.DispatchFailures + 1
+					inc = 1
 				}
-				return items[i].Row.DispatchFailures
-			})
+				set.WriteString(" WHEN ? THEN ?")
+				args = append(args, items[i].Row.ID, inc)
+			}
+			set.WriteString(" END")
 			q = `UPDATE jobs SET status = 'queued', version = version + 1, claimed_at = NULL,
 				dispatched_at = NULL, started_at = NULL, lease_until = NULL, drainer_id = NULL,
 				voided_nonce_sha256 = nonce_sha256, nonce_sha256 = NULL, nonce_expires_at = NULL` + set.String()
