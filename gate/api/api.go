@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -240,13 +239,9 @@ const bodyOverhead = 16 << 10
 // valid UTF-8 is refused before decoding, because encoding/json would silently replace the bad
 // bytes.
 func readBody(r *http.Request, limit int) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
+	data, err := readRaw(r, limit)
 	if err != nil {
-		return nil, job.Invalid("body", "could not read the request body: %v", err)
-	}
-	if len(data) > limit {
-		return nil, &job.Error{Code: job.CodePayloadTooLarge, Message: "the request body is too large",
-			Detail: map[string]any{"limit_bytes": limit}}
+		return nil, err
 	}
 	if !utf8.Valid(data) {
 		return nil, job.Invalid("body", "the request body is not valid UTF-8")

@@ -69,13 +69,18 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	writeCreated(w, res, http.StatusAccepted)
+}
+
+// writeCreated answers with the job an admission or redrive created (status), or with 200 and
+// Idempotent-Replayed when it returned one that already existed.
+func writeCreated(w http.ResponseWriter, res gate.Result, status int) {
 	w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(res.Job.ID, 10))
 	if res.Replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusOK, res.Job)
-		return
+		status = http.StatusOK
 	}
-	writeJSON(w, http.StatusAccepted, res.Job)
+	writeJSON(w, status, res.Job)
 }
 
 // BatchItem is one result of POST /v1/jobs:batch: the HTTP status the item would have had
@@ -232,13 +237,7 @@ func (s *Server) redrive(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	w.Header().Set("Location", "/v1/jobs/"+strconv.FormatInt(res.Job.ID, 10))
-	if res.Replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusOK, res.Job)
-		return
-	}
-	writeJSON(w, http.StatusCreated, res.Job)
+	writeCreated(w, res, http.StatusCreated)
 }
 
 // visible reads job id for the caller: a producer asking for another tenant's job gets the same
