@@ -21,7 +21,6 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/api"
@@ -247,33 +246,13 @@ func (f *frontDoor) fillQueued(t testing.TB, tenant string, n int, status string
 	}
 }
 
-// counter returns the value of a counter in f's registry with the given label value.
+// counter returns the value of a counter in f's registry, or of its series with label=value.
 func (f *frontDoor) counter(t testing.TB, name, label, value string) float64 {
 	t.Helper()
-	mfs, err := f.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	if label == "" {
+		return harness.Counter(t, f.reg, name)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if label == "" || hasLabel(m, label, value) {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
-
-func hasLabel(m *dto.Metric, name, value string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name && l.GetValue() == value {
-			return true
-		}
-	}
-	return false
+	return harness.Counter(t, f.reg, name, label, value)
 }
 
 // uniqueTenant returns a tenant name no other test run uses (memcached outlives databases).

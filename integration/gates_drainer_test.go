@@ -20,22 +20,6 @@ import (
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
 
-// gateCounter reads a counter by name from reg.
-func gateCounter(tb testing.TB, reg prometheus.Gatherer, name string) float64 {
-	tb.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	tb.Fatalf("no counter %s", name)
-	return 0
-}
-
 // TestGateMemcachedOutage is SPEC §12 invariant 7 with a test-owned memcached: while it is up a
 // gated key's jobs wait; stopped mid-run, every job dispatches (fail open, counted in
 // sluice_gate_unavailable_total); started again on the same port, gates work again. The drainer
@@ -106,7 +90,7 @@ func TestGateMemcachedOutage(t *testing.T) {
 	if c, err := gateKeyStates(ctx, env, hG); err != nil || c["queued"] != 4 {
 		t.Fatalf("gated key's jobs with memcached up: %v (%v), want 4 queued", c, err)
 	}
-	if n := gateCounter(t, reg, "sluice_gate_unavailable_total"); n != 0 {
+	if n := harness.Counter(t, reg, "sluice_gate_unavailable_total"); n != 0 {
 		t.Errorf("sluice_gate_unavailable_total = %v with memcached up, want 0", n)
 	}
 
@@ -123,7 +107,7 @@ func TestGateMemcachedOutage(t *testing.T) {
 		o, err := gateKeyStates(ctx, env, hO)
 		return g["succeeded"] == 4 && o["succeeded"] == 8, err
 	})
-	if n := gateCounter(t, reg, "sluice_gate_unavailable_total"); n < 1 {
+	if n := harness.Counter(t, reg, "sluice_gate_unavailable_total"); n < 1 {
 		t.Errorf("sluice_gate_unavailable_total = %v after passes with memcached down, want at least 1", n)
 	}
 

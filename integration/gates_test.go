@@ -46,21 +46,7 @@ func gateAdmitKey(tb testing.TB, env *harness.Env, tenant, raw string, payload a
 
 // gateKeyStates counts the jobs of rate key hash per status.
 func gateKeyStates(ctx context.Context, env *harness.Env, hash string) (map[string]int, error) {
-	rows, err := env.DB.QueryContext(ctx, "SELECT status, COUNT(*) FROM jobs WHERE rate_key_sha256 = ? GROUP BY status", hash)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var s string
-		var n int
-		if err := rows.Scan(&s, &n); err != nil {
-			return nil, err
-		}
-		out[s] = n
-	}
-	return out, rows.Err()
+	return env.CountJobsWhere(ctx, "rate_key_sha256 = ?", hash)
 }
 
 // gateDrainKey admits n jobs of tenant under rate key raw and waits until all have succeeded. It

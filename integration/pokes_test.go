@@ -5,30 +5,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/outbox"
 )
-
-func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			total := 0.0
-			for _, m := range mf.GetMetric() {
-				total += m.GetCounter().GetValue()
-			}
-			return total
-		}
-	}
-	t.Fatalf("metric %s is not registered", name)
-	return 0
-}
 
 // TestPokesCoalesce sends a burst of 10,000 pokes: the drainer hears all of them but runs a
 // handful of passes, not 10,000.
@@ -41,8 +21,8 @@ func TestPokesCoalesce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	pokesBefore := counterValue(t, reg, "sluice_pokes_received_total")
-	passesBefore := counterValue(t, reg, "sluice_drainer_passes_total")
+	pokesBefore := harness.Counter(t, reg, "sluice_pokes_received_total")
+	passesBefore := harness.Counter(t, reg, "sluice_drainer_passes_total")
 	msg := outbox.PokeMessage(outbox.DefaultPrefix, outbox.Enqueue, "burst", 1)
 	for i := 0; i < 10000; i++ {
 		if err := nc.Publish(msg.Subject, msg.Payload); err != nil {
@@ -53,9 +33,9 @@ func TestPokesCoalesce(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.WaitFor(t, 30*time.Second, "the drainer to receive 10,000 pokes", func() (bool, error) {
-		return counterValue(t, reg, "sluice_pokes_received_total")-pokesBefore >= 10000, nil
+		return harness.Counter(t, reg, "sluice_pokes_received_total")-pokesBefore >= 10000, nil
 	})
-	passes := counterValue(t, reg, "sluice_drainer_passes_total") - passesBefore
+	passes := harness.Counter(t, reg, "sluice_drainer_passes_total") - passesBefore
 	t.Logf("10,000 pokes caused %.0f drain passes", passes)
 	// Each pass takes at least a few database round trips (~1 ms), while the whole burst arrives
 	// within a few tens of milliseconds: every poke that arrives during a pass collapses into the

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -89,6 +90,30 @@ func countOutbox(t testing.TB, db *testdb.DB, where string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// streamMessages returns how many messages the SLUICE stream holds on the broker at url.
+func streamMessages(t testing.TB, url string) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, "SLUICE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
 }
 
 // streamMsg is what a consumer saw of one message.
@@ -203,22 +228,11 @@ func newRegistryMetrics() registryMetrics {
 	return registryMetrics{reg: reg, m: publisher.NewRelayMetrics(reg)}
 }
 
-// counter returns the value of counter name with the one label value label ("" for none).
+// counter returns the value of counter name, or of its series with kind=label.
 func (r registryMetrics) counter(t testing.TB, name, label string) float64 {
 	t.Helper()
-	mfs, err := r.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	if label == "" {
+		return harness.Counter(t, r.reg, name)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if label == "" || (len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == label) {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return harness.Counter(t, r.reg, name, "kind", label)
 }

@@ -193,7 +193,13 @@ func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() (boo
 
 // CountJobs returns the number of jobs per status.
 func (e *Env) CountJobs(ctx context.Context) (map[string]int, error) {
-	rows, err := e.DB.QueryContext(ctx, "SELECT status, COUNT(*) FROM jobs GROUP BY status")
+	return e.CountJobsWhere(ctx, "TRUE")
+}
+
+// CountJobsWhere returns the number of jobs per status among those matching the SQL condition
+// where (with args for its placeholders).
+func (e *Env) CountJobsWhere(ctx context.Context, where string, args ...any) (map[string]int, error) {
+	rows, err := e.DB.QueryContext(ctx, "SELECT status, COUNT(*) FROM jobs WHERE "+where+" GROUP BY status", args...)
 	if err != nil {
 		return nil, fmt.Errorf("count jobs: %w", err)
 	}
