@@ -10,12 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/outbox"
 )
 
 // loadResult is what a load generator saw.
@@ -167,7 +165,7 @@ func TestOpsMariaDBRestart(t *testing.T) {
 		var open, unpublished int
 		err := check.QueryRowContext(ctx, `SELECT
 			(SELECT COUNT(*) FROM jobs WHERE status IN ('queued','claimed','dispatched','running')),
-			(SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00')`).Scan(&open, &unpublished)
+			(SELECT COUNT(*) FROM outbox WHERE published_at = `+outbox.Unpublished+`)`).Scan(&open, &unpublished)
 		return open == 0 && unpublished == 0, err
 	})
 	rows, err := check.QueryContext(ctx, "SELECT id, status, idempotency_key FROM jobs")
@@ -270,7 +268,7 @@ func TestOpsNATSRestart(t *testing.T) {
 	}
 	harness.WaitFor(t, 30*time.Second, "20 more jobs to succeed without the broker (poll backstop)", succeeded(30))
 	var waiting int
-	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&waiting); err != nil {
+	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = "+outbox.Unpublished).Scan(&waiting); err != nil {
 		t.Fatal(err)
 	}
 	if waiting < 20 {
@@ -286,7 +284,7 @@ func TestOpsNATSRestart(t *testing.T) {
 	harness.WaitFor(t, 15*time.Second, "the client to reconnect by itself", brokerConnected)
 	harness.WaitFor(t, 15*time.Second, "the outbox to be published after the outage", func() (bool, error) {
 		var n int
-		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&n)
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = "+outbox.Unpublished).Scan(&n)
 		return n == 0, err
 	})
 	pokesBefore, _ := metricValue(scrape(t, env.URL), "sluice_pokes_received_total")
@@ -300,7 +298,7 @@ func TestOpsNATSRestart(t *testing.T) {
 	})
 	harness.WaitFor(t, 10*time.Second, "the outbox to be empty", func() (bool, error) {
 		var n int
-		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&n)
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = "+outbox.Unpublished).Scan(&n)
 		return n == 0, err
 	})
 
@@ -308,25 +306,8 @@ func TestOpsNATSRestart(t *testing.T) {
 	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := js.Stream(ctx, "SLUICE")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != rows {
-		t.Errorf("stream holds %d messages, want one per outbox row (%d)", info.State.Msgs, rows)
+	if msgs := streamMessages(t, fmt.Sprintf("nats://127.0.0.1:%d", port)); msgs != rows {
+		t.Errorf("stream holds %d messages, want one per outbox row (%d)", msgs, rows)
 	}
 	if st := env.Exec.Stats(); st.DuplicateStarts != 0 || st.TotalStarts != 35 {
 		t.Errorf("executor: %d starts, %d duplicates; want 35 and 0", st.TotalStarts, st.DuplicateStarts)

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
 
@@ -60,7 +61,7 @@ func TestBrokerOutageScenario9(t *testing.T) {
 	if ns.Running() {
 		t.Fatal("the broker came back during the drain; the test proves nothing")
 	}
-	if n := countOutbox(t, env.DB, "published_at > '1000-01-01 00:00:00'"); n != 0 {
+	if n := countOutbox(t, env.DB, "published_at > "+outbox.Unpublished); n != 0 {
 		t.Fatalf("%d outbox rows marked published while the broker was down", n)
 	}
 
@@ -91,7 +92,7 @@ func TestBrokerOutageScenario9(t *testing.T) {
 	ns.Restart(t)
 	harness.WaitFor(t, 60*time.Second, "the outbox to be published after the outage", func() (bool, error) {
 		var n int64
-		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&n)
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = "+outbox.Unpublished).Scan(&n)
 		return n == 0, err
 	})
 	nc, err := nats.Connect(ns.URL())

@@ -47,7 +47,7 @@ func BenchmarkRelayBacklog(b *testing.B) {
 				took := time.Since(start)
 				cancel()
 				<-done
-				if left := countOutbox(b, e.db, "published_at = '1000-01-01 00:00:00'"); left != 0 {
+				if left := countOutbox(b, e.db, "published_at = "+outbox.Unpublished); left != 0 {
 					b.Fatalf("%d rows left unpublished", left)
 				}
 				rate := rows / took.Seconds()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
 
@@ -32,7 +33,7 @@ func TestRelayThroughClusterNodeLoss(t *testing.T) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
 	harness.WaitFor(t, 60*time.Second, "a first share of the rows to be published", func() (bool, error) {
-		return countOutbox(t, e.db, "published_at > '1000-01-01 00:00:00'") >= 1000, nil
+		return countOutbox(t, e.db, "published_at > "+outbox.Unpublished) >= 1000, nil
 	})
 	info, err := e.js.Stream(context.Background(), "SLUICE")
 	if err != nil {
@@ -49,11 +50,11 @@ func TestRelayThroughClusterNodeLoss(t *testing.T) {
 	if !killed {
 		t.Fatalf("stream leader %q is none of the nodes", leader)
 	}
-	if done := countOutbox(t, e.db, "published_at > '1000-01-01 00:00:00'"); done == int64(len(ids)) {
+	if done := countOutbox(t, e.db, "published_at > "+outbox.Unpublished); done == int64(len(ids)) {
 		t.Fatal("the relay finished before the node was killed; the test proves nothing")
 	}
 	harness.WaitFor(t, 90*time.Second, "every row to be published after losing a node", func() (bool, error) {
-		return countOutbox(t, e.db, "published_at = '1000-01-01 00:00:00'") == 0, nil
+		return countOutbox(t, e.db, "published_at = "+outbox.Unpublished) == 0, nil
 	})
 	cancel()
 	wg.Wait()

@@ -64,7 +64,7 @@ func TestRelayCoreNATSMode(t *testing.T) {
 	if n, err := r.RunOnce(ctx); err != nil || n != 100 {
 		t.Fatalf("core pass published %d (err %v), want 100", n, err)
 	}
-	if n := countOutbox(t, db, "published_at = '1000-01-01 00:00:00'"); n != 0 {
+	if n := countOutbox(t, db, "published_at = "+outbox.Unpublished); n != 0 {
 		t.Fatalf("%d rows unpublished", n)
 	}
 	total, failed, err := outbox.ReadFailed(ctx, db, 1)

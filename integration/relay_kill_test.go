@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
 
@@ -43,7 +44,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 			t.Fatalf("child %d ended with %v, want SIGKILL between publish and mark: %s", i, err, out)
 		}
 	}
-	unpublished := countOutbox(t, e.db, "published_at = '1000-01-01 00:00:00'")
+	unpublished := countOutbox(t, e.db, "published_at = "+outbox.Unpublished)
 	if unpublished == 0 || unpublished == int64(len(ids)) {
 		t.Fatalf("%d rows unpublished after the kills; want the children to have marked some, not all", unpublished)
 	}
@@ -57,7 +58,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 			break
 		}
 	}
-	if n := countOutbox(t, e.db, "published_at = '1000-01-01 00:00:00'"); n != 0 {
+	if n := countOutbox(t, e.db, "published_at = "+outbox.Unpublished); n != 0 {
 		t.Fatalf("%d rows unpublished at the end", n)
 	}
 	assertExactlyOnce(t, e.installID, ids, consumeAll(t, e.js))

@@ -59,7 +59,7 @@ func TestRelayOutOfOrderCommits(t *testing.T) {
 	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("second pass published %d (err %v), want the late-committing lower id", n, err)
 	}
-	if n := countOutbox(t, e.db, "published_at = '1000-01-01 00:00:00'"); n != 0 {
+	if n := countOutbox(t, e.db, "published_at = "+outbox.Unpublished); n != 0 {
 		t.Fatalf("%d rows unpublished", n)
 	}
 	assertExactlyOnce(t, e.installID, []int64{low[0], high[0]}, consumeAll(t, e.js))
@@ -92,7 +92,7 @@ func TestRelaySetsAsidePoisonRows(t *testing.T) {
 	if err != nil || n != 10 {
 		t.Fatalf("pass published %d (err %v), want the 10 good rows", n, err)
 	}
-	if got := countOutbox(t, e.db, "published_at = '1000-01-01 00:00:00'"); got != 0 {
+	if got := countOutbox(t, e.db, "published_at = "+outbox.Unpublished); got != 0 {
 		t.Fatalf("%d rows still unpublished; the poison row must not stay in the queue", got)
 	}
 	total, failed, err := outbox.ReadFailed(ctx, e.db, 10)
@@ -203,7 +203,7 @@ func TestReplayRepublishesExactlyTheRange(t *testing.T) {
 		t.Errorf("saw %d distinct replayed messages, want %d", len(got), len(want))
 	}
 	assertExactlyOnce(t, e.installID, ids, originals) // the late rows were not published by anyone
-	if n := countOutbox(t, e.db, "published_at = '1000-01-01 00:00:00'"); n != int64(len(late)) {
+	if n := countOutbox(t, e.db, "published_at = "+outbox.Unpublished); n != int64(len(late)) {
 		t.Fatalf("%d rows unpublished, want the %d late ones left to the relay", n, len(late))
 	}
 }
@@ -242,7 +242,7 @@ func TestPurgeKeepsUnpublishedAndRecentRows(t *testing.T) {
 	if n, err := p.RunOnce(ctx); err != nil || n != 10 {
 		t.Fatalf("purged %d (err %v) a year later, want the other 10 published rows", n, err)
 	}
-	if got := countOutbox(t, db, "published_at = '1000-01-01 00:00:00'"); got != 10 {
+	if got := countOutbox(t, db, "published_at = "+outbox.Unpublished); got != 10 {
 		t.Fatalf("%d unpublished rows left, want all 10: unpublished rows are never purged", got)
 	}
 }

@@ -9,10 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/outbox"
 )
 
 // TestWalkingSkeleton admits 100 jobs across 3 tenants through the HTTP API and follows them
@@ -91,7 +89,7 @@ func TestWalkingSkeleton(t *testing.T) {
 	// one once although the fast path and the relay may both have sent it.
 	harness.WaitFor(t, 30*time.Second, "the outbox to be fully published", func() (bool, error) {
 		var n int
-		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&n)
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = "+outbox.Unpublished).Scan(&n)
 		return n == 0, err
 	})
 	var rows int
@@ -101,25 +99,8 @@ func TestWalkingSkeleton(t *testing.T) {
 	if rows != 200 {
 		t.Errorf("outbox has %d rows, want 200 (an enqueue and a release poke per job)", rows)
 	}
-	nc, err := nats.Connect(env.NATS.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := js.Stream(ctx, "SLUICE")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != uint64(rows) {
-		t.Errorf("stream holds %d messages, want one per outbox row (%d)", info.State.Msgs, rows)
+	if msgs := streamMessages(t, env.NATS.URL()); msgs != uint64(rows) {
+		t.Errorf("stream holds %d messages, want one per outbox row (%d)", msgs, rows)
 	}
 
 	// Dispatch latency, admission response to executor receipt. Reported, not asserted: speed is
