@@ -26,14 +26,14 @@ func configCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	asJSON := fs.Bool("json", false, "print JSON")
 	note := fs.String("note", "", "why the change is made (set)")
 	limit := fs.Int("limit", 50, "how many changes to show, newest first (history)")
-	token := adminFlags(fs)
+	token := tokenFlag(fs)
 	flags, pos := splitArgs(args[1:], "json", "-json")
 	c, err := parseSettings(fs, flags)
 	if err != nil {
 		return err
 	}
 	pos = append(pos, fs.Args()...)
-	cl := client.New(c.get("api-url"), token(c))
+	cl := client.New(c.get("api-url"), *token)
 	switch sub {
 	case "show":
 		v, err := cl.Config(ctx)

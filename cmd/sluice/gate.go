@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,7 +17,7 @@ const gateUsage = `Usage:
   sluice gate set (--rate-key KEY | --hash SHA256) --retry-after SECONDS   gate a rate key (never shortens a gate)
   sluice gate list                                                         gated keys that have queued jobs
   sluice gate clear SHA256                                                 lift a gate
-The API is --api-url (SLUICE_API_URL); the token is --token (SLUICE_API_TOKEN)`
+The API is --api-url (SLUICE_API_URL); the token is --token (SLUICE_TOKEN)`
 
 // gateCmd is `sluice gate set|list|clear`: the operator's view of the rate gates, through the API.
 func gateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -33,7 +32,7 @@ func gateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	fs := flag.NewFlagSet("sluice gate "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	token := fs.String("token", os.Getenv("SLUICE_API_TOKEN"), "API bearer token (SLUICE_API_TOKEN)")
+	token := tokenFlag(fs)
 	rateKey := fs.String("rate-key", "", "set: the raw rate key (hashed by the server, never stored)")
 	hash := fs.String("hash", "", "set: the rate key's SHA-256 hex")
 	retryAfter := fs.Int("retry-after", 0, "set: whole seconds, 1 to 86400")

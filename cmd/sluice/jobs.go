@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -32,7 +31,7 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	fs := flag.NewFlagSet("sluice jobs "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	token := fs.String("token", os.Getenv("SLUICE_TOKEN"), "API bearer token (SLUICE_TOKEN)")
+	token := tokenFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	tenant := fs.String("tenant", "", "list: only this tenant's jobs")
 	status := fs.String("status", "", "list: only jobs in this state")

@@ -14,17 +14,10 @@ import (
 	"github.com/sluicehq/sluice/gate/status"
 )
 
-// adminFlags adds what the admin commands need beyond the settings: the API URL is the
-// api-url setting; the token comes from --token or SLUICE_TOKEN unless a setting of that name
-// already provides it.
-func adminFlags(fs *flag.FlagSet) func(c *config) string {
-	for _, s := range settings {
-		if s.flag == "token" {
-			return func(c *config) string { return c.get("token") }
-		}
-	}
-	tok := fs.String("token", os.Getenv("SLUICE_TOKEN"), "admin API token (SLUICE_TOKEN)")
-	return func(*config) string { return *tok }
+// tokenFlag registers --token, the API bearer token every API command sends (default
+// SLUICE_TOKEN); the API itself is the api-url setting (SLUICE_API_URL).
+func tokenFlag(fs *flag.FlagSet) *string {
+	return fs.String("token", os.Getenv("SLUICE_TOKEN"), "API bearer token (SLUICE_TOKEN)")
 }
 
 // splitArgs moves flags (and their values) ahead of positional arguments, so that
@@ -59,12 +52,12 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("sluice status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the status as JSON")
-	token := adminFlags(fs)
+	token := tokenFlag(fs)
 	c, err := parseSettings(fs, args)
 	if err != nil {
 		return err
 	}
-	cl := client.New(c.get("api-url"), token(c))
+	cl := client.New(c.get("api-url"), *token)
 	st, err := cl.Status(ctx)
 	if err != nil {
 		return err
