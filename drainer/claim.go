@@ -367,7 +367,7 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	}
 	d.mu.Lock()
 	for _, c := range out {
-		d.held[c.row.ID] = &held{version: c.row.Version, tenant: c.row.Tenant}
+		d.held[c.row.ID] = c.row.Version
 	}
 	d.mu.Unlock()
 	for _, c := range out {

@@ -35,11 +35,22 @@ func (d *Drainer) startDispatch(c claimed) {
 		defer rcancel()
 		if err := d.recordRetrying(rctx, c, ans); err != nil {
 			d.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
+			d.forget(c) // stop renewing, so that recovery takes it when the lease runs out
 		}
 		if d.cfg.Recorded != nil {
 			d.cfg.Recorded(c.row.ID)
 		}
 	}()
+}
+
+// forget drops c from the jobs this drainer holds (and renews), unless a later claim of the same
+// job replaced it.
+func (d *Drainer) forget(c claimed) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if v, ok := d.held[c.row.ID]; ok && v == c.row.Version {
+		delete(d.held, c.row.ID)
+	}
 }
 
 // outcomeReq is one dispatch answer waiting to be recorded.
@@ -59,7 +70,7 @@ const maxOutcomeBatch = 256
 // and this drainer lets go of the job. Answers arriving together are written together: the first
 // caller to find no batch in progress becomes the writer and records everything queued until the
 // queue is empty (group commit), so a thousand outcomes do not cost a thousand commits.
-func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) error {
+func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) (err error) {
 	// A gate in the answer (any answer, 202 included) or a 429 gates the rate key first, outside
 	// any transaction: the key's other jobs must stop being claimed whatever happens to this one.
 	gateRetry := 0
@@ -78,11 +89,12 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 		return nil // the executor will call /complete; the lease is renewed until the wall
 	}
 	defer func() {
-		d.mu.Lock()
-		if h, ok := d.held[c.row.ID]; ok && h.version == c.row.Version {
-			delete(d.held, c.row.ID)
+		if err != nil {
+			// Not recorded: the job stays held, so its lease is still renewed while
+			// recordRetrying tries again.
+			return
 		}
-		d.mu.Unlock()
+		d.forget(c)
 		d.Wake() // capacity freed: claim the next job now, not at the next poll
 	}()
 	req := &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated, done: make(chan error, 1)}

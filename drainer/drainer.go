@@ -82,7 +82,7 @@ type Drainer struct {
 	passMu sync.Mutex // one pass at a time
 
 	mu        sync.Mutex
-	held      map[int64]*held // jobs this drainer dispatched and still owns
+	held      map[int64]int64 // job id -> version: the jobs this drainer dispatched and still owns
 	lastRenew time.Time
 	lastBeat  time.Time
 	lastClaim time.Time
@@ -101,11 +101,6 @@ type Drainer struct {
 	work       context.Context // dispatches run under it; canceled by Stop after the grace
 	cancelWork context.CancelFunc
 	dispatches sync.WaitGroup
-}
-
-type held struct {
-	version int64
-	tenant  string
 }
 
 // New returns a Drainer, or an "invalid config" error naming the field.
@@ -146,7 +141,7 @@ func New(cfg Config) (*Drainer, error) {
 		cfg:        cfg,
 		store:      &store.Store{Prefix: cfg.Prefix, Log: cfg.Log},
 		wake:       make(chan struct{}, 1),
-		held:       map[int64]*held{},
+		held:       map[int64]int64{},
 		work:       work,
 		cancelWork: cancel,
 	}, nil
@@ -311,9 +306,9 @@ func (d *Drainer) renew(ctx context.Context, now time.Time) (int, error) {
 	}
 	ids := make([]int64, 0, len(d.held))
 	versions := make(map[int64]int64, len(d.held))
-	for id, h := range d.held {
+	for id, version := range d.held {
 		ids = append(ids, id)
-		versions[id] = h.version
+		versions[id] = version
 	}
 	d.mu.Unlock()
 	cfg := d.lastConfig()
@@ -377,7 +372,7 @@ func (d *Drainer) forgetLost(ctx context.Context, now time.Time, wall time.Durat
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, id := range ids {
-		if h, ok := d.held[id]; ok && !keep[id] && h.version == versions[id] {
+		if v, ok := d.held[id]; ok && !keep[id] && v == versions[id] {
 			delete(d.held, id)
 		}
 	}
