@@ -294,6 +294,12 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	// The caps the last claim saw are good enough to choose candidates (the claim re-reads them
 	// under the lock); the in-flight counts are read fresh, since completions elsewhere (other
 	// drainers, asynchronous executors) free capacity this process did not see.
+	if d.probing() {
+		out, handled, err := d.claimLone(ctx, now)
+		if err != nil || handled {
+			return out, false, err
+		}
+	}
 	cfg := d.lastConfig()
 	inFlight, total, err := inFlightByTenant(ctx, d.cfg.DB)
 	if err != nil {
@@ -301,6 +307,7 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	}
 	cands, more, err := d.candidates(ctx, now, cfg, inFlight, total)
 	if err != nil || len(cands) == 0 {
+		d.setProbe(err == nil)
 		return nil, false, err
 	}
 
@@ -309,16 +316,8 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	var raw sql.NullString
-	if err := tx.QueryRowContext(ctx, `SELECT (SELECT config FROM config_versions ORDER BY version DESC LIMIT 1)
-		FROM claim_lock WHERE id = 1 FOR UPDATE`).Scan(&raw); err != nil {
-		return nil, false, fmt.Errorf("take claim lock: %w", err)
-	}
-	cfg = limits.Default()
-	if raw.Valid {
-		if cfg, err = limits.Decode([]byte(raw.String)); err != nil {
-			return nil, false, err
-		}
+	if cfg, err = lockClaims(ctx, tx); err != nil {
+		return nil, false, err
 	}
 	if inFlight, total, err = inFlightByTenant(ctx, tx); err != nil {
 		return nil, false, err
@@ -365,6 +364,25 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		d.releaseUnsent(ctx, now, out)
 		return nil, false, err
 	}
+	// Probing for a lone job is worth its round trip only when this pass left nothing behind.
+	d.setProbe(!full && len(out) == len(chosen) && drained(cands, more))
+	d.own(ctx, now, out)
+	return out, full, nil
+}
+
+// drained reports whether a pass took every candidate it read and no tenant may have more.
+func drained(cands map[string][]candidate, more map[string]bool) bool {
+	for t, cs := range cands {
+		if len(cs) > 0 || more[t] {
+			return false
+		}
+	}
+	return true
+}
+
+// own records jobs this drainer committed as dispatched: it holds them (renews their leases)
+// until their outcomes are recorded.
+func (d *Drainer) own(ctx context.Context, now time.Time, out []claimed) {
 	d.mu.Lock()
 	for _, c := range out {
 		d.held[c.row.ID] = c.row.Version
@@ -374,7 +392,19 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		d.store.LogTransition(ctx, store.Row{Job: job.Job{ID: c.row.ID, Tenant: c.row.Tenant, Status: job.Queued, QueuedAt: c.row.QueuedAt}},
 			job.Dispatched, c.row.Version, now, "")
 	}
-	return out, full, nil
+}
+
+// lockClaims takes the claim lock of tx and reads the runtime configuration in force.
+func lockClaims(ctx context.Context, tx *sql.Tx) (limits.Config, error) {
+	var raw sql.NullString
+	if err := tx.QueryRowContext(ctx, `SELECT (SELECT config FROM config_versions ORDER BY version DESC LIMIT 1)
+		FROM claim_lock WHERE id = 1 FOR UPDATE`).Scan(&raw); err != nil {
+		return limits.Config{}, fmt.Errorf("take claim lock: %w", err)
+	}
+	if !raw.Valid {
+		return limits.Default(), nil
+	}
+	return limits.Decode([]byte(raw.String))
 }
 
 // releaseUnsent returns claimed jobs that were never sent to queued, fenced on the claim. If the

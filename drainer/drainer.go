@@ -87,6 +87,7 @@ type Drainer struct {
 	lastBeat  time.Time
 	lastClaim time.Time
 	rrLast    string // round_robin: the tenant served last
+	probe     bool   // the last pass left the queue empty: the next one probes for a lone job
 
 	viewed     bool          // a claim transaction has run
 	viewCfg    limits.Config // the runtime config the last claim transaction read
@@ -142,6 +143,7 @@ func New(cfg Config) (*Drainer, error) {
 		store:      &store.Store{Prefix: cfg.Prefix, Log: cfg.Log},
 		wake:       make(chan struct{}, 1),
 		held:       map[int64]int64{},
+		probe:      true,
 		work:       work,
 		cancelWork: cancel,
 	}, nil

@@ -1,0 +1,107 @@
+package drainer
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// The lone-job claim is the pickup path of an idle queue. A pass normally reads the in-flight
+// counts, the tenants with queued work and their heads before its transaction, and the claimed
+// payloads after it: eleven round trips from a poke to the dispatch. When the previous pass left
+// the queue empty, a job that arrives is most likely the only one queued, and then every
+// ordering (fair, fifo, round_robin) picks it whatever the other tenants hold in flight; the
+// caps are the only question. So such a pass first reads at most two queued jobs, with the
+// payload: none means there is nothing to do, one eligible job without a rate key is claimed at
+// once under the claim lock (the caps read in that transaction, as always), and anything else
+// falls through to the normal pass. The read is as early as the normal pass's candidate read,
+// and the claim is fenced the same way, so it decides nothing the normal pass would not.
+
+// loneJob is the only queued job, as read before the claim transaction.
+type loneJob struct {
+	candidate
+	notBefore sql.NullTime
+	payload   []byte
+	attempt   int
+	failures  int
+}
+
+func (d *Drainer) probing() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.probe
+}
+
+func (d *Drainer) setProbe(on bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.probe = on
+}
+
+// claimLone claims the queue's only job if it may start now. handled is false when the normal
+// pass must decide (more than one job queued, a deferred job, a rate key to check against the
+// gates, the job taken meanwhile).
+func (d *Drainer) claimLone(ctx context.Context, now time.Time) (out []claimed, handled bool, err error) {
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT id, tenant, rate_key_sha256, queued_at, version,
+		not_before, payload, attempt, dispatch_failures FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT 2`)
+	if err != nil {
+		return nil, false, fmt.Errorf("read the queue's head: %w", err)
+	}
+	var found []loneJob
+	for rows.Next() {
+		var j loneJob
+		if err := rows.Scan(&j.id, &j.tenant, &j.rateKey, &j.queuedAt, &j.version, &j.notBefore,
+			&j.payload, &j.attempt, &j.failures); err != nil {
+			rows.Close()
+			return nil, false, fmt.Errorf("read the queue's head: %w", err)
+		}
+		found = append(found, j)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, false, fmt.Errorf("read the queue's head: %w", err)
+	}
+	switch {
+	case len(found) == 0:
+		return nil, true, nil
+	case len(found) > 1:
+		d.setProbe(false)
+		return nil, false, nil
+	}
+	j := found[0]
+	if (j.notBefore.Valid && j.notBefore.Time.After(now)) || (j.rateKey.Valid && d.cfg.Gates != nil) {
+		return nil, false, nil
+	}
+
+	tx, err := d.cfg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, false, fmt.Errorf("begin claim: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	cfg, err := lockClaims(ctx, tx)
+	if err != nil {
+		return nil, false, err
+	}
+	d.remember(cfg)
+	var total, mine int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(tenant = ?), 0) FROM jobs
+		WHERE status IN ('claimed','dispatched','running')`, j.tenant).Scan(&total, &mine); err != nil {
+		return nil, false, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	if total >= cfg.GlobalInFlight || mine >= cfg.TenantCap(j.tenant) {
+		return nil, true, nil // at a cap: no ordering could start anything now
+	}
+	out, err = d.claimChosen(ctx, tx, now, cfg, []candidate{j.candidate})
+	if err != nil || len(out) == 0 {
+		return nil, false, err // taken or canceled meanwhile: let the normal pass look
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, false, fmt.Errorf("commit claim: %w", err)
+	}
+	// The claim counted the attempt.
+	out[0].row.Payload, out[0].row.Attempt, out[0].row.DispatchFailures = j.payload, j.attempt+1, j.failures
+	d.rrLast = j.tenant
+	d.own(ctx, now, out)
+	return out, true, nil
+}

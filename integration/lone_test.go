@@ -1,0 +1,152 @@
+package integration_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// loneSender answers every dispatch "succeeded" at once and keeps what it was sent.
+type loneSender struct {
+	mu   sync.Mutex
+	sent []executor.Dispatch
+}
+
+func (s *loneSender) Send(_ context.Context, d executor.Dispatch) executor.Answer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sent = append(s.sent, d)
+	return executor.Answer{Kind: executor.Done, Status: "succeeded"}
+}
+
+func (s *loneSender) dispatches() []executor.Dispatch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]executor.Dispatch(nil), s.sent...)
+}
+
+// gatedKeys is a gate store in which every key of its set is gated for an hour.
+type gatedKeys map[string]bool
+
+func (g gatedKeys) NotBefore(_ context.Context, hashes []string) (map[string]time.Time, error) {
+	out := map[string]time.Time{}
+	for _, h := range hashes {
+		if g[h] {
+			out[h] = time.Now().Add(time.Hour)
+		}
+	}
+	return out, nil
+}
+
+func (g gatedKeys) Extend(context.Context, string, int) (time.Time, error) {
+	return time.Now().Add(time.Hour), nil
+}
+
+// TestLoneJobClaim drives passes of a drainer whose queue holds one job at a time, the case its
+// lone-job claim serves (one read before the claim transaction instead of four, the payload
+// with it). That claim must decide exactly as the normal pass: a tenant at its cap gets nothing,
+// a deferred job waits, a gated rate key waits, and the job it does dispatch carries the
+// payload and the attempt the claim counted.
+func TestLoneJobClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
+	fake := clock.NewFake(time.Now())
+	sender := &loneSender{}
+	recorded := make(chan int64, 16)
+	const gatedHash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: fake, ID: "lone",
+		Gates: gatedKeys{gatedHash: true}, Recorded: func(id int64) { recorded <- id }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		d.Stop(sctx)
+	})
+	exec := func(q string, args ...any) int64 {
+		t.Helper()
+		r, err := db.ExecContext(ctx, q, args...)
+		if err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		id, _ := r.LastInsertId()
+		return id
+	}
+	pass := func(want int) {
+		t.Helper()
+		p, err := d.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Claimed != want {
+			t.Fatalf("pass claimed %d job(s), want %d", p.Claimed, want)
+		}
+		for range want {
+			select {
+			case <-recorded:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the dispatch's outcome was not recorded within 10 s")
+			}
+		}
+	}
+	status := func(id int64) string {
+		t.Helper()
+		var s string
+		if err := db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	exec("INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6)), ('b', UTC_TIMESTAMP(6)), ('c', UTC_TIMESTAMP(6))")
+
+	pass(0) // an empty queue
+
+	// Tenant a holds its one slot (a job another drainer dispatched): its lone queued job waits.
+	busy := exec(`INSERT INTO jobs (tenant, status, version, attempt, queued_at, dispatched_at, lease_until, drainer_id)
+		VALUES ('a', 'dispatched', 1, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, 'other')`)
+	job := exec(`INSERT INTO jobs (tenant, payload, status, attempt, queued_at) VALUES ('a', '{"n":7}', 'queued', 2, UTC_TIMESTAMP(6))`)
+	pass(0)
+	if s := status(job); s != "queued" {
+		t.Fatalf("job of a tenant at its cap is %s, want queued", s)
+	}
+	// The slot frees: the job is dispatched with its payload, as attempt 3 (two before it).
+	exec("UPDATE jobs SET status = 'succeeded', version = version + 1 WHERE id = ?", busy)
+	pass(1)
+	got := sender.dispatches()
+	if len(got) != 1 || got[0].JobID != job || string(got[0].Payload) != `{"n":7}` || got[0].Attempt != 3 {
+		t.Fatalf("dispatches %+v, want job %d with payload {\"n\":7} as attempt 3", got, job)
+	}
+	var attempt int
+	if err := db.QueryRowContext(ctx, "SELECT attempt FROM jobs WHERE id = ?", job).Scan(&attempt); err != nil {
+		t.Fatal(err)
+	}
+	if attempt != 3 || status(job) != "succeeded" {
+		t.Fatalf("job is %s with attempt %d, want succeeded with attempt 3", status(job), attempt)
+	}
+
+	// A lone job whose rate key is gated waits; so does a lone job deferred past now.
+	gated := exec("INSERT INTO jobs (tenant, rate_key_sha256, status, queued_at) VALUES ('b', ?, 'queued', UTC_TIMESTAMP(6))", gatedHash)
+	pass(0)
+	exec("UPDATE jobs SET status = 'canceled', version = version + 1 WHERE id = ?", gated)
+	now, _ := fake.Now(ctx)
+	deferred := exec("INSERT INTO jobs (tenant, status, queued_at, not_before) VALUES ('c', 'queued', UTC_TIMESTAMP(6), ?)", now.Add(time.Hour))
+	pass(0)
+	fake.Advance(time.Hour + time.Second)
+	pass(1)
+	if s := status(deferred); s != "succeeded" {
+		t.Fatalf("deferred job is %s after its time came, want succeeded", s)
+	}
+	if n := len(sender.dispatches()); n != 2 {
+		t.Fatalf("%d dispatches, want 2", n)
+	}
+}
