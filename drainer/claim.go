@@ -79,10 +79,10 @@ type want struct {
 // its cap is skipped without reading its backlog, so the cost grows with the number of tenants,
 // never with a tenant's backlog. (SELECT DISTINCT over the claim index would be a loose index scan
 // in theory; MariaDB 10.11 reads the whole queued range instead.)
-func (d *Drainer) wants(ctx context.Context, cfg limits.Config, inFlight map[string]int, total int) ([]want, error) {
+func (d *Drainer) wants(ctx context.Context, cfg limits.Config, inFlight map[string]int, total int) (ws []want, capped bool, err error) {
 	free := cfg.GlobalInFlight - total
 	if free <= 0 {
-		return nil, nil
+		return nil, true, nil
 	}
 	// A correlated scalar subquery with LIMIT 1, not EXISTS: MariaDB 10.11 turns EXISTS into a
 	// semi-join that materialises every queued row (126 ms with 110,000 queued over 65 tenants,
@@ -90,23 +90,23 @@ func (d *Drainer) wants(ctx context.Context, cfg limits.Config, inFlight map[str
 	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT t.tenant FROM tenants t WHERE
 		(SELECT 1 FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant LIMIT 1) IS NOT NULL`)
 	if err != nil {
-		return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
+		return nil, false, fmt.Errorf("list tenants with queued jobs: %w", err)
 	}
 	defer rows.Close()
-	var ws []want
 	for rows.Next() {
 		var t string
 		if err := rows.Scan(&t); err != nil {
-			return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
+			return nil, false, fmt.Errorf("list tenants with queued jobs: %w", err)
 		}
 		room := cfg.TenantCap(t) - inFlight[t]
 		if room <= 0 {
+			capped = true
 			continue
 		}
 		ws = append(ws, want{tenant: t, room: min(room, free, d.cfg.ClaimBatch)})
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list tenants with queued jobs: %w", err)
+		return nil, false, fmt.Errorf("list tenants with queued jobs: %w", err)
 	}
 	// A pass reads each tenant's fair share of the free slots, not each tenant's full room: with
 	// 64 tenants and 64 free slots that is 1 head each instead of 64. A tenant whose share runs
@@ -116,7 +116,7 @@ func (d *Drainer) wants(ctx context.Context, cfg limits.Config, inFlight map[str
 		ws[i].room = min(ws[i].room, max(share, 1))
 		ws[i].n = ws[i].room + gateSlack
 	}
-	return ws, nil
+	return ws, capped, nil
 }
 
 // heads returns, for each tenant of ws, its oldest eligible queued jobs (at most w.n), leaving
@@ -186,7 +186,9 @@ const gateRounds = 4
 // never hides the tenant's other keys. A failing gate store fails open: whatever is not known
 // to be gated is a candidate. No transaction is open while memcached is asked.
 func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int) (map[string][]candidate, map[string]bool, error) {
-	ws, err := d.wants(ctx, cfg, inFlight, total)
+	ws, capped, err := d.wants(ctx, cfg, inFlight, total)
+	// A tenant left waiting at a cap means more than one job is queued: no lone-job probe.
+	d.setProbe(err == nil && !capped)
 	if err != nil || len(ws) == 0 {
 		return nil, nil, err
 	}
@@ -307,7 +309,6 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	}
 	cands, more, err := d.candidates(ctx, now, cfg, inFlight, total)
 	if err != nil || len(cands) == 0 {
-		d.setProbe(err == nil)
 		return nil, false, err
 	}
 
@@ -364,8 +365,11 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		d.releaseUnsent(ctx, now, out)
 		return nil, false, err
 	}
-	// Probing for a lone job is worth its round trip only when this pass left nothing behind.
-	d.setProbe(!full && len(out) == len(chosen) && drained(cands, more))
+	// Probing for a lone job is worth its round trip only when this pass left nothing behind
+	// (candidates already turned it off if a tenant waits at a cap).
+	if full || len(out) < len(chosen) || !drained(cands, more) {
+		d.setProbe(false)
+	}
 	d.own(ctx, now, out)
 	return out, full, nil
 }
