@@ -480,6 +480,10 @@ func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limi
 	// The lock is its own statement, before the reads: a locking read that also counted (in
 	// subqueries) would take its snapshot when it started, before it waited for the lock, and
 	// would miss what the previous holder committed (a racing duplicate key, a depth one short).
+	// Folding the reads into the lock as INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING
+	// (subqueries) was tried and fails the same way: the idempotency-key lookup, a unique-key
+	// lookup of constants, is read while the statement is optimised, before the lock wait, and
+	// TestFrontDoorIdempotency's 50 racers then hit a duplicate key.
 	if err := lockTenants(ctx, ts, tenants); err != nil {
 		return nil, err
 	}
