@@ -180,11 +180,12 @@ const gateSlack = 4
 const gateRounds = 4
 
 // candidates returns, per tenant below its cap, the tenant's oldest eligible queued jobs whose
-// rate key is not gated at now. The first read takes room + gateSlack heads per tenant and one
-// GetMulti looks up their keys; only a tenant left with fewer candidates than its room, whose
-// read was full (so more may exist), is read again with the gated keys excluded, so a gated key
-// never hides the tenant's other keys. A failing gate store fails open: whatever is not known
-// to be gated is a candidate. No transaction is open while memcached is asked.
+// rate key is not gated at now, and whether each may have more. The heads come from the
+// headCache or a read of at least room + gateSlack heads per tenant, and one GetMulti looks up
+// their keys; only a tenant left with fewer candidates than its room, whose read was full (so
+// more may exist), is read again with the gated keys excluded, so a gated key never hides the
+// tenant's other keys. A failing gate store fails open: whatever is not known to be gated is a
+// candidate. No transaction is open while memcached is asked.
 func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int) (map[string][]candidate, map[string]bool, error) {
 	ws, capped, err := d.wants(ctx, cfg, inFlight, total)
 	// A tenant left waiting at a cap means more than one job is queued: no lone-job probe.
@@ -192,28 +193,48 @@ func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Conf
 	if err != nil || len(ws) == 0 {
 		return nil, nil, err
 	}
-	cands, read, err := d.gatedCandidates(ctx, now, ws)
+	return d.gatedCandidates(ctx, now, ws)
+}
+
+// firstHeads returns the heads of ws: a tenant's cached ones when it has more than its share of
+// this pass (see headCache), else read, headsPerRead at least, and the full reads cached. full
+// reports, per tenant, whether more queued jobs exist beyond the heads returned.
+func (d *Drainer) firstHeads(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
+	cands := map[string][]candidate{}
+	full := map[string]bool{}
+	var miss []want
+	for _, w := range ws {
+		// More cached heads than the tenant's share: the pass ends at a tenant's last known
+		// head (see claim), and that should not happen on a cached one.
+		if cs := d.headCache.take(w.tenant); len(cs) > w.room {
+			cands[w.tenant], full[w.tenant] = cs, true
+			continue
+		}
+		w.n = max(w.n, headsPerRead)
+		miss = append(miss, w)
+	}
+	read, err := d.heads(ctx, now, miss, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	// A tenant whose last read filled its limit may have more eligible jobs than were read.
-	more := map[string]bool{}
-	for _, w := range ws {
-		more[w.tenant] = read[w.tenant] >= w.n
+	for _, w := range miss {
+		cs := read[w.tenant]
+		cands[w.tenant], full[w.tenant] = cs, len(cs) >= w.n
+		if full[w.tenant] {
+			d.headCache.keep(w.tenant, cs)
+		} else {
+			d.headCache.invalidate(w.tenant)
+		}
 	}
-	return cands, more, nil
+	return cands, full, nil
 }
 
-// gatedCandidates reads the heads of ws and drops those of gated rate keys, re-reading tenants
-// whose heads were all gated. It also returns how many heads the last read of each tenant gave.
-func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]int, error) {
-	cands, err := d.heads(ctx, now, ws, nil)
-	read := map[string]int{} // heads read per tenant by its last read, before dropping gated ones
-	for t, cs := range cands {
-		read[t] = len(cs)
-	}
+// gatedCandidates returns the heads of ws without those of gated rate keys, re-reading tenants
+// whose heads were all gated, and whether each tenant may have more eligible jobs than returned.
+func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
+	cands, full, err := d.firstHeads(ctx, now, ws)
 	if err != nil || d.cfg.Gates == nil {
-		return cands, read, err
+		return cands, full, err
 	}
 	looked := map[string]bool{}
 	var gated []string
@@ -239,20 +260,20 @@ func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want)
 			}
 			dropGated(cands, nb, now)
 			if err != nil {
-				return cands, read, nil // fail open: no second read on an unreliable answer
+				return cands, full, nil // fail open: no second read on an unreliable answer
 			}
 		}
 		if round == gateRounds || len(gated) == 0 {
-			return cands, read, nil
+			return cands, full, nil
 		}
 		var again []want
 		for _, w := range ws {
-			if len(cands[w.tenant]) < w.room && read[w.tenant] == w.n {
+			if len(cands[w.tenant]) < w.room && full[w.tenant] {
 				again = append(again, w)
 			}
 		}
 		if len(again) == 0 {
-			return cands, read, nil
+			return cands, full, nil
 		}
 		more, err := d.heads(ctx, now, again, gated)
 		if err != nil {
@@ -260,7 +281,7 @@ func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want)
 		}
 		for _, w := range again {
 			cands[w.tenant] = more[w.tenant]
-			read[w.tenant] = len(more[w.tenant])
+			full[w.tenant] = len(more[w.tenant]) >= w.n
 		}
 	}
 }
@@ -351,10 +372,20 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		return nil, false, nil
 	}
 	out, err := d.claimChosen(ctx, tx, now, cfg, chosen)
-	if err != nil || len(out) == 0 {
+	if err != nil {
+		d.headCache.reset()
 		return nil, false, err
 	}
+	got := make(map[int64]bool, len(out))
+	for _, c := range out {
+		got[c.row.ID] = true
+	}
+	d.headCache.claimed(chosen, got)
+	if len(out) == 0 {
+		return nil, false, nil
+	}
 	if err := tx.Commit(); err != nil {
+		d.headCache.reset() // the claimed jobs may be queued again
 		// If the COMMIT's outcome is unknown the jobs may be dispatched under our id without
 		// being sent: their leases expire and recovery requeues them. Nothing is sent here.
 		return nil, false, fmt.Errorf("commit claim: %w", err)
@@ -423,6 +454,9 @@ func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed
 		_, err := d.store.FinishMany(ctx, tx, now, items)
 		return err
 	})
+	for _, c := range cs {
+		d.headCache.invalidate(c.row.Tenant)
+	}
 	if err != nil {
 		d.cfg.Log.Warn("could not hand back claimed jobs that were never sent; lease recovery will", "jobs", len(cs), "error", err)
 	}

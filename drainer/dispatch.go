@@ -177,6 +177,11 @@ func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit %d outcome(s): %w", len(items), err)
 	}
+	for i, it := range items {
+		if to[i] == job.Queued {
+			d.headCache.invalidate(it.Row.Tenant) // it keeps its place ahead of the cached heads
+		}
+	}
 	if d.cfg.Metrics != nil {
 		for i, it := range items {
 			d.cfg.Metrics.observeOutcome(it.Row, to[i], now)

@@ -92,6 +92,7 @@ type Drainer struct {
 	viewed     bool          // a claim transaction has run
 	viewCfg    limits.Config // the runtime config the last claim transaction read
 	lastUpkeep time.Time     // renewal and recovery run at most once per PollInterval
+	headCache  headCache     // queue heads read but not yet claimed
 
 	// Outcome recording is batched: the first dispatch goroutine to find no batch in progress
 	// writes everyone's outcomes queued meanwhile in one transaction (group commit).
@@ -198,6 +199,9 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 		if p.Recovered, err = d.recover(ctx, now); err != nil {
 			return p, err
 		}
+		// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is
+		// dropped so that they are seen within one poll interval.
+		d.headCache.reset()
 		d.lastUpkeep = now
 	}
 	claimed, full, err := d.claim(ctx, now)

@@ -1,0 +1,98 @@
+package drainer
+
+import (
+	"sync"
+)
+
+// headsPerRead is how many queue heads a read takes for a tenant whose backlog is deeper than
+// its share of one pass. Reading a tenant's heads costs a subquery of its own (about 60 µs of
+// planning and execution on the 2-core reference machine, whatever its LIMIT), so with 64
+// busy tenants every pass spent 4-6 ms reading one head per tenant; kept in a headCache, one
+// read serves several passes.
+const headsPerRead = 8
+
+// headCache keeps, per tenant, the queue heads a pass read but did not claim, so that the next
+// passes need not read them again. It only ever stands in for a read that would return the
+// same jobs first:
+//
+//   - a tenant is cached only when its read was full (it had more queued jobs than were read),
+//     so every job admitted later queues behind the cached ones;
+//   - a job this drainer puts back in the queue keeps its place (queued_at), so its tenant's
+//     entry is dropped (invalidate); jobs requeued by other drainers or by lease recovery are
+//     seen at the latest when the whole cache is dropped, once per poll interval (reset);
+//   - a cached head that was claimed or canceled elsewhere meanwhile is skipped by the claim's
+//     fence, and its tenant's entry is dropped;
+//   - gates are looked up for cached heads on every pass, as for read ones.
+//
+// Safe for concurrent use: outcome recording invalidates tenants while passes run.
+type headCache struct {
+	mu sync.Mutex
+	m  map[string][]candidate
+}
+
+// take returns tenant's cached heads, or nil if it has none.
+func (h *headCache) take(tenant string) []candidate {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]candidate(nil), h.m[tenant]...)
+}
+
+// keep caches the heads of a full read of tenant.
+func (h *headCache) keep(tenant string, cs []candidate) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = map[string][]candidate{}
+	}
+	if len(cs) == 0 {
+		delete(h.m, tenant)
+		return
+	}
+	h.m[tenant] = append([]candidate(nil), cs...)
+}
+
+// claimed removes the jobs of ids that the claim attempted from the cache; the tenants of those
+// it did not get (taken or canceled elsewhere) lose their whole entry.
+func (h *headCache) claimed(chosen []candidate, got map[int64]bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	gone := map[int64]bool{}
+	stale := map[string]bool{}
+	for _, c := range chosen {
+		gone[c.id] = true
+		if !got[c.id] {
+			stale[c.tenant] = true
+		}
+	}
+	for t, cs := range h.m {
+		if stale[t] {
+			delete(h.m, t)
+			continue
+		}
+		kept := cs[:0]
+		for _, c := range cs {
+			if !gone[c.id] {
+				kept = append(kept, c)
+			}
+		}
+		if len(kept) == 0 {
+			delete(h.m, t)
+		} else {
+			h.m[t] = kept
+		}
+	}
+}
+
+// invalidate drops tenant's entry: one of its jobs went back to the queue.
+func (h *headCache) invalidate(tenant string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.m, tenant)
+}
+
+// reset drops every entry.
+func (h *headCache) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.m = nil
+}

@@ -1,0 +1,55 @@
+package drainer
+
+import (
+	"testing"
+)
+
+func ids(cs []candidate) []int64 {
+	out := make([]int64, len(cs))
+	for i, c := range cs {
+		out[i] = c.id
+	}
+	return out
+}
+
+func TestHeadCache(t *testing.T) {
+	var h headCache
+	if got := h.take("a"); got != nil {
+		t.Fatalf("empty cache gave %v", got)
+	}
+	h.keep("a", []candidate{{id: 1, tenant: "a"}, {id: 2, tenant: "a"}, {id: 3, tenant: "a"}})
+	h.keep("b", []candidate{{id: 10, tenant: "b"}, {id: 11, tenant: "b"}})
+
+	// take hands out a copy: a pass that drops gated heads from it does not edit the cache.
+	got := h.take("a")
+	got[0].id = 99
+	if g := ids(h.take("a")); len(g) != 3 || g[0] != 1 {
+		t.Fatalf("cache changed through take's result: %v", g)
+	}
+
+	// Claimed heads leave; a tenant with a head that was not claimed (taken or canceled
+	// elsewhere) loses its whole entry.
+	h.claimed([]candidate{{id: 1, tenant: "a"}, {id: 10, tenant: "b"}}, map[int64]bool{1: true})
+	if g := ids(h.take("a")); len(g) != 2 || g[0] != 2 || g[1] != 3 {
+		t.Fatalf("a after claim: %v, want [2 3]", g)
+	}
+	if g := h.take("b"); g != nil {
+		t.Fatalf("b kept %v after a fenced claim", ids(g))
+	}
+
+	h.claimed([]candidate{{id: 2, tenant: "a"}, {id: 3, tenant: "a"}}, map[int64]bool{2: true, 3: true})
+	if g := h.take("a"); g != nil {
+		t.Fatalf("a kept %v after all its heads were claimed", ids(g))
+	}
+
+	h.keep("c", []candidate{{id: 20, tenant: "c"}})
+	h.invalidate("c")
+	if g := h.take("c"); g != nil {
+		t.Fatalf("c kept %v after invalidate", ids(g))
+	}
+	h.keep("d", []candidate{{id: 30, tenant: "d"}})
+	h.reset()
+	if g := h.take("d"); g != nil {
+		t.Fatalf("d kept %v after reset", ids(g))
+	}
+}
