@@ -26,7 +26,10 @@ import (
 func TestBrokerOutageScenario9(t *testing.T) {
 	t.Parallel()
 	ns := natstest.Start(t)
-	env := harness.Start(t, harness.Options{NATSURL: ns.URL()})
+	// Split roles: a drainer in the API's process is woken by its own admissions, so only a
+	// drainer elsewhere shows what the broker's absence costs.
+	env := harness.Start(t, harness.Options{NATSURL: ns.URL(), API: true, Relay: true})
+	env.StartApp(t, harness.Options{Drainer: true})
 	ctx := context.Background()
 	// The caps are not what this test is about: raise them so that 2,000 jobs drain quickly on a
 	// shared machine. The drain still has no pokes: only the poll and local wake-ups.

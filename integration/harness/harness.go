@@ -41,6 +41,10 @@ type Env struct {
 	App     *app.App
 	URL     string // API base URL
 	HTTP    *http.Client
+
+	natsURL string
+	tokens  *api.Tokens
+	log     *slog.Logger
 }
 
 // Options tune Start.
@@ -94,21 +98,30 @@ func Start(tb testing.TB, o Options) *Env {
 	if err != nil {
 		tb.Fatalf("harness: %v", err)
 	}
+	e.natsURL, e.tokens, e.log = natsURL, tokens, log
+	e.App = e.StartApp(tb, o)
+	e.URL = "http://" + e.App.Addr()
+	e.Exec.SetAPI(e.URL, ExecutorToken)
+	return e
+}
+
+// StartApp starts another sluice process (in this one) with the roles of o on the Env's
+// database, broker and executor, stopped in tb.Cleanup: split roles, as on separate hosts.
+func (e *Env) StartApp(tb testing.TB, o Options) *app.App {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	e.App, err = app.Start(ctx, app.Options{
-		MySQLDSN: e.DB.DSN, NATSURL: natsURL, Listen: "127.0.0.1:0",
-		ExecutorURL: e.ExecURL, ExecutorSecret: Secret, Tokens: tokens, InitStream: true,
-		API: o.API, Relay: o.Relay, Drainer: o.Drainer, Grace: 10 * time.Second, Log: log,
+	a, err := app.Start(ctx, app.Options{
+		MySQLDSN: e.DB.DSN, NATSURL: e.natsURL, Listen: "127.0.0.1:0",
+		ExecutorURL: e.ExecURL, ExecutorSecret: Secret, Tokens: e.tokens, InitStream: true,
+		API: o.API, Relay: o.Relay, Drainer: o.Drainer, Grace: 10 * time.Second, Log: e.log,
 		Memcached: o.Memcached, GateTimeout: o.GateTimeout,
 	})
 	if err != nil {
 		tb.Fatalf("harness: start sluice: %v", err)
 	}
-	tb.Cleanup(func() { _ = e.App.Stop(context.Background()) })
-	e.URL = "http://" + e.App.Addr()
-	e.Exec.SetAPI(e.URL, ExecutorToken)
-	return e
+	tb.Cleanup(func() { _ = a.Stop(context.Background()) })
+	return a
 }
 
 // Response is a decoded API answer.
