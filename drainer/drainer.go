@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"sync"
 	"time"
 
@@ -171,9 +172,9 @@ type Pass struct {
 	Full bool
 }
 
-// RunOnce does one drain pass: renew this drainer's leases and recover expired claims (at most
+// RunOnce does one drain pass: claim what the caps allow and start dispatching it, then (at most
 // once per PollInterval: leases last many poll periods, and a poke-driven pass should cost only
-// the claim), claim what the caps allow and start dispatching it. Dispatches run in goroutines
+// the claim) renew this drainer's leases and recover expired claims. Dispatches run in goroutines
 // owned by the Drainer (Stop waits for them); RunOnce does not wait for their outcomes. Passes do
 // not overlap: a call waits for one in progress.
 func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
@@ -184,41 +185,64 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	if err != nil {
 		return p, err
 	}
-	if upkeep := d.lastUpkeep.IsZero() || now.Sub(d.lastUpkeep) >= d.cfg.PollInterval || now.Before(d.lastUpkeep); upkeep {
-		// Candidates are chosen on the config the last claim read; with dispatch paused
-		// (global_in_flight 0) no claim runs, so the poll re-reads it too, or a paused drainer
-		// would never see the cap raised again.
-		cfg, err := loadLimits(ctx, d.cfg.DB)
-		if err != nil {
-			return p, err
-		}
-		d.remember(cfg)
-		if p.Renewed, err = d.renew(ctx, now); err != nil {
-			return p, err
-		}
-		if p.Recovered, err = d.recover(ctx, now); err != nil {
-			return p, err
-		}
-		// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is
-		// dropped so that they are seen within one poll interval.
-		d.headCache.reset()
-		d.lastUpkeep = now
+	// The claim goes first and the upkeep after it, so that a poke's job is not held up by the
+	// upkeep's statements (about one pass a second does both). A failed claim does not skip the
+	// upkeep: leases must be renewed whatever else fails.
+	upkeep := d.lastUpkeep.IsZero() || now.Sub(d.lastUpkeep) >= d.cfg.PollInterval || now.Before(d.lastUpkeep)
+	out, full, err := d.claim(ctx, now)
+	p.Claimed, p.Full = len(out), full
+	for _, c := range out {
+		d.startDispatch(c)
 	}
-	claimed, full, err := d.claim(ctx, now)
+	if upkeep {
+		err = errors.Join(err, d.upkeep(ctx, now, &p))
+		if err == nil && p.Recovered > 0 {
+			// Jobs taken back from a dead drainer are claimed in the pass that found them.
+			var more []claimed
+			more, p.Full, err = d.claim(ctx, now)
+			p.Claimed += len(more)
+			for _, c := range more {
+				d.startDispatch(c)
+			}
+		}
+	}
 	if err != nil {
 		return p, err
 	}
-	p.Claimed, p.Full = len(claimed), full
-	for _, c := range claimed {
-		d.startDispatch(c)
-	}
-	if err := d.heartbeat(ctx, now, len(claimed) > 0); err != nil {
+	if err := d.heartbeat(ctx, now, p.Claimed > 0); err != nil {
 		d.cfg.Log.Warn("drainer heartbeat failed", "error", err)
 	}
 	if d.cfg.Metrics != nil {
 		d.cfg.Metrics.observePass(p)
 	}
 	return p, nil
+}
+
+// upkeep re-reads the runtime config, renews this drainer's leases and recovers expired ones. A
+// config that changed gets a pass of its own at once (Wake).
+func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass) error {
+	// Candidates are chosen on the config the last claim read; with dispatch paused
+	// (global_in_flight 0) no claim runs, so the upkeep re-reads it too, or a paused drainer
+	// would never see the cap raised again.
+	cfg, err := loadLimits(ctx, d.cfg.DB)
+	if err != nil {
+		return err
+	}
+	if !reflect.DeepEqual(cfg, d.lastConfig()) {
+		d.Wake()
+	}
+	d.remember(cfg)
+	if p.Renewed, err = d.renew(ctx, now); err != nil {
+		return err
+	}
+	if p.Recovered, err = d.recover(ctx, now); err != nil {
+		return err
+	}
+	// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is dropped so
+	// that they are seen within one poll interval.
+	d.headCache.reset()
+	d.lastUpkeep = now
+	return nil
 }
 
 // Run drains until ctx is done: a pass on every wake and at least every PollInterval. It
