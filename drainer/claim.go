@@ -718,9 +718,9 @@ func (d *Drainer) pick(cfg limits.Config, cands map[string][]candidate, inFlight
 	if len(tenants) == 0 {
 		return ""
 	}
-	sort.Strings(tenants)
 	switch cfg.Ordering {
 	case limits.RoundRobin:
+		sort.Strings(tenants) // the other orderings need no sort: job ids break every tie
 		for _, t := range tenants {
 			if t > d.rrLast {
 				d.rrLast = t
