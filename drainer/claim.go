@@ -73,40 +73,60 @@ type want struct {
 	room   int // jobs the tenant could start now
 }
 
-// wants returns the tenants below their cap that have queued work, with how many heads to read
-// for each. The tenants with queued work are found with one index probe per known tenant (the
-// tenants table; every job's tenant has a row there, a foreign key makes sure), and a tenant at
-// its cap is skipped without reading its backlog, so the cost grows with the number of tenants,
-// never with a tenant's backlog. (SELECT DISTINCT over the claim index would be a loose index scan
-// in theory; MariaDB 10.11 reads the whole queued range instead.)
-func (d *Drainer) wants(ctx context.Context, cfg limits.Config, inFlight map[string]int, total int) (ws []want, capped bool, err error) {
-	free := cfg.GlobalInFlight - total
-	if free <= 0 {
-		return nil, true, nil
-	}
+// passState reads, in one statement, the jobs in flight per tenant and the tenants with queued
+// work. The in-flight count reads the claim index over the in-flight states only, so its cost is
+// bounded by the global cap. The tenants with queued work are found with one index probe per
+// known tenant (the tenants table; every job's tenant has a row there, a foreign key makes
+// sure), so the cost grows with the number of tenants, never with a tenant's backlog. (SELECT
+// DISTINCT over the claim index would be a loose index scan in theory; MariaDB 10.11 reads the
+// whole queued range instead.)
+func (d *Drainer) passState(ctx context.Context) (inFlight map[string]int, total int, withWork []string, err error) {
 	// A correlated scalar subquery with LIMIT 1, not EXISTS: MariaDB 10.11 turns EXISTS into a
 	// semi-join that materialises every queued row (126 ms with 110,000 queued over 65 tenants,
 	// growing with the backlog), while this probes the claim index once per tenant (1.7 ms).
-	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT t.tenant FROM tenants t WHERE
-		(SELECT 1 FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant LIMIT 1) IS NOT NULL`)
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT t.tenant, NULL FROM tenants t WHERE
+		(SELECT 1 FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant LIMIT 1) IS NOT NULL
+		UNION ALL
+		SELECT tenant, COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`)
 	if err != nil {
-		return nil, false, fmt.Errorf("list tenants with queued jobs: %w", err)
+		return nil, 0, nil, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
 	}
 	defer rows.Close()
+	inFlight = map[string]int{}
 	for rows.Next() {
 		var t string
-		if err := rows.Scan(&t); err != nil {
-			return nil, false, fmt.Errorf("list tenants with queued jobs: %w", err)
+		var n sql.NullInt64
+		if err := rows.Scan(&t, &n); err != nil {
+			return nil, 0, nil, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
 		}
+		if !n.Valid {
+			withWork = append(withWork, t)
+			continue
+		}
+		inFlight[t] = int(n.Int64)
+		total += int(n.Int64)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, nil, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
+	}
+	return inFlight, total, withWork, nil
+}
+
+// wants returns the tenants of withWork below their cap, with how many heads to read for each,
+// and whether a tenant with work was left out at a cap. A tenant at its cap is skipped without
+// reading its backlog.
+func (d *Drainer) wants(cfg limits.Config, inFlight map[string]int, total int, withWork []string) (ws []want, capped bool) {
+	free := cfg.GlobalInFlight - total
+	if free <= 0 {
+		return nil, len(withWork) > 0
+	}
+	for _, t := range withWork {
 		room := cfg.TenantCap(t) - inFlight[t]
 		if room <= 0 {
 			capped = true
 			continue
 		}
 		ws = append(ws, want{tenant: t, room: min(room, free, d.cfg.ClaimBatch)})
-	}
-	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("list tenants with queued jobs: %w", err)
 	}
 	// A pass reads each tenant's fair share of the free slots, not each tenant's full room: with
 	// 64 tenants and 64 free slots that is 1 head each instead of 64. A tenant whose share runs
@@ -116,7 +136,7 @@ func (d *Drainer) wants(ctx context.Context, cfg limits.Config, inFlight map[str
 		ws[i].room = min(ws[i].room, max(share, 1))
 		ws[i].n = ws[i].room + gateSlack
 	}
-	return ws, capped, nil
+	return ws, capped
 }
 
 // heads returns, for each tenant of ws, its oldest eligible queued jobs (at most w.n), leaving
@@ -186,12 +206,12 @@ const gateRounds = 4
 // more may exist), is read again with the gated keys excluded, so a gated key never hides the
 // tenant's other keys. A failing gate store fails open: whatever is not known to be gated is a
 // candidate. No transaction is open while memcached is asked.
-func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int) (map[string][]candidate, map[string]bool, error) {
-	ws, capped, err := d.wants(ctx, cfg, inFlight, total)
+func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int, withWork []string) (map[string][]candidate, map[string]bool, error) {
+	ws, capped := d.wants(cfg, inFlight, total, withWork)
 	// A tenant left waiting at a cap means more than one job is queued: no lone-job probe.
-	d.setProbe(err == nil && !capped)
-	if err != nil || len(ws) == 0 {
-		return nil, nil, err
+	d.setProbe(!capped)
+	if len(ws) == 0 {
+		return nil, nil, nil
 	}
 	return d.gatedCandidates(ctx, now, ws)
 }
@@ -324,11 +344,11 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		}
 	}
 	cfg := d.lastConfig()
-	inFlight, total, err := inFlightByTenant(ctx, d.cfg.DB)
+	inFlight, total, withWork, err := d.passState(ctx)
 	if err != nil {
 		return nil, false, err
 	}
-	cands, more, err := d.candidates(ctx, now, cfg, inFlight, total)
+	cands, more, err := d.candidates(ctx, now, cfg, inFlight, total, withWork)
 	if err != nil || len(cands) == 0 {
 		return nil, false, err
 	}
