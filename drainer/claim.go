@@ -644,7 +644,7 @@ func (d *Drainer) loadPayloads(ctx context.Context, cs []claimed) error {
 // never re-run. Every write is fenced on the version read, so a drainer that comes back finds
 // its own writes refused.
 func (d *Drainer) recover(ctx context.Context, now time.Time) (int, error) {
-	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT "+store.Columns+` FROM jobs
+	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT "+store.LockColumns+` FROM jobs
 		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`, now)
 	if err != nil {
 		return 0, fmt.Errorf("scan expired leases: %w", err)

@@ -140,7 +140,7 @@ func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
 	for i, r := range batch {
 		ids[i] = r.c.row.ID
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT "+store.Columns+" FROM jobs WHERE id IN ("+placeholders(len(ids))+") ORDER BY id FOR UPDATE", int64Args(ids)...)
+	rows, err := tx.QueryContext(ctx, "SELECT "+store.LockColumns+" FROM jobs WHERE id IN ("+placeholders(len(ids))+") ORDER BY id FOR UPDATE", int64Args(ids)...)
 	if err != nil {
 		return fmt.Errorf("lock dispatched jobs: %w", err)
 	}

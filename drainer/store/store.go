@@ -52,6 +52,13 @@ const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_a
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
 	idempotency_key, request_sha256, not_before, voided_nonce_sha256`
 
+// LockColumns is Columns with NULL in place of the result and the payload, for ScanRow: what a
+// transition needs of the rows it locks, without reading back up to 256 KiB of payload a job.
+const LockColumns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
+	dispatched_at, started_at, finished_at, error_code, error_message, NULL, retry_of, NULL,
+	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
+	idempotency_key, request_sha256, not_before, voided_nonce_sha256`
+
 // Scanner is *sql.Row or *sql.Rows.
 type Scanner interface{ Scan(dest ...any) error }
 
