@@ -79,6 +79,8 @@ type Drainer struct {
 	cfg   Config
 	store *store.Store
 	wake  chan struct{}
+	host  string // written in heartbeats; read once, not on every beat
+	pid   int
 
 	passMu sync.Mutex // one pass at a time
 
@@ -117,8 +119,8 @@ func New(cfg Config) (*Drainer, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.DB{DB: cfg.DB}
 	}
+	host, _ := os.Hostname()
 	if cfg.ID == "" {
-		host, _ := os.Hostname()
 		cfg.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	if len(cfg.ID) > 191 {
@@ -146,6 +148,8 @@ func New(cfg Config) (*Drainer, error) {
 		wake:       make(chan struct{}, 1),
 		held:       map[int64]int64{},
 		probe:      true,
+		host:       host,
+		pid:        os.Getpid(),
 		work:       work,
 		cancelWork: cancel,
 	}, nil
@@ -425,7 +429,6 @@ func (d *Drainer) heartbeat(ctx context.Context, now time.Time, claimed bool) er
 		lastClaim = d.lastClaim
 	}
 	d.mu.Unlock()
-	host, _ := os.Hostname()
 	// A drainer restarted under the same id (a fixed SLUICE_DRAINER_ID) is a new process: the
 	// row's start time follows the pid, and a clean stop recorded earlier is cleared.
 	_, err := d.cfg.DB.ExecContext(ctx, `INSERT INTO drainers (id, host, pid, version, started_at, heartbeat_at,
@@ -436,7 +439,7 @@ func (d *Drainer) heartbeat(ctx context.Context, now time.Time, claimed bool) er
 		heartbeat_at = VALUES(heartbeat_at), last_poll_at = VALUES(last_poll_at),
 		last_claim_at = VALUES(last_claim_at), in_flight = VALUES(in_flight),
 		poll_interval_ms = VALUES(poll_interval_ms), stopped_at = NULL`,
-		d.cfg.ID, host, os.Getpid(), d.cfg.BuildVersion, now, now, now, lastClaim, inFlight, d.cfg.PollInterval.Milliseconds())
+		d.cfg.ID, d.host, d.pid, d.cfg.BuildVersion, now, now, now, lastClaim, inFlight, d.cfg.PollInterval.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("drainer heartbeat: %w", err)
 	}
