@@ -37,7 +37,7 @@ func newRelayEnv(t testing.TB, url string, replicas int) *relayEnv {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(e.nc.Close)
-	if e.js, err = jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
+	if e.js, err = jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(8192)); err != nil {
 		t.Fatalf("jetstream: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -30,8 +31,14 @@ type RelayConfig struct {
 	InstallID string
 	// Batch bounds the rows published per pass. Default 2000: marking rows published is the
 	// relay's main cost and is cheaper per row in larger statements (BenchmarkRelayBacklog);
-	// keep it below the JetStream context's async max pending (4096 in sluice).
+	// keep Workers × Batch below the JetStream context's async max pending (8192 in sluice).
 	Batch int
+	// Workers is how many batches Run keeps in flight at once, so that one batch's rows are
+	// claimed and marked in the database while another's messages are being acknowledged; SKIP
+	// LOCKED gives each its own rows. Default 2. Messages of different batches may then reach
+	// the stream out of id order, which no consumer may rely on anyway (commits are not in id
+	// order either).
+	Workers int
 	// AckTimeout bounds the wait for a batch's acknowledgements. Default 5 s.
 	AckTimeout time.Duration
 	// Interval is the idle poll period of Run. Default 500 ms.
@@ -88,6 +95,9 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	}
 	if cfg.Batch <= 0 {
 		cfg.Batch = 2000
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 2
 	}
 	if cfg.AckTimeout <= 0 {
 		cfg.AckTimeout = 5 * time.Second
@@ -181,12 +191,26 @@ func (r *Relay) countError(err error) {
 
 var errBrokerDown = errors.New("relay: broker not connected")
 
-// Run publishes until ctx is done: a full batch is followed at once by the next, an idle relay
-// looks again every Interval or when woken, and failures back off exponentially (capped at
-// MaxBackoff, with jitter) so that a broker outage costs no busy loop. When the connection comes
-// back the backoff is reset and the backlog published at once, instead of at the next backoff
-// tick.
+// Run publishes until ctx is done, with Workers batches in flight. In each worker a full batch
+// is followed at once by the next, an idle worker looks again every Interval or when woken, and
+// failures back off exponentially (capped at MaxBackoff, with jitter) so that a broker outage
+// costs no busy loop. When the connection comes back the backoff is reset and the backlog
+// published at once, instead of at the next backoff tick.
 func (r *Relay) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range r.cfg.Workers - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.loop(ctx)
+		}()
+	}
+	r.loop(ctx)
+	wg.Wait()
+}
+
+// loop is one of Run's workers.
+func (r *Relay) loop(ctx context.Context) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 100 * time.Millisecond
 	bo.MaxInterval = r.cfg.MaxBackoff

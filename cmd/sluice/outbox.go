@@ -117,7 +117,7 @@ func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defer nc.Close()
 		cfg.NC = nc
 		if !core {
-			if cfg.JS, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
+			if cfg.JS, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192)); err != nil {
 				return fmt.Errorf("JetStream: %w", err)
 			}
 		}

@@ -160,7 +160,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	var js jetstream.JetStream
 	if !opts.CoreNATS {
-		if js, err = jetstream.New(a.nc, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
+		if js, err = jetstream.New(a.nc, jetstream.WithPublishAsyncMaxPending(8192)); err != nil {
 			return nil, fmt.Errorf("JetStream: %w", err)
 		}
 		if opts.InitStream {
