@@ -197,9 +197,20 @@ var statusOf = map[job.Code]int{
 	job.CodeInternal:            http.StatusInternalServerError,
 }
 
-// fail writes err as the SPEC §6 error body. Anything that is not a *job.Error is an internal
-// error: the client sees a generic message, the log the whole error.
+// fail writes err as the SPEC §6 error body (see errorBody), with Retry-After when the error
+// carries one.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, body := s.errorBody(r, err)
+	if ra, ok := body["retry_after"].(int); ok && ra > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(ra))
+	}
+	writeJSON(w, status, body)
+}
+
+// errorBody returns the HTTP status and SPEC §6 error body of err, for a whole request or one
+// batch item. Anything that is not a *job.Error is an internal error: the client sees a generic
+// message, the log the whole error.
+func (s *Server) errorBody(r *http.Request, err error) (int, map[string]any) {
 	var je *job.Error
 	if errors.Is(err, store.ErrNotFound) {
 		je = job.Errorf(job.CodeNotFound, "no such job")
@@ -219,10 +230,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	body["error_code"] = je.Code
 	body["message"] = je.Message
-	if ra, ok := je.Detail["retry_after"].(int); ok && ra > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(ra))
-	}
-	writeJSON(w, status, body)
+	return status, body
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -4,7 +4,6 @@ import (
 	"database/sql"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -398,27 +397,4 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, row.Job)
-}
-
-// errorBody is fail's mapping for an error that is not the whole answer (a batch item): the
-// HTTP status it would have had and its SPEC §6 error body.
-func (s *Server) errorBody(r *http.Request, err error) (int, map[string]any) {
-	var je *job.Error
-	if errors.Is(err, store.ErrNotFound) {
-		je = job.Errorf(job.CodeNotFound, "no such job")
-	} else if !errors.As(err, &je) {
-		s.cfg.Log.Error("batch item failed", "path", r.URL.Path, "error", err)
-		je = job.Errorf(job.CodeInternal, "internal error")
-	}
-	status, ok := statusOf[je.Code]
-	if !ok {
-		status = http.StatusInternalServerError
-	}
-	body := map[string]any{}
-	for k, v := range je.Detail {
-		body[k] = v
-	}
-	body["error_code"] = je.Code
-	body["message"] = je.Message
-	return status, body
 }
