@@ -82,15 +82,8 @@ func writeCreated(w http.ResponseWriter, res gate.Result, status int) {
 	writeJSON(w, status, res.Job)
 }
 
-// BatchItem is one result of POST /v1/jobs:batch: the HTTP status the item would have had
-// alone, and its job or its error body.
-type BatchItem struct {
-	Status   int            `json:"status"`
-	Decision string         `json:"decision,omitempty"`
-	Replayed bool           `json:"replayed,omitempty"`
-	Job      *job.Job       `json:"job,omitempty"`
-	Error    map[string]any `json:"error,omitempty"`
-}
+// BatchItem is one result of POST /v1/jobs:batch.
+type BatchItem = job.BatchItem
 
 func (s *Server) admitBatch(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)

@@ -165,15 +165,8 @@ func (c *Client) AdmitBatch(ctx context.Context, reqs []AdmitRequest) ([]BatchIt
 	return out.Results, err
 }
 
-// BatchItem is one result of AdmitBatch: the HTTP status the item would have had alone (202
-// admitted, 200 replayed, 4xx refused) and its job or error body.
-type BatchItem struct {
-	Status   int            `json:"status"`
-	Decision string         `json:"decision,omitempty"`
-	Replayed bool           `json:"replayed,omitempty"`
-	Job      *job.Job       `json:"job,omitempty"`
-	Error    map[string]any `json:"error,omitempty"`
-}
+// BatchItem is one result of AdmitBatch.
+type BatchItem = job.BatchItem
 
 // ListOptions filter List. Zero values mean "no filter" and the server's default limit (50).
 type ListOptions struct {

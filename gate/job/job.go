@@ -124,3 +124,14 @@ func ErrorCode(err error) Code {
 	}
 	return CodeInternal
 }
+
+// BatchItem is one result of POST /v1/jobs:batch, as the API writes it and the client reads it:
+// the HTTP status the item would have had alone (202 admitted, 200 replayed, 4xx refused), the
+// admission decision, and its job or its error body.
+type BatchItem struct {
+	Status   int            `json:"status"`
+	Decision string         `json:"decision,omitempty"`
+	Replayed bool           `json:"replayed,omitempty"`
+	Job      *Job           `json:"job,omitempty"`
+	Error    map[string]any `json:"error,omitempty"`
+}
