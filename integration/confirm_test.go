@@ -45,14 +45,16 @@ func (s *heldSender) next(t *testing.T) executor.Dispatch {
 	}
 }
 
-func newTestDrainer(t *testing.T, env *harness.Env, id string, s drainer.Sender, c clock.Clock) *drainer.Drainer {
+// newTestDrainer returns a drainer of cfg that the test drives itself, stopped when the test
+// ends with grace for its dispatches still open.
+func newTestDrainer(t testing.TB, cfg drainer.Config, grace time.Duration) *drainer.Drainer {
 	t.Helper()
-	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: s, Clock: c, ID: id})
+	d, err := drainer.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), grace)
 		defer cancel()
 		d.Stop(ctx)
 	})
@@ -91,7 +93,7 @@ func TestStartConfirmation(t *testing.T) {
 		env := newEnv(t)
 		fake := clock.NewFake(time.Now())
 		s := newHeldSender()
-		d := newTestDrainer(t, env.Env, "d-used", s, fake)
+		d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-used"}, 100*time.Millisecond)
 		id := env.Admit(t, "used", nil)
 		if _, err := d.RunOnce(ctx); err != nil {
 			t.Fatal(err)
@@ -121,7 +123,7 @@ func TestStartConfirmation(t *testing.T) {
 		// expired by the time the API (on the database clock) judges the confirmation.
 		fake := clock.NewFake(time.Now().Add(-301 * time.Second))
 		s := newHeldSender()
-		d := newTestDrainer(t, env.Env, "d-expired", s, fake)
+		d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-expired"}, 100*time.Millisecond)
 		id := env.Admit(t, "expired", nil)
 		if _, err := d.RunOnce(ctx); err != nil {
 			t.Fatal(err)
@@ -138,7 +140,7 @@ func TestStartConfirmation(t *testing.T) {
 		env := newEnv(t)
 		fake := clock.NewFake(time.Now())
 		first := newHeldSender()
-		d1 := newTestDrainer(t, env.Env, "d-first", first, fake)
+		d1 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: first, Clock: fake, ID: "d-first"}, 100*time.Millisecond)
 		id := env.Admit(t, "voided", nil)
 		if _, err := d1.RunOnce(ctx); err != nil {
 			t.Fatal(err)
@@ -148,7 +150,7 @@ func TestStartConfirmation(t *testing.T) {
 		// the job and dispatches it again in the same pass.
 		fake.Advance(11 * time.Second)
 		second := newHeldSender()
-		d2 := newTestDrainer(t, env.Env, "d-second", second, fake)
+		d2 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: second, Clock: fake, ID: "d-second"}, 100*time.Millisecond)
 		p, err := d2.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -38,17 +38,9 @@ func TestGateMemcachedOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
-		Gates: store, Metrics: drainer.NewMetrics(reg), ID: "outage-test", PollInterval: poll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
+		Gates: store, Metrics: drainer.NewMetrics(reg), ID: "outage-test", PollInterval: poll}, 10*time.Second)
 	ctx := context.Background()
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		d.Stop(sctx)
-	})
 	var slowest time.Duration
 	passes, timedOut := 0, 0
 	drive := func(what string, cond func() (bool, error)) {
@@ -194,16 +186,8 @@ func TestGateDispatchAnswers(t *testing.T) {
 		"keyless":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
 		"finishes": {Kind: executor.Done, HTTPStatus: 200, Status: "succeeded", Gate: &executor.Gate{RetryAfter: 60}},
 	}}
-	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "answers-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "answers-test"}, 10*time.Second)
 	ctx := context.Background()
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		d.Stop(sctx)
-	})
 	kA, hA := gateRateKey(t, mc)
 	kB, hB := gateRateKey(t, mc)
 	kD, hD := gateRateKey(t, mc)
@@ -303,16 +287,8 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 	store := env.App.Gates()
 	mc := memcache.New(addr)
 	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{}}
-	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "heads-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "heads-test"}, 10*time.Second)
 	ctx := context.Background()
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		d.Stop(sctx)
-	})
 	gatedIDs := map[int64]bool{}
 	for i := 0; i < 10; i++ {
 		k, h := gateRateKey(t, mc)
@@ -397,16 +373,8 @@ func TestGateExpiresOnInjectedClock(t *testing.T) {
 	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
 		"hourly": {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60},
 	}}
-	d, err := drainer.New(drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, Clock: fake, ID: "clock-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, Clock: fake, ID: "clock-test"}, 10*time.Second)
 	ctx := context.Background()
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		d.Stop(sctx)
-	})
 	k, h := gateRateKey(t, mc)
 	id := gateAdmitKey(t, env, "hourly", k, nil)
 	status := func() (string, error) {

@@ -13,20 +13,25 @@ import (
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
-// loneSender answers every dispatch "succeeded" at once and keeps what it was sent.
-type loneSender struct {
-	mu   sync.Mutex
-	sent []executor.Dispatch
+// scriptedSender keeps every dispatch it is sent and answers the nth (from 1) with answer(n);
+// a nil answer finishes every job "succeeded" at once.
+type scriptedSender struct {
+	answer func(n int) executor.Answer
+	mu     sync.Mutex
+	sent   []executor.Dispatch
 }
 
-func (s *loneSender) Send(_ context.Context, d executor.Dispatch) executor.Answer {
+func (s *scriptedSender) Send(_ context.Context, d executor.Dispatch) executor.Answer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sent = append(s.sent, d)
+	if s.answer != nil {
+		return s.answer(len(s.sent))
+	}
 	return executor.Answer{Kind: executor.Done, Status: "succeeded"}
 }
 
-func (s *loneSender) dispatches() []executor.Dispatch {
+func (s *scriptedSender) dispatches() []executor.Dispatch {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]executor.Dispatch(nil), s.sent...)
@@ -60,19 +65,11 @@ func TestLoneJobClaim(t *testing.T) {
 	db := testdb.New(t)
 	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
 	fake := clock.NewFake(time.Now())
-	sender := &loneSender{}
+	sender := &scriptedSender{}
 	recorded := make(chan int64, 16)
 	const gatedHash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
-	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: fake, ID: "lone",
-		Gates: gatedKeys{gatedHash: true}, Recorded: func(id int64) { recorded <- id }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		d.Stop(sctx)
-	})
+	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: fake, ID: "lone",
+		Gates: gatedKeys{gatedHash: true}, Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
 	exec := func(q string, args ...any) int64 {
 		t.Helper()
 		r, err := db.ExecContext(ctx, q, args...)

@@ -94,9 +94,7 @@ func TestBrokerOutageScenario9(t *testing.T) {
 
 	ns.Restart(t)
 	harness.WaitFor(t, 60*time.Second, "the outbox to be published after the outage", func() (bool, error) {
-		var n int64
-		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = "+outbox.Unpublished).Scan(&n)
-		return n == 0, err
+		return countOutbox(t, env.DB, "published_at = "+outbox.Unpublished) == 0, nil
 	})
 	nc, err := nats.Connect(ns.URL())
 	if err != nil {
