@@ -43,11 +43,13 @@ type claimed struct {
 	budget int // the dispatch budget in force at the claim
 }
 
+// inFlightPerTenant counts the jobs in flight of each tenant with any.
+const inFlightPerTenant = `SELECT tenant, COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`
+
 // inFlightByTenant counts jobs in flight per tenant. The count reads the claim index over the
 // in-flight states only, so its cost is bounded by the global cap, not by any backlog.
 func inFlightByTenant(ctx context.Context, q store.DB) (map[string]int, int, error) {
-	rows, err := q.QueryContext(ctx, `SELECT tenant, COUNT(*) FROM jobs
-		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`)
+	rows, err := q.QueryContext(ctx, inFlightPerTenant)
 	if err != nil {
 		return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
 	}
@@ -86,8 +88,7 @@ func (d *Drainer) passState(ctx context.Context) (inFlight map[string]int, total
 	// growing with the backlog), while this probes the claim index once per tenant (1.7 ms).
 	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT t.tenant, NULL FROM tenants t WHERE
 		(SELECT 1 FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant LIMIT 1) IS NOT NULL
-		UNION ALL
-		SELECT tenant, COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`)
+		UNION ALL `+inFlightPerTenant)
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
 	}
