@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
@@ -96,15 +93,7 @@ func TestBrokerOutageScenario9(t *testing.T) {
 	harness.WaitFor(t, 60*time.Second, "the outbox to be published after the outage", func() (bool, error) {
 		return countOutbox(t, env.DB, "published_at = "+outbox.Unpublished) == 0, nil
 	})
-	nc, err := nats.Connect(ns.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStreamAt(t, ns.URL())
 	installID, err := publisher.InstallationID(ctx, env.DB.DB)
 	if err != nil {
 		t.Fatal(err)

@@ -92,20 +92,26 @@ func countOutbox(t testing.TB, db *testdb.DB, where string) int64 {
 	return n
 }
 
-// streamMessages returns how many messages the SLUICE stream holds on the broker at url.
-func streamMessages(t testing.TB, url string) uint64 {
+// jetStreamAt connects to the broker at url for the rest of the test.
+func jetStreamAt(t testing.TB, url string) jetstream.JetStream {
 	t.Helper()
-	ctx := context.Background()
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.Stream(ctx, "SLUICE")
+	return js
+}
+
+// streamMessages returns how many messages the SLUICE stream holds on the broker at url.
+func streamMessages(t testing.TB, url string) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	s, err := jetStreamAt(t, url).Stream(ctx, "SLUICE")
 	if err != nil {
 		t.Fatal(err)
 	}
