@@ -44,9 +44,9 @@ type Faults struct {
 	AfterReserve func(ctx context.Context) error
 	// AfterInsert runs after the job rows were inserted, before COMMIT.
 	AfterInsert func(ctx context.Context) error
-	// Commit replaces tx.Commit: it may commit or roll back and then report any error, which
+	// Commit replaces the COMMIT: it may commit or roll back and then report any error, which
 	// is how a test makes a COMMIT's outcome unknown.
-	Commit func(ctx context.Context, tx *sql.Tx) error
+	Commit func(ctx context.Context, tx Tx) error
 }
 
 // Config configures an Admitter. Field docs give the defaults.
@@ -91,7 +91,6 @@ type Config struct {
 type Admitter struct {
 	cfg   Config
 	store *store.Store
-	stmts *stmtCache
 	depth depthEstimate
 
 	logMu        sync.Mutex
@@ -128,7 +127,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.GlobalDepthRefresh == 0 {
 		cfg.GlobalDepthRefresh = 250 * time.Millisecond
 	}
-	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, stmts: newStmtCache(cfg.DB)}, nil
+	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}}, nil
 }
 
 // Store returns the job store the Admitter writes transitions through.
@@ -388,7 +387,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	if len(live) == 0 {
 		return nil, nil
 	}
-	tx, err := a.cfg.DB.BeginTx(ctx, nil)
+	tx, err := beginAdmission(ctx, a.cfg.DB)
 	if err != nil {
 		return nil, unavailable(err)
 	}
@@ -396,17 +395,17 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	done := false
 	defer func() {
 		if !done {
-			_ = tx.Rollback()
 			for _, r := range reservations {
 				r.Refund(ctx, r.Granted())
 			}
 		}
+		tx.close()
 	}()
 	st, err := a.read(ctx, tx, live, cfg)
 	if err != nil {
 		return nil, a.txErr(err)
 	}
-	if err := a.replays(ctx, tx, live, st); err != nil {
+	if err := a.replays(ctx, tx.conn, live, st); err != nil {
 		return nil, a.txErr(err)
 	}
 	a.rateLimit(ctx, live, cfg, st, reservations)
@@ -424,7 +423,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 			return nil, a.txErr(err)
 		}
 	}
-	commit := func() error { return tx.Commit() }
+	commit := tx.Commit
 	if f := a.cfg.Faults.Commit; f != nil {
 		commit = func() error { return f(ctx, tx) }
 	}
@@ -438,33 +437,29 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	return rows, nil
 }
 
-// lockTenants takes the row lock of every tenant in tenants (sorted, so that two batches lock
-// in the same order and cannot deadlock). Locking a tenant serialises that tenant's admissions,
-// which makes its depth cap and idempotent replay exact; other tenants are not blocked.
-func lockTenants(ctx context.Context, tx txStmts, tenants []string) error {
-	var q strings.Builder
-	q.WriteString("INSERT INTO tenants (tenant, created_at) VALUES ")
-	args := make([]any, 0, len(tenants))
-	for i, t := range tenants {
-		if i > 0 {
-			q.WriteString(",")
-		}
-		q.WriteString("(?, UTC_TIMESTAMP(6))")
-		args = append(args, t)
-	}
-	q.WriteString(" ON DUPLICATE KEY UPDATE tenant = tenant")
-	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-		return fmt.Errorf("lock tenants: %w", err)
-	}
-	return nil
+// lockSQL is the statement that takes the row lock of n tenants, given in sorted order so that
+// two batches lock in the same order and cannot deadlock. Locking a tenant serialises that
+// tenant's admissions, which makes its depth cap and idempotent replay exact; other tenants are
+// not blocked.
+func lockSQL(n int) string {
+	return "INSERT INTO tenants (tenant, created_at) VALUES " +
+		strings.TrimSuffix(strings.Repeat("(?, UTC_TIMESTAMP(6)),", n), ",") +
+		" ON DUPLICATE KEY UPDATE tenant = tenant"
 }
 
 const inFlightStates = "('claimed','dispatched','running')"
 
-// read locks the items' tenants and reads the database clock, the depths, in-flight counts and
-// idempotency keys the decisions need. A single admission does it in two statements; the
-// global depth count stops at the cap, so its cost is bounded by the cap.
-func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limits.Config) (*state, error) {
+// read begins the transaction, locks the items' tenants and reads the database clock, the
+// depths, in-flight counts, idempotency keys and redrives the decisions need, all in one round
+// trip. Each read is its own statement after the lock: a statement that both locked and read
+// would take its snapshot before it waited for the lock and miss what the previous holder
+// committed (a racing duplicate key, a depth one short). Folding the reads into the lock as
+// INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING (subqueries) was tried and fails that way:
+// the idempotency-key lookup, a unique-key lookup of constants, is read while the statement is
+// optimised, before the lock wait, and TestFrontDoorIdempotency's 50 racers then hit a
+// duplicate key. Under READ COMMITTED each later statement of the round trip reads after the
+// lock is held.
+func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg limits.Config) (*state, error) {
 	st := &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{},
 		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
 	seen := map[string]bool{}
@@ -476,153 +471,131 @@ func (a *Admitter) read(ctx context.Context, tx *sql.Tx, items []*item, cfg limi
 		}
 	}
 	sort.Strings(tenants)
-	ts := txStmts{c: a.stmts, tx: tx}
-	// The lock is its own statement, before the reads: a locking read that also counted (in
-	// subqueries) would take its snapshot when it started, before it waited for the lock, and
-	// would miss what the previous holder committed (a racing duplicate key, a depth one short).
-	// Folding the reads into the lock as INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING
-	// (subqueries) was tried and fails the same way: the idempotency-key lookup, a unique-key
-	// lookup of constants, is read while the statement is optimised, before the lock wait, and
-	// TestFrontDoorIdempotency's 50 racers then hit a duplicate key.
-	if err := lockTenants(ctx, ts, tenants); err != nil {
-		return nil, err
-	}
-	if len(items) == 1 {
-		it := items[0]
-		var key any
-		if it.req.IdempotencyKey != nil {
-			key = *it.req.IdempotencyKey
-		}
-		// The global depth is counted exactly near the cap and for queue=false (whose
-		// Retry-After depends on it); far below the cap a recent count plus this process's
-		// admissions since stands in for it, because counting up to 2,000 index entries is
-		// most of an admission's cost (see depthEstimate).
-		immediate := it.req.Queue != nil && !*it.req.Queue
-		est, fresh := a.depth.estimate(a.cfg.Now(), a.cfg.GlobalDepthRefresh)
-		countGlobal := immediate || !fresh || est+depthMargin(cfg.GlobalQueueDepth) >= cfg.GlobalQueueDepth
-		globalSQL := "(SELECT ?)"
-		globalArg := any(est)
-		if countGlobal {
-			globalSQL = "(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g)"
-			globalArg = cfg.GlobalQueueDepth + 1
-		}
-		inFlightSQL := "(SELECT 0)"
-		if immediate {
-			inFlightSQL = "(SELECT COUNT(*) FROM jobs WHERE status IN " + inFlightStates + ")"
-		}
-		var keyedID, redrivenID sql.NullInt64
-		var depth, inFlight int
-		started := a.cfg.Now()
-		// One scan of the tenant's (tenant, status) index range gives both its depth and its
-		// in-flight count; the lookups of an idempotency key or a redrive are only asked for
-		// when the request has one.
-		keySQL, redriveSQL := "(SELECT NULL)", "(SELECT NULL)"
-		args := []any{globalArg}
-		if key != nil {
-			keySQL = "(SELECT id FROM jobs WHERE tenant = ? AND idempotency_key = ?)"
-			args = append(args, it.req.Tenant, key)
-		}
-		if it.retryOf != nil {
-			redriveSQL = "(SELECT MIN(id) FROM jobs WHERE retry_of = ?)"
-			args = append(args, *it.retryOf)
-		}
-		args = append(args, it.req.Tenant)
-		err := ts.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6),
-			COALESCE(SUM(status = 'queued'), 0), COALESCE(SUM(status <> 'queued'), 0),
-			`+globalSQL+`, `+inFlightSQL+`, `+keySQL+`, `+redriveSQL+`
-			FROM jobs WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`, args...).
-			Scan(&st.now, &depth, &inFlight, &st.globalDepth, &st.globalInFlight, &keyedID, &redrivenID)
-		if err != nil {
-			return nil, fmt.Errorf("read admission state: %w", err)
-		}
-		if countGlobal {
-			a.depth.counted(started, st.globalDepth)
-		}
-		st.now = st.now.UTC()
-		st.tenantDepth[it.req.Tenant], st.tenantInFlight[it.req.Tenant] = depth, inFlight
-		if keyedID.Valid {
-			r, err := store.Get(ctx, tx, keyedID.Int64, false)
-			if err != nil {
-				return nil, err
-			}
-			st.keyed[keyOf(it.req.Tenant, *it.req.IdempotencyKey)] = &r
-		}
-		if redrivenID.Valid {
-			r, err := store.Get(ctx, tx, redrivenID.Int64, false)
-			if err != nil {
-				return nil, err
-			}
-			st.redriven[*it.retryOf] = &r
-		}
-		return st, nil
-	}
-	if err := tx.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6),
-		(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g),
-		(SELECT COUNT(*) FROM jobs WHERE status IN `+inFlightStates+`)`, cfg.GlobalQueueDepth+1).
-		Scan(&st.now, &st.globalDepth, &st.globalInFlight); err != nil {
-		return nil, fmt.Errorf("read admission state: %w", err)
-	}
-	a.depth.counted(a.cfg.Now(), st.globalDepth)
-	st.now = st.now.UTC()
-	args := make([]any, len(tenants))
+	tenantArgs := make([]any, len(tenants))
 	for i, t := range tenants {
-		args[i] = t
+		tenantArgs[i] = t
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT tenant, status = 'queued', COUNT(*) FROM jobs
-		WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+placeholders(len(tenants))+`)
-		GROUP BY tenant, status = 'queued'`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("read tenant depths: %w", err)
+	stmts := []string{lockSQL(len(tenants))}
+	args := append([]any(nil), tenantArgs...)
+
+	// The global depth is counted exactly near the cap and for queue=false (whose Retry-After
+	// depends on it, as on the global in-flight count); far below the cap a recent count plus
+	// this process's admissions since stands in for it, because counting up to 2,000 index
+	// entries is most of an admission's cost (see depthEstimate).
+	immediate := false
+	for _, it := range items {
+		immediate = immediate || (it.req.Queue != nil && !*it.req.Queue)
 	}
-	for rows.Next() {
-		var t string
-		var queued bool
-		var n int
-		if err := rows.Scan(&t, &queued, &n); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read tenant depths: %w", err)
-		}
-		if queued {
-			st.tenantDepth[t] = n
-		} else {
-			st.tenantInFlight[t] = n
-		}
+	started := a.cfg.Now()
+	est, fresh := a.depth.estimate(started, a.cfg.GlobalDepthRefresh)
+	countGlobal := immediate || !fresh || est+len(items)+depthMargin(cfg.GlobalQueueDepth) >= cfg.GlobalQueueDepth
+	globalSQL, globalArg := "(SELECT ?)", any(int64(est))
+	if countGlobal {
+		globalSQL = "(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g)"
+		globalArg = int64(cfg.GlobalQueueDepth + 1)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read tenant depths: %w", err)
+	inFlightSQL := "(SELECT 0)"
+	if immediate {
+		inFlightSQL = "(SELECT COUNT(*) FROM jobs WHERE status IN " + inFlightStates + ")"
 	}
-	var keys []any
+	single := len(tenants) == 1
+	if single {
+		// One scan of the tenant's (tenant, status) index range gives both its depth and its
+		// in-flight count.
+		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6),
+			COALESCE(SUM(status = 'queued'), 0), COALESCE(SUM(status <> 'queued'), 0),
+			`+globalSQL+`, `+inFlightSQL+`
+			FROM jobs WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`)
+		args = append(args, globalArg, tenants[0])
+	} else {
+		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL+`, `+inFlightSQL,
+			`SELECT tenant, status = 'queued', COUNT(*) FROM jobs
+			WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+placeholders(len(tenants))+`)
+			GROUP BY tenant, status = 'queued'`)
+		args = append(args, globalArg)
+		args = append(args, tenantArgs...)
+	}
+	var keys, redrives []any
 	for _, it := range items {
 		if it.req.IdempotencyKey != nil {
 			keys = append(keys, *it.req.IdempotencyKey)
 		}
+		if it.retryOf != nil {
+			redrives = append(redrives, *it.retryOf)
+		}
 	}
 	if len(keys) > 0 {
-		rows, err := tx.QueryContext(ctx, "SELECT "+store.Columns+` FROM jobs WHERE tenant IN (`+
-			placeholders(len(tenants))+`) AND idempotency_key IN (`+placeholders(len(keys))+`)`,
-			append(args, keys...)...)
+		stmts = append(stmts, "SELECT "+store.Columns+" FROM jobs WHERE tenant IN ("+
+			placeholders(len(tenants))+") AND idempotency_key IN ("+placeholders(len(keys))+")")
+		args = append(append(args, tenantArgs...), keys...)
+	}
+	if len(redrives) > 0 {
+		// The job an earlier redrive of the same job created: the first, if several.
+		stmts = append(stmts, "SELECT "+store.Columns+" FROM jobs WHERE id IN (SELECT MIN(id) FROM jobs WHERE retry_of IN ("+
+			placeholders(len(redrives))+") GROUP BY retry_of)")
+		args = append(args, redrives...)
+	}
+
+	res, err := tx.query(ctx, stmts, args)
+	if err != nil {
+		return nil, fmt.Errorf("read admission state: %w", err)
+	}
+	defer res.close()
+	if single {
+		var depth, inFlight int
+		if err := res.scanOne(&st.now, &depth, &inFlight, &st.globalDepth, &st.globalInFlight); err != nil {
+			return nil, fmt.Errorf("read admission state: %w", err)
+		}
+		st.tenantDepth[tenants[0]], st.tenantInFlight[tenants[0]] = depth, inFlight
+	} else {
+		if err := res.scanOne(&st.now, &st.globalDepth, &st.globalInFlight); err != nil {
+			return nil, fmt.Errorf("read admission state: %w", err)
+		}
+		rows, err := res.next()
+		if err != nil {
+			return nil, fmt.Errorf("read tenant depths: %w", err)
+		}
+		for rows.Next() {
+			var t string
+			var queued bool
+			var n int
+			if err := rows.Scan(&t, &queued, &n); err != nil {
+				return nil, fmt.Errorf("read tenant depths: %w", err)
+			}
+			if queued {
+				st.tenantDepth[t] = n
+			} else {
+				st.tenantInFlight[t] = n
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("read tenant depths: %w", err)
+		}
+	}
+	if countGlobal {
+		a.depth.counted(started, st.globalDepth)
+	}
+	st.now = st.now.UTC()
+	if len(keys) > 0 {
+		err := res.eachRow(func(r store.Row) {
+			st.keyed[keyOf(r.Tenant, *r.IdempotencyKey)] = &r
+		})
 		if err != nil {
 			return nil, fmt.Errorf("read idempotency keys: %w", err)
 		}
-		defer rows.Close()
-		for rows.Next() {
-			r, err := store.ScanRow(rows)
-			if err != nil {
-				return nil, fmt.Errorf("read idempotency keys: %w", err)
-			}
-			st.keyed[keyOf(r.Tenant, *r.IdempotencyKey)] = &r
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("read idempotency keys: %w", err)
+	}
+	if len(redrives) > 0 {
+		err := res.eachRow(func(r store.Row) { st.redriven[*r.RetryOf] = &r })
+		if err != nil {
+			return nil, fmt.Errorf("read redrives: %w", err)
 		}
 	}
-	return st, nil
+	return st, res.close()
 }
 
 // replays decides the items whose idempotency key already names a job (or an earlier item of
 // the same batch), and redrives already done.
-func (a *Admitter) replays(ctx context.Context, tx *sql.Tx, items []*item, st *state) error {
+func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, st *state) error {
 	inBatch := map[string]*item{}
 	for _, it := range items {
 		if it.retryOf != nil {
@@ -834,21 +807,35 @@ func immediate(cfg limits.Config, tenant string, st *state, gatedFor int) error 
 // batch body may carry.
 const insertChunk = 250
 
-// insert writes the rows of the items to insert (queued and rejected) and the enqueue pokes of
-// the queued ones.
-func (a *Admitter) insert(ctx context.Context, tx *sql.Tx, items []*item, st *state) error {
+// insert writes, in one round trip, the rows of the items to insert (queued and rejected) and
+// the enqueue pokes of the queued ones: a poke's body carries its job's id, which the server
+// fills in (outbox.InsertPokes).
+func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, st *state) error {
 	var ins []*item
 	for _, it := range items {
 		if it.insert {
 			ins = append(ins, it)
 		}
 	}
+	if len(ins) == 0 {
+		return nil
+	}
+	var stmts []string
+	var args []any
+	type written struct {
+		jobs   []*item // the rows of a jobs INSERT, in order
+		pokes  []*item // the rows of the outbox INSERT after it
+		stmt   int     // index of the jobs INSERT among stmts
+		hasBox bool
+	}
+	var chunks []written
 	for start := 0; start < len(ins); start += insertChunk {
 		chunk := ins[start:min(len(ins), start+insertChunk)]
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
 			request_sha256, queued_at, finished_at, error_code, error_message, retry_of) VALUES `)
-		args := make([]any, 0, 12*len(chunk))
+		w := written{jobs: chunk, stmt: len(stmts)}
+		var pokes []outbox.NewPoke
 		for i, it := range chunk {
 			if i > 0 {
 				q.WriteString(",")
@@ -874,40 +861,38 @@ func (a *Admitter) insert(ctx context.Context, tx *sql.Tx, items []*item, st *st
 				if it.req.IdempotencyKey != nil {
 					idem, fp = *it.req.IdempotencyKey, it.fp
 				}
+				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: it.req.Tenant, Offset: i})
+				w.pokes = append(w.pokes, it)
 			}
 			args = append(args, it.req.Tenant, rateKey, payload, string(status), it.caller, idem, fp,
 				st.now, finished, code, msg, retryOf)
 		}
-		r, err := txStmts{c: a.stmts, tx: tx}.ExecContext(ctx, q.String(), args...)
-		if err != nil {
-			return fmt.Errorf("insert jobs: %w", err)
+		stmts = append(stmts, q.String())
+		if len(pokes) > 0 {
+			pq, pargs := outbox.InsertPokes(a.cfg.Prefix, st.now, pokes)
+			stmts = append(stmts, pq)
+			args = append(args, pargs...)
+			w.hasBox = true
 		}
-		first, err := r.LastInsertId()
-		if err != nil {
-			return fmt.Errorf("insert jobs: id: %w", err)
-		}
-		// A multi-row INSERT of known size gets consecutive ids (a "simple insert" reserves
-		// its whole range at once under every InnoDB auto-increment lock mode).
-		for i, it := range chunk {
-			it.id = first + int64(i)
-		}
+		chunks = append(chunks, w)
 	}
-	var msgs []outbox.Message
-	var queued []*item
-	for _, it := range ins {
-		if it.scope == "" {
-			msgs = append(msgs, outbox.PokeMessage(a.cfg.Prefix, outbox.Enqueue, it.req.Tenant, it.id))
-			queued = append(queued, it)
-		}
+	ids, err := tx.exec(ctx, stmts, args)
+	if err != nil {
+		return fmt.Errorf("insert jobs: %w", err)
 	}
-	for start := 0; start < len(msgs); start += insertChunk {
-		end := min(len(msgs), start+insertChunk)
-		ids, err := outbox.Write(ctx, txStmts{c: a.stmts, tx: tx}, st.now, msgs[start:end]...)
-		if err != nil {
-			return err
+	if len(ids) != len(stmts) {
+		return fmt.Errorf("insert jobs: %d insert ids for %d statements", len(ids), len(stmts))
+	}
+	// A multi-row INSERT of known size gets consecutive ids (a "simple insert" reserves its
+	// whole range at once under every InnoDB auto-increment lock mode).
+	for _, w := range chunks {
+		for i, it := range w.jobs {
+			it.id = ids[w.stmt] + int64(i)
 		}
-		for i, id := range ids {
-			queued[start+i].outboxID = id
+		if w.hasBox {
+			for i, it := range w.pokes {
+				it.outboxID = ids[w.stmt+1] + int64(i)
+			}
 		}
 	}
 	return nil

@@ -2,7 +2,6 @@ package integration_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"net/http"
 	"sync/atomic"
@@ -82,7 +81,7 @@ func TestFrontDoorRateLimitRefund(t *testing.T) {
 			}
 			return nil
 		},
-		Commit: func(_ context.Context, tx *sql.Tx) error {
+		Commit: func(_ context.Context, tx gate.Tx) error {
 			switch fault() {
 			case "commit-lost": // the server committed, the answer was lost
 				if err := tx.Commit(); err != nil {

@@ -17,6 +17,8 @@ import (
 //   - clientFoundRows: a fenced UPDATE reports rows matched, so "0 rows" means "lost the fence";
 //   - READ COMMITTED isolation: claims and admissions take no gap locks (PITFALLS: MySQL);
 //   - interpolateParams: one round trip per statement instead of prepare, execute, close;
+//   - multiStatements: an admission begins its transaction, locks and reads in one round trip
+//     and writes all its rows in a second (gate/tx.go);
 //   - innodb_lock_wait_timeout 10 s instead of 50 s, and read/write timeouts, so that a stuck
 //     server surfaces as an error instead of a hung request.
 //
@@ -33,6 +35,9 @@ func Open(ctx context.Context, dsn string) (*sql.DB, error) {
 	// server-side prepare, execute and close. Safe with the utf8mb4 connection charset; binary
 	// values are sent as _binary literals.
 	cfg.InterpolateParams = true
+	// Several statements in one round trip. Safe because sluice builds every statement from
+	// constants and placeholders, never from a value it received.
+	cfg.MultiStatements = true
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}

@@ -74,6 +74,41 @@ func PokeMessage(prefix string, kind Kind, tenant string, jobID int64) Message {
 	return Message{Subject: Subject(prefix, kind, tenant), Payload: body}
 }
 
+// NewPoke is an enqueue or release poke about a job that the same transaction inserted earlier
+// in the same round trip: its id is only known to the server then.
+type NewPoke struct {
+	Kind   Kind
+	Tenant string
+	// Offset is the job's place among the rows of the transaction's last INSERT into jobs: its
+	// id is LAST_INSERT_ID() + Offset.
+	Offset int
+}
+
+// InsertPokes returns one INSERT statement and its arguments that write pokes, for a
+// multi-statement round trip that runs it right after the INSERT into jobs the pokes are about.
+// Each body is built by the server around LAST_INSERT_ID(), byte for byte what PokeMessage
+// builds for the same id.
+func InsertPokes(prefix string, now time.Time, pokes []NewPoke) (string, []any) {
+	var q strings.Builder
+	q.WriteString("INSERT INTO outbox (subject, payload, created_at) VALUES ")
+	args := make([]any, 0, 5*len(pokes))
+	for i, p := range pokes {
+		if i > 0 {
+			q.WriteString(",")
+		}
+		q.WriteString("(?, CONCAT(?, LAST_INSERT_ID() + ?, ?), ?)")
+		head, tail := pokeBodyAround(p.Kind, p.Tenant)
+		args = append(args, Subject(prefix, p.Kind, p.Tenant), head, int64(p.Offset), tail, now)
+	}
+	return q.String(), args
+}
+
+// pokeBodyAround returns the parts of a poke body around its job id, which JSON encodes last.
+func pokeBodyAround(kind Kind, tenant string) (head, tail []byte) {
+	body, _ := json.Marshal(Poke{Kind: kind, Tenant: tenant}) // cannot fail
+	return body[:len(body)-2], body[len(body)-1:]             // body ends in `0}`
+}
+
 // Execer is what Write needs of a transaction: both *sql.Tx and *sql.DB satisfy it, which is
 // what lets an outbox row join the caller's own transaction.
 type Execer interface {

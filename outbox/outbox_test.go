@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -33,5 +34,19 @@ func TestPokeMessage(t *testing.T) {
 	}
 	if p != (Poke{Kind: Enqueue, Tenant: "t.1", JobID: 42}) || m.Subject != Subject("p", Enqueue, "t.1") {
 		t.Errorf("poke %+v on %q", p, m.Subject)
+	}
+}
+
+// TestPokeBodyAround: the body the server builds around an id is PokeMessage's, byte for byte,
+// whatever the tenant holds (JSON escapes, non-ASCII).
+func TestPokeBodyAround(t *testing.T) {
+	for _, tenant := range []string{"a", "t.1", `q"uo\te`, "<&>", "Zürich ✓", "tab\there"} {
+		for _, id := range []int64{1, 42, 1 << 40} {
+			head, tail := pokeBodyAround(Enqueue, tenant)
+			got := string(head) + strconv.FormatInt(id, 10) + string(tail)
+			if want := string(PokeMessage("p", Enqueue, tenant, id).Payload); got != want {
+				t.Errorf("tenant %q id %d: %s, want %s", tenant, id, got, want)
+			}
+		}
 	}
 }
