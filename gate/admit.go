@@ -83,15 +83,20 @@ type Config struct {
 	// count while it is well below the cap (see depthEstimate). Default 250 ms; negative counts
 	// on every admission.
 	GlobalDepthRefresh time.Duration
+	// Lanes is how many single admissions one process decides at once, each in its own
+	// transaction; admissions that arrive while every lane is busy share the next transaction
+	// (see combiner). Default 2.
+	Lanes int
 	// Faults injects failures for tests. Default none.
 	Faults *Faults
 }
 
 // Admitter admits jobs. Safe for concurrent use.
 type Admitter struct {
-	cfg   Config
-	store *store.Store
-	depth depthEstimate
+	cfg     Config
+	store   *store.Store
+	depth   depthEstimate
+	combine combiner
 
 	logMu        sync.Mutex
 	lastFailOpen time.Time
@@ -127,7 +132,11 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.GlobalDepthRefresh == 0 {
 		cfg.GlobalDepthRefresh = 250 * time.Millisecond
 	}
-	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}}, nil
+	if cfg.Lanes <= 0 {
+		cfg.Lanes = 2
+	}
+	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log},
+		combine: combiner{lanes: cfg.Lanes}}, nil
 }
 
 // Store returns the job store the Admitter writes transitions through.
@@ -206,7 +215,7 @@ func (a *Admitter) Admit(ctx context.Context, caller string, req Request) (Resul
 		a.cfg.Metrics.observe(Result{}, it.invalid)
 		return Result{}, it.invalid
 	}
-	if err := a.run(ctx, []*item{it}, cfg); err != nil {
+	if err := a.admit(ctx, it, cfg); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
 		return Result{}, err
 	}

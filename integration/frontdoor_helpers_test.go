@@ -65,6 +65,8 @@ type fdOptions struct {
 	gates     gate.GateLookup
 	// admitDB, if set, is the database handle admission uses (a proxied one).
 	admitDB *sql.DB
+	// lanes is gate.Config.Lanes; 0 takes the default.
+	lanes int
 }
 
 // fakeNow is the wall clock of rate-limit windows and gates, fixed unless a test moves it, so
@@ -134,7 +136,7 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 		t.Fatal(err)
 	}
 	cfg := gate.Config{DB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
-		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Now: f.now.Now}
+		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Now: f.now.Now, Lanes: o.lanes}
 	if o.admitDB != nil {
 		cfg.DB = o.admitDB
 	}

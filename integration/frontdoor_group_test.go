@@ -1,0 +1,187 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/integration/harness"
+)
+
+// TestAdmissionGroupCommit: single admissions that arrive while the lane is busy share the next
+// transaction, and each is still decided as if alone: the tenant depth cap exact, positions
+// consecutive, one job per idempotency key with the duplicates answered as replays. The first
+// admission holds the only lane until all others wait; then the 40 waiting admissions take 5
+// transactions, not 40: one group, and one transaction for each later duplicate of the key,
+// since two admissions with the same key never share a group.
+func TestAdmissionGroupCommit(t *testing.T) {
+	t.Parallel()
+	var txs atomic.Int32
+	entered, release := make(chan struct{}), make(chan struct{})
+	faults := &gate.Faults{AfterReserve: func(context.Context) error {
+		if txs.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		return nil
+	}}
+	f := startFrontDoor(t, fdOptions{faults: faults, lanes: 1})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce) // a failed wait must not leave the first admission blocked
+	f.setConfig(t, map[string]any{"tenant_queue_depth": 10})
+	capped, keyed, plain := uniqueTenant("capped"), uniqueTenant("keyed"), uniqueTenant("plain")
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	got := map[string][]harness.Response{}
+	post := func(name string, body map[string]any) {
+		defer wg.Done()
+		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, body)
+		mu.Lock()
+		got[name] = append(got[name], r)
+		mu.Unlock()
+	}
+	wg.Add(1)
+	go post("first", map[string]any{"tenant": plain})
+	<-entered
+	for range 15 {
+		wg.Add(1)
+		go post("capped", map[string]any{"tenant": capped})
+	}
+	for range 5 {
+		wg.Add(1)
+		go post("keyed", map[string]any{"tenant": keyed, "idempotency_key": "once", "payload": 1})
+	}
+	for range 20 {
+		wg.Add(1)
+		go post("plain", map[string]any{"tenant": plain})
+	}
+	tick := time.NewTicker(time.Millisecond)
+	deadline := time.After(10 * time.Second)
+	for f.adm.Waiting() < 40 {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("%d admissions waiting for the lane, want 40", f.adm.Waiting())
+		}
+	}
+	tick.Stop()
+	releaseOnce()
+	wg.Wait()
+
+	if n := txs.Load(); n != 6 {
+		t.Errorf("%d admission transactions for 41 admissions, want 6 (the first, one group, 4 replays)", n)
+	}
+	positions := func(rs []harness.Response) []int {
+		var ps []int
+		for _, r := range rs {
+			if r.Status == 202 {
+				ps = append(ps, int(r.Body["position"].(float64)))
+			}
+		}
+		sort.Ints(ps)
+		return ps
+	}
+	want := func(n, from int) string {
+		ps := make([]int, n)
+		for i := range ps {
+			ps[i] = from + i
+		}
+		return fmt.Sprint(ps)
+	}
+	var full int
+	for _, r := range got["capped"] {
+		if r.Status == 429 && r.Body["error_code"] == "queue_full" {
+			full++
+		}
+	}
+	if ps := positions(got["capped"]); fmt.Sprint(ps) != want(10, 1) || full != 5 {
+		t.Errorf("capped tenant: positions %v and %d refused, want %s and 5", ps, full, want(10, 1))
+	}
+	if ps := positions(append(got["first"], got["plain"]...)); fmt.Sprint(ps) != want(10, 1) {
+		// The tenant cap is 10 for every tenant: 21 admissions, 10 admitted.
+		t.Errorf("plain tenant: positions %v, want %s", ps, want(10, 1))
+	}
+	var created, replayed int
+	ids := map[any]bool{}
+	for _, r := range got["keyed"] {
+		switch {
+		case r.Status == 202:
+			created++
+		case r.Status == 200 && r.Header.Get("Idempotent-Replayed") == "true":
+			replayed++
+		default:
+			t.Errorf("keyed admission: %d %s", r.Status, r.Raw)
+		}
+		ids[r.Body["id"]] = true
+	}
+	if created != 1 || replayed != 4 || len(ids) != 1 {
+		t.Errorf("keyed: %d created, %d replayed, %d distinct ids; want 1, 4, 1", created, replayed, len(ids))
+	}
+}
+
+// TestAdmissionWaiterGone: an admission whose client went away while it waited for a lane leaves
+// the queue and writes nothing.
+func TestAdmissionWaiterGone(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	faults := &gate.Faults{AfterReserve: func(context.Context) error {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+		return nil
+	}}
+	f := startFrontDoor(t, fdOptions{faults: faults, lanes: 1})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
+	holder, gone := uniqueTenant("holder"), uniqueTenant("gone")
+	done := make(chan harness.Response, 1)
+	go func() { done <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": holder}) }()
+	<-entered
+
+	ctx, cancel := context.WithCancel(context.Background())
+	failed := make(chan error, 1)
+	go func() {
+		_, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: gone})
+		failed <- err
+	}()
+	waitWaiting := func(n int) {
+		t.Helper()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		deadline := time.After(10 * time.Second)
+		for f.adm.Waiting() != n {
+			select {
+			case <-tick.C:
+			case <-deadline:
+				t.Fatalf("%d admissions waiting for the lane, want %d", f.adm.Waiting(), n)
+			}
+		}
+	}
+	waitWaiting(1)
+	cancel()
+	if err := <-failed; err == nil {
+		t.Fatal("the cancelled admission succeeded")
+	}
+	waitWaiting(0) // the server saw the client leave and took the admission out of the queue
+	releaseOnce()
+	if r := <-done; r.Status != 202 {
+		t.Fatalf("the admission holding the lane: %d %s", r.Status, r.Raw)
+	}
+	var n int
+	if err := f.db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM jobs WHERE tenant = ?", gone).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d jobs written for the admission whose client left while waiting", n)
+	}
+}
