@@ -46,7 +46,7 @@ type Config struct {
 	DB *sql.DB
 	// Executor receives dispatches. Required.
 	Executor Sender
-	// Clock judges leases, walls and nonce TTLs. Default: the database's clock.
+	// Clock judges leases, walls and nonce TTLs. Default: the database's clock, followed by clock.Synced.
 	Clock clock.Clock
 	// ID names this drainer in job rows and heartbeats. Default hostname-pid.
 	ID string
@@ -117,7 +117,7 @@ func New(cfg Config) (*Drainer, error) {
 		return nil, errors.New("invalid config: Executor: required")
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = clock.DB{DB: cfg.DB}
+		cfg.Clock = clock.NewDBSynced(cfg.DB)
 	}
 	host, _ := os.Hostname()
 	if cfg.ID == "" {

@@ -29,7 +29,7 @@ type FastPathConfig struct {
 	Queue int
 	// AckTimeout bounds the wait for acknowledgements. Default 2 s.
 	AckTimeout time.Duration
-	// Clock stamps published_at. Default: the database's clock.
+	// Clock stamps published_at. Default: the database's clock, followed by clock.Synced.
 	Clock clock.Clock
 	// Log receives problems. Default: discard.
 	Log *slog.Logger
@@ -63,7 +63,7 @@ func NewFastPath(cfg FastPathConfig) (*FastPath, error) {
 		cfg.AckTimeout = 2 * time.Second
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = clock.DB{DB: cfg.DB}
+		cfg.Clock = clock.NewDBSynced(cfg.DB)
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)

@@ -43,7 +43,7 @@ type RelayConfig struct {
 	AckTimeout time.Duration
 	// Interval is the idle poll period of Run. Default 500 ms.
 	Interval time.Duration
-	// Clock stamps published_at. Default: the database's clock.
+	// Clock stamps published_at. Default: the database's clock, followed by clock.Synced.
 	Clock clock.Clock
 	// Log receives problems. Default: discard.
 	Log *slog.Logger
@@ -109,7 +109,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		cfg.MaxBackoff = 5 * time.Second
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = clock.DB{DB: cfg.DB}
+		cfg.Clock = clock.NewDBSynced(cfg.DB)
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)

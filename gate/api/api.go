@@ -36,7 +36,7 @@ type Config struct {
 	Limits *limits.Cache
 	// Tokens authenticates callers. Required.
 	Tokens *Tokens
-	// Clock judges nonce TTLs. Default: the database's clock.
+	// Clock judges nonce TTLs. Default: the database's clock, followed by clock.Synced.
 	Clock clock.Clock
 	// Gatherer serves /metrics. Default: an empty registry.
 	Gatherer prometheus.Gatherer
@@ -77,7 +77,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("invalid config: Tokens: required")
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = clock.DB{DB: cfg.DB}
+		cfg.Clock = clock.NewDBSynced(cfg.DB)
 	}
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()

@@ -31,6 +31,79 @@ func (c DB) Now(ctx context.Context) (time.Time, error) {
 	return t.UTC(), nil
 }
 
+// DefaultSyncEvery is how often a Synced clock re-reads its source.
+const DefaultSyncEvery = 10 * time.Second
+
+// maxSyncRTT is the longest reading a Synced clock keeps: its estimate may run ahead of the
+// source by up to the reading's round trip.
+const maxSyncRTT = 10 * time.Millisecond
+
+// Synced follows the database's clock without asking it on every call: it reads the source at
+// most every Every and carries the reading forward on this host's monotonic clock. Each
+// reading is dated from when its request was sent, so the estimate is never behind the source.
+// It can be ahead by at most the reading's round trip (readings slower than 10 ms are used
+// once and not kept), which can end a lease or a nonce that much early; leases and nonces last
+// seconds. A step of the database server's clock shows within Every. Readings
+// never go backwards. Safe for concurrent use.
+type Synced struct {
+	source Clock
+	every  time.Duration
+	local  func() time.Time // this host's clock; its monotonic reading is what counts
+
+	mu    sync.Mutex
+	base  time.Time // the source's time at the kept reading
+	sent  time.Time // local time the kept reading was requested
+	kept  bool
+	since time.Time // the latest time returned
+}
+
+// NewSynced returns a clock that follows source, re-reading it every every (DefaultSyncEvery if
+// zero or negative).
+func NewSynced(source Clock, every time.Duration) *Synced {
+	if every <= 0 {
+		every = DefaultSyncEvery
+	}
+	return &Synced{source: source, every: every, local: time.Now}
+}
+
+// NewDBSynced returns a Synced clock following db's UTC_TIMESTAMP(6).
+func NewDBSynced(db *sql.DB) *Synced { return NewSynced(DB{DB: db}, 0) }
+
+// Now returns the estimate of the source's time, reading the source when the kept reading is
+// older than Every.
+func (s *Synced) Now(ctx context.Context) (time.Time, error) {
+	s.mu.Lock()
+	if s.kept {
+		if d := s.local().Sub(s.sent); d >= 0 && d < s.every {
+			t := s.forward(Trunc(s.base.Add(d)))
+			s.mu.Unlock()
+			return t, nil
+		}
+	}
+	s.mu.Unlock()
+	sent := s.local()
+	t, err := s.source.Now(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	rtt := s.local().Sub(sent)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kept = rtt >= 0 && rtt <= maxSyncRTT
+	if s.kept {
+		s.base, s.sent = t, sent
+	}
+	return s.forward(Trunc(t)), nil
+}
+
+func (s *Synced) forward(t time.Time) time.Time {
+	if t.Before(s.since) {
+		return s.since
+	}
+	s.since = t
+	return t
+}
+
 // Fake is a settable clock for tests. Safe for concurrent use.
 type Fake struct {
 	mu  sync.Mutex
