@@ -25,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/migrations"
@@ -76,11 +77,7 @@ func startOps(t *testing.T, o opsOptions) *opsEnv {
 	}
 	natsURL := o.NATSURL
 	if natsURL == "" {
-		ns, err := app.StartEmbeddedNATS(t.TempDir(), 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(ns.Shutdown)
+		ns := natstest.Start(t)
 		e.NATS = ns
 		natsURL = ns.URL()
 	}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -222,19 +222,7 @@ func TestOpsMariaDBRestart(t *testing.T) {
 func TestOpsNATSRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dir, port := t.TempDir(), freePort(t)
-	var mu sync.Mutex
-	ns, err := app.StartEmbeddedNATS(dir, port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if ns != nil {
-			ns.Shutdown()
-		}
-	})
+	ns := natstest.Start(t) // restarted below on the same port and store
 	env := startOps(t, opsOptions{NATSURL: ns.URL()})
 	brokerConnected := func() (bool, error) {
 		r := env.Do(t, http.MethodGet, "/v1/status", harness.AdminToken, nil)
@@ -255,10 +243,7 @@ func TestOpsNATSRestart(t *testing.T) {
 	}
 	harness.WaitFor(t, 20*time.Second, "10 jobs to succeed with the broker up", succeeded(10))
 
-	mu.Lock()
-	ns.Shutdown()
-	ns = nil
-	mu.Unlock()
+	ns.Stop()
 	harness.WaitFor(t, 10*time.Second, "status to show the broker disconnected", func() (bool, error) {
 		up, err := brokerConnected()
 		return !up, err
@@ -275,12 +260,7 @@ func TestOpsNATSRestart(t *testing.T) {
 		t.Errorf("%d outbox rows unpublished during the outage, want at least the 20 enqueue pokes", waiting)
 	}
 
-	mu.Lock()
-	ns, err = app.StartEmbeddedNATS(dir, port)
-	mu.Unlock()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns.Restart(t)
 	harness.WaitFor(t, 15*time.Second, "the client to reconnect by itself", brokerConnected)
 	harness.WaitFor(t, 15*time.Second, "the outbox to be published after the outage", func() (bool, error) {
 		var n int
@@ -306,7 +286,7 @@ func TestOpsNATSRestart(t *testing.T) {
 	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
-	if msgs := streamMessages(t, fmt.Sprintf("nats://127.0.0.1:%d", port)); msgs != rows {
+	if msgs := streamMessages(t, ns.URL()); msgs != rows {
 		t.Errorf("stream holds %d messages, want one per outbox row (%d)", msgs, rows)
 	}
 	if st := env.Exec.Stats(); st.DuplicateStarts != 0 || st.TotalStarts != 35 {

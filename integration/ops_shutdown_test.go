@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -52,11 +52,7 @@ type proc struct {
 func startServe(t *testing.T, bin string) *proc {
 	t.Helper()
 	p := &proc{t: t, bin: bin, db: testdb.New(t), log: &syncBuffer{}, exited: make(chan struct{})}
-	ns, err := app.StartEmbeddedNATS(t.TempDir(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
+	ns := natstest.Start(t)
 	p.exec = simexec.New(simexec.Config{Secret: []byte(harness.Secret)})
 	execSrv := httptest.NewServer(p.exec.Handler())
 	t.Cleanup(func() { execSrv.Close(); p.exec.Close() })

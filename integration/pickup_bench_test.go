@@ -112,7 +112,7 @@ func BenchmarkPickupLatency(b *testing.B) {
 	nc.Close()
 	raw := rawTx(b, env.DB, n)
 
-	env.NATS.Shutdown()
+	env.NATS.Stop()
 	rng := rand.New(rand.NewSource(1))
 	pollOnly := measurePickup(b, env, got, 30, nil, func() time.Duration {
 		return time.Duration(rng.Int63n(int64(time.Second)))

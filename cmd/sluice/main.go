@@ -1,3 +1,8 @@
+// The runtime would re-read the cgroup CPU limit every second to adjust GOMAXPROCS. An idle
+// drainer's whole budget is 1 ms of CPU a second (SPEC §14), and the limit read at start is
+// the one that counts for a service restarted by its unit.
+//go:debug updatemaxprocs=0
+
 // Command sluice is the one sluice binary: the API, relay and drainer (serve), the all-in-one
 // developer process (dev), schema migrations, stream set-up and the simulated executor. It only
 // parses settings and wires the packages; see cmd/sluice/app for the wiring.
@@ -176,7 +181,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		if err := devSetup(ctx, c, &opts, stdout, &shutdown); err != nil {
 			return err
 		}
-	} else if opts.NATSURL == "" {
+	}
+	if opts.NATSURL == "" {
 		opts.NATSURL = nats.DefaultURL
 	}
 	a, err := app.Start(ctx, opts)
@@ -200,8 +206,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	return a.Stop(context.Background())
 }
 
-// devSetup fills in what `sluice dev` provides: migrations applied, an embedded NATS server when
-// no URL is configured, the simulated executor, and the dev admin token.
+// devSetup fills in what `sluice dev` provides: migrations applied, the simulated executor, and
+// the dev admin token. The broker is the local one `make run` starts (deploy/local/setup.sh):
+// embedding nats-server would link its package into the one binary, and that package samples
+// /proc every second in every sluice process, serving or not.
 func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Writer, shutdown *[]func()) error {
 	db, err := migrations.Open(ctx, opts.MySQLDSN)
 	if err != nil {
@@ -214,18 +222,6 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 	}
 	for _, m := range applied {
 		fmt.Fprintf(stdout, "applied migration %s\n", m.Name)
-	}
-	if opts.NATSURL == "" {
-		dir, err := os.MkdirTemp("", "sluice-dev-nats-")
-		if err != nil {
-			return fmt.Errorf("embedded NATS store: %w", err)
-		}
-		ns, err := app.StartEmbeddedNATS(dir, 0)
-		if err != nil {
-			return err
-		}
-		*shutdown = append(*shutdown, func() { ns.Shutdown(); os.RemoveAll(dir) })
-		opts.NATSURL = ns.URL()
 	}
 	if opts.Tokens == nil {
 		if opts.Tokens, err = api.NewTokens([]api.Token{{Name: "dev", Token: "dev", Role: api.Admin}}); err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -35,7 +36,7 @@ const (
 // Env is a running sluice with its dependencies.
 type Env struct {
 	DB      *testdb.DB
-	NATS    *app.EmbeddedNATS
+	NATS    *natstest.Server
 	Exec    *simexec.Server
 	ExecURL string
 	App     *app.App
@@ -72,10 +73,7 @@ func Start(tb testing.TB, o Options) *Env {
 	var err error
 	natsURL := o.NATSURL
 	if natsURL == "" {
-		if e.NATS, err = app.StartEmbeddedNATS(tb.TempDir(), 0); err != nil {
-			tb.Fatalf("harness: %v", err)
-		}
-		tb.Cleanup(e.NATS.Shutdown)
+		e.NATS = natstest.Start(tb)
 		natsURL = e.NATS.URL()
 	}
 	log := o.Log
