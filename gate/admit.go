@@ -95,6 +95,7 @@ type Config struct {
 type Admitter struct {
 	cfg     Config
 	store   *store.Store
+	stmts   *stmtCache
 	depth   depthEstimate
 	combine combiner
 
@@ -135,7 +136,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Lanes <= 0 {
 		cfg.Lanes = 2
 	}
-	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log},
+	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, stmts: newStmtCache(cfg.DB),
 		combine: combiner{lanes: cfg.Lanes}}, nil
 }
 
@@ -396,7 +397,11 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	if len(live) == 0 {
 		return nil, nil
 	}
-	tx, err := beginAdmission(ctx, a.cfg.DB)
+	var stmts *stmtCache
+	if len(live) > maxGroup {
+		stmts = a.stmts // a batch (see admissionTx)
+	}
+	tx, err := beginAdmission(ctx, a.cfg.DB, stmts)
 	if err != nil {
 		return nil, unavailable(err)
 	}
@@ -414,7 +419,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	if err != nil {
 		return nil, a.txErr(err)
 	}
-	if err := a.replays(ctx, tx.conn, live, st); err != nil {
+	if err := a.replays(ctx, tx.db(), live, st); err != nil {
 		return nil, a.txErr(err)
 	}
 	a.rateLimit(ctx, live, cfg, st, reservations)
@@ -830,7 +835,7 @@ func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, s
 		return nil
 	}
 	var stmts []string
-	var args []any
+	var args [][]any
 	type written struct {
 		jobs   []*item // the rows of a jobs INSERT, in order
 		pokes  []*item // the rows of the outbox INSERT after it
@@ -845,6 +850,7 @@ func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, s
 			request_sha256, queued_at, finished_at, error_code, error_message, retry_of) VALUES `)
 		w := written{jobs: chunk, stmt: len(stmts)}
 		var pokes []outbox.NewPoke
+		rowArgs := make([]any, 0, 12*len(chunk))
 		for i, it := range chunk {
 			if i > 0 {
 				q.WriteString(",")
@@ -873,14 +879,15 @@ func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, s
 				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: it.req.Tenant, Offset: i})
 				w.pokes = append(w.pokes, it)
 			}
-			args = append(args, it.req.Tenant, rateKey, payload, string(status), it.caller, idem, fp,
+			rowArgs = append(rowArgs, it.req.Tenant, rateKey, payload, string(status), it.caller, idem, fp,
 				st.now, finished, code, msg, retryOf)
 		}
 		stmts = append(stmts, q.String())
+		args = append(args, rowArgs)
 		if len(pokes) > 0 {
 			pq, pargs := outbox.InsertPokes(a.cfg.Prefix, st.now, pokes)
 			stmts = append(stmts, pq)
-			args = append(args, pargs...)
+			args = append(args, pargs)
 			w.hasBox = true
 		}
 		chunks = append(chunks, w)
