@@ -554,18 +554,18 @@ func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg
 	if err != nil {
 		return nil, fmt.Errorf("read admission state: %w", err)
 	}
-	defer res.close()
+	defer res.Close()
 	if single {
 		var depth, inFlight int
-		if err := res.scanOne(&st.now, &depth, &inFlight, &st.globalDepth, &st.globalInFlight); err != nil {
+		if err := res.ScanOne(&st.now, &depth, &inFlight, &st.globalDepth, &st.globalInFlight); err != nil {
 			return nil, fmt.Errorf("read admission state: %w", err)
 		}
 		st.tenantDepth[tenants[0]], st.tenantInFlight[tenants[0]] = depth, inFlight
 	} else {
-		if err := res.scanOne(&st.now, &st.globalDepth, &st.globalInFlight); err != nil {
+		if err := res.ScanOne(&st.now, &st.globalDepth, &st.globalInFlight); err != nil {
 			return nil, fmt.Errorf("read admission state: %w", err)
 		}
-		rows, err := res.next()
+		rows, err := res.Next()
 		if err != nil {
 			return nil, fmt.Errorf("read tenant depths: %w", err)
 		}
@@ -591,7 +591,7 @@ func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg
 	}
 	st.now = st.now.UTC()
 	if len(keys) > 0 {
-		err := res.eachRow(func(r store.Row) {
+		err := res.EachRow(func(r store.Row) {
 			st.keyed[keyOf(r.Tenant, *r.IdempotencyKey)] = &r
 		})
 		if err != nil {
@@ -599,12 +599,12 @@ func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg
 		}
 	}
 	if len(redrives) > 0 {
-		err := res.eachRow(func(r store.Row) { st.redriven[*r.RetryOf] = &r })
+		err := res.EachRow(func(r store.Row) { st.redriven[*r.RetryOf] = &r })
 		if err != nil {
 			return nil, fmt.Errorf("read redrives: %w", err)
 		}
 	}
-	return st, res.close()
+	return st, res.Close()
 }
 
 // replays decides the items whose idempotency key already names a job (or an earlier item of

@@ -1,0 +1,202 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// ConnTx is a transaction driven by hand on a connection of its own, so that it can begin
+// inside its first round trip and commit inside its last: several statements go in one
+// multi-statement round trip (migrations.Open enables them), where database/sql's Tx costs a
+// round trip for BEGIN, one per statement and one for COMMIT. database/sql does not know a
+// transaction is open on the connection, so Close rolls back whatever did not commit and throws
+// the connection away if that rollback fails, rather than return it to the pool with a
+// transaction still open. Not safe for concurrent use.
+type ConnTx struct {
+	ctx  context.Context
+	conn *sql.Conn
+	open bool
+}
+
+// BeginConnTx takes a connection from db for a transaction that its first Query or Exec begins.
+func BeginConnTx(ctx context.Context, db *sql.DB) (*ConnTx, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &ConnTx{ctx: ctx, conn: conn}, nil
+}
+
+// Conn is the transaction's connection, for reads inside it.
+func (t *ConnTx) Conn() *sql.Conn { return t.conn }
+
+func (t *ConnTx) begin(stmts []string) string {
+	q := strings.Join(stmts, ";")
+	if !t.open {
+		t.open = true
+		q = "START TRANSACTION;" + q
+	}
+	return q
+}
+
+// Query runs stmts (each one statement, args bound by the driver) in one round trip, the first
+// call beginning the transaction. The Results hold the result sets of the statements that return
+// rows, in order; the caller reads them with Next and closes them.
+func (t *ConnTx) Query(ctx context.Context, stmts []string, args ...any) (*Results, error) {
+	rows, err := t.conn.QueryContext(ctx, t.begin(stmts), args...)
+	if err != nil {
+		return nil, err
+	}
+	return &Results{rows: rows}, nil
+}
+
+// Exec runs stmts in one round trip (the first call beginning the transaction) and returns the
+// driver's result, which reports every statement's rows affected and first insert id.
+func (t *ConnTx) Exec(ctx context.Context, stmts []string, args ...any) (mysql.Result, error) {
+	return t.exec(ctx, t.begin(stmts), args)
+}
+
+// ExecCommit runs stmts and commits in the same round trip. When it fails, whether the
+// transaction committed is only known if the error is the server's (then it did not).
+func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (mysql.Result, error) {
+	res, err := t.exec(ctx, t.begin(stmts)+";COMMIT", args)
+	if err == nil {
+		t.open = false
+	}
+	return res, err
+}
+
+func (t *ConnTx) exec(ctx context.Context, q string, args []any) (mysql.Result, error) {
+	named := make([]driver.NamedValue, len(args))
+	for i, a := range args {
+		named[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+	}
+	var out mysql.Result
+	err := t.conn.Raw(func(dc any) error {
+		ex, ok := dc.(driver.ExecerContext)
+		if !ok {
+			return errors.New("the MySQL driver connection cannot execute")
+		}
+		res, err := ex.ExecContext(ctx, q, named)
+		if err != nil {
+			return err
+		}
+		if out, ok = res.(mysql.Result); !ok {
+			return errors.New("the MySQL driver did not report each statement's result")
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Commit commits the transaction.
+func (t *ConnTx) Commit() error {
+	_, err := t.conn.ExecContext(t.ctx, "COMMIT")
+	if err == nil {
+		t.open = false
+	}
+	return err
+}
+
+// Rollback rolls the transaction back.
+func (t *ConnTx) Rollback() error {
+	if !t.open {
+		return nil
+	}
+	_, err := t.conn.ExecContext(context.WithoutCancel(t.ctx), "ROLLBACK")
+	if err == nil {
+		t.open = false
+	}
+	return err
+}
+
+// Close rolls back what did not commit (after a failed COMMIT too, where it is harmless) and
+// gives the connection back, or discards it when the rollback failed.
+func (t *ConnTx) Close() {
+	if t.open {
+		if err := t.Rollback(); err != nil {
+			_ = t.conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}
+	_ = t.conn.Close()
+}
+
+// Results walks the result sets of a multi-statement query, skipping those of statements that
+// return no rows (START TRANSACTION, a lock).
+type Results struct {
+	rows    *sql.Rows
+	started bool
+}
+
+// Next positions the rows at the next result set that has columns.
+func (r *Results) Next() (*sql.Rows, error) {
+	for {
+		if r.started && !r.rows.NextResultSet() {
+			if err := r.rows.Err(); err != nil {
+				return nil, err
+			}
+			return nil, errors.New("fewer result sets than statements")
+		}
+		r.started = true
+		cols, err := r.rows.Columns()
+		if err != nil {
+			return nil, err
+		}
+		if len(cols) > 0 {
+			return r.rows, nil
+		}
+	}
+}
+
+// ScanOne reads the one row of the next result set.
+func (r *Results) ScanOne(dest ...any) error {
+	rows, err := r.Next()
+	if err != nil {
+		return err
+	}
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	for rows.Next() {
+	}
+	return rows.Err()
+}
+
+// EachRow calls f with each job row of the next result set (selected as Columns).
+func (r *Results) EachRow(f func(Row)) error {
+	rows, err := r.Next()
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		row, err := ScanRow(rows)
+		if err != nil {
+			return err
+		}
+		f(row)
+	}
+	return rows.Err()
+}
+
+// Close closes the rows and reports what reading them failed on.
+func (r *Results) Close() error {
+	if err := r.rows.Close(); err != nil {
+		return fmt.Errorf("close results: %w", err)
+	}
+	return r.rows.Err()
+}
+
+// ResultsOf walks the result sets of rows, from a multi-statement query run another way.
+func ResultsOf(rows *sql.Rows) *Results { return &Results{rows: rows} }
