@@ -450,13 +450,20 @@ func (d *Drainer) own(ctx context.Context, now time.Time, out []claimed) {
 	}
 }
 
+// lockClaimsSQL takes the claim lock and reads the runtime configuration in force.
+const lockClaimsSQL = `SELECT (SELECT config FROM config_versions ORDER BY version DESC LIMIT 1)
+	FROM claim_lock WHERE id = 1 FOR UPDATE`
+
 // lockClaims takes the claim lock of tx and reads the runtime configuration in force.
 func lockClaims(ctx context.Context, tx *sql.Tx) (limits.Config, error) {
 	var raw sql.NullString
-	if err := tx.QueryRowContext(ctx, `SELECT (SELECT config FROM config_versions ORDER BY version DESC LIMIT 1)
-		FROM claim_lock WHERE id = 1 FOR UPDATE`).Scan(&raw); err != nil {
+	if err := tx.QueryRowContext(ctx, lockClaimsSQL).Scan(&raw); err != nil {
 		return limits.Config{}, fmt.Errorf("take claim lock: %w", err)
 	}
+	return decodeClaimConfig(raw)
+}
+
+func decodeClaimConfig(raw sql.NullString) (limits.Config, error) {
 	if !raw.Valid {
 		return limits.Default(), nil
 	}
@@ -503,6 +510,39 @@ func (d *Drainer) remember(cfg limits.Config) {
 // claimChosen moves the chosen candidates from queued to dispatched with fresh nonces in one
 // UPDATE, fenced on each id, version and the queued state, and returns those it got.
 func (d *Drainer) claimChosen(ctx context.Context, tx *sql.Tx, now time.Time, cfg limits.Config, chosen []candidate) ([]claimed, error) {
+	u, err := d.claimUpdate(now, cfg, chosen)
+	if err != nil {
+		return nil, err
+	}
+	res, err := tx.ExecContext(ctx, u.query, u.args...)
+	if err != nil {
+		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
+	}
+	got := map[int64]bool{}
+	if int(n) == len(chosen) {
+		for _, c := range chosen {
+			got[c.id] = true
+		}
+	} else if got, err = d.whichClaimed(ctx, tx, chosen, u.nonces); err != nil {
+		return nil, err
+	}
+	return u.claimed(chosen, got, cfg), nil
+}
+
+// claimUpdate is a claim's UPDATE, with the nonces it gives the chosen jobs and the claim and
+// dispatch time it records.
+type claimUpdate struct {
+	query  string
+	args   []any
+	nonces []string
+	stamp  time.Time
+}
+
+func (d *Drainer) claimUpdate(now time.Time, cfg limits.Config, chosen []candidate) (claimUpdate, error) {
 	nonces := make([]string, len(chosen))
 	var cases, fence strings.Builder
 	args := make([]any, 0, 16+4*len(chosen))
@@ -528,7 +568,7 @@ func (d *Drainer) claimChosen(ctx context.Context, tx *sql.Tx, now time.Time, cf
 	for i, c := range chosen {
 		n, err := newNonce()
 		if err != nil {
-			return nil, err
+			return claimUpdate{}, err
 		}
 		nonces[i] = n
 		cases.WriteString(" WHEN ? THEN ?")
@@ -548,25 +588,16 @@ func (d *Drainer) claimChosen(ctx context.Context, tx *sql.Tx, now time.Time, cf
 		fence.WriteString("(?,?)")
 		args = append(args, c.id, c.version)
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'dispatched', version = version + 1,
+	return claimUpdate{query: `UPDATE jobs SET status = 'dispatched', version = version + 1,
 		attempt = attempt + 1, claimed_at = ?, dispatched_at = ?, started_at = ?, lease_until = ?,
-		drainer_id = ?, nonce_expires_at = ?, not_before = NULL, nonce_sha256 = CASE id`+cases.String()+` END
-		WHERE id IN (`+placeholders(len(chosen))+`) AND (id, version) IN (`+fence.String()+`) AND status = 'queued'`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
-	}
-	got := map[int64]bool{}
-	if int(n) == len(chosen) {
-		for _, c := range chosen {
-			got[c.id] = true
-		}
-	} else if got, err = d.whichClaimed(ctx, tx, chosen, nonces); err != nil {
-		return nil, err
-	}
+		drainer_id = ?, nonce_expires_at = ?, not_before = NULL, nonce_sha256 = CASE id` + cases.String() + ` END
+		WHERE id IN (` + placeholders(len(chosen)) + `) AND (id, version) IN (` + fence.String() + `) AND status = 'queued'`,
+		args: args, nonces: nonces, stamp: stamp}, nil
+}
+
+// claimed returns the chosen jobs the UPDATE got (got), as claimed.
+func (u claimUpdate) claimed(chosen []candidate, got map[int64]bool, cfg limits.Config) []claimed {
+	stamp := u.stamp
 	out := make([]claimed, 0, len(chosen))
 	for i, c := range chosen {
 		if !got[c.id] {
@@ -579,9 +610,9 @@ func (d *Drainer) claimChosen(ctx context.Context, tx *sql.Tx, now time.Time, cf
 			r.RateKeySHA256 = &k
 		}
 		r.DispatchedAt = &stamp
-		out = append(out, claimed{row: r, nonce: nonces[i], wall: cfg.Wall(), budget: cfg.DispatchAttempts})
+		out = append(out, claimed{row: r, nonce: u.nonces[i], wall: cfg.Wall(), budget: cfg.DispatchAttempts})
 	}
-	return out, nil
+	return out
 }
 
 // whichClaimed finds, after a claim UPDATE that matched fewer rows than chosen (a job canceled

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice/drainer/store"
 )
 
 // The lone-job claim is the pickup path of an idle queue. A pass normally reads the in-flight
@@ -74,31 +76,52 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time) (out []claimed, 
 		return nil, false, nil
 	}
 
-	tx, err := d.cfg.DB.BeginTx(ctx, nil)
+	// Two round trips: one begins the transaction, takes the claim lock and counts; the other
+	// claims and commits (store.ConnTx).
+	tx, err := store.BeginConnTx(ctx, d.cfg.DB)
 	if err != nil {
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}
-	defer func() { _ = tx.Rollback() }()
-	cfg, err := lockClaims(ctx, tx)
+	defer tx.Close()
+	res, err := tx.Query(ctx, []string{lockClaimsSQL, `SELECT COUNT(*), COALESCE(SUM(tenant = ?), 0) FROM jobs
+		WHERE status IN ('claimed','dispatched','running')`}, j.tenant)
+	if err != nil {
+		return nil, false, fmt.Errorf("take claim lock: %w", err)
+	}
+	defer res.Close()
+	var raw sql.NullString
+	if err := res.ScanOne(&raw); err != nil {
+		return nil, false, fmt.Errorf("take claim lock: %w", err)
+	}
+	var total, mine int
+	if err := res.ScanOne(&total, &mine); err != nil {
+		return nil, false, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	if err := res.Close(); err != nil {
+		return nil, false, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	cfg, err := decodeClaimConfig(raw)
 	if err != nil {
 		return nil, false, err
 	}
 	d.remember(cfg)
-	var total, mine int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(tenant = ?), 0) FROM jobs
-		WHERE status IN ('claimed','dispatched','running')`, j.tenant).Scan(&total, &mine); err != nil {
-		return nil, false, fmt.Errorf("count in-flight jobs: %w", err)
-	}
 	if total >= cfg.GlobalInFlight || mine >= cfg.TenantCap(j.tenant) {
 		return nil, true, nil // at a cap: no ordering could start anything now
 	}
-	out, err = d.claimChosen(ctx, tx, now, cfg, []candidate{j.candidate})
-	if err != nil || len(out) == 0 {
-		return nil, false, err // taken or canceled meanwhile: let the normal pass look
+	chosen := []candidate{j.candidate}
+	u, err := d.claimUpdate(now, cfg, chosen)
+	if err != nil {
+		return nil, false, err
 	}
-	if err := tx.Commit(); err != nil {
-		return nil, false, fmt.Errorf("commit claim: %w", err)
+	r, err := tx.ExecCommit(ctx, []string{u.query}, u.args...)
+	if err != nil {
+		// If the commit's answer was lost, the job may be claimed: lease recovery requeues it.
+		return nil, false, fmt.Errorf("claim and commit: %w", err)
 	}
+	if r.AllRowsAffected()[0] != 1 {
+		return nil, false, nil // taken or canceled meanwhile: let the normal pass look
+	}
+	out = u.claimed(chosen, map[int64]bool{j.id: true}, cfg)
 	// The claim counted the attempt.
 	out[0].row.Payload, out[0].row.Attempt, out[0].row.DispatchFailures = j.payload, j.attempt+1, j.failures
 	d.rrLast = j.tenant
