@@ -46,14 +46,9 @@ type claimed struct {
 // inFlightPerTenant counts the jobs in flight of each tenant with any.
 const inFlightPerTenant = `SELECT tenant, COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`
 
-// inFlightByTenant counts jobs in flight per tenant. The count reads the claim index over the
+// scanInFlight reads the rows of inFlightPerTenant. The count reads the claim index over the
 // in-flight states only, so its cost is bounded by the global cap, not by any backlog.
-func inFlightByTenant(ctx context.Context, q store.DB) (map[string]int, int, error) {
-	rows, err := q.QueryContext(ctx, inFlightPerTenant)
-	if err != nil {
-		return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
-	}
-	defer rows.Close()
+func scanInFlight(rows *sql.Rows) (map[string]int, int, error) {
 	out := map[string]int{}
 	total := 0
 	for rows.Next() {
@@ -65,7 +60,10 @@ func inFlightByTenant(ctx context.Context, q store.DB) (map[string]int, int, err
 		out[t] = n
 		total += n
 	}
-	return out, total, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	return out, total, nil
 }
 
 // want is how many queue heads a pass reads for one tenant.
@@ -354,15 +352,14 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		return nil, false, err
 	}
 
-	tx, err := d.cfg.DB.BeginTx(ctx, nil)
+	// Three round trips: one begins the transaction, takes the claim lock (reading the config)
+	// and counts in flight; one claims and commits (store.ConnTx); one reads back the payloads.
+	tx, err := store.BeginConnTx(ctx, d.cfg.DB)
 	if err != nil {
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}
-	defer func() { _ = tx.Rollback() }()
-	if cfg, err = lockClaims(ctx, tx); err != nil {
-		return nil, false, err
-	}
-	if inFlight, total, err = inFlightByTenant(ctx, tx); err != nil {
+	defer tx.Close()
+	if cfg, inFlight, total, err = lockAndCount(ctx, tx); err != nil {
 		return nil, false, err
 	}
 	d.remember(cfg)
@@ -392,9 +389,15 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	if len(chosen) == 0 {
 		return nil, false, nil
 	}
-	out, err := d.claimChosen(ctx, tx, now, cfg, chosen)
+	u, err := d.claimUpdate(now, cfg, chosen)
 	if err != nil {
-		d.headCache.reset()
+		return nil, false, err
+	}
+	out, err := d.claimAndCommit(ctx, tx, chosen, u, cfg)
+	if err != nil {
+		d.headCache.reset() // the claimed jobs may be queued again
+		// If the COMMIT's outcome is unknown the jobs may be dispatched under our id without
+		// being sent: their leases expire and recovery requeues them. Nothing is sent here.
 		return nil, false, err
 	}
 	got := make(map[int64]bool, len(out))
@@ -404,18 +407,6 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	d.headCache.claimed(chosen, got)
 	if len(out) == 0 {
 		return nil, false, nil
-	}
-	if err := tx.Commit(); err != nil {
-		d.headCache.reset() // the claimed jobs may be queued again
-		// If the COMMIT's outcome is unknown the jobs may be dispatched under our id without
-		// being sent: their leases expire and recovery requeues them. Nothing is sent here.
-		return nil, false, fmt.Errorf("commit claim: %w", err)
-	}
-	if err := d.loadPayloads(ctx, out); err != nil {
-		// Committed but unreadable: nothing was sent, so hand the jobs back at once rather than
-		// leave them to lease recovery, which (with unconfirmed starts) would call them lost.
-		d.releaseUnsent(ctx, now, out)
-		return nil, false, err
 	}
 	// Probing for a lone job is worth its round trip only when this pass left nothing behind
 	// (candidates already turned it off if a tenant waits at a cap).
@@ -454,40 +445,11 @@ func (d *Drainer) own(ctx context.Context, now time.Time, out []claimed) {
 const lockClaimsSQL = `SELECT (SELECT config FROM config_versions ORDER BY version DESC LIMIT 1)
 	FROM claim_lock WHERE id = 1 FOR UPDATE`
 
-// lockClaims takes the claim lock of tx and reads the runtime configuration in force.
-func lockClaims(ctx context.Context, tx *sql.Tx) (limits.Config, error) {
-	var raw sql.NullString
-	if err := tx.QueryRowContext(ctx, lockClaimsSQL).Scan(&raw); err != nil {
-		return limits.Config{}, fmt.Errorf("take claim lock: %w", err)
-	}
-	return decodeClaimConfig(raw)
-}
-
 func decodeClaimConfig(raw sql.NullString) (limits.Config, error) {
 	if !raw.Valid {
 		return limits.Default(), nil
 	}
 	return limits.Decode([]byte(raw.String))
-}
-
-// releaseUnsent returns claimed jobs that were never sent to queued, fenced on the claim. If the
-// database refuses this too, lease recovery takes them later.
-func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed) {
-	items := make([]store.Finishing, len(cs))
-	for i, c := range cs {
-		items[i] = store.Finishing{Row: c.row, Outcome: store.Outcome{Status: job.Queued,
-			ErrorCode: "dispatch_error", ErrorMessage: "the claimed job could not be read back; it was never sent"}}
-	}
-	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		_, err := d.store.FinishMany(ctx, tx, now, items)
-		return err
-	})
-	for _, c := range cs {
-		d.headCache.invalidate(c.row.Tenant)
-	}
-	if err != nil {
-		d.cfg.Log.Warn("could not hand back claimed jobs that were never sent; lease recovery will", "jobs", len(cs), "error", err)
-	}
 }
 
 // lastConfig returns the runtime configuration the last claim transaction read (the defaults
@@ -507,30 +469,29 @@ func (d *Drainer) remember(cfg limits.Config) {
 	d.viewCfg, d.viewed = cfg, true
 }
 
-// claimChosen moves the chosen candidates from queued to dispatched with fresh nonces in one
-// UPDATE, fenced on each id, version and the queued state, and returns those it got.
-func (d *Drainer) claimChosen(ctx context.Context, tx *sql.Tx, now time.Time, cfg limits.Config, chosen []candidate) ([]claimed, error) {
-	u, err := d.claimUpdate(now, cfg, chosen)
+// lockAndCount takes the claim lock of tx, reading the runtime configuration in force, and
+// counts the jobs in flight per tenant, in the transaction's first round trip.
+func lockAndCount(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, inFlight map[string]int, total int, err error) {
+	res, err := tx.Query(ctx, []string{lockClaimsSQL, inFlightPerTenant})
 	if err != nil {
-		return nil, err
+		return cfg, nil, 0, fmt.Errorf("take claim lock: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, u.query, u.args...)
+	defer res.Close()
+	var raw sql.NullString
+	if err := res.ScanOne(&raw); err != nil {
+		return cfg, nil, 0, fmt.Errorf("take claim lock: %w", err)
+	}
+	if cfg, err = decodeClaimConfig(raw); err != nil {
+		return cfg, nil, 0, err
+	}
+	rows, err := res.Next()
 	if err != nil {
-		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
+		return cfg, nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
+	if inFlight, total, err = scanInFlight(rows); err != nil {
+		return cfg, nil, 0, err
 	}
-	got := map[int64]bool{}
-	if int(n) == len(chosen) {
-		for _, c := range chosen {
-			got[c.id] = true
-		}
-	} else if got, err = d.whichClaimed(ctx, tx, chosen, u.nonces); err != nil {
-		return nil, err
-	}
-	return u.claimed(chosen, got, cfg), nil
+	return cfg, inFlight, total, res.Close()
 }
 
 // claimUpdate is a claim's UPDATE, with the nonces it gives the chosen jobs and the claim and
@@ -615,59 +576,53 @@ func (u claimUpdate) claimed(chosen []candidate, got map[int64]bool, cfg limits.
 	return out
 }
 
-// whichClaimed finds, after a claim UPDATE that matched fewer rows than chosen (a job canceled
-// or taken meanwhile), which ones carry this claim's nonces.
-func (d *Drainer) whichClaimed(ctx context.Context, tx *sql.Tx, chosen []candidate, nonces []string) (map[int64]bool, error) {
+// claimAndCommit runs the claim's UPDATE, reads back the chosen jobs and commits, in one round
+// trip. The read sees this transaction's own UPDATE: the claim got the jobs that carry its
+// nonces (a job canceled or taken meanwhile does not), with their payloads and attempts.
+func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, chosen []candidate, u claimUpdate, cfg limits.Config) ([]claimed, error) {
 	ids := make([]int64, len(chosen))
 	want := map[int64]string{}
 	for i, c := range chosen {
 		ids[i] = c.id
-		want[c.id] = string(store.HashNonce(nonces[i]))
+		want[c.id] = string(store.HashNonce(u.nonces[i]))
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT id, nonce_sha256 FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
+	res, err := tx.QueryCommit(ctx, []string{u.query,
+		"SELECT id, payload, attempt, dispatch_failures, nonce_sha256 FROM jobs WHERE id IN (" + placeholders(len(ids)) + ")"},
+		append(u.args, int64Args(ids)...)...)
 	if err != nil {
-		return nil, fmt.Errorf("check claimed jobs: %w", err)
+		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}
-	defer rows.Close()
+	defer res.Close()
+	rows, err := res.Next()
+	if err != nil {
+		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
+	}
+	type read struct {
+		payload           []byte
+		attempt, failures int
+	}
+	reads := map[int64]read{}
 	got := map[int64]bool{}
 	for rows.Next() {
 		var id int64
+		var r read
 		var hash []byte
-		if err := rows.Scan(&id, &hash); err != nil {
-			return nil, fmt.Errorf("check claimed jobs: %w", err)
+		if err := rows.Scan(&id, &r.payload, &r.attempt, &r.failures, &hash); err != nil {
+			return nil, fmt.Errorf("claim %d job(s): read back: %w", len(chosen), err)
 		}
-		got[id] = string(hash) == want[id]
-	}
-	return got, rows.Err()
-}
-
-func (d *Drainer) loadPayloads(ctx context.Context, cs []claimed) error {
-	ids := make([]int64, len(cs))
-	for i, c := range cs {
-		ids[i] = c.row.ID
-	}
-	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT id, payload, attempt, dispatch_failures FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
-	if err != nil {
-		return fmt.Errorf("read claimed payloads: %w", err)
-	}
-	defer rows.Close()
-	byID := map[int64]int{}
-	for i, c := range cs {
-		byID[c.row.ID] = i
-	}
-	for rows.Next() {
-		var id int64
-		var payload []byte
-		var attempt, failures int
-		if err := rows.Scan(&id, &payload, &attempt, &failures); err != nil {
-			return fmt.Errorf("read claimed payloads: %w", err)
+		if string(hash) == want[id] {
+			reads[id], got[id] = r, true
 		}
-		i := byID[id]
-		cs[i].row.Payload = payload
-		cs[i].row.Attempt = attempt
-		cs[i].row.DispatchFailures = failures
 	}
-	return rows.Err()
+	if err := res.Close(); err != nil {
+		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
+	}
+	out := u.claimed(chosen, got, cfg)
+	for i := range out {
+		r := reads[out[i].row.ID]
+		out[i].row.Payload, out[i].row.Attempt, out[i].row.DispatchFailures = r.payload, r.attempt, r.failures
+	}
+	return out, nil
 }
 
 // recover takes back the in-flight jobs whose lease ran out: their drainer died or froze. A job

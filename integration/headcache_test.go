@@ -3,6 +3,8 @@ package integration_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -68,5 +70,67 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 	}
 	if len(sent) != 2 || sent[0] != first || sent[1] != first {
 		t.Fatalf("dispatched %v, want the oldest job %d twice (requeued after a lost answer)", sent, first)
+	}
+}
+
+// TestClaimSkipsJobTakenMeanwhile: a pass chooses from heads it read earlier, so a chosen job
+// may have left the queue meanwhile (canceled here). The claim's UPDATE skips it, and the claim
+// must return only the jobs that carry its own nonces: the canceled one is never sent.
+func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
+	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
+		t.Fatal(err)
+	}
+	sender := &scriptedSender{answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Done, Status: "succeeded"} }}
+	recorded := make(chan int64, 8)
+	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "taken", Clock: clock.NewFake(time.Now()),
+		Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 { // the upkeep's pass, on the empty queue
+		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, payload)
+		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND, CONCAT('"job ', seq, '"') FROM seq_1_to_20`); err != nil {
+		t.Fatal(err)
+	}
+	var first int64
+	if err := db.QueryRowContext(ctx, "SELECT MIN(id) FROM jobs").Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	wait := func(n int) {
+		t.Helper()
+		for range n {
+			select {
+			case <-recorded:
+			case <-time.After(10 * time.Second):
+				t.Fatal("an outcome was not recorded within 10 s")
+			}
+		}
+	}
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
+		t.Fatalf("first pass: %+v, %v; want 2 claimed (tenant cap 2)", p, err)
+	}
+	wait(2)
+	// The pass kept the next heads; the first of them leaves the queue behind its back.
+	if _, err := db.ExecContext(ctx, "UPDATE jobs SET status = 'canceled', version = version + 1 WHERE id = ?", first+2); err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.RunOnce(ctx)
+	if err != nil || p.Claimed != 1 {
+		t.Fatalf("second pass: %+v, %v; want 1 claimed (of the two chosen, one was canceled)", p, err)
+	}
+	wait(1)
+	var sent []int64
+	for _, d := range sender.dispatches() {
+		sent = append(sent, d.JobID)
+		if want := fmt.Sprintf(`"job %d"`, d.JobID-first+1); string(d.Payload) != want {
+			t.Errorf("job %d dispatched with payload %s, want %s", d.JobID, d.Payload, want)
+		}
+	}
+	slices.Sort(sent) // a pass's dispatches run concurrently
+	if fmt.Sprint(sent) != fmt.Sprint([]int64{first, first + 1, first + 3}) {
+		t.Errorf("dispatched %v, want %v (never the canceled %d)", sent, []int64{first, first + 1, first + 3}, first+2)
 	}
 }

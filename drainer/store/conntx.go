@@ -72,6 +72,22 @@ func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (m
 	return res, err
 }
 
+// QueryCommit runs stmts and COMMIT in one round trip. The transaction has committed once the
+// Results are closed without error; an error before that means it did not (the server stops at
+// a failing statement, and Close rolls back), unless the connection broke after the COMMIT was
+// sent, when the outcome is unknown.
+func (t *ConnTx) QueryCommit(ctx context.Context, stmts []string, args ...any) (*Results, error) {
+	rows, err := t.conn.QueryContext(ctx, t.begin(stmts)+";COMMIT", args...)
+	if err != nil {
+		return nil, err
+	}
+	return &Results{rows: rows, closed: func(err error) {
+		if err == nil {
+			t.open = false
+		}
+	}}, nil
+}
+
 func (t *ConnTx) exec(ctx context.Context, q string, args []any) (mysql.Result, error) {
 	named := make([]driver.NamedValue, len(args))
 	for i, a := range args {
@@ -132,6 +148,7 @@ func (t *ConnTx) Close() {
 type Results struct {
 	rows    *sql.Rows
 	started bool
+	closed  func(error) // told how Close went
 }
 
 // Next positions the rows at the next result set that has columns.
@@ -190,12 +207,19 @@ func (r *Results) EachRow(f func(Row)) error {
 	return rows.Err()
 }
 
-// Close closes the rows and reports what reading them failed on.
+// Close reads what is left of every result set and reports the first statement that failed.
 func (r *Results) Close() error {
-	if err := r.rows.Close(); err != nil {
-		return fmt.Errorf("close results: %w", err)
+	err := r.rows.Close()
+	if err != nil {
+		err = fmt.Errorf("close results: %w", err)
+	} else {
+		err = r.rows.Err()
 	}
-	return r.rows.Err()
+	if r.closed != nil {
+		r.closed(err)
+		r.closed = nil
+	}
+	return err
 }
 
 // ResultsOf walks the result sets of rows, from a multi-statement query run another way.
