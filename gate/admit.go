@@ -245,7 +245,7 @@ func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request
 			items[i].invalid = job.Errorf(job.CodeForbidden, "this token may not act for that tenant")
 		}
 	}
-	if err := a.run(ctx, items, cfg); err != nil {
+	if err := a.run(ctx, items, cfg, false); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
 		return nil, err
 	}
@@ -282,7 +282,7 @@ func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result
 	it := &item{req: Request{Tenant: old.Tenant, Payload: old.Payload}, hash: old.RateKeySHA256,
 		retryOf: &id, noRate: true, caller: old.Caller}
 	it.fp = it.req.fingerprint()
-	if err := a.run(ctx, []*item{it}, cfg); err != nil {
+	if err := a.run(ctx, []*item{it}, cfg, false); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
 		return Result{}, err
 	}
@@ -305,14 +305,15 @@ func (a *Admitter) newItem(caller string, req Request, cfg limits.Config) *item 
 }
 
 // run decides and writes items in one transaction, retried as a whole on deadlock.
-func (a *Admitter) run(ctx context.Context, items []*item, cfg limits.Config) error {
+// shared marks a combiner group (see errGroupLocked).
+func (a *Admitter) run(ctx context.Context, items []*item, cfg limits.Config, shared bool) error {
 	if cfg.AdmissionMode != limits.ModeOff {
 		a.lookupGates(ctx, items)
 	}
 	var rows []outbox.Row
 	var err error
 	for attempt := 1; ; attempt++ {
-		rows, err = a.attempt(ctx, items, cfg)
+		rows, err = a.attempt(ctx, items, cfg, shared)
 		if err == nil || !retryable(err) || attempt >= a.cfg.TxAttempts {
 			break
 		}
@@ -386,7 +387,7 @@ type state struct {
 
 func keyOf(tenant, key string) string { return tenant + "\x00" + key }
 
-func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config) (rows []outbox.Row, err error) {
+func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config, shared bool) (rows []outbox.Row, err error) {
 	var live []*item
 	for _, it := range items {
 		it.reset()
@@ -415,8 +416,11 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 		}
 		tx.close()
 	}()
-	st, err := a.read(ctx, tx, live, cfg)
+	st, err := a.read(ctx, tx, live, cfg, shared)
 	if err != nil {
+		if shared && (lockBusy(err) || syntaxError(err)) {
+			return nil, errGroupLocked
+		}
 		return nil, a.txErr(err)
 	}
 	if err := a.replays(ctx, tx.db(), live, st); err != nil {
@@ -473,7 +477,7 @@ const inFlightStates = "('claimed','dispatched','running')"
 // optimised, before the lock wait, and TestFrontDoorIdempotency's 50 racers then hit a
 // duplicate key. Under READ COMMITTED each later statement of the round trip reads after the
 // lock is held.
-func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg limits.Config) (*state, error) {
+func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg limits.Config, shared bool) (*state, error) {
 	st := &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{},
 		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
 	seen := map[string]bool{}
@@ -491,6 +495,12 @@ func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg
 	}
 	stmts := []string{lockSQL(len(tenants))}
 	args := append([]any(nil), tenantArgs...)
+	if shared {
+		// A group takes its tenants' locks without waiting (see errGroupLocked). SET STATEMENT
+		// is MariaDB's; a server that does not know it fails the statement, and the group falls
+		// apart the same way (lockBusy).
+		stmts[0] = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR " + stmts[0]
+	}
 
 	// The global depth is counted exactly near the cap and for queue=false (whose Retry-After
 	// depends on it, as on the global in-flight count); far below the cap a recent count plus

@@ -12,6 +12,18 @@ import (
 // maxGroup bounds the admissions one shared transaction carries.
 const maxGroup = 64
 
+// errGroupLocked is a group's failure to lock its tenants at once: another transaction holds
+// one of them (another process's admission or batch). A group never waits for a lock: if it
+// did, every tenant in it would wait on one tenant's lock, and a tenant whose lock is held long
+// (a wedged connection elsewhere) would stall the admissions of every other tenant in the
+// process. Its members then run alone, each waiting only for its own tenant's lock, as without
+// grouping. Groups do not take tenants a lane of this process holds (combiner.held), so only
+// other processes make a group fall apart.
+var errGroupLocked = errors.New("a tenant of the group is locked by another transaction")
+
+// errRunAlone tells a member of a group that fell apart to run on its own.
+var errRunAlone = errors.New("run alone")
+
 // combiner commits concurrent single admissions together (group commit). An admission that
 // finds a transaction slot free runs at once, alone, as before; one that arrives while every
 // slot is busy waits, and when a transaction ends the admissions that waited meanwhile share the
@@ -30,6 +42,7 @@ type combiner struct {
 	mu      sync.Mutex
 	running int
 	queue   []*waiter
+	held    map[string]int // tenants of the admissions running in lanes, with their counts
 }
 
 // waiter is an admission waiting in the queue.
@@ -48,6 +61,7 @@ func (a *Admitter) admit(ctx context.Context, it *item, cfg limits.Config) error
 	c.mu.Lock()
 	if c.running < c.lanes {
 		c.running++
+		c.hold([]*waiter{w}, 1)
 		c.mu.Unlock()
 		return a.lead(ctx, []*waiter{w}, cfg)
 	}
@@ -58,6 +72,9 @@ func (a *Admitter) admit(ctx context.Context, it *item, cfg limits.Config) error
 	case g := <-w.lead:
 		return a.lead(ctx, g, cfg)
 	case err := <-w.done:
+		if errors.Is(err, errRunAlone) {
+			return a.run(ctx, []*item{it}, cfg, false)
+		}
 		return err
 	case <-ctx.Done():
 	}
@@ -78,6 +95,9 @@ func (a *Admitter) admit(ctx context.Context, it *item, cfg limits.Config) error
 	case g := <-w.lead:
 		return a.lead(context.WithoutCancel(ctx), g, cfg)
 	case err := <-w.done:
+		if errors.Is(err, errRunAlone) {
+			return unavailable(ctx.Err()) // its group wrote nothing
+		}
 		return err
 	}
 }
@@ -85,6 +105,7 @@ func (a *Admitter) admit(ctx context.Context, it *item, cfg limits.Config) error
 // lead runs group g (g[0] is the caller's own admission), hands the slot to the next group and
 // delivers every other member's outcome.
 func (a *Admitter) lead(ctx context.Context, g []*waiter, cfg limits.Config) error {
+	own := ctx
 	if len(g) > 1 {
 		// The members' requests must not fail because the leader's client went away.
 		ctx = context.WithoutCancel(ctx)
@@ -93,24 +114,26 @@ func (a *Admitter) lead(ctx context.Context, g []*waiter, cfg limits.Config) err
 	for i, w := range g {
 		items[i] = w.it
 	}
-	err := a.run(ctx, items, cfg)
-	a.handOff()
+	err := a.run(ctx, items, cfg, len(g) > 1)
+	a.handOff(g)
+	if errors.Is(err, errGroupLocked) {
+		for _, w := range g[1:] {
+			w.done <- errRunAlone
+		}
+		return a.run(own, items[:1], cfg, false)
+	}
 	for _, w := range g[1:] {
 		w.done <- memberErr(err, w.it)
 	}
 	return memberErr(err, g[0].it)
 }
 
-// handOff gives the finished transaction's slot to the admissions that queued meanwhile, or
-// frees it.
-func (a *Admitter) handOff() {
+// handOff gives the lane of finished group done to the admissions that queued meanwhile, or
+// frees it. Admissions of a tenant that the other lanes hold wait for the next hand-off.
+func (a *Admitter) handOff(done []*waiter) {
 	c := &a.combine
 	c.mu.Lock()
-	if len(c.queue) == 0 {
-		c.running--
-		c.mu.Unlock()
-		return
-	}
+	c.hold(done, -1)
 	var g, rest []*waiter
 	keys := map[string]bool{}
 	for _, w := range c.queue {
@@ -118,7 +141,7 @@ func (a *Admitter) handOff() {
 		if w.it.req.IdempotencyKey != nil {
 			k = keyOf(w.it.req.Tenant, *w.it.req.IdempotencyKey)
 		}
-		if len(g) == maxGroup || (k != "" && keys[k]) {
+		if len(g) == maxGroup || (k != "" && keys[k]) || c.held[w.it.req.Tenant] > 0 {
 			rest = append(rest, w)
 			continue
 		}
@@ -129,8 +152,26 @@ func (a *Admitter) handOff() {
 		g = append(g, w)
 	}
 	c.queue = rest
+	if len(g) == 0 {
+		c.running--
+		c.mu.Unlock()
+		return
+	}
+	c.hold(g, 1)
 	c.mu.Unlock()
 	g[0].lead <- g
+}
+
+// hold counts the tenants of g as held by a lane (by +1) or no longer (by -1). c.mu is held.
+func (c *combiner) hold(g []*waiter, by int) {
+	if c.held == nil {
+		c.held = map[string]int{}
+	}
+	for _, w := range g {
+		if c.held[w.it.req.Tenant] += by; c.held[w.it.req.Tenant] <= 0 {
+			delete(c.held, w.it.req.Tenant)
+		}
+	}
 }
 
 // memberErr is one member's view of a group's error: an unknown COMMIT outcome is retryable for

@@ -37,6 +37,19 @@ func connectionLost(err error) bool {
 	return false
 }
 
+// lockBusy reports whether a lock taken without waiting was held by another transaction.
+func lockBusy(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1205
+}
+
+// syntaxError reports a statement the server does not understand (1064), such as MariaDB's
+// SET STATEMENT sent to MySQL.
+func syntaxError(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1064
+}
+
 // retryable reports whether a transaction failed for contention (deadlock, lock wait timeout)
 // and may be retried as a whole.
 func retryable(err error) bool {

@@ -185,3 +185,92 @@ func TestAdmissionWaiterGone(t *testing.T) {
 		t.Errorf("%d jobs written for the admission whose client left while waiting", n)
 	}
 }
+
+// TestAdmissionGroupDoesNotWaitForOneTenant: a group never waits for a tenant lock. When another
+// transaction holds one of its tenants (here a connection that locked the tenant row and sits
+// on it), the group falls apart and each admission runs alone: the other tenants' admissions
+// finish while the lock is still held, and only the locked tenant's admission waits for it.
+func TestAdmissionGroupDoesNotWaitForOneTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	faults := &gate.Faults{AfterReserve: func(context.Context) error {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+		return nil
+	}}
+	f := startFrontDoor(t, fdOptions{faults: faults, lanes: 1})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
+	// The locked tenant sorts before every other: an admission waiting for its row lock also
+	// waits for the gap before it (a duplicate-key check), which would hold up new tenants'
+	// rows inserted into that gap, grouped or not.
+	wedged := uniqueTenant("a-wedged")
+	f.fillQueued(t, wedged, 0, "queued") // its tenants row
+	locker, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback()
+	if _, err := locker.ExecContext(ctx, "SELECT tenant FROM tenants WHERE tenant = ? FOR UPDATE", wedged); err != nil {
+		t.Fatal(err)
+	}
+
+	holder := make(chan harness.Response, 1)
+	go func() {
+		holder <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": uniqueTenant("z-first")})
+	}()
+	<-entered
+	wedgedDone := make(chan harness.Response, 1)
+	go func() {
+		wedgedDone <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": wedged})
+	}()
+	others := make(chan harness.Response, 10)
+	for range 10 {
+		go func() {
+			others <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": uniqueTenant("z-other")})
+		}()
+	}
+	tick := time.NewTicker(time.Millisecond)
+	deadline := time.After(10 * time.Second)
+	for f.adm.Waiting() < 11 {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("%d admissions waiting for the lane, want 11", f.adm.Waiting())
+		}
+	}
+	tick.Stop()
+	releaseOnce() // the 11 waiting admissions form one group, with the wedged tenant in it
+
+	// innodb_lock_wait_timeout is 10 s: admissions stuck behind the wedged lock could not
+	// finish within 5 s.
+	within := time.After(5 * time.Second)
+	for i := range 10 {
+		select {
+		case r := <-others:
+			if r.Status != 202 {
+				t.Errorf("admission of another tenant: %d %s", r.Status, r.Raw)
+			}
+		case <-within:
+			t.Fatalf("%d of 10 other tenants' admissions finished while one tenant's lock was held; want all", i)
+		}
+	}
+	select {
+	case r := <-wedgedDone:
+		t.Fatalf("the locked tenant's admission answered %d while its lock was held", r.Status)
+	default:
+	}
+	if err := locker.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-wedgedDone; r.Status != 202 {
+		t.Errorf("the locked tenant's admission after the lock was released: %d %s", r.Status, r.Raw)
+	}
+	if r := <-holder; r.Status != 202 {
+		t.Errorf("the admission that held the lane: %d %s", r.Status, r.Raw)
+	}
+}
