@@ -136,8 +136,10 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Lanes <= 0 {
 		cfg.Lanes = 2
 	}
-	return &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, stmts: newStmtCache(cfg.DB),
-		combine: combiner{lanes: cfg.Lanes}}, nil
+	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, stmts: newStmtCache(cfg.DB),
+		combine: combiner{lanes: cfg.Lanes}}
+	a.combine.run = a.run
+	return a, nil
 }
 
 // Store returns the job store the Admitter writes transitions through.

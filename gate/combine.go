@@ -38,6 +38,9 @@ var errRunAlone = errors.New("run alone")
 // when done, hands the waiting queue to the first waiter, which leads the next group.
 type combiner struct {
 	lanes int // transactions that may run at once
+	// run decides items in one transaction (Admitter.run; shared marks a group). Unit tests
+	// replace it.
+	run func(ctx context.Context, items []*item, cfg limits.Config, shared bool) error
 
 	mu      sync.Mutex
 	running int
@@ -73,7 +76,7 @@ func (a *Admitter) admit(ctx context.Context, it *item, cfg limits.Config) error
 		return a.lead(ctx, g, cfg)
 	case err := <-w.done:
 		if errors.Is(err, errRunAlone) {
-			return a.run(ctx, []*item{it}, cfg, false)
+			return c.run(ctx, []*item{it}, cfg, false)
 		}
 		return err
 	case <-ctx.Done():
@@ -114,13 +117,13 @@ func (a *Admitter) lead(ctx context.Context, g []*waiter, cfg limits.Config) err
 	for i, w := range g {
 		items[i] = w.it
 	}
-	err := a.run(ctx, items, cfg, len(g) > 1)
+	err := a.combine.run(ctx, items, cfg, len(g) > 1)
 	a.handOff(g)
 	if errors.Is(err, errGroupLocked) {
 		for _, w := range g[1:] {
 			w.done <- errRunAlone
 		}
-		return a.run(own, items[:1], cfg, false)
+		return a.combine.run(own, items[:1], cfg, false)
 	}
 	for _, w := range g[1:] {
 		w.done <- memberErr(err, w.it)

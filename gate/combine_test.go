@@ -1,0 +1,156 @@
+package gate
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/sluicehq/sluice/gate/limits"
+)
+
+// fakeTxs stands in for the database: it records every transaction the combiner runs and
+// checks, while they run, what the combiner promises.
+type fakeTxs struct {
+	t       *testing.T
+	refuse  bool // a shared transaction fails to lock its tenants (another process holds one)
+	mu      sync.Mutex
+	running map[*item]bool // items of the lane transactions running now
+	lanesIn int            // lane transactions running now
+	maxIn   int
+	decided map[*item]int // how many committed transactions decided each item
+	shared  int
+	apart   map[*item]bool // items of groups that fell apart: they run alone, in no lane
+}
+
+func (f *fakeTxs) run(_ context.Context, items []*item, _ limits.Config, shared bool) error {
+	f.mu.Lock()
+	if shared {
+		f.shared++
+		keys := map[string]bool{}
+		for _, it := range items {
+			if it.req.IdempotencyKey != nil {
+				k := keyOf(it.req.Tenant, *it.req.IdempotencyKey)
+				if keys[k] {
+					f.t.Errorf("a group holds two admissions with key %q", k)
+				}
+				keys[k] = true
+			}
+			for other := range f.running {
+				if other.req.Tenant == it.req.Tenant {
+					f.t.Errorf("a group took tenant %q while another lane held it", it.req.Tenant)
+				}
+			}
+		}
+	}
+	if shared && f.refuse {
+		for _, it := range items {
+			f.apart[it] = true
+		}
+	}
+	lane := shared || !f.apart[items[0]]
+	if lane {
+		f.lanesIn++
+		f.maxIn = max(f.maxIn, f.lanesIn)
+		for _, it := range items {
+			f.running[it] = true
+		}
+	}
+	f.mu.Unlock()
+	for range 20 {
+		runtime.Gosched() // let other admissions arrive while this transaction "runs"
+	}
+
+	var err error
+	if shared && f.refuse {
+		err = errGroupLocked
+	}
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if lane {
+		f.lanesIn--
+		for _, it := range items {
+			delete(f.running, it)
+		}
+	}
+	if err == nil {
+		for _, it := range items {
+			f.decided[it]++
+		}
+	}
+	return err
+}
+
+func newFakeAdmitter(t *testing.T, lanes int, refuse bool) (*Admitter, *fakeTxs) {
+	f := &fakeTxs{t: t, refuse: refuse, running: map[*item]bool{}, decided: map[*item]int{},
+		apart: map[*item]bool{}}
+	a := &Admitter{combine: combiner{lanes: lanes, run: f.run}}
+	return a, f
+}
+
+// TestCombinerDecidesEachAdmissionOnce drives many concurrent admissions, over a few tenants
+// and keys, through the combiner with the database faked: every admission is decided exactly
+// once, no more lane transactions run at once than there are lanes, some share a transaction,
+// and no group holds two admissions with one key or a tenant another lane holds.
+func TestCombinerDecidesEachAdmissionOnce(t *testing.T) {
+	a, f := newFakeAdmitter(t, 2, false)
+	items := concurrentAdmissions(t, a, 400)
+	for _, it := range items {
+		if n := f.decided[it]; n != 1 {
+			t.Fatalf("an admission was decided %d times, want 1", n)
+		}
+	}
+	if f.maxIn > 2 {
+		t.Errorf("%d lane transactions ran at once, want at most 2", f.maxIn)
+	}
+	if f.shared == 0 {
+		t.Errorf("no admissions shared a transaction")
+	}
+	if a.Waiting() != 0 {
+		t.Errorf("%d admissions still waiting", a.Waiting())
+	}
+}
+
+// TestCombinerGroupFallsApart: when every group fails to lock its tenants, each of its
+// admissions runs alone, once, and none is lost.
+func TestCombinerGroupFallsApart(t *testing.T) {
+	a, f := newFakeAdmitter(t, 1, true)
+	items := concurrentAdmissions(t, a, 200)
+	for _, it := range items {
+		if n := f.decided[it]; n != 1 {
+			t.Fatalf("an admission was decided %d times, want 1", n)
+		}
+	}
+	if f.shared == 0 {
+		t.Errorf("no group was formed, so none fell apart")
+	}
+}
+
+func concurrentAdmissions(t *testing.T, a *Admitter, n int) []*item {
+	t.Helper()
+	rng := rand.New(rand.NewSource(1))
+	items := make([]*item, n)
+	for i := range items {
+		it := &item{req: Request{Tenant: fmt.Sprintf("t%d", rng.Intn(5))}}
+		if rng.Intn(3) == 0 {
+			k := fmt.Sprintf("k%d", rng.Intn(4))
+			it.req.IdempotencyKey = &k
+		}
+		items[i] = it
+	}
+	var wg sync.WaitGroup
+	for _, it := range items {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.admit(context.Background(), it, limits.Default()); err != nil {
+				t.Errorf("admit: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	return items
+}
