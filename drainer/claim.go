@@ -353,7 +353,7 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	}
 
 	// Three round trips: one begins the transaction, takes the claim lock (reading the config)
-	// and counts in flight; one claims and commits (store.ConnTx); one reads back the payloads.
+	// and counts in flight; one claims and commits (store.ConnTx); one reads the payloads.
 	tx, err := store.BeginConnTx(ctx, d.cfg.DB)
 	if err != nil {
 		return nil, false, fmt.Errorf("begin claim: %w", err)
@@ -407,6 +407,12 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	d.headCache.claimed(chosen, got)
 	if len(out) == 0 {
 		return nil, false, nil
+	}
+	if err := d.loadPayloads(ctx, out); err != nil {
+		// Committed but unreadable: nothing was sent, so hand the jobs back at once rather than
+		// leave them to lease recovery, which (with unconfirmed starts) would call them lost.
+		d.releaseUnsent(ctx, now, out)
+		return nil, false, err
 	}
 	// Probing for a lone job is worth its round trip only when this pass left nothing behind
 	// (candidates already turned it off if a tenant waits at a cap).
@@ -576,9 +582,10 @@ func (u claimUpdate) claimed(chosen []candidate, got map[int64]bool, cfg limits.
 	return out
 }
 
-// claimAndCommit runs the claim's UPDATE, reads back the chosen jobs and commits, in one round
-// trip. The read sees this transaction's own UPDATE: the claim got the jobs that carry its
-// nonces (a job canceled or taken meanwhile does not), with their payloads and attempts.
+// claimAndCommit runs the claim's UPDATE, reads back which chosen jobs carry this claim's
+// nonces, and commits, in one round trip. The read sees the transaction's own UPDATE, so a job
+// canceled or taken meanwhile is not counted as claimed. Payloads are read after the commit
+// (loadPayloads): the claim lock is held until COMMIT, and other drainers wait for it.
 func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, chosen []candidate, u claimUpdate, cfg limits.Config) ([]claimed, error) {
 	ids := make([]int64, len(chosen))
 	want := map[int64]string{}
@@ -587,7 +594,7 @@ func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, chosen [
 		want[c.id] = string(store.HashNonce(u.nonces[i]))
 	}
 	res, err := tx.QueryCommit(ctx, []string{u.query,
-		"SELECT id, payload, attempt, dispatch_failures, nonce_sha256 FROM jobs WHERE id IN (" + placeholders(len(ids)) + ")"},
+		"SELECT id, nonce_sha256 FROM jobs WHERE id IN (" + placeholders(len(ids)) + ")"},
 		append(u.args, int64Args(ids)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
@@ -597,32 +604,65 @@ func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, chosen [
 	if err != nil {
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}
-	type read struct {
-		payload           []byte
-		attempt, failures int
-	}
-	reads := map[int64]read{}
 	got := map[int64]bool{}
 	for rows.Next() {
 		var id int64
-		var r read
 		var hash []byte
-		if err := rows.Scan(&id, &r.payload, &r.attempt, &r.failures, &hash); err != nil {
+		if err := rows.Scan(&id, &hash); err != nil {
 			return nil, fmt.Errorf("claim %d job(s): read back: %w", len(chosen), err)
 		}
-		if string(hash) == want[id] {
-			reads[id], got[id] = r, true
-		}
+		got[id] = string(hash) == want[id]
 	}
 	if err := res.Close(); err != nil {
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}
-	out := u.claimed(chosen, got, cfg)
-	for i := range out {
-		r := reads[out[i].row.ID]
-		out[i].row.Payload, out[i].row.Attempt, out[i].row.DispatchFailures = r.payload, r.attempt, r.failures
+	return u.claimed(chosen, got, cfg), nil
+}
+
+// loadPayloads reads the payloads and attempt counts of jobs this drainer claimed.
+func (d *Drainer) loadPayloads(ctx context.Context, cs []claimed) error {
+	ids := make([]int64, len(cs))
+	byID := map[int64]int{}
+	for i, c := range cs {
+		ids[i] = c.row.ID
+		byID[c.row.ID] = i
 	}
-	return out, nil
+	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT id, payload, attempt, dispatch_failures FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
+	if err != nil {
+		return fmt.Errorf("read claimed payloads: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var payload []byte
+		var attempt, failures int
+		if err := rows.Scan(&id, &payload, &attempt, &failures); err != nil {
+			return fmt.Errorf("read claimed payloads: %w", err)
+		}
+		r := &cs[byID[id]].row
+		r.Payload, r.Attempt, r.DispatchFailures = payload, attempt, failures
+	}
+	return rows.Err()
+}
+
+// releaseUnsent returns claimed jobs that were never sent to queued, fenced on the claim. If the
+// database refuses this too, lease recovery takes them later.
+func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed) {
+	items := make([]store.Finishing, len(cs))
+	for i, c := range cs {
+		items[i] = store.Finishing{Row: c.row, Outcome: store.Outcome{Status: job.Queued,
+			ErrorCode: "dispatch_error", ErrorMessage: "the claimed job could not be read back; it was never sent"}}
+	}
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := d.store.FinishMany(ctx, tx, now, items)
+		return err
+	})
+	for _, c := range cs {
+		d.headCache.invalidate(c.row.Tenant)
+	}
+	if err != nil {
+		d.cfg.Log.Warn("could not hand back claimed jobs that were never sent; lease recovery will", "jobs", len(cs), "error", err)
+	}
 }
 
 // recover takes back the in-flight jobs whose lease ran out: their drainer died or froze. A job
