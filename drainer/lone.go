@@ -83,45 +83,22 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time) (out []claimed, 
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}
 	defer tx.Close()
-	res, err := tx.Query(ctx, []string{lockClaimsSQL, `SELECT COUNT(*), COALESCE(SUM(tenant = ?), 0) FROM jobs
-		WHERE status IN ('claimed','dispatched','running')`}, j.tenant)
-	if err != nil {
-		return nil, false, fmt.Errorf("take claim lock: %w", err)
-	}
-	defer res.Close()
-	var raw sql.NullString
-	if err := res.ScanOne(&raw); err != nil {
-		return nil, false, fmt.Errorf("take claim lock: %w", err)
-	}
-	var total, mine int
-	if err := res.ScanOne(&total, &mine); err != nil {
-		return nil, false, fmt.Errorf("count in-flight jobs: %w", err)
-	}
-	if err := res.Close(); err != nil {
-		return nil, false, fmt.Errorf("count in-flight jobs: %w", err)
-	}
-	cfg, err := decodeClaimConfig(raw)
+	cfg, inFlight, total, err := lockAndCount(ctx, tx)
 	if err != nil {
 		return nil, false, err
 	}
 	d.remember(cfg)
-	if total >= cfg.GlobalInFlight || mine >= cfg.TenantCap(j.tenant) {
+	if total >= cfg.GlobalInFlight || inFlight[j.tenant] >= cfg.TenantCap(j.tenant) {
 		return nil, true, nil // at a cap: no ordering could start anything now
 	}
-	chosen := []candidate{j.candidate}
-	u, err := d.claimUpdate(now, cfg, chosen)
+	u, err := d.claimUpdate(now, cfg, []candidate{j.candidate})
 	if err != nil {
 		return nil, false, err
 	}
-	r, err := tx.ExecCommit(ctx, []string{u.query}, u.args...)
-	if err != nil {
-		// If the commit's answer was lost, the job may be claimed: lease recovery requeues it.
-		return nil, false, fmt.Errorf("claim and commit: %w", err)
+	// If the commit's answer is lost, the job may be claimed: lease recovery requeues it.
+	if out, err = d.claimAndCommit(ctx, tx, []candidate{j.candidate}, u, cfg); err != nil || len(out) == 0 {
+		return nil, false, err // none: taken or canceled meanwhile, let the normal pass look
 	}
-	if r.AllRowsAffected()[0] != 1 {
-		return nil, false, nil // taken or canceled meanwhile: let the normal pass look
-	}
-	out = u.claimed(chosen, map[int64]bool{j.id: true}, cfg)
 	// The claim counted the attempt.
 	out[0].row.Payload, out[0].row.Attempt, out[0].row.DispatchFailures = j.payload, j.attempt+1, j.failures
 	d.rrLast = j.tenant

@@ -62,16 +62,6 @@ func (t *ConnTx) Exec(ctx context.Context, stmts []string, args ...any) (mysql.R
 	return t.exec(ctx, t.begin(stmts), args)
 }
 
-// ExecCommit runs stmts and commits in the same round trip. When it fails, whether the
-// transaction committed is only known if the error is the server's (then it did not).
-func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (mysql.Result, error) {
-	res, err := t.exec(ctx, t.begin(stmts)+";COMMIT", args)
-	if err == nil {
-		t.open = false
-	}
-	return res, err
-}
-
 // QueryCommit runs stmts and COMMIT in one round trip. The transaction has committed once the
 // Results are closed without error; an error before that means it did not (the server stops at
 // a failing statement, and Close rolls back), unless the connection broke after the COMMIT was
