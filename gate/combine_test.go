@@ -84,6 +84,16 @@ func (f *fakeTxs) run(_ context.Context, items []*item, _ limits.Config, shared 
 	return err
 }
 
+// decidedOnce checks that each of items was decided by exactly one committed transaction.
+func (f *fakeTxs) decidedOnce(t *testing.T, items []*item) {
+	t.Helper()
+	for _, it := range items {
+		if n := f.decided[it]; n != 1 {
+			t.Fatalf("an admission was decided %d times, want 1", n)
+		}
+	}
+}
+
 func newFakeAdmitter(t *testing.T, lanes int, refuse bool) (*Admitter, *fakeTxs) {
 	f := &fakeTxs{t: t, refuse: refuse, running: map[*item]bool{}, decided: map[*item]int{},
 		apart: map[*item]bool{}}
@@ -97,12 +107,7 @@ func newFakeAdmitter(t *testing.T, lanes int, refuse bool) (*Admitter, *fakeTxs)
 // and no group holds two admissions with one key or a tenant another lane holds.
 func TestCombinerDecidesEachAdmissionOnce(t *testing.T) {
 	a, f := newFakeAdmitter(t, 2, false)
-	items := concurrentAdmissions(t, a, 400)
-	for _, it := range items {
-		if n := f.decided[it]; n != 1 {
-			t.Fatalf("an admission was decided %d times, want 1", n)
-		}
-	}
+	f.decidedOnce(t, concurrentAdmissions(t, a, 400))
 	if f.maxIn > 2 {
 		t.Errorf("%d lane transactions ran at once, want at most 2", f.maxIn)
 	}
@@ -118,12 +123,7 @@ func TestCombinerDecidesEachAdmissionOnce(t *testing.T) {
 // admissions runs alone, once, and none is lost.
 func TestCombinerGroupFallsApart(t *testing.T) {
 	a, f := newFakeAdmitter(t, 1, true)
-	items := concurrentAdmissions(t, a, 200)
-	for _, it := range items {
-		if n := f.decided[it]; n != 1 {
-			t.Fatalf("an admission was decided %d times, want 1", n)
-		}
-	}
+	f.decidedOnce(t, concurrentAdmissions(t, a, 200))
 	if f.shared == 0 {
 		t.Errorf("no group was formed, so none fell apart")
 	}

@@ -15,6 +15,40 @@ import (
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
+// oneLaneFrontDoor is a front door with one admission lane whose first transaction waits in
+// AfterReserve, holding the lane, until release is called; txs counts the transactions.
+type oneLaneFrontDoor struct {
+	*frontDoor
+	entered chan struct{} // closed when the first transaction holds the lane
+	release func()
+	txs     *atomic.Int32
+}
+
+func startOneLaneFrontDoor(t *testing.T) *oneLaneFrontDoor {
+	t.Helper()
+	o := &oneLaneFrontDoor{entered: make(chan struct{}), txs: &atomic.Int32{}}
+	release := make(chan struct{})
+	faults := &gate.Faults{AfterReserve: func(context.Context) error {
+		if o.txs.Add(1) == 1 {
+			close(o.entered)
+			<-release
+		}
+		return nil
+	}}
+	o.frontDoor = startFrontDoor(t, fdOptions{faults: faults, lanes: 1})
+	o.release = sync.OnceFunc(func() { close(release) })
+	t.Cleanup(o.release) // a failed wait must not leave the first admission blocked
+	return o
+}
+
+// waitWaiting waits until n admissions wait for the lane.
+func (o *oneLaneFrontDoor) waitWaiting(t *testing.T, n int) {
+	t.Helper()
+	harness.WaitFor(t, 10*time.Second, fmt.Sprintf("%d admissions waiting for the lane", n), func() (bool, error) {
+		return o.adm.Waiting() == n, nil
+	})
+}
+
 // TestAdmissionGroupCommit: single admissions that arrive while the lane is busy share the next
 // transaction, and each is still decided as if alone: the tenant depth cap exact, positions
 // consecutive, one job per idempotency key with the duplicates answered as replays. The first
@@ -23,18 +57,7 @@ import (
 // since two admissions with the same key never share a group.
 func TestAdmissionGroupCommit(t *testing.T) {
 	t.Parallel()
-	var txs atomic.Int32
-	entered, release := make(chan struct{}), make(chan struct{})
-	faults := &gate.Faults{AfterReserve: func(context.Context) error {
-		if txs.Add(1) == 1 {
-			close(entered)
-			<-release
-		}
-		return nil
-	}}
-	f := startFrontDoor(t, fdOptions{faults: faults, lanes: 1})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(releaseOnce) // a failed wait must not leave the first admission blocked
+	f := startOneLaneFrontDoor(t)
 	f.setConfig(t, map[string]any{"tenant_queue_depth": 10})
 	capped, keyed, plain := uniqueTenant("capped"), uniqueTenant("keyed"), uniqueTenant("plain")
 
@@ -50,7 +73,7 @@ func TestAdmissionGroupCommit(t *testing.T) {
 	}
 	wg.Add(1)
 	go post("first", map[string]any{"tenant": plain})
-	<-entered
+	<-f.entered
 	for range 15 {
 		wg.Add(1)
 		go post("capped", map[string]any{"tenant": capped})
@@ -63,20 +86,11 @@ func TestAdmissionGroupCommit(t *testing.T) {
 		wg.Add(1)
 		go post("plain", map[string]any{"tenant": plain})
 	}
-	tick := time.NewTicker(time.Millisecond)
-	deadline := time.After(10 * time.Second)
-	for f.adm.Waiting() < 40 {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("%d admissions waiting for the lane, want 40", f.adm.Waiting())
-		}
-	}
-	tick.Stop()
-	releaseOnce()
+	f.waitWaiting(t, 40)
+	f.release()
 	wg.Wait()
 
-	if n := txs.Load(); n != 6 {
+	if n := f.txs.Load(); n != 6 {
 		t.Errorf("%d admission transactions for 41 admissions, want 6 (the first, one group, 4 replays)", n)
 	}
 	positions := func(rs []harness.Response) []int {
@@ -131,22 +145,11 @@ func TestAdmissionGroupCommit(t *testing.T) {
 // the queue and writes nothing.
 func TestAdmissionWaiterGone(t *testing.T) {
 	t.Parallel()
-	entered, release := make(chan struct{}), make(chan struct{})
-	var first atomic.Bool
-	faults := &gate.Faults{AfterReserve: func(context.Context) error {
-		if first.CompareAndSwap(false, true) {
-			close(entered)
-			<-release
-		}
-		return nil
-	}}
-	f := startFrontDoor(t, fdOptions{faults: faults, lanes: 1})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(releaseOnce)
+	f := startOneLaneFrontDoor(t)
 	holder, gone := uniqueTenant("holder"), uniqueTenant("gone")
 	done := make(chan harness.Response, 1)
 	go func() { done <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": holder}) }()
-	<-entered
+	<-f.entered
 
 	ctx, cancel := context.WithCancel(context.Background())
 	failed := make(chan error, 1)
@@ -154,26 +157,13 @@ func TestAdmissionWaiterGone(t *testing.T) {
 		_, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: gone})
 		failed <- err
 	}()
-	waitWaiting := func(n int) {
-		t.Helper()
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		deadline := time.After(10 * time.Second)
-		for f.adm.Waiting() != n {
-			select {
-			case <-tick.C:
-			case <-deadline:
-				t.Fatalf("%d admissions waiting for the lane, want %d", f.adm.Waiting(), n)
-			}
-		}
-	}
-	waitWaiting(1)
+	f.waitWaiting(t, 1)
 	cancel()
 	if err := <-failed; err == nil {
 		t.Fatal("the cancelled admission succeeded")
 	}
-	waitWaiting(0) // the server saw the client leave and took the admission out of the queue
-	releaseOnce()
+	f.waitWaiting(t, 0) // the server saw the client leave and took the admission out of the queue
+	f.release()
 	if r := <-done; r.Status != 202 {
 		t.Fatalf("the admission holding the lane: %d %s", r.Status, r.Raw)
 	}
@@ -193,18 +183,7 @@ func TestAdmissionWaiterGone(t *testing.T) {
 func TestAdmissionGroupDoesNotWaitForOneTenant(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	entered, release := make(chan struct{}), make(chan struct{})
-	var first atomic.Bool
-	faults := &gate.Faults{AfterReserve: func(context.Context) error {
-		if first.CompareAndSwap(false, true) {
-			close(entered)
-			<-release
-		}
-		return nil
-	}}
-	f := startFrontDoor(t, fdOptions{faults: faults, lanes: 1})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(releaseOnce)
+	f := startOneLaneFrontDoor(t)
 	// The locked tenant sorts before every other: an admission waiting for its row lock also
 	// waits for the gap before it (a duplicate-key check), which would hold up new tenants'
 	// rows inserted into that gap, grouped or not.
@@ -223,7 +202,7 @@ func TestAdmissionGroupDoesNotWaitForOneTenant(t *testing.T) {
 	go func() {
 		holder <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": uniqueTenant("z-first")})
 	}()
-	<-entered
+	<-f.entered
 	wedgedDone := make(chan harness.Response, 1)
 	go func() {
 		wedgedDone <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": wedged})
@@ -234,17 +213,8 @@ func TestAdmissionGroupDoesNotWaitForOneTenant(t *testing.T) {
 			others <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": uniqueTenant("z-other")})
 		}()
 	}
-	tick := time.NewTicker(time.Millisecond)
-	deadline := time.After(10 * time.Second)
-	for f.adm.Waiting() < 11 {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("%d admissions waiting for the lane, want 11", f.adm.Waiting())
-		}
-	}
-	tick.Stop()
-	releaseOnce() // the 11 waiting admissions form one group, with the wedged tenant in it
+	f.waitWaiting(t, 11)
+	f.release() // the 11 waiting admissions form one group, with the wedged tenant in it
 
 	// innodb_lock_wait_timeout is 10 s: admissions stuck behind the wedged lock could not
 	// finish within 5 s.
