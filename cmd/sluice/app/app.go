@@ -25,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/ratelimit"
@@ -80,6 +81,7 @@ type App struct {
 	opts     Options
 	log      *slog.Logger
 	db       *sql.DB
+	clock    *clock.Synced // the database's clock, read once for every component of the process
 	nc       *nats.Conn
 	limits   *limits.Cache
 	registry *prometheus.Registry
@@ -147,6 +149,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if err != nil || !current {
 		return nil, fmt.Errorf("the database schema is not current (run `sluice migrate up`): %v", err)
 	}
+	a.clock = clock.NewDBSynced(a.db)
 	a.limits = limits.NewCache(a.db, a.log)
 	if err := a.limits.Reload(ctx); err != nil {
 		return nil, err
@@ -184,7 +187,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	a.registry.MustRegister(publisher.NewOutboxCollector(a.db, nil, a.log))
 	if opts.Relay {
 		if a.relay, err = publisher.NewRelay(publisher.RelayConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
-			Log: a.log, Metrics: relayMetrics}); err != nil {
+			Log: a.log, Metrics: relayMetrics, Clock: a.clock}); err != nil {
 			return nil, err
 		}
 		if a.purger, err = publisher.NewPurger(publisher.PurgerConfig{DB: a.db, Log: a.log, Retention: func() time.Duration {
@@ -195,7 +198,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	if opts.API {
 		if a.fast, err = publisher.NewFastPath(publisher.FastPathConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
-			Log: a.log, Metrics: relayMetrics}); err != nil {
+			Log: a.log, Metrics: relayMetrics, Clock: a.clock}); err != nil {
 			return nil, err
 		}
 	}
@@ -207,7 +210,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		metrics := drainer.NewMetrics(a.registry)
 		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
 			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
-			Log: a.log, Metrics: metrics, BuildVersion: opts.Version}); err != nil {
+			Log: a.log, Metrics: metrics, BuildVersion: opts.Version, Clock: a.clock}); err != nil {
 			return nil, err
 		}
 		// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
@@ -290,7 +293,8 @@ func (a *App) startAPI(ctx context.Context) error {
 		return err
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
-		Gatherer: a.registry, Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components})
+		Gatherer: a.registry, Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
+		Clock: a.clock})
 	if err != nil {
 		return err
 	}
