@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -125,36 +126,30 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) (e
 	}
 }
 
-// recordBatch writes the outcomes of batch in one transaction.
+// recordBatch writes the outcomes of batch in one transaction of three round trips
+// (store.ConnTx): one begins it and locks the jobs, one applies the outcomes and writes their
+// pokes, one commits.
 func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
 	now, err := d.cfg.Clock.Now(ctx)
 	if err != nil {
 		return err
 	}
-	tx, err := d.cfg.DB.BeginTx(ctx, nil)
+	tx, err := store.BeginConnTx(ctx, d.cfg.DB)
 	if err != nil {
 		return fmt.Errorf("begin outcomes: %w", err)
 	}
-	defer func() { _ = tx.Rollback() }()
+	defer tx.Close()
 	ids := make([]int64, len(batch))
 	for i, r := range batch {
 		ids[i] = r.c.row.ID
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT "+store.LockColumns+" FROM jobs WHERE id IN ("+placeholders(len(ids))+") ORDER BY id FOR UPDATE", int64Args(ids)...)
+	res, err := tx.Query(ctx, []string{"SELECT " + store.LockColumns + " FROM jobs WHERE id IN (" + placeholders(len(ids)) + ") ORDER BY id FOR UPDATE"}, int64Args(ids)...)
 	if err != nil {
 		return fmt.Errorf("lock dispatched jobs: %w", err)
 	}
 	current := map[int64]store.Row{}
-	for rows.Next() {
-		r, err := store.ScanRow(rows)
-		if err != nil {
-			rows.Close()
-			return fmt.Errorf("lock dispatched jobs: %w", err)
-		}
-		current[r.ID] = r
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	err = res.EachRow(func(r store.Row) { current[r.ID] = r })
+	if err = errors.Join(err, res.Close()); err != nil {
 		return fmt.Errorf("lock dispatched jobs: %w", err)
 	}
 	var items []store.Finishing
@@ -170,7 +165,7 @@ func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
 	if len(items) == 0 {
 		return nil
 	}
-	to, err := d.store.FinishMany(ctx, tx, now, items)
+	to, err := d.store.FinishManyConn(ctx, tx, now, items)
 	if err != nil {
 		return err
 	}

@@ -115,12 +115,9 @@ type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// Write inserts msgs in one statement inside tx and returns their row ids in order. now is the
-// transaction's timestamp. The rows become visible to the relay when tx commits, not before.
-func Write(ctx context.Context, tx Execer, now time.Time, msgs ...Message) ([]int64, error) {
-	if len(msgs) == 0 {
-		return nil, nil
-	}
+// Insert returns the one statement, with its arguments, that inserts msgs (at least one), for a
+// caller that sends it together with other statements.
+func Insert(now time.Time, msgs ...Message) (string, []any) {
 	var q strings.Builder
 	q.WriteString("INSERT INTO outbox (subject, payload, created_at) VALUES ")
 	args := make([]any, 0, 3*len(msgs))
@@ -131,7 +128,17 @@ func Write(ctx context.Context, tx Execer, now time.Time, msgs ...Message) ([]in
 		q.WriteString("(?,?,?)")
 		args = append(args, m.Subject, m.Payload, now)
 	}
-	res, err := tx.ExecContext(ctx, q.String(), args...)
+	return q.String(), args
+}
+
+// Write inserts msgs in one statement inside tx and returns their row ids in order. now is the
+// transaction's timestamp. The rows become visible to the relay when tx commits, not before.
+func Write(ctx context.Context, tx Execer, now time.Time, msgs ...Message) ([]int64, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	q, args := Insert(now, msgs...)
+	res, err := tx.ExecContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("write outbox: %w", err)
 	}

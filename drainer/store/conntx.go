@@ -79,15 +79,27 @@ func (t *ConnTx) QueryCommit(ctx context.Context, stmts []string, args ...any) (
 }
 
 func (t *ConnTx) exec(ctx context.Context, q string, args []any) (mysql.Result, error) {
-	named := make([]driver.NamedValue, len(args))
-	for i, a := range args {
-		named[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
-	}
 	var out mysql.Result
 	err := t.conn.Raw(func(dc any) error {
 		ex, ok := dc.(driver.ExecerContext)
 		if !ok {
 			return errors.New("the MySQL driver connection cannot execute")
+		}
+		// Arguments are converted as database/sql would (a nil *time.Time becomes NULL); the
+		// driver's interpolation takes only driver values.
+		checker, _ := dc.(driver.NamedValueChecker)
+		named := make([]driver.NamedValue, len(args))
+		for i, a := range args {
+			named[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+			var err error
+			if checker != nil {
+				err = checker.CheckNamedValue(&named[i])
+			} else {
+				named[i].Value, err = driver.DefaultParameterConverter.ConvertValue(a)
+			}
+			if err != nil {
+				return fmt.Errorf("argument %d: %w", i+1, err)
+			}
 		}
 		res, err := ex.ExecContext(ctx, q, named)
 		if err != nil {

@@ -218,6 +218,97 @@ type Finishing struct {
 // the rows (SELECT ... FOR UPDATE) and check them first, so the fence only fails for a caller
 // that did not. It returns the state each job ended in, in order.
 func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Finishing) ([]job.Status, error) {
+	p, err := s.planFinish(now, items)
+	if err != nil {
+		return nil, err
+	}
+	for i, u := range p.updates {
+		res, err := tx.ExecContext(ctx, u.query, u.args...)
+		if err != nil {
+			return nil, fmt.Errorf("finish %d job(s) (%s): %w", u.rows, u.kind, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, fmt.Errorf("finish %d job(s) (%s): %w", u.rows, u.kind, err)
+		}
+		if err := p.check(i, n); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, p.poke.query, p.poke.args...); err != nil {
+		return nil, fmt.Errorf("write outbox: %w", err)
+	}
+	s.logFinish(ctx, now, items, p)
+	return p.to, nil
+}
+
+// FinishManyConn is FinishMany inside a ConnTx: every UPDATE and the outbox INSERT go in one
+// round trip, and the fences are checked on the rows each statement reports. On ErrFenced the
+// caller must roll back, as for FinishMany.
+func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, items []Finishing) ([]job.Status, error) {
+	p, err := s.planFinish(now, items)
+	if err != nil {
+		return nil, err
+	}
+	stmts := make([]string, 0, len(p.updates)+1)
+	var args []any
+	for _, u := range p.updates {
+		stmts = append(stmts, u.query)
+		args = append(args, u.args...)
+	}
+	stmts = append(stmts, p.poke.query)
+	args = append(args, p.poke.args...)
+	began := !tx.open
+	res, err := tx.Exec(ctx, stmts, args...)
+	if err != nil {
+		return nil, fmt.Errorf("finish %d job(s): %w", len(items), err)
+	}
+	affected := res.AllRowsAffected()
+	if began && len(affected) > 0 {
+		affected = affected[1:] // START TRANSACTION's own result
+	}
+	if len(affected) != len(stmts) {
+		return nil, fmt.Errorf("finish %d job(s): %d statement results for %d statements", len(items), len(affected), len(stmts))
+	}
+	for i := range p.updates {
+		if err := p.check(i, affected[i]); err != nil {
+			return nil, err
+		}
+	}
+	s.logFinish(ctx, now, items, p)
+	return p.to, nil
+}
+
+// finishPlan is the statements that apply a batch of outcomes.
+type finishPlan struct {
+	updates []finishUpdate // one per kind of transition
+	poke    finishUpdate   // the outbox INSERT of every release and enqueue poke
+	to      []job.Status   // the state each job ends in
+	codes   []string       // the error code each job ends with
+}
+
+type finishUpdate struct {
+	kind  string
+	query string
+	args  []any
+	rows  int // the rows the statement must change
+}
+
+// check returns ErrFenced unless update i changed every row it names.
+func (p finishPlan) check(i int, affected int64) error {
+	if int(affected) != p.updates[i].rows {
+		return ErrFenced
+	}
+	return nil
+}
+
+func (s *Store) logFinish(ctx context.Context, now time.Time, items []Finishing, p finishPlan) {
+	for i := range items {
+		s.LogTransition(ctx, items[i].Row, p.to[i], items[i].Row.Version+1, now, p.codes[i])
+	}
+}
+
+func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error) {
 	type group struct {
 		ids     []int64
 		items   []int
@@ -251,7 +342,7 @@ func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Fi
 			// A job that reports an outcome evidently started.
 			kind, started = "done", "COALESCE(started_at, dispatched_at)"
 		default:
-			return nil, fmt.Errorf("finish job %d: unsupported outcome %q", r.ID, to[i])
+			return finishPlan{}, fmt.Errorf("finish job %d: unsupported outcome %q", r.ID, to[i])
 		}
 		g, ok := groups[kind]
 		if !ok {
@@ -266,6 +357,7 @@ func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Fi
 			msgs = append(msgs, outbox.PokeMessage(s.prefix(), outbox.Enqueue, r.Tenant, r.ID))
 		}
 	}
+	p := finishPlan{to: to, codes: codes}
 	for _, kind := range order {
 		g := groups[kind]
 		var set strings.Builder
@@ -322,25 +414,11 @@ func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Fi
 			r := items[i].Row
 			args = append(args, r.ID, r.Version, string(r.Status))
 		}
-		res, err := tx.ExecContext(ctx, q, args...)
-		if err != nil {
-			return nil, fmt.Errorf("finish %d job(s) (%s): %w", len(g.ids), kind, err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return nil, fmt.Errorf("finish %d job(s) (%s): %w", len(g.ids), kind, err)
-		}
-		if int(n) != len(g.ids) {
-			return nil, ErrFenced
-		}
+		p.updates = append(p.updates, finishUpdate{kind: kind, query: q, args: args, rows: len(g.ids)})
 	}
-	if _, err := outbox.Write(ctx, tx, now, msgs...); err != nil {
-		return nil, err
-	}
-	for i := range items {
-		s.LogTransition(ctx, items[i].Row, to[i], items[i].Row.Version+1, now, codes[i])
-	}
-	return to, nil
+	p.poke.query, p.poke.args = outbox.Insert(now, msgs...)
+	p.poke.kind, p.poke.rows = "pokes", len(msgs)
+	return p, nil
 }
 
 // ErrNotCancelable is returned by Cancel for a job that is in flight or terminal.

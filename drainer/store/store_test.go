@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -34,49 +35,127 @@ func dispatched(t *testing.T, db *testdb.DB, now time.Time, tenant, nonce string
 	return r
 }
 
-// TestFinishManyFences checks that a batch whose rows moved on is refused as a whole (and the
-// caller's rollback leaves everything as it was), and that a fresh batch writes every row and
-// one release poke per job.
+// finishTx is a transaction that applies outcomes: FinishMany in a database/sql transaction,
+// or FinishManyConn in a ConnTx.
+type finishTx interface {
+	finish(items []store.Finishing) ([]job.Status, error)
+	commit() error
+	rollback()
+}
+
+type sqlFinish struct {
+	ctx context.Context
+	tx  *sql.Tx
+	now time.Time
+}
+
+func (f sqlFinish) finish(items []store.Finishing) ([]job.Status, error) {
+	return (&store.Store{}).FinishMany(f.ctx, f.tx, f.now, items)
+}
+func (f sqlFinish) commit() error { return f.tx.Commit() }
+func (f sqlFinish) rollback()     { _ = f.tx.Rollback() }
+
+type connFinish struct {
+	ctx context.Context
+	tx  *store.ConnTx
+	now time.Time
+}
+
+func (f connFinish) finish(items []store.Finishing) ([]job.Status, error) {
+	return (&store.Store{}).FinishManyConn(f.ctx, f.tx, f.now, items)
+}
+func (f connFinish) commit() error { return f.tx.Commit() }
+func (f connFinish) rollback()     { f.tx.Close() }
+
+// TestFinishManyFences checks, for both ways of applying outcomes, that a batch whose rows moved
+// on is refused as a whole (and the caller's rollback leaves everything as it was), and that a
+// fresh batch writes every row and one release poke per job. The ConnTx form is tried both as
+// the transaction's first statements and after a locking read, as the drainer runs it.
 func TestFinishManyFences(t *testing.T) {
+	begins := map[string]func(ctx context.Context, t *testing.T, db *testdb.DB, now time.Time) finishTx{
+		"sql": func(ctx context.Context, t *testing.T, db *testdb.DB, now time.Time) finishTx {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback() })
+			return sqlFinish{ctx, tx, now}
+		},
+		"conn": func(ctx context.Context, t *testing.T, db *testdb.DB, now time.Time) finishTx {
+			tx, err := store.BeginConnTx(ctx, db.DB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(tx.Close)
+			return connFinish{ctx, tx, now}
+		},
+		"conn_after_lock": func(ctx context.Context, t *testing.T, db *testdb.DB, now time.Time) finishTx {
+			tx, err := store.BeginConnTx(ctx, db.DB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(tx.Close)
+			res, err := tx.Query(ctx, []string{"SELECT id FROM jobs ORDER BY id FOR UPDATE"})
+			if err == nil {
+				err = res.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return connFinish{ctx, tx, now}
+		},
+	}
+	for name, begin := range begins {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testFinishManyFences(t, begin)
+		})
+	}
+}
+
+func testFinishManyFences(t *testing.T, begin func(ctx context.Context, t *testing.T, db *testdb.DB, now time.Time) finishTx) {
 	ctx := context.Background()
 	db := testdb.New(t)
 	now := clock.Trunc(time.Now())
-	s := &store.Store{}
 	a := dispatched(t, db, now, "t", "na")
 	b := dispatched(t, db, now, "t", "nb")
 
+	// The stale row is the second kind of transition, so the first kind's UPDATE has already
+	// changed a row when the fence fails.
 	stale := b
 	stale.Version = 0
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.FinishMany(ctx, tx, now, []store.Finishing{
+	tx := begin(ctx, t, db, now)
+	_, err := tx.finish([]store.Finishing{
 		{Row: a, Outcome: store.Outcome{Status: job.Succeeded}},
-		{Row: stale, Outcome: store.Outcome{Status: job.Succeeded}},
+		{Row: stale, Outcome: store.Outcome{Status: job.Queued}},
 	})
 	if !errors.Is(err, store.ErrFenced) {
 		t.Fatalf("batch with a stale row: %v, want ErrFenced", err)
 	}
-	_ = tx.Rollback()
-	if r, _ := store.Get(ctx, db, a.ID, false); r.Status != job.Dispatched {
-		t.Fatalf("after the refused batch job %d is %s, want dispatched", a.ID, r.Status)
+	tx.rollback()
+	if r, _ := store.Get(ctx, db, a.ID, false); r.Status != job.Dispatched || r.Version != 1 {
+		t.Fatalf("after the refused batch job %d is %s version %d, want dispatched version 1", a.ID, r.Status, r.Version)
 	}
-
-	tx, err = db.BeginTx(ctx, nil)
-	if err != nil {
+	var pokes int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&pokes); err != nil {
 		t.Fatal(err)
 	}
-	to, err := s.FinishMany(ctx, tx, now, []store.Finishing{
+	if pokes != 0 {
+		t.Fatalf("the refused batch left %d outbox rows", pokes)
+	}
+
+	tx = begin(ctx, t, db, now)
+	to, err := tx.finish([]store.Finishing{
 		{Row: a, Outcome: store.Outcome{Status: job.Succeeded, Result: []byte(`{"ok":true}`)}},
 		{Row: b, Outcome: store.Outcome{Status: job.Queued, CountFailure: true, Budget: 3}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := tx.commit(); err != nil {
 		t.Fatal(err)
 	}
+	tx.rollback() // after a commit: nothing to undo, and the connection goes back
 	if to[0] != job.Succeeded || to[1] != job.Queued {
 		t.Errorf("ended as %v", to)
 	}
@@ -88,7 +167,6 @@ func TestFinishManyFences(t *testing.T) {
 	if rb.Status != job.Queued || rb.Version != 2 || rb.DispatchFailures != 1 || rb.NonceSHA256 != nil || rb.VoidedNonce == nil {
 		t.Errorf("requeued job: status %s version %d failures %d nonce %x voided %x", rb.Status, rb.Version, rb.DispatchFailures, rb.NonceSHA256, rb.VoidedNonce)
 	}
-	var pokes int
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&pokes); err != nil {
 		t.Fatal(err)
 	}
@@ -97,9 +175,9 @@ func TestFinishManyFences(t *testing.T) {
 	}
 
 	// The voided nonce now answers dispatch_void, a foreign one on a queued job too.
-	tx, _ = db.BeginTx(ctx, nil)
-	_, err = s.ConfirmStart(ctx, tx, now, b.ID, "nb")
-	_ = tx.Rollback()
+	stx, _ := db.BeginTx(ctx, nil)
+	_, err = (&store.Store{}).ConfirmStart(ctx, stx, now, b.ID, "nb")
+	_ = stx.Rollback()
 	if job.ErrorCode(err) != job.CodeDispatchVoid {
 		t.Errorf("confirming a voided dispatch: %v, want dispatch_void", err)
 	}
