@@ -3,6 +3,7 @@ package migrations
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -24,6 +25,17 @@ import (
 //
 // Open pings the server and returns an error wrapping the driver's if it cannot be reached.
 func Open(ctx context.Context, dsn string) (*sql.DB, error) {
+	connector, err := Connector(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	return OpenConnector(ctx, connector)
+}
+
+// Connector returns the driver connector that Open uses for dsn, with every parameter above,
+// for a caller that wraps the driver (a test counting statements); OpenConnector makes it a
+// pool. It connects once, to learn the server's name for the isolation variable.
+func Connector(ctx context.Context, dsn string) (driver.Connector, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("invalid MySQL DSN: %w", err)
@@ -59,11 +71,14 @@ func Open(ctx context.Context, dsn string) (*sql.DB, error) {
 		delete(cfg.Params, "transaction_isolation")
 		delete(cfg.Params, "tx_isolation")
 		cfg.Params[name] = "'READ-COMMITTED'"
-		db, err := openWith(ctx, cfg)
-		if err == nil {
-			return db, nil
+		connector, err := mysql.NewConnector(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("MySQL connector: %w", err)
 		}
-		lastErr = err
+		if err = tryConnect(ctx, connector); err == nil {
+			return connector, nil
+		}
+		lastErr = fmt.Errorf("connect to MySQL at %s: %w", cfg.Addr, err)
 		var me *mysql.MySQLError
 		if !errors.As(err, &me) || me.Number != 1193 { // 1193: unknown system variable
 			break
@@ -72,11 +87,19 @@ func Open(ctx context.Context, dsn string) (*sql.DB, error) {
 	return nil, lastErr
 }
 
-func openWith(ctx context.Context, cfg *mysql.Config) (*sql.DB, error) {
-	connector, err := mysql.NewConnector(cfg)
+func tryConnect(ctx context.Context, connector driver.Connector) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := connector.Connect(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("MySQL connector: %w", err)
+		return err
 	}
+	return conn.Close()
+}
+
+// OpenConnector returns a pool of connector's connections, sized and aged as sluice runs them,
+// after a ping.
+func OpenConnector(ctx context.Context, connector driver.Connector) (*sql.DB, error) {
 	db := sql.OpenDB(connector)
 	db.SetMaxOpenConns(64)
 	db.SetMaxIdleConns(64)
@@ -86,16 +109,7 @@ func openWith(ctx context.Context, cfg *mysql.Config) (*sql.DB, error) {
 	defer cancel()
 	if err := db.PingContext(pingCtx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("connect to MySQL at %s: %w", cfg.Addr, err)
+		return nil, fmt.Errorf("connect to MySQL: %w", err)
 	}
 	return db, nil
-}
-
-// DatabaseName returns the database named in dsn, for messages and for creating it.
-func DatabaseName(dsn string) (string, error) {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return "", fmt.Errorf("invalid MySQL DSN: %w", err)
-	}
-	return cfg.DBName, nil
 }
