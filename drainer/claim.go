@@ -669,30 +669,36 @@ func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed
 // never sent goes back to queued; a dispatched job whose start was never confirmed goes back to
 // queued with its nonce voided (or is lost when starts are not confirmed); a running job is lost,
 // never re-run. Every write is fenced on the version read, so a drainer that comes back finds
-// its own writes refused.
-func (d *Drainer) recover(ctx context.Context, now time.Time) (int, error) {
-	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT "+store.LockColumns+` FROM jobs
-		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`, now)
+// its own writes refused. fresh tells whether this pass's upkeep has read the runtime config; if
+// not, it is read before anything is recovered, for the dispatch budget. hb, if not nil, is
+// written in the scan's round trip.
+func (d *Drainer) recover(ctx context.Context, now time.Time, fresh bool, hb *heartbeatSQL) (int, error) {
+	q := "SELECT " + store.LockColumns + ` FROM jobs
+		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`
+	args := []any{now}
+	if hb != nil {
+		q = hb.query + ";" + q
+		args = append(append([]any{}, hb.args...), now)
+	}
+	rows, err := d.cfg.DB.QueryContext(ctx, q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("scan expired leases: %w", err)
 	}
 	var expired []store.Row
-	for rows.Next() {
-		r, err := store.ScanRow(rows)
-		if err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("scan expired leases: %w", err)
-		}
-		expired = append(expired, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	res := store.ResultsOf(rows)
+	err = res.EachRow(func(r store.Row) { expired = append(expired, r) })
+	if err = errors.Join(err, res.Close()); err != nil {
 		return 0, fmt.Errorf("scan expired leases: %w", err)
 	}
 	if len(expired) == 0 {
 		return 0, nil
 	}
-	cfg := d.lastConfig() // read by this pass's upkeep
+	if !fresh {
+		if err := d.refreshConfig(ctx); err != nil {
+			return 0, err
+		}
+	}
+	cfg := d.lastConfig()
 	n := 0
 	for _, r := range expired {
 		var o store.Outcome
