@@ -55,6 +55,14 @@ func TestIdleDrainerRoundTrips(t *testing.T) {
 			t.Errorf("idle pass %d sent %d round trips, want the lone-job probe and the heartbeat with the lease scan:\n%s",
 				i+1, len(got), strings.Join(got, "\n---\n"))
 		}
+		// The heartbeat in that round trip was written.
+		var beat time.Time
+		if err := db.QueryRowContext(ctx, "SELECT heartbeat_at FROM drainers WHERE id = 'idle'").Scan(&beat); err != nil {
+			t.Fatal(err)
+		}
+		if now, _ := clk.Now(ctx); !beat.Equal(now) {
+			t.Errorf("idle pass %d: heartbeat at %s, want the pass's time %s", i+1, beat, now)
+		}
 	}
 }
 
