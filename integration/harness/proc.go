@@ -106,6 +106,9 @@ func (p *Proc) Kill() {
 	<-p.done
 }
 
+// Pid returns the process's id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
 // Exited reports whether the process has exited.
 func (p *Proc) Exited() bool {
 	select {
