@@ -417,7 +417,6 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 		p.updates = append(p.updates, finishUpdate{kind: kind, query: q, args: args, rows: len(g.ids)})
 	}
 	p.poke.query, p.poke.args = outbox.Insert(now, msgs...)
-	p.poke.kind, p.poke.rows = "pokes", len(msgs)
 	return p, nil
 }
 
