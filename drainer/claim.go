@@ -389,11 +389,7 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	if len(chosen) == 0 {
 		return nil, false, nil
 	}
-	u, err := d.claimUpdate(now, cfg, chosen)
-	if err != nil {
-		return nil, false, err
-	}
-	out, err := d.claimAndCommit(ctx, tx, chosen, u, cfg)
+	out, err := d.claimAndCommit(ctx, tx, now, cfg, chosen)
 	if err != nil {
 		d.headCache.reset() // the claimed jobs may be queued again
 		// If the COMMIT's outcome is unknown the jobs may be dispatched under our id without
@@ -582,11 +578,15 @@ func (u claimUpdate) claimed(chosen []candidate, got map[int64]bool, cfg limits.
 	return out
 }
 
-// claimAndCommit runs the claim's UPDATE, reads back which chosen jobs carry this claim's
-// nonces, and commits, in one round trip. The read sees the transaction's own UPDATE, so a job
-// canceled or taken meanwhile is not counted as claimed. Payloads are read after the commit
-// (loadPayloads): the claim lock is held until COMMIT, and other drainers wait for it.
-func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, chosen []candidate, u claimUpdate, cfg limits.Config) ([]claimed, error) {
+// claimAndCommit runs the claim's UPDATE (claimUpdate), reads back which chosen jobs carry this
+// claim's nonces, and commits, in one round trip. The read sees the transaction's own UPDATE,
+// so a job canceled or taken meanwhile is not counted as claimed. Payloads are read after the
+// commit (loadPayloads): the claim lock is held until COMMIT, and other drainers wait for it.
+func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg limits.Config, chosen []candidate) ([]claimed, error) {
+	u, err := d.claimUpdate(now, cfg, chosen)
+	if err != nil {
+		return nil, err
+	}
 	ids := make([]int64, len(chosen))
 	want := map[int64]string{}
 	for i, c := range chosen {
@@ -665,14 +665,9 @@ func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed
 	}
 }
 
-// recover takes back the in-flight jobs whose lease ran out: their drainer died or froze. A job
-// never sent goes back to queued; a dispatched job whose start was never confirmed goes back to
-// queued with its nonce voided (or is lost when starts are not confirmed); a running job is lost,
-// never re-run. Every write is fenced on the version read, so a drainer that comes back finds
-// its own writes refused. fresh tells whether this pass's upkeep has read the runtime config; if
-// not, it is read before anything is recovered, for the dispatch budget. hb, if not nil, is
-// written in the scan's round trip.
-func (d *Drainer) recover(ctx context.Context, now time.Time, fresh bool, hb *heartbeatSQL) (int, error) {
+// scanExpired lists, in one round trip, the in-flight jobs whose lease ran out before now, the
+// longest expired first; hb, if not nil, is written in the same round trip.
+func (d *Drainer) scanExpired(ctx context.Context, now time.Time, hb *heartbeatSQL) ([]store.Row, error) {
 	q := "SELECT " + store.LockColumns + ` FROM jobs
 		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`
 	args := []any{now}
@@ -682,14 +677,24 @@ func (d *Drainer) recover(ctx context.Context, now time.Time, fresh bool, hb *he
 	}
 	rows, err := d.cfg.DB.QueryContext(ctx, q, args...)
 	if err != nil {
-		return 0, fmt.Errorf("scan expired leases: %w", err)
+		return nil, fmt.Errorf("scan expired leases: %w", err)
 	}
 	var expired []store.Row
 	res := store.ResultsOf(rows)
 	err = res.EachRow(func(r store.Row) { expired = append(expired, r) })
 	if err = errors.Join(err, res.Close()); err != nil {
-		return 0, fmt.Errorf("scan expired leases: %w", err)
+		return nil, fmt.Errorf("scan expired leases: %w", err)
 	}
+	return expired, nil
+}
+
+// recover takes back the expired jobs (scanExpired): their drainer died or froze. A job never
+// sent goes back to queued; a dispatched job whose start was never confirmed goes back to
+// queued with its nonce voided (or is lost when starts are not confirmed); a running job is lost,
+// never re-run. Every write is fenced on the version read, so a drainer that comes back finds
+// its own writes refused. fresh tells whether this pass's upkeep has read the runtime config; if
+// not, it is read before anything is recovered, for the dispatch budget.
+func (d *Drainer) recover(ctx context.Context, now time.Time, fresh bool, expired []store.Row) (int, error) {
 	if len(expired) == 0 {
 		return 0, nil
 	}

@@ -245,7 +245,11 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	if beat {
 		hb = d.dueHeartbeat(now)
 	}
-	if p.Recovered, err = d.recover(ctx, now, fresh, hb); err != nil {
+	expired, err := d.scanExpired(ctx, now, hb)
+	if err != nil {
+		return hb != nil, err
+	}
+	if p.Recovered, err = d.recover(ctx, now, fresh, expired); err != nil {
 		return hb != nil, err
 	}
 	// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is dropped so

@@ -91,12 +91,8 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time) (out []claimed, 
 	if total >= cfg.GlobalInFlight || inFlight[j.tenant] >= cfg.TenantCap(j.tenant) {
 		return nil, true, nil // at a cap: no ordering could start anything now
 	}
-	u, err := d.claimUpdate(now, cfg, []candidate{j.candidate})
-	if err != nil {
-		return nil, false, err
-	}
 	// If the commit's answer is lost, the job may be claimed: lease recovery requeues it.
-	if out, err = d.claimAndCommit(ctx, tx, []candidate{j.candidate}, u, cfg); err != nil || len(out) == 0 {
+	if out, err = d.claimAndCommit(ctx, tx, now, cfg, []candidate{j.candidate}); err != nil || len(out) == 0 {
 		return nil, false, err // none: taken or canceled meanwhile, let the normal pass look
 	}
 	// The claim counted the attempt.
