@@ -849,10 +849,9 @@ func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, s
 	var stmts []string
 	var args [][]any
 	type written struct {
-		jobs   []*item // the rows of a jobs INSERT, in order
-		pokes  []*item // the rows of the outbox INSERT after it
-		stmt   int     // index of the jobs INSERT among stmts
-		hasBox bool
+		jobs  []*item // the rows of a jobs INSERT, in order
+		pokes []*item // the rows of the outbox INSERT after it, if any
+		stmt  int     // index of the jobs INSERT among stmts
 	}
 	var chunks []written
 	for start := 0; start < len(ins); start += insertChunk {
@@ -900,7 +899,6 @@ func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, s
 			pq, pargs := outbox.InsertPokes(a.cfg.Prefix, st.now, pokes)
 			stmts = append(stmts, pq)
 			args = append(args, pargs)
-			w.hasBox = true
 		}
 		chunks = append(chunks, w)
 	}
@@ -917,10 +915,8 @@ func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, s
 		for i, it := range w.jobs {
 			it.id = ids[w.stmt] + int64(i)
 		}
-		if w.hasBox {
-			for i, it := range w.pokes {
-				it.outboxID = ids[w.stmt+1] + int64(i)
-			}
+		for i, it := range w.pokes {
+			it.outboxID = ids[w.stmt+1] + int64(i)
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"net"
+	"slices"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -27,35 +28,23 @@ func connectionLost(err error) bool {
 	if errors.As(err, &oe) {
 		return true
 	}
+	// too many connections, shutdown, killed, gone away
+	return serverErr(err, 1040, 1053, 1927, 2002, 2003, 2006, 2013)
+}
+
+// serverErr reports whether err is a MySQL server error with one of the given numbers.
+func serverErr(err error, numbers ...uint16) bool {
 	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		switch me.Number {
-		case 1040, 1053, 1927, 2002, 2003, 2006, 2013: // too many connections, shutdown, killed, gone away
-			return true
-		}
-	}
-	return false
+	return errors.As(err, &me) && slices.Contains(numbers, me.Number)
 }
 
 // lockBusy reports whether a lock taken without waiting was held by another transaction.
-func lockBusy(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1205
-}
+func lockBusy(err error) bool { return serverErr(err, 1205) }
 
 // syntaxError reports a statement the server does not understand (1064), such as MariaDB's
 // SET STATEMENT sent to MySQL.
-func syntaxError(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1064
-}
+func syntaxError(err error) bool { return serverErr(err, 1064) }
 
 // retryable reports whether a transaction failed for contention (deadlock, lock wait timeout)
 // and may be retried as a whole.
-func retryable(err error) bool {
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		return me.Number == 1213 || me.Number == 1205
-	}
-	return false
-}
+func retryable(err error) bool { return serverErr(err, 1213, 1205) }
