@@ -89,18 +89,17 @@ type NewPoke struct {
 // Each body is built by the server around LAST_INSERT_ID(), byte for byte what PokeMessage
 // builds for the same id.
 func InsertPokes(prefix string, now time.Time, pokes []NewPoke) (string, []any) {
-	var q strings.Builder
-	q.WriteString("INSERT INTO outbox (subject, payload, created_at) VALUES ")
 	args := make([]any, 0, 5*len(pokes))
-	for i, p := range pokes {
-		if i > 0 {
-			q.WriteString(",")
-		}
-		q.WriteString("(?, CONCAT(?, LAST_INSERT_ID() + ?, ?), ?)")
+	for _, p := range pokes {
 		head, tail := pokeBodyAround(p.Kind, p.Tenant)
 		args = append(args, Subject(prefix, p.Kind, p.Tenant), head, int64(p.Offset), tail, now)
 	}
-	return q.String(), args
+	return insertSQL("(?, CONCAT(?, LAST_INSERT_ID() + ?, ?), ?)", len(pokes)), args
+}
+
+// insertSQL is the INSERT of n outbox rows, each given by row.
+func insertSQL(row string, n int) string {
+	return "INSERT INTO outbox (subject, payload, created_at) VALUES " + strings.TrimSuffix(strings.Repeat(row+",", n), ",")
 }
 
 // pokeBodyAround returns the parts of a poke body around its job id, which JSON encodes last.
@@ -118,17 +117,11 @@ type Execer interface {
 // Insert returns the one statement, with its arguments, that inserts msgs (at least one), for a
 // caller that sends it together with other statements.
 func Insert(now time.Time, msgs ...Message) (string, []any) {
-	var q strings.Builder
-	q.WriteString("INSERT INTO outbox (subject, payload, created_at) VALUES ")
 	args := make([]any, 0, 3*len(msgs))
-	for i, m := range msgs {
-		if i > 0 {
-			q.WriteString(",")
-		}
-		q.WriteString("(?,?,?)")
+	for _, m := range msgs {
 		args = append(args, m.Subject, m.Payload, now)
 	}
-	return q.String(), args
+	return insertSQL("(?,?,?)", len(msgs)), args
 }
 
 // Write inserts msgs in one statement inside tx and returns their row ids in order. now is the
