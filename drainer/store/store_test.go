@@ -37,35 +37,31 @@ func dispatched(t *testing.T, db *testdb.DB, now time.Time, tenant, nonce string
 
 // finishTx is a transaction that applies outcomes: FinishMany in a database/sql transaction,
 // or FinishManyConn in a ConnTx.
-type finishTx interface {
-	finish(items []store.Finishing) ([]job.Status, error)
-	commit() error
-	rollback()
+type finishTx struct {
+	finish   func(items []store.Finishing) ([]job.Status, error)
+	commit   func() error
+	rollback func()
 }
 
-type sqlFinish struct {
-	ctx context.Context
-	tx  *sql.Tx
-	now time.Time
+func sqlFinish(ctx context.Context, tx *sql.Tx, now time.Time) finishTx {
+	return finishTx{
+		finish: func(items []store.Finishing) ([]job.Status, error) {
+			return (&store.Store{}).FinishMany(ctx, tx, now, items)
+		},
+		commit:   tx.Commit,
+		rollback: func() { _ = tx.Rollback() },
+	}
 }
 
-func (f sqlFinish) finish(items []store.Finishing) ([]job.Status, error) {
-	return (&store.Store{}).FinishMany(f.ctx, f.tx, f.now, items)
+func connFinish(ctx context.Context, tx *store.ConnTx, now time.Time) finishTx {
+	return finishTx{
+		finish: func(items []store.Finishing) ([]job.Status, error) {
+			return (&store.Store{}).FinishManyConn(ctx, tx, now, items)
+		},
+		commit:   tx.Commit,
+		rollback: tx.Close,
+	}
 }
-func (f sqlFinish) commit() error { return f.tx.Commit() }
-func (f sqlFinish) rollback()     { _ = f.tx.Rollback() }
-
-type connFinish struct {
-	ctx context.Context
-	tx  *store.ConnTx
-	now time.Time
-}
-
-func (f connFinish) finish(items []store.Finishing) ([]job.Status, error) {
-	return (&store.Store{}).FinishManyConn(f.ctx, f.tx, f.now, items)
-}
-func (f connFinish) commit() error { return f.tx.Commit() }
-func (f connFinish) rollback()     { f.tx.Close() }
 
 // TestFinishManyFences checks, for both ways of applying outcomes, that a batch whose rows moved
 // on is refused as a whole (and the caller's rollback leaves everything as it was), and that a
@@ -79,7 +75,7 @@ func TestFinishManyFences(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = tx.Rollback() })
-			return sqlFinish{ctx, tx, now}
+			return sqlFinish(ctx, tx, now)
 		},
 		"conn": func(ctx context.Context, t *testing.T, db *testdb.DB, now time.Time) finishTx {
 			tx, err := store.BeginConnTx(ctx, db.DB)
@@ -87,7 +83,7 @@ func TestFinishManyFences(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(tx.Close)
-			return connFinish{ctx, tx, now}
+			return connFinish(ctx, tx, now)
 		},
 		"conn_after_lock": func(ctx context.Context, t *testing.T, db *testdb.DB, now time.Time) finishTx {
 			tx, err := store.BeginConnTx(ctx, db.DB)
@@ -102,7 +98,7 @@ func TestFinishManyFences(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return connFinish{ctx, tx, now}
+			return connFinish(ctx, tx, now)
 		},
 	}
 	for name, begin := range begins {
