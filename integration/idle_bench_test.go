@@ -22,8 +22,8 @@ const (
 
 // BenchmarkIdleDrainer measures an idle `sluice serve --drainer` (the built binary, 1 Hz poll,
 // an empty queue, its broker connected) over idleWindow: CPU as a share of one core, summed
-// over the process's threads from /proc/PID/task/*/schedstat, and resident memory (SPEC §14:
-// under 0.1 % and 40 MB). Beside it, over the same window, runs the floor: a Go program that
+// over the process's threads from /proc/PID/task/*/schedstat, its threads' context switches a
+// second, and resident memory (SPEC §14: under 0.1 % and 40 MB). Beside it, over the same window, runs the floor: a Go program that
 // only wakes once a second (floorProgram), which is what any 1 Hz poller costs on this machine
 // before it does any work.
 // Run: go test -run '^$' -bench IdleDrainer -benchtime 1x ./integration/
@@ -41,8 +41,10 @@ func BenchmarkIdleDrainer(b *testing.B) {
 		// The warm-up and the window are measurement intervals, not waits for a condition.
 		<-time.After(idleWarmup)
 		d0, f0 := cpuTime(b, d.Pid()), cpuTime(b, floor.Process.Pid)
+		dcs0, fcs0 := contextSwitches(b, d.Pid()), contextSwitches(b, floor.Process.Pid)
 		<-time.After(idleWindow)
 		d1, f1 := cpuTime(b, d.Pid()), cpuTime(b, floor.Process.Pid)
+		dcs1, fcs1 := contextSwitches(b, d.Pid()), contextSwitches(b, floor.Process.Pid)
 		if d.Exited() {
 			b.Fatalf("the drainer exited during the window:\n%s", d.Output())
 		}
@@ -51,7 +53,9 @@ func BenchmarkIdleDrainer(b *testing.B) {
 		}
 		harness.Emit("idle_drainer", map[string]any{"seconds": idleWindow.Seconds(), "poll_interval_s": 1,
 			"cpu_pct_of_core": share(d0, d1), "rss_mb": round2(float64(rssKB(b, d.Pid())) / 1024),
-			"floor_1hz_go_process_cpu_pct": share(f0, f1), "target_cpu_pct": 0.1, "target_rss_mb": 40})
+			"floor_1hz_go_process_cpu_pct": share(f0, f1), "target_cpu_pct": 0.1, "target_rss_mb": 40,
+			"context_switches_per_s":       round2(float64(dcs1-dcs0) / idleWindow.Seconds()),
+			"floor_context_switches_per_s": round2(float64(fcs1-fcs0) / idleWindow.Seconds())})
 		d.Kill()
 	}
 }
@@ -109,6 +113,36 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 			b.Fatalf("%s: %v", f, err)
 		}
 		sum += time.Duration(ns)
+	}
+	return sum
+}
+
+// contextSwitches returns how often pid's threads have been switched out, voluntarily or not: the
+// wake-ups an idle process's CPU time mostly pays for, and a steadier count than the CPU time on a
+// shared machine.
+func contextSwitches(b *testing.B, pid int) int64 {
+	b.Helper()
+	stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	if err != nil || len(stats) == 0 {
+		b.Fatalf("status of %d's threads: %v (%d threads)", pid, err, len(stats))
+	}
+	var sum int64
+	for _, f := range stats {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that exited meanwhile
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			name, value, ok := strings.Cut(line, ":")
+			if !ok || (name != "voluntary_ctxt_switches" && name != "nonvoluntary_ctxt_switches") {
+				continue
+			}
+			n, err := strconv.ParseInt(strings.TrimSpace(value), 10, 64)
+			if err != nil {
+				b.Fatalf("%s: %s: %v", f, line, err)
+			}
+			sum += n
+		}
 	}
 	return sum
 }
