@@ -333,6 +333,13 @@ func dropGated(cands map[string][]candidate, gates map[string]time.Time, now tim
 // Candidate reads and the gate lookup happen before the transaction, so it never waits on
 // memcached or scans a backlog, and the lock is held for four short statements.
 func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, error) {
+	// Every answer that frees a slot wakes a pass, and answers come in batches, so without this
+	// about every other pass of a full drainer would read the in-flight counts only to find no
+	// room (half the passes of BenchmarkDrainThroughput did). A raised cap still starts claims:
+	// while jobs are held the upkeep re-reads the config and wakes a pass when it changed.
+	if n := d.unanswered.Load(); n > 0 && n >= int64(d.lastConfig().GlobalInFlight) {
+		return nil, false, nil
+	}
 	// The caps the last claim saw are good enough to choose candidates (the claim re-reads them
 	// under the lock); the in-flight counts are read fresh, since completions elsewhere (other
 	// drainers, asynchronous executors) free capacity this process did not see.

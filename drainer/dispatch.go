@@ -15,6 +15,7 @@ import (
 // answer. The job is already committed as dispatched: nothing is sent before that commit.
 func (d *Drainer) startDispatch(c claimed) {
 	d.dispatches.Add(1)
+	d.unanswered.Add(1)
 	go func() {
 		defer d.dispatches.Done()
 		ctx, cancel := context.WithTimeout(d.work, c.wall)
@@ -37,6 +38,7 @@ func (d *Drainer) startDispatch(c claimed) {
 		if err := d.recordRetrying(rctx, c, ans); err != nil {
 			d.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
 			d.forget(c) // stop renewing, so that recovery takes it when the lease runs out
+			d.unanswered.Add(-1)
 		}
 		if d.cfg.Recorded != nil {
 			d.cfg.Recorded(c.row.ID)
@@ -87,6 +89,7 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) (e
 		gated = d.gate(ctx, c.row, gateRetry)
 	}
 	if ans.Kind == executor.Accepted {
+		d.unanswered.Add(-1)
 		return nil // the executor will call /complete; the lease is renewed until the wall
 	}
 	defer func() {
@@ -96,7 +99,8 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) (e
 			return
 		}
 		d.forget(c)
-		d.Wake() // capacity freed: claim the next job now, not at the next poll
+		d.unanswered.Add(-1) // before the wake, so that the pass it starts counts the slot free
+		d.Wake()             // capacity freed: claim the next job now, not at the next poll
 	}()
 	req := &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated, done: make(chan error, 1)}
 	d.recMu.Lock()

@@ -15,6 +15,7 @@ import (
 	"os"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/drainer/executor"
@@ -106,6 +107,12 @@ type Drainer struct {
 	work       context.Context // dispatches run under it; canceled by Stop after the grace
 	cancelWork context.CancelFunc
 	dispatches sync.WaitGroup
+	// unanswered counts the dispatches sent whose answer has not yet been recorded and acted on
+	// (asynchronous executors' jobs leave it at the 202). Bar the moment between an outcome's
+	// commit and its decrement, which is followed by a wake, those jobs are in flight in the
+	// database whatever else is; when they alone fill the global cap no claim can start anything
+	// (see claim).
+	unanswered atomic.Int64
 }
 
 // New returns a Drainer, or an "invalid config" error naming the field.

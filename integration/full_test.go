@@ -1,0 +1,80 @@
+package integration_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/migrations"
+)
+
+// TestFullDrainerSkipsItsClaim: a pass of a drainer whose unanswered dispatches fill the global
+// cap asks the database nothing (a woken full drainer used to read the in-flight counts only to
+// find no room), and raising the cap still starts the next job: the upkeep's config read sees
+// the new cap and the following pass claims.
+func TestFullDrainerSkipsItsClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 2, 3 })
+	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('t', UTC_TIMESTAMP(6))"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at)
+		SELECT 't', 'queued', UTC_TIMESTAMP(6) FROM seq_1_to_3`); err != nil {
+		t.Fatal(err)
+	}
+	connector, err := migrations.Connector(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &statementLog{}
+	counted, err := migrations.OpenConnector(ctx, countingConnector{Connector: connector, log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer counted.Close()
+	clk := clock.NewFake(time.Now())
+	exec := newHeldSender()
+	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clk, ID: "full"}, 10*time.Second)
+
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
+		t.Fatalf("first pass: claimed %d (%v), want the global cap of 2", p.Claimed, err)
+	}
+	exec.next(t)
+	exec.next(t)
+
+	log.reset()
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
+		t.Fatalf("full pass: claimed %d (%v), want none", p.Claimed, err)
+	}
+	if got := log.take(); len(got) != 0 {
+		t.Errorf("a pass with the cap filled by unanswered dispatches sent %d round trips, want none:\n%s",
+			len(got), strings.Join(got, "\n---\n"))
+	}
+
+	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 3, 3 })
+	clk.Advance(time.Second) // the upkeep's turn: it re-reads the config while jobs are held
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+		t.Fatalf("pass after the cap was raised to 3: claimed %d (%v), want the third job", p.Claimed, err)
+	}
+	exec.next(t)
+	for range 3 {
+		exec.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	}
+	harness.WaitFor(t, 10*time.Second, "the three outcomes to be recorded", func() (bool, error) {
+		var n int
+		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
+		return n == 3, err
+	})
+}
