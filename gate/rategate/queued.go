@@ -31,14 +31,14 @@ const lookupChunk = 500
 
 // Queued returns the gated keys among the rate keys of queued jobs, with each key's queued count,
 // longest gate first. memcached cannot be enumerated, so the database says which keys exist: the
-// distinct queued rate keys are read from the rate_key (status, rate_key_sha256) index. A gate
+// distinct queued rate keys are read from the queued_rate_key index (migration 0008). A gate
 // that has passed is not listed. If memcached is unavailable it returns an error wrapping
 // ErrUnavailable (and whatever it could read): the caller decides whether that is fatal.
 // Safe for concurrent use; it is the building block of GET /v1/gates, /v1/status and the
 // sluice_gated_keys gauge.
 func Queued(ctx context.Context, db Querier, s *Store) ([]Gated, error) {
-	rows, err := db.QueryContext(ctx, `SELECT rate_key_sha256, COUNT(*) FROM jobs
-		WHERE status = 'queued' AND rate_key_sha256 IS NOT NULL GROUP BY rate_key_sha256`)
+	rows, err := db.QueryContext(ctx, `SELECT queued_rate_key, COUNT(*) FROM jobs
+		WHERE queued_rate_key IS NOT NULL GROUP BY queued_rate_key`)
 	if err != nil {
 		return nil, fmt.Errorf("count queued jobs per rate key: %w", err)
 	}

@@ -315,8 +315,8 @@ func (r *Reader) gates(ctx context.Context, now time.Time, s *Status) (map[strin
 	if r.cfg.Gates == nil {
 		return nil, nil
 	}
-	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT rate_key_sha256, COUNT(*) FROM jobs
-		WHERE status = 'queued' AND rate_key_sha256 IS NOT NULL GROUP BY rate_key_sha256 LIMIT ?`, maxRateKeys)
+	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT queued_rate_key, COUNT(*) FROM jobs
+		WHERE queued_rate_key IS NOT NULL GROUP BY queued_rate_key LIMIT ?`, maxRateKeys)
 	if err != nil {
 		return nil, fmt.Errorf("status: queued rate keys: %w", err)
 	}
