@@ -47,7 +47,18 @@ func (a *Admitter) List(ctx context.Context, f ListFilter) ([]job.Job, int64, er
 			args = append(args, t)
 		}
 	}
-	if f.Status != "" {
+	from := " FROM jobs"
+	switch {
+	case f.Status == "":
+	case f.Status.Terminal():
+		// The settled_id and tenant_settled_id indexes (migration 0009) hold only final states.
+		where = append(where, "settled_status = ?")
+		args = append(args, string(f.Status))
+	default:
+		// Queued and in-flight jobs are few (the depth and in-flight caps bound them): the claim
+		// index finds them and they are sorted by id, where reading the primary key newest first
+		// could pass over every finished job above them.
+		from = " FROM jobs FORCE INDEX (claim)"
 		where = append(where, "status = ?")
 		args = append(args, string(f.Status))
 	}
@@ -55,7 +66,7 @@ func (a *Admitter) List(ctx context.Context, f ListFilter) ([]job.Job, int64, er
 		where = append(where, "id < ?")
 		args = append(args, f.Before)
 	}
-	q := "SELECT " + store.Columns + " FROM jobs"
+	q := "SELECT " + store.Columns + from
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}

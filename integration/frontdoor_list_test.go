@@ -2,10 +2,12 @@ package integration_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 
 	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/gate/job"
 )
 
 // TestFrontDoorListAndCancel: newest first, default 50, bounded limit, a cursor that stays
@@ -229,5 +231,69 @@ func TestFrontDoorRedrive(t *testing.T) {
 	}
 	if _, _, err := f.admin.Redrive(ctx, 987654); client.Code(err) != "not_found" {
 		t.Errorf("redrive of a missing id: %v, want not_found", err)
+	}
+}
+
+// TestFrontDoorListByState: a listing filtered by state, with and without a tenant, pages newest
+// first through exactly the jobs in that state, whichever index serves it (the claim index for
+// queued and in-flight states, the settled ones for final states; migration 0009).
+func TestFrontDoorListByState(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	ctx := context.Background()
+	states := []job.Status{job.Queued, job.Running, job.Succeeded, job.Canceled, job.Lost}
+	want := map[job.Status]map[string][]int64{} // state -> tenant ("" for all) -> ids, newest first
+	var admitted []job.Job
+	for i := range 30 {
+		tenant := []string{"acme", "globex"}[i%2]
+		j, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		admitted = append(admitted, j)
+	}
+	for i := len(admitted) - 1; i >= 0; i-- {
+		j, state := admitted[i], states[i%len(states)]
+		switch state {
+		case job.Queued:
+		case job.Canceled:
+			if _, err := f.star.Cancel(ctx, j.ID); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			if _, err := f.db.ExecContext(ctx, "UPDATE jobs SET status = ?, version = version + 1 WHERE id = ?", string(state), j.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if want[state] == nil {
+			want[state] = map[string][]int64{}
+		}
+		want[state][""] = append(want[state][""], j.ID)
+		want[state][j.Tenant] = append(want[state][j.Tenant], j.ID)
+	}
+	for _, state := range states {
+		for _, tenant := range []string{"", "acme", "globex"} {
+			var got []int64
+			cursor := ""
+			for pages := 0; ; pages++ {
+				p, err := f.star.List(ctx, client.ListOptions{Tenant: tenant, Status: state, Limit: 2, Cursor: cursor})
+				if err != nil {
+					t.Fatalf("%s, tenant %q: %v", state, tenant, err)
+				}
+				for _, j := range p.Jobs {
+					got = append(got, j.ID)
+					if j.Status != state || (tenant != "" && j.Tenant != tenant) {
+						t.Errorf("%s, tenant %q: listed job %d of %s in state %s", state, tenant, j.ID, j.Tenant, j.Status)
+					}
+				}
+				if p.NextCursor == "" || pages > 10 {
+					break
+				}
+				cursor = p.NextCursor
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want[state][tenant]) {
+				t.Errorf("%s, tenant %q: listed %v, want %v", state, tenant, got, want[state][tenant])
+			}
+		}
 	}
 }
