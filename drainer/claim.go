@@ -343,8 +343,9 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 	// The caps the last claim saw are good enough to choose candidates (the claim re-reads them
 	// under the lock); the in-flight counts are read fresh, since completions elsewhere (other
 	// drainers, asynchronous executors) free capacity this process did not see.
+	poked := d.poked.Swap(false)
 	if d.probing() {
-		out, handled, err := d.claimLone(ctx, now)
+		out, handled, err := d.claimLone(ctx, now, poked)
 		if err != nil || handled {
 			return out, false, err
 		}
@@ -501,6 +502,37 @@ func lockAndCount(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, inF
 		return cfg, nil, 0, err
 	}
 	return cfg, inFlight, total, res.Close()
+}
+
+// lockCountAndProbe is lockAndCount with the lone-job probe (loneProbeSQL) in the same round
+// trip, read under the claim lock.
+func lockCountAndProbe(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, inFlight map[string]int, total int, found []loneJob, err error) {
+	res, err := tx.Query(ctx, []string{lockClaimsSQL, inFlightPerTenant, loneProbeSQL})
+	if err != nil {
+		return cfg, nil, 0, nil, fmt.Errorf("take claim lock: %w", err)
+	}
+	defer res.Close()
+	var raw sql.NullString
+	if err := res.ScanOne(&raw); err != nil {
+		return cfg, nil, 0, nil, fmt.Errorf("take claim lock: %w", err)
+	}
+	if cfg, err = decodeClaimConfig(raw); err != nil {
+		return cfg, nil, 0, nil, err
+	}
+	rows, err := res.Next()
+	if err != nil {
+		return cfg, nil, 0, nil, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	if inFlight, total, err = scanInFlight(rows); err != nil {
+		return cfg, nil, 0, nil, err
+	}
+	if rows, err = res.Next(); err != nil {
+		return cfg, nil, 0, nil, fmt.Errorf("read the queue's head: %w", err)
+	}
+	if found, err = scanLone(rows); err != nil {
+		return cfg, nil, 0, nil, err
+	}
+	return cfg, inFlight, total, found, res.Close()
 }
 
 // claimUpdate is a claim's UPDATE, with the nonces it gives the chosen jobs and the claim and

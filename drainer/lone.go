@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/limits"
 )
 
 // The lone-job claim is the pickup path of an idle queue. A pass normally reads the in-flight
@@ -18,7 +19,9 @@ import (
 // payload: none means there is nothing to do, one eligible job without a rate key is claimed at
 // once under the claim lock (the caps read in that transaction, as always), and anything else
 // falls through to the normal pass. The read is as early as the normal pass's candidate read,
-// and the claim is fenced the same way, so it decides nothing the normal pass would not.
+// and the claim is fenced the same way, so it decides nothing the normal pass would not. After a
+// Poke the read goes in the claim transaction's first round trip, with the lock and the counts:
+// two round trips from the poke to the dispatch instead of three.
 
 // loneJob is the only queued job, as read before the claim transaction.
 type loneJob struct {
@@ -41,28 +44,58 @@ func (d *Drainer) setProbe(on bool) {
 	d.probe = on
 }
 
-// claimLone claims the queue's only job if it may start now. handled is false when the normal
-// pass must decide (more than one job queued, a deferred job, a rate key to check against the
-// gates, the job taken meanwhile).
-func (d *Drainer) claimLone(ctx context.Context, now time.Time) (out []claimed, handled bool, err error) {
-	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT id, tenant, rate_key_sha256, queued_at, version,
-		not_before, payload, attempt, dispatch_failures FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT 2`)
-	if err != nil {
-		return nil, false, fmt.Errorf("read the queue's head: %w", err)
-	}
+// loneProbeSQL reads at most two queued jobs, with what a lone job's dispatch needs.
+const loneProbeSQL = `SELECT id, tenant, rate_key_sha256, queued_at, version,
+	not_before, payload, attempt, dispatch_failures FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT 2`
+
+// scanLone reads loneProbeSQL's rows.
+func scanLone(rows *sql.Rows) ([]loneJob, error) {
 	var found []loneJob
 	for rows.Next() {
 		var j loneJob
 		if err := rows.Scan(&j.id, &j.tenant, &j.rateKey, &j.queuedAt, &j.version, &j.notBefore,
 			&j.payload, &j.attempt, &j.failures); err != nil {
-			rows.Close()
-			return nil, false, fmt.Errorf("read the queue's head: %w", err)
+			return nil, fmt.Errorf("read the queue's head: %w", err)
 		}
 		found = append(found, j)
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("read the queue's head: %w", err)
+		return nil, fmt.Errorf("read the queue's head: %w", err)
+	}
+	return found, nil
+}
+
+// claimLone claims the queue's only job if it may start now. handled is false when the normal
+// pass must decide (more than one job queued, a deferred job, a rate key to check against the
+// gates, the job taken meanwhile). poked says a job was announced (Poke): one is most likely
+// queued, so the probe goes in the claim transaction's first round trip, under the claim lock,
+// instead of a round trip of its own before it; without a poke (the poll of an idle queue)
+// the probe alone, outside any transaction, is the cheaper guess.
+func (d *Drainer) claimLone(ctx context.Context, now time.Time, poked bool) (out []claimed, handled bool, err error) {
+	var tx *store.ConnTx
+	var found []loneJob
+	var cfg limits.Config
+	var inFlight map[string]int
+	var total int
+	if poked {
+		if tx, err = store.BeginConnTx(ctx, d.cfg.DB); err != nil {
+			return nil, false, fmt.Errorf("begin claim: %w", err)
+		}
+		defer tx.Close()
+		if cfg, inFlight, total, found, err = lockCountAndProbe(ctx, tx); err != nil {
+			return nil, false, err
+		}
+		d.remember(cfg)
+	} else {
+		rows, err := d.cfg.DB.QueryContext(ctx, loneProbeSQL)
+		if err != nil {
+			return nil, false, fmt.Errorf("read the queue's head: %w", err)
+		}
+		found, err = scanLone(rows)
+		rows.Close()
+		if err != nil {
+			return nil, false, err
+		}
 	}
 	switch {
 	case len(found) == 0:
@@ -76,18 +109,18 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time) (out []claimed, 
 		return nil, false, nil
 	}
 
-	// Two round trips: one begins the transaction, takes the claim lock and counts; the other
-	// claims and commits (store.ConnTx).
-	tx, err := store.BeginConnTx(ctx, d.cfg.DB)
-	if err != nil {
-		return nil, false, fmt.Errorf("begin claim: %w", err)
+	if tx == nil {
+		// Two round trips: one begins the transaction, takes the claim lock and counts; the
+		// other claims and commits (store.ConnTx).
+		if tx, err = store.BeginConnTx(ctx, d.cfg.DB); err != nil {
+			return nil, false, fmt.Errorf("begin claim: %w", err)
+		}
+		defer tx.Close()
+		if cfg, inFlight, total, err = lockAndCount(ctx, tx); err != nil {
+			return nil, false, err
+		}
+		d.remember(cfg)
 	}
-	defer tx.Close()
-	cfg, inFlight, total, err := lockAndCount(ctx, tx)
-	if err != nil {
-		return nil, false, err
-	}
-	d.remember(cfg)
 	if total >= cfg.GlobalInFlight || inFlight[j.tenant] >= cfg.TenantCap(j.tenant) {
 		return nil, true, nil // at a cap: no ordering could start anything now
 	}

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,7 +11,9 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/migrations"
 )
 
 // scriptedSender keeps every dispatch it is sent and answers the nth (from 1) with answer(n);
@@ -58,9 +61,23 @@ func (g gatedKeys) Extend(context.Context, string, int) (time.Time, error) {
 // lone-job claim serves (one read before the claim transaction instead of four, the payload
 // with it). That claim must decide exactly as the normal pass: a tenant at its cap gets nothing,
 // a deferred job waits, a gated rate key waits, and the job it does dispatch carries the
-// payload and the attempt the claim counted.
+// payload and the attempt the claim counted. Every pass runs once as a poll and once after a
+// Poke, whose probe goes inside the claim transaction.
 func TestLoneJobClaim(t *testing.T) {
 	t.Parallel()
+	for _, poked := range []bool{false, true} {
+		name := "polled"
+		if poked {
+			name = "poked"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testLoneJobClaim(t, poked)
+		})
+	}
+}
+
+func testLoneJobClaim(t *testing.T, poked bool) {
 	ctx := context.Background()
 	db := testdb.New(t)
 	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
@@ -81,6 +98,9 @@ func TestLoneJobClaim(t *testing.T) {
 	}
 	pass := func(want int) {
 		t.Helper()
+		if poked {
+			d.Poke()
+		}
 		p, err := d.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -145,5 +165,69 @@ func TestLoneJobClaim(t *testing.T) {
 	}
 	if n := len(sender.dispatches()); n != 2 {
 		t.Fatalf("%d dispatches, want 2", n)
+	}
+}
+
+// TestPokedLoneClaimRoundTrips: after a Poke, a drainer that found the queue empty claims the
+// lone job in two round trips (the claim lock, the in-flight counts and the probe; the claim and
+// its commit), where a poll takes three (the probe first, on its own).
+func TestPokedLoneClaimRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	connector, err := migrations.Connector(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &statementLog{}
+	counted, err := migrations.OpenConnector(ctx, countingConnector{Connector: connector, log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer counted.Close()
+	exec := newHeldSender() // holds each dispatch, so that no outcome write joins the log
+	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clock.NewFake(time.Now()), ID: "poked"}, 10*time.Second)
+	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
+		t.Fatalf("pass over the empty queue: claimed %d (%v)", p.Claimed, err)
+	}
+	for _, poked := range []bool{true, false} {
+		if _, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('a', 'queued', UTC_TIMESTAMP(6))"); err != nil {
+			t.Fatal(err)
+		}
+		log.reset()
+		if poked {
+			d.Poke()
+		}
+		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+			t.Fatalf("poked %v: claimed %d (%v), want the lone job", poked, p.Claimed, err)
+		}
+		var trips []string
+		for _, q := range log.take() {
+			if !strings.HasPrefix(q, "INSERT INTO drainers") { // a heartbeat falling due
+				trips = append(trips, q)
+			}
+		}
+		want := 3
+		if poked {
+			want = 2
+		}
+		if len(trips) != want || !strings.Contains(trips[0], "FOR UPDATE") != !poked {
+			t.Errorf("poked %v: %d round trips, want %d (the probe inside the first only when poked):\n%s",
+				poked, len(trips), want, strings.Join(trips, "\n---\n"))
+		}
+		exec.next(t)
+		exec.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		harness.WaitFor(t, 10*time.Second, "the outcome to be recorded", func() (bool, error) {
+			var n int
+			err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
+			return n >= 1 && d.InFlight() == 0, err
+		})
+		// The outcome's wake finds the queue empty again, so the next job is a lone one too.
+		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
+			t.Fatalf("pass after the outcome: claimed %d (%v)", p.Claimed, err)
+		}
 	}
 }

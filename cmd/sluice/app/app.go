@@ -217,7 +217,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		// pass, which coalesces with any pass already pending.
 		if _, err := a.nc.QueueSubscribe(opts.Prefix+".>", "sluice-drainers", func(*nats.Msg) {
 			metrics.Pokes.Inc()
-			a.drainer.Wake()
+			a.drainer.Poke()
 		}); err != nil {
 			return nil, fmt.Errorf("subscribe to pokes: %w", err)
 		}
@@ -283,7 +283,7 @@ func (a *App) startAPI(ctx context.Context) error {
 		// (the poke still goes out, for drainers elsewhere; an extra wake costs one cheap pass).
 		published = func(rows []outbox.Row) {
 			a.fast.Submit(rows)
-			a.drainer.Wake()
+			a.drainer.Poke()
 		}
 	}
 	adm, err := gate.New(gate.Config{DB: a.db, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
