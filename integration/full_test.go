@@ -12,7 +12,6 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
-	"github.com/sluicehq/sluice/migrations"
 )
 
 // TestFullDrainerSkipsItsClaim: a pass of a drainer whose unanswered dispatches fill the global
@@ -31,16 +30,7 @@ func TestFullDrainerSkipsItsClaim(t *testing.T) {
 		SELECT 't', 'queued', UTC_TIMESTAMP(6) FROM seq_1_to_3`); err != nil {
 		t.Fatal(err)
 	}
-	connector, err := migrations.Connector(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := &statementLog{}
-	counted, err := migrations.OpenConnector(ctx, countingConnector{Connector: connector, log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer counted.Close()
+	counted, log := countedPool(t, db)
 	clk := clock.NewFake(time.Now())
 	exec := newHeldSender()
 	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clk, ID: "full"}, 10*time.Second)

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"strings"
 	"sync"
@@ -23,16 +24,7 @@ func TestIdleDrainerRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	connector, err := migrations.Connector(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := &statementLog{}
-	counted, err := migrations.OpenConnector(ctx, countingConnector{Connector: connector, log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer counted.Close()
+	counted, log := countedPool(t, db)
 	clk := clock.NewFake(time.Now())
 	d, err := drainer.New(drainer.Config{DB: counted, Executor: refusingSender{}, Clock: clk, ID: "idle"})
 	if err != nil {
@@ -71,6 +63,24 @@ type refusingSender struct{}
 
 func (refusingSender) Send(context.Context, executor.Dispatch) executor.Answer {
 	panic("an idle drainer dispatched a job")
+}
+
+// countedPool opens a second pool on db whose connections log every statement they send, closed
+// when the test ends.
+func countedPool(t *testing.T, db *testdb.DB) (*sql.DB, *statementLog) {
+	t.Helper()
+	ctx := context.Background()
+	connector, err := migrations.Connector(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &statementLog{}
+	counted, err := migrations.OpenConnector(ctx, countingConnector{Connector: connector, log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { counted.Close() })
+	return counted, log
 }
 
 // statementLog records the statements sent over a countingConnector's connections, one entry a

@@ -13,7 +13,6 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
-	"github.com/sluicehq/sluice/migrations"
 )
 
 // scriptedSender keeps every dispatch it is sent and answers the nth (from 1) with answer(n);
@@ -175,16 +174,7 @@ func TestPokedLoneClaimRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	connector, err := migrations.Connector(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := &statementLog{}
-	counted, err := migrations.OpenConnector(ctx, countingConnector{Connector: connector, log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer counted.Close()
+	counted, log := countedPool(t, db)
 	exec := newHeldSender() // holds each dispatch, so that no outcome write joins the log
 	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clock.NewFake(time.Now()), ID: "poked"}, 10*time.Second)
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
