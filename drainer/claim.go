@@ -482,32 +482,18 @@ func (d *Drainer) remember(cfg limits.Config) {
 // lockAndCount takes the claim lock of tx, reading the runtime configuration in force, and
 // counts the jobs in flight per tenant, in the transaction's first round trip.
 func lockAndCount(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, inFlight map[string]int, total int, err error) {
-	res, err := tx.Query(ctx, []string{lockClaimsSQL, inFlightPerTenant})
-	if err != nil {
-		return cfg, nil, 0, fmt.Errorf("take claim lock: %w", err)
-	}
-	defer res.Close()
-	var raw sql.NullString
-	if err := res.ScanOne(&raw); err != nil {
-		return cfg, nil, 0, fmt.Errorf("take claim lock: %w", err)
-	}
-	if cfg, err = decodeClaimConfig(raw); err != nil {
-		return cfg, nil, 0, err
-	}
-	rows, err := res.Next()
-	if err != nil {
-		return cfg, nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
-	}
-	if inFlight, total, err = scanInFlight(rows); err != nil {
-		return cfg, nil, 0, err
-	}
-	return cfg, inFlight, total, res.Close()
+	cfg, inFlight, total, _, err = lockCountAndProbe(ctx, tx, false)
+	return cfg, inFlight, total, err
 }
 
-// lockCountAndProbe is lockAndCount with the lone-job probe (loneProbeSQL) in the same round
-// trip, read under the claim lock.
-func lockCountAndProbe(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, inFlight map[string]int, total int, found []loneJob, err error) {
-	res, err := tx.Query(ctx, []string{lockClaimsSQL, inFlightPerTenant, loneProbeSQL})
+// lockCountAndProbe is lockAndCount, and with probe the lone-job probe (loneProbeSQL) in the same
+// round trip, read under the claim lock.
+func lockCountAndProbe(ctx context.Context, tx *store.ConnTx, probe bool) (cfg limits.Config, inFlight map[string]int, total int, found []loneJob, err error) {
+	stmts := []string{lockClaimsSQL, inFlightPerTenant}
+	if probe {
+		stmts = append(stmts, loneProbeSQL)
+	}
+	res, err := tx.Query(ctx, stmts)
 	if err != nil {
 		return cfg, nil, 0, nil, fmt.Errorf("take claim lock: %w", err)
 	}
@@ -526,11 +512,13 @@ func lockCountAndProbe(ctx context.Context, tx *store.ConnTx) (cfg limits.Config
 	if inFlight, total, err = scanInFlight(rows); err != nil {
 		return cfg, nil, 0, nil, err
 	}
-	if rows, err = res.Next(); err != nil {
-		return cfg, nil, 0, nil, fmt.Errorf("read the queue's head: %w", err)
-	}
-	if found, err = scanLone(rows); err != nil {
-		return cfg, nil, 0, nil, err
+	if probe {
+		if rows, err = res.Next(); err != nil {
+			return cfg, nil, 0, nil, fmt.Errorf("read the queue's head: %w", err)
+		}
+		if found, err = scanLone(rows); err != nil {
+			return cfg, nil, 0, nil, err
+		}
 	}
 	return cfg, inFlight, total, found, res.Close()
 }

@@ -82,7 +82,7 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time, poked bool) (out
 			return nil, false, fmt.Errorf("begin claim: %w", err)
 		}
 		defer tx.Close()
-		if cfg, inFlight, total, found, err = lockCountAndProbe(ctx, tx); err != nil {
+		if cfg, inFlight, total, found, err = lockCountAndProbe(ctx, tx, true); err != nil {
 			return nil, false, err
 		}
 		d.remember(cfg)
