@@ -35,10 +35,20 @@ func (d *Drainer) startDispatch(c claimed) {
 		// Record with a context of its own: a canceled dispatch must still record its outcome.
 		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer rcancel()
-		if err := d.recordRetrying(rctx, c, ans); err != nil {
+		err := d.recordRetrying(rctx, c, ans)
+		if err != nil {
 			d.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
-			d.forget(c) // stop renewing, so that recovery takes it when the lease runs out
-			d.unanswered.Add(-1)
+		}
+		// A recorded outcome ends this drainer's hold on the job; an unrecorded one stops its
+		// renewal, so that recovery takes it when the lease runs out. A 202 keeps it held: the
+		// lease is renewed until the executor's /complete or the wall.
+		freed := err == nil && ans.Kind != executor.Accepted
+		if freed || err != nil {
+			d.forget(c)
+		}
+		d.unanswered.Add(-1) // before the wake, so that the pass it starts counts the slot free
+		if freed {
+			d.Wake() // capacity freed: claim the next job now, not at the next poll
 		}
 		if d.cfg.Recorded != nil {
 			d.cfg.Recorded(c.row.ID)
@@ -70,10 +80,10 @@ const maxOutcomeBatch = 256
 
 // record applies an executor's answer to the job it was dispatched as (SPEC §8), fenced on the
 // claimed version: if recovery or an executor's /complete got there first, the write is refused
-// and this drainer lets go of the job. Answers arriving together are written together: the first
+// (startDispatch then lets go of the job, as after any recorded outcome). Answers arriving together are written together: the first
 // caller to find no batch in progress becomes the writer and records everything queued until the
 // queue is empty (group commit), so a thousand outcomes do not cost a thousand commits.
-func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) (err error) {
+func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) error {
 	// A gate in the answer (any answer, 202 included) or a 429 gates the rate key first, outside
 	// any transaction: the key's other jobs must stop being claimed whatever happens to this one.
 	gateRetry := 0
@@ -89,19 +99,8 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) (e
 		gated = d.gate(ctx, c.row, gateRetry)
 	}
 	if ans.Kind == executor.Accepted {
-		d.unanswered.Add(-1)
-		return nil // the executor will call /complete; the lease is renewed until the wall
+		return nil // the executor will call /complete
 	}
-	defer func() {
-		if err != nil {
-			// Not recorded: the job stays held, so its lease is still renewed while
-			// recordRetrying tries again.
-			return
-		}
-		d.forget(c)
-		d.unanswered.Add(-1) // before the wake, so that the pass it starts counts the slot free
-		d.Wake()             // capacity freed: claim the next job now, not at the next poll
-	}()
 	req := &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated, done: make(chan error, 1)}
 	d.recMu.Lock()
 	d.recQueue = append(d.recQueue, req)
