@@ -48,6 +48,16 @@ func (d *Drainer) setProbe(on bool) {
 const loneProbeSQL = `SELECT id, tenant, rate_key_sha256, queued_at, version,
 	not_before, payload, attempt, dispatch_failures FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT 2`
 
+// probeLone runs loneProbeSQL on conn.
+func probeLone(ctx context.Context, conn *sql.Conn) ([]loneJob, error) {
+	rows, err := conn.QueryContext(ctx, loneProbeSQL)
+	if err != nil {
+		return nil, fmt.Errorf("read the queue's head: %w", err)
+	}
+	defer rows.Close()
+	return scanLone(rows)
+}
+
 // scanLone reads loneProbeSQL's rows.
 func scanLone(rows *sql.Rows) ([]loneJob, error) {
 	var found []loneJob
@@ -72,30 +82,24 @@ func scanLone(rows *sql.Rows) ([]loneJob, error) {
 // instead of a round trip of its own before it; without a poke (the poll of an idle queue)
 // the probe alone, outside any transaction, is the cheaper guess.
 func (d *Drainer) claimLone(ctx context.Context, now time.Time, poked bool) (out []claimed, handled bool, err error) {
-	var tx *store.ConnTx
+	// The transaction begins at its first Query, so a probe on its connection before that runs
+	// outside any transaction.
+	tx, err := store.BeginConnTx(ctx, d.cfg.DB)
+	if err != nil {
+		return nil, false, fmt.Errorf("begin claim: %w", err)
+	}
+	defer tx.Close()
 	var found []loneJob
 	var cfg limits.Config
 	var inFlight map[string]int
 	var total int
 	if poked {
-		if tx, err = store.BeginConnTx(ctx, d.cfg.DB); err != nil {
-			return nil, false, fmt.Errorf("begin claim: %w", err)
-		}
-		defer tx.Close()
 		if cfg, inFlight, total, found, err = lockCountAndProbe(ctx, tx, true); err != nil {
 			return nil, false, err
 		}
 		d.remember(cfg)
-	} else {
-		rows, err := d.cfg.DB.QueryContext(ctx, loneProbeSQL)
-		if err != nil {
-			return nil, false, fmt.Errorf("read the queue's head: %w", err)
-		}
-		found, err = scanLone(rows)
-		rows.Close()
-		if err != nil {
-			return nil, false, err
-		}
+	} else if found, err = probeLone(ctx, tx.Conn()); err != nil {
+		return nil, false, err
 	}
 	switch {
 	case len(found) == 0:
@@ -108,14 +112,9 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time, poked bool) (out
 	if (j.notBefore.Valid && j.notBefore.Time.After(now)) || (j.rateKey.Valid && d.cfg.Gates != nil) {
 		return nil, false, nil
 	}
-
-	if tx == nil {
-		// Two round trips: one begins the transaction, takes the claim lock and counts; the
+	if !poked {
+		// Two round trips more: one begins the transaction, takes the claim lock and counts; the
 		// other claims and commits (store.ConnTx).
-		if tx, err = store.BeginConnTx(ctx, d.cfg.DB); err != nil {
-			return nil, false, fmt.Errorf("begin claim: %w", err)
-		}
-		defer tx.Close()
 		if cfg, inFlight, total, err = lockAndCount(ctx, tx); err != nil {
 			return nil, false, err
 		}
