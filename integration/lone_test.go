@@ -204,7 +204,7 @@ func TestPokedLoneClaimRoundTrips(t *testing.T) {
 		if poked {
 			want = 2
 		}
-		if len(trips) != want || !strings.Contains(trips[0], "FOR UPDATE") != !poked {
+		if len(trips) != want || strings.Contains(trips[0], "FOR UPDATE") != poked {
 			t.Errorf("poked %v: %d round trips, want %d (the probe inside the first only when poked):\n%s",
 				poked, len(trips), want, strings.Join(trips, "\n---\n"))
 		}

@@ -63,6 +63,17 @@ func connFinish(ctx context.Context, tx *store.ConnTx, now time.Time) finishTx {
 	}
 }
 
+// beginConn takes a ConnTx, closed when the test ends.
+func beginConn(ctx context.Context, t *testing.T, db *testdb.DB) *store.ConnTx {
+	t.Helper()
+	tx, err := store.BeginConnTx(ctx, db.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tx.Close)
+	return tx
+}
+
 // TestFinishManyFences checks, for both ways of applying outcomes, that a batch whose rows moved
 // on is refused as a whole (and the caller's rollback leaves everything as it was), and that a
 // fresh batch writes every row and one release poke per job. The ConnTx form is tried both as
@@ -78,19 +89,10 @@ func TestFinishManyFences(t *testing.T) {
 			return sqlFinish(ctx, tx, now)
 		},
 		"conn": func(ctx context.Context, t *testing.T, db *testdb.DB, now time.Time) finishTx {
-			tx, err := store.BeginConnTx(ctx, db.DB)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(tx.Close)
-			return connFinish(ctx, tx, now)
+			return connFinish(ctx, beginConn(ctx, t, db), now)
 		},
 		"conn_after_lock": func(ctx context.Context, t *testing.T, db *testdb.DB, now time.Time) finishTx {
-			tx, err := store.BeginConnTx(ctx, db.DB)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(tx.Close)
+			tx := beginConn(ctx, t, db)
 			res, err := tx.Query(ctx, []string{"SELECT id FROM jobs ORDER BY id FOR UPDATE"})
 			if err == nil {
 				err = res.Close()
