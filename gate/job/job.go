@@ -60,6 +60,31 @@ type Job struct {
 	RetryOf       *int64          `json:"retry_of"`
 }
 
+// TimeFormat is how the API writes a timestamp (SPEC §4: RFC 3339, UTC, microseconds). It
+// keeps all six fractional digits: time.RFC3339Nano drops trailing zeros, so one timestamp in ten
+// would print five digits or fewer, and one on a whole second none.
+const TimeFormat = "2006-01-02T15:04:05.000000Z07:00"
+
+// MarshalJSON writes j with its timestamps in TimeFormat.
+func (j Job) MarshalJSON() ([]byte, error) {
+	type plain Job // without this method
+	opt := func(t *time.Time) *string {
+		if t == nil {
+			return nil
+		}
+		s := t.UTC().Format(TimeFormat)
+		return &s
+	}
+	return json.Marshal(struct {
+		plain
+		QueuedAt     string  `json:"queued_at"`
+		ClaimedAt    *string `json:"claimed_at"`
+		DispatchedAt *string `json:"dispatched_at"`
+		StartedAt    *string `json:"started_at"`
+		FinishedAt   *string `json:"finished_at"`
+	}{plain(j), j.QueuedAt.UTC().Format(TimeFormat), opt(j.ClaimedAt), opt(j.DispatchedAt), opt(j.StartedAt), opt(j.FinishedAt)})
+}
+
 // Code is a stable error code (SPEC §6 `error_code`).
 type Code string
 
