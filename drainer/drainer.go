@@ -188,7 +188,9 @@ func (d *Drainer) Poke() {
 type Pass struct {
 	Renewed   int
 	Recovered int
-	Claimed   int
+	// Expired counts queued jobs expired for max_queue_age_seconds.
+	Expired int
+	Claimed int
 	// Full is true when the pass stopped at ClaimBatch with capacity possibly left.
 	Full bool
 }
@@ -242,7 +244,8 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	return p, nil
 }
 
-// upkeep renews this drainer's leases and recovers expired ones, re-reading the runtime config
+// upkeep renews this drainer's leases, recovers expired ones and expires queued jobs past
+// max_queue_age_seconds, re-reading the runtime config
 // first when something depends on it (configNeeded). A config that changed gets a pass of its
 // own at once (Wake). With beat, a heartbeat that is due is written in the lease scan's round
 // trip (two statements a second fewer for an idle drainer than config, scan and heartbeat
@@ -267,6 +270,9 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 		return hb != nil, err
 	}
 	if p.Recovered, err = d.recover(ctx, now, fresh, expired); err != nil {
+		return hb != nil, err
+	}
+	if p.Expired, err = d.expire(ctx, now); err != nil {
 		return hb != nil, err
 	}
 	// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is dropped so
