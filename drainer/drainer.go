@@ -344,21 +344,47 @@ func (d *Drainer) Run(ctx context.Context) {
 
 // Stop waits for in-flight dispatches to be answered, up to ctx's deadline, then cancels the
 // rest (their jobs are recorded as unknown outcomes: requeued if never started, else lost) and
-// waits for those records. Call it after Run has returned. Idempotent.
+// waits for those records. Meanwhile it keeps renewing their leases, once a poll period as the
+// passes did: a grace longer than the lease (30 s against 10 s by default) must not let another
+// drainer recover, as lost, a job whose answer this one is still waiting for. Call it after Run
+// has returned. Idempotent.
 func (d *Drainer) Stop(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {
 		d.dispatches.Wait()
 		close(done)
 	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		d.cancelWork()
-		<-done
+	t := time.NewTicker(d.cfg.PollInterval)
+	defer t.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-ctx.Done():
+			d.cancelWork()
+			<-done
+			waiting = false
+		case <-t.C:
+			d.renewWhileStopping()
+		}
 	}
 	d.cancelWork()
 	d.markStopped()
+}
+
+// renewWhileStopping renews leases for Stop, which runs no passes.
+func (d *Drainer) renewWhileStopping() {
+	d.passMu.Lock()
+	defer d.passMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.PollInterval)
+	defer cancel()
+	now, err := d.cfg.Clock.Now(ctx)
+	if err == nil {
+		_, err = d.renew(ctx, now)
+	}
+	if err != nil {
+		d.cfg.Log.Warn("renewing leases while stopping failed", "error", err)
+	}
 }
 
 // markStopped records a clean stop in the heartbeat row, so that status does not report a
