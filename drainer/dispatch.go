@@ -191,12 +191,16 @@ func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
 // outcome maps an executor's answer to the job's next state (the SPEC §8 table).
 func (d *Drainer) outcome(now time.Time, r store.Row, req *outcomeReq) store.Outcome {
 	ans := req.ans
-	neverStarted := r.Status != job.Running && !d.cfg.UnconfirmedStarts
+	// A 429 or a 503 is the executor saying it did not start the job, which holds when starts
+	// are not confirmed too (the job is then still dispatched, never running). Only an answer
+	// that says nothing (an error, a timeout) needs a confirmation to prove the job never started.
+	refusedUnstarted := r.Status != job.Running
+	neverStarted := refusedUnstarted && !d.cfg.UnconfirmedStarts
 	switch ans.Kind {
 	case executor.Done:
 		return store.Outcome{Status: job.Status(ans.Status), ErrorCode: ans.ErrorCode, ErrorMessage: ans.ErrorMessage, Result: ans.Result}
 	case executor.RateLimited:
-		if !neverStarted {
+		if !refusedUnstarted {
 			return store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited), ErrorMessage: "the executor answered 429 after the start"}
 		}
 		// The gate holds the job back, so clearing the gate releases it too. Only when the gate
@@ -212,7 +216,7 @@ func (d *Drainer) outcome(now time.Time, r store.Row, req *outcomeReq) store.Out
 		}
 		return o
 	case executor.Refused:
-		if !neverStarted {
+		if !refusedUnstarted {
 			return store.Outcome{Status: job.Failed, ErrorCode: "executor_refused", ErrorMessage: "the executor answered 503 after the start"}
 		}
 		nb := now.Add(refusalDelay(ans.RetryAfter, r.Attempt))

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/testdb"
 )
 
 // heldSender is an executor that hands each dispatch to the test and answers only what the test
@@ -178,4 +179,54 @@ func TestStartConfirmation(t *testing.T) {
 			t.Errorf("after the first drainer gave up, the job is %s, want succeeded", j.status)
 		}
 	})
+}
+
+// TestUnconfirmedRefusalsRequeue proves that with starts not confirmed
+// (SLUICE_EXECUTOR_CONFIRM_START=false) a 429 or a 503 still puts the job back in the queue
+// (SPEC §8: queued again if the start was never confirmed; §5: a 429 never fails a job), while
+// an answer that says nothing still makes it lost, since nothing proves it did not start.
+func TestUnconfirmedRefusalsRequeue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	clk := clock.NewFake(time.Now())
+	t0, _ := clk.Now(ctx)
+	answers := []executor.Answer{
+		{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 5},
+		{Kind: executor.Refused, HTTPStatus: 503, RetryAfter: 5},
+		{Kind: executor.Unknown, Err: context.DeadlineExceeded},
+	}
+	sender := &scriptedSender{answer: func(n int) executor.Answer { return answers[n-1] }}
+	recorded := make(chan int64, 4)
+	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "unconfirmed",
+		UnconfirmedStarts: true, Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
+	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)", t0); err != nil {
+		t.Fatal(err)
+	}
+	res, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := res.LastInsertId()
+	for i, want := range []struct{ status, code string }{
+		{"queued", "rate_limited"}, {"queued", "executor_refused"}, {"lost", "outcome_unknown"},
+	} {
+		p, err := d.RunOnce(ctx)
+		if err != nil || p.Claimed != 1 {
+			t.Fatalf("pass %d: %+v, %v; want one claim", i+1, p, err)
+		}
+		select {
+		case <-recorded:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("answer %d was not recorded", i+1)
+		}
+		var status, code string
+		if err := db.QueryRowContext(ctx, "SELECT status, error_code FROM jobs WHERE id = ?", id).Scan(&status, &code); err != nil {
+			t.Fatal(err)
+		}
+		if status != want.status || code != want.code {
+			t.Fatalf("after answer %d (%+v): %s/%s, want %s/%s", i+1, answers[i], status, code, want.status, want.code)
+		}
+		clk.Advance(time.Minute) // past the not-before the refusal set
+	}
 }
