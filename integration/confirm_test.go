@@ -4,8 +4,10 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
@@ -228,5 +230,69 @@ func TestUnconfirmedRefusalsRequeue(t *testing.T) {
 			t.Fatalf("after answer %d (%+v): %s/%s, want %s/%s", i+1, answers[i], status, code, want.status, want.code)
 		}
 		clk.Advance(time.Minute) // past the not-before the refusal set
+	}
+}
+
+// TestExecutorErrorFieldsStored proves that an executor's error fields cannot make its outcome
+// unstorable (SPEC §12 invariants 1 and 8). A dispatch answer whose error_code does not fit the
+// column (too long, not ASCII) and whose error_message is longer than the column is still
+// recorded as failed: the code becomes executor_error, kept in the message, and the message is
+// cut at a character boundary. The same fields sent to /complete get a 400 naming the field and
+// change nothing.
+func TestExecutorErrorFieldsStored(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{API: true})
+	long := strings.Repeat("x", 65534) + "é and more" // the cut falls inside the é
+	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+		"noisy": {Kind: executor.Done, HTTPStatus: 200, Status: "failed", ErrorCode: "délai_" + strings.Repeat("z", 80), ErrorMessage: long},
+		"later": {Kind: executor.Accepted, HTTPStatus: 202},
+	}}
+	recorded := make(chan int64, 4)
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, ID: "noisy",
+		Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
+	ctx := context.Background()
+	noisy := env.Admit(t, "noisy", nil)
+	later := env.Admit(t, "later", nil)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
+		t.Fatalf("pass: %+v, %v; want 2 claimed", p, err)
+	}
+	for range 2 {
+		select {
+		case <-recorded:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the answers were not recorded")
+		}
+	}
+	var status, code, msg string
+	if err := env.DB.QueryRowContext(ctx, "SELECT status, error_code, error_message FROM jobs WHERE id = ?", noisy).Scan(&status, &code, &msg); err != nil {
+		t.Fatal(err)
+	}
+	if status != "failed" || code != "executor_error" || !strings.HasPrefix(msg, `error_code "délai_zzz`) ||
+		len(msg) > 65535 || !utf8.ValidString(msg) {
+		t.Errorf("noisy answer stored as %s/%s with a %d-byte message starting %.40q, want failed/executor_error, the code kept, at most 65535 valid bytes",
+			status, code, len(msg), msg)
+	}
+
+	nonce := stub.sent(later)[0].Nonce
+	path := "/v1/jobs/" + strconv.FormatInt(later, 10) + "/complete"
+	for _, bad := range []struct {
+		field string
+		body  map[string]any
+	}{
+		{"error_code", map[string]any{"nonce": nonce, "status": "failed", "error_code": "délai"}},
+		{"error_code", map[string]any{"nonce": nonce, "status": "failed", "error_code": strings.Repeat("z", 65)}},
+		{"error_message", map[string]any{"nonce": nonce, "status": "failed", "error_message": strings.Repeat("m", 65536)}},
+	} {
+		if r := env.Do(t, http.MethodPost, path, harness.ExecutorToken, bad.body); r.Status != http.StatusBadRequest || r.Body["field"] != bad.field {
+			t.Errorf("/complete with a bad %s: HTTP %d %.200s, want 400 naming it", bad.field, r.Status, r.Raw)
+		}
+	}
+	if err := env.DB.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", later).Scan(&status); err != nil || status != "dispatched" {
+		t.Errorf("refused completions left the job %s (%v), want dispatched", status, err)
+	}
+	r := env.Do(t, http.MethodPost, path, harness.ExecutorToken, map[string]any{"nonce": nonce, "status": "failed",
+		"error_code": "upstream_timeout", "error_message": strings.Repeat("m", 65535)})
+	if r.Status != http.StatusOK || r.Body["status"] != "failed" {
+		t.Errorf("/complete with fields at their bounds: HTTP %d %.200s", r.Status, r.Raw)
 	}
 }

@@ -13,8 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/outbox"
@@ -302,6 +304,47 @@ func (p finishPlan) check(i int, affected int64) error {
 	return nil
 }
 
+// The bounds of the error columns: error_code is VARCHAR(64) in ASCII, error_message TEXT.
+const (
+	MaxErrorCode    = 64
+	MaxErrorMessage = 65535
+)
+
+// ValidErrorCode reports whether code fits the error_code column: at most MaxErrorCode bytes
+// of printable ASCII.
+func ValidErrorCode(code string) bool {
+	if len(code) > MaxErrorCode {
+		return false
+	}
+	for i := 0; i < len(code); i++ {
+		if code[i] < 0x20 || code[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// CleanError makes an executor's error fields storable. The database runs in strict mode, so
+// an error_code or error_message that does not fit would fail the whole outcome write, and the
+// job would end lost once its lease ran out. A code that does not fit becomes executor_error,
+// kept at the head of the message; the message is made valid UTF-8 and cut to the column at a
+// character boundary.
+func CleanError(code, msg string) (string, string) {
+	if !ValidErrorCode(code) {
+		msg = "error_code " + strconv.Quote(strings.ToValidUTF8(code, "\ufffd")) + ": " + msg
+		code = "executor_error"
+	}
+	msg = strings.ToValidUTF8(msg, "\ufffd")
+	if len(msg) > MaxErrorMessage {
+		cut := MaxErrorMessage
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut]
+	}
+	return code, msg
+}
+
 func (s *Store) logFinish(ctx context.Context, now time.Time, items []Finishing, p finishPlan) {
 	for i := range items {
 		s.LogTransition(ctx, items[i].Row, p.to[i], items[i].Row.Version+1, now, p.codes[i])
@@ -321,6 +364,7 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 	msgs := make([]outbox.Message, 0, 2*len(items))
 	for i := range items {
 		r, o := items[i].Row, &items[i].Outcome
+		o.ErrorCode, o.ErrorMessage = CleanError(o.ErrorCode, o.ErrorMessage)
 		to[i], codes[i] = o.Status, o.ErrorCode
 		if to[i] == job.Queued && o.CountFailure && o.Budget > 0 && r.DispatchFailures+1 >= o.Budget {
 			to[i], codes[i] = job.Failed, string(job.CodeDispatchFailed)

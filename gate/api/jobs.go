@@ -360,8 +360,11 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	case req.Status != "succeeded" && req.Status != "failed" && req.Status != "not_started":
 		s.fail(w, r, job.Invalid("status", "status must be succeeded, failed or not_started"))
 		return
-	case len(req.ErrorCode) > 64:
-		s.fail(w, r, job.Invalid("error_code", "error_code is at most 64 bytes"))
+	case !store.ValidErrorCode(req.ErrorCode):
+		s.fail(w, r, job.Invalid("error_code", "error_code is at most %d bytes of printable ASCII", store.MaxErrorCode))
+		return
+	case len(req.ErrorMessage) > store.MaxErrorMessage:
+		s.fail(w, r, job.Invalid("error_message", "error_message is at most %d bytes", store.MaxErrorMessage))
 		return
 	}
 	if req.Gate != nil {
