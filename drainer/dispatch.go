@@ -39,13 +39,11 @@ func (d *Drainer) startDispatch(c claimed) {
 		if err != nil {
 			d.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
 		}
-		// A recorded outcome ends this drainer's hold on the job; an unrecorded one stops its
-		// renewal, so that recovery takes it when the lease runs out. A 202 keeps it held: the
-		// lease is renewed until the executor's /complete or the wall.
+		// A recorded outcome ends this drainer's hold on the job, and so does a recorded 202,
+		// whose lease now runs to the wall; an unrecorded answer stops the renewal, so that
+		// recovery takes the job when its lease runs out.
+		d.forget(c)
 		freed := err == nil && ans.Kind != executor.Accepted
-		if freed || err != nil {
-			d.forget(c)
-		}
 		d.unanswered.Add(-1) // before the wake, so that the pass it starts counts the slot free
 		if freed {
 			d.Wake() // capacity freed: claim the next job now, not at the next poll
@@ -99,7 +97,7 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 		gated = d.gate(ctx, c.row, gateRetry)
 	}
 	if ans.Kind == executor.Accepted {
-		return nil // the executor will call /complete
+		return d.leaseToWall(ctx, c)
 	}
 	req := &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated, done: make(chan error, 1)}
 	d.recMu.Lock()
@@ -127,6 +125,21 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 			return <-req.done
 		}
 	}
+}
+
+// leaseToWall records a 202: the executor has the job and will report through /complete, to
+// any API process, so the job must not depend on this drainer living on (SPEC §8: it stays
+// dispatched or running until complete or wall). Its lease runs to the wall at once; recovery
+// takes it only then, and this drainer stops renewing it. Fenced: if the job moved on (an early
+// /complete), there is nothing to hold.
+func (d *Drainer) leaseToWall(ctx context.Context, c claimed) error {
+	_, err := d.cfg.DB.ExecContext(ctx, `UPDATE jobs SET lease_until = ?
+		WHERE id = ? AND version = ? AND status IN ('dispatched','running')`,
+		c.row.DispatchedAt.Add(c.wall), c.row.ID, c.row.Version)
+	if err != nil {
+		return fmt.Errorf("extend the lease of accepted job %d to its wall: %w", c.row.ID, err)
+	}
+	return nil
 }
 
 // recordBatch writes the outcomes of batch in one transaction of three round trips

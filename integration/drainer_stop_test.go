@@ -63,3 +63,77 @@ func TestStopKeepsLeases(t *testing.T) {
 		t.Fatalf("job %s after the answer in the grace period (%v), want succeeded", status, err)
 	}
 }
+
+// TestAcceptedJobOutlivesItsDrainer proves SPEC §8's 202 row: a job the executor accepted stays
+// dispatched or running until its /complete or the wall, whatever becomes of the drainer that
+// sent it. The 202 moves the lease to the wall at once; the drainer then stops, and another
+// drainer long past the normal lease leaves the job alone, takes it back only after the wall,
+// and the sender holds nothing after the 202.
+func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	clk := clock.NewFake(time.Now())
+	t0, _ := clk.Now(ctx)
+	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
+	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)", t0); err != nil {
+		t.Fatal(err)
+	}
+	res, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := res.LastInsertId()
+	recorded := make(chan int64, 1)
+	sender := &scriptedSender{answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Accepted, HTTPStatus: 202} }}
+	first, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "sender",
+		Recorded: func(id int64) { recorded <- id }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := first.RunOnce(ctx); err != nil || p.Claimed != 1 {
+		t.Fatalf("first pass: %+v, %v", p, err)
+	}
+	select {
+	case <-recorded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the 202 was not recorded")
+	}
+	var lease time.Time
+	if err := db.QueryRowContext(ctx, "SELECT lease_until FROM jobs WHERE id = ?", id).Scan(&lease); err != nil {
+		t.Fatal(err)
+	}
+	if want := t0.Add(time.Minute); !lease.Equal(want) {
+		t.Errorf("lease after the 202 ends %s, want the wall %s", lease, want)
+	}
+	if n := first.InFlight(); n != 0 {
+		t.Errorf("the sending drainer still holds %d job(s) after the 202, want none", n)
+	}
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	first.Stop(stopCtx)
+	cancel()
+
+	resender := &scriptedSender{}
+	second, err := drainer.New(drainer.Config{DB: db.DB, Executor: resender, Clock: clk, ID: "survivor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Stop(ctx)
+	status := func() (s string) {
+		t.Helper()
+		if err := db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	clk.Advance(30 * time.Second) // ten leases later, within the wall
+	if p, err := second.RunOnce(ctx); err != nil || p.Recovered != 0 || len(resender.dispatches()) != 0 || status() != "dispatched" {
+		t.Fatalf("within the wall: pass %+v, %v; job %s; want it left dispatched", p, err, status())
+	}
+	// Past the wall, with dispatch paused so that the recovered job is not sent again.
+	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight = 0 })
+	clk.Advance(31 * time.Second)
+	if p, err := second.RunOnce(ctx); err != nil || p.Recovered != 1 || status() != "queued" {
+		t.Fatalf("past the wall: pass %+v, %v; job %s, want it recovered to queued (its start was never confirmed)", p, err, status())
+	}
+}
