@@ -30,11 +30,17 @@ type PurgerConfig struct {
 	Clock clock.Clock
 	// Log receives problems. Default: discard.
 	Log *slog.Logger
+	// Purge deletes up to limit rows older than cutoff and returns how many it deleted. Default:
+	// published outbox rows (outbox.PurgePublished). The app also purges finished jobs with it
+	// (store.PurgeSettled, runtime config retention_days).
+	Purge func(ctx context.Context, db *sql.DB, cutoff time.Time, limit int) (int64, error)
+	// Rows names what Purge deletes, for the log. Default "published outbox rows".
+	Rows string
 }
 
-// Purger deletes published outbox rows older than the retention, in small batches. Several
-// purgers may run at once (each DELETE takes whatever rows are left). Unpublished and set-aside
-// rows are never purged.
+// Purger deletes rows older than a retention, in small batches: by default published outbox
+// rows (unpublished and set-aside rows are never purged). Several purgers may run at once (each
+// DELETE takes whatever rows are left).
 type Purger struct {
 	cfg PurgerConfig
 }
@@ -62,10 +68,18 @@ func NewPurger(cfg PurgerConfig) (*Purger, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Purge == nil {
+		cfg.Purge = func(ctx context.Context, db *sql.DB, cutoff time.Time, limit int) (int64, error) {
+			return outbox.PurgePublished(ctx, db, cutoff, limit)
+		}
+	}
+	if cfg.Rows == "" {
+		cfg.Rows = "published outbox rows"
+	}
 	return &Purger{cfg: cfg}, nil
 }
 
-// RunOnce deletes rows published before now minus the retention, batch by batch, until a batch
+// RunOnce deletes rows older than now minus the retention, batch by batch, until a batch
 // comes back short or MaxBatches ran, and returns how many rows it deleted. A retention of zero
 // or less purges nothing.
 func (p *Purger) RunOnce(ctx context.Context) (int64, error) {
@@ -80,7 +94,7 @@ func (p *Purger) RunOnce(ctx context.Context) (int64, error) {
 	cutoff := now.Add(-keep)
 	var total int64
 	for i := 0; i < p.cfg.MaxBatches; i++ {
-		n, err := outbox.PurgePublished(ctx, p.cfg.DB, cutoff, p.cfg.Batch)
+		n, err := p.cfg.Purge(ctx, p.cfg.DB, cutoff, p.cfg.Batch)
 		total += n
 		if err != nil {
 			return total, err
@@ -102,9 +116,9 @@ func (p *Purger) Run(ctx context.Context) {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			p.cfg.Log.Warn("outbox purge failed; trying again next period", "error", err)
+			p.cfg.Log.Warn("purge failed; trying again next period", "what", p.cfg.Rows, "error", err)
 		case n > 0:
-			p.cfg.Log.Info("purged published outbox rows", "rows", n)
+			p.cfg.Log.Info("purged "+p.cfg.Rows, "rows", n)
 		}
 		select {
 		case <-ctx.Done():

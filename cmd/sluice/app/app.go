@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/clock"
@@ -78,21 +79,22 @@ type Options struct {
 
 // App is a running sluice process.
 type App struct {
-	opts     Options
-	log      *slog.Logger
-	db       *sql.DB
-	clock    *clock.Synced // the database's clock, read once for every component of the process
-	nc       *nats.Conn
-	limits   *limits.Cache
-	registry *prometheus.Registry
-	drainer  *drainer.Drainer
-	relay    *publisher.Relay
-	purger   *publisher.Purger
-	fast     *publisher.FastPath
-	gates    *rategate.Store
-	httpSrv  *http.Server
-	listener net.Listener
-	ops      opsState // status, probes and the shutdown sequence (ops.go)
+	opts      Options
+	log       *slog.Logger
+	db        *sql.DB
+	clock     *clock.Synced // the database's clock, read once for every component of the process
+	nc        *nats.Conn
+	limits    *limits.Cache
+	registry  *prometheus.Registry
+	drainer   *drainer.Drainer
+	relay     *publisher.Relay
+	purger    *publisher.Purger
+	jobPurger *publisher.Purger
+	fast      *publisher.FastPath
+	gates     *rategate.Store
+	httpSrv   *http.Server
+	listener  net.Listener
+	ops       opsState // status, probes and the shutdown sequence (ops.go)
 
 	cancel  context.CancelFunc // stops the loops (claiming, relaying, reloading)
 	loops   sync.WaitGroup
@@ -195,6 +197,17 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}}); err != nil {
 			return nil, err
 		}
+		// Finished jobs are purged by the same housekeeping role: one relay process per
+		// installation at least, whatever runs the drainers.
+		if a.jobPurger, err = publisher.NewPurger(publisher.PurgerConfig{DB: a.db, Log: a.log, Rows: "finished jobs",
+			Purge: func(ctx context.Context, db *sql.DB, cutoff time.Time, limit int) (int64, error) {
+				return store.PurgeSettled(ctx, db, cutoff, limit)
+			},
+			Retention: func() time.Duration {
+				return time.Duration(a.limits.Current().Config.RetentionDays) * 24 * time.Hour
+			}}); err != nil {
+			return nil, err
+		}
 	}
 	if opts.API {
 		if a.fast, err = publisher.NewFastPath(publisher.FastPathConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
@@ -238,6 +251,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if a.relay != nil {
 		a.goLoop(func() { a.relay.Run(loopCtx) })
 		a.goLoop(func() { a.purger.Run(loopCtx) })
+		a.goLoop(func() { a.jobPurger.Run(loopCtx) })
 	}
 	if a.fast != nil {
 		a.goLoop(func() { a.fast.Run(loopCtx) })

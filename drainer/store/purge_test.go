@@ -1,0 +1,70 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// TestFirstQueuedSince checks the bound PurgeSettled walks under against a brute-force query,
+// for cutoffs before, among and after 600 jobs with gaps that deletes left, and on an empty table.
+func TestFirstQueuedSince(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	if got, err := firstQueuedSince(ctx, db, start); err != nil || got != 0 {
+		t.Fatalf("empty table: %d, %v; want 0", got, err)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)", start); err != nil {
+		t.Fatal(err)
+	}
+	q := "INSERT INTO jobs (tenant, status, queued_at) VALUES "
+	var args []any
+	for i := range 600 {
+		if i > 0 {
+			q += ","
+		}
+		q += "('acme', 'queued', ?)"
+		args = append(args, start.Add(time.Duration(i)*time.Minute))
+	}
+	if _, err := db.ExecContext(ctx, q, args...); err != nil {
+		t.Fatal(err)
+	}
+	// Gaps: a run at the start, one in the middle, one at the end, and every seventh job.
+	if _, err := db.ExecContext(ctx, `DELETE FROM jobs WHERE queued_at < ? OR queued_at BETWEEN ? AND ?
+		OR queued_at >= ? OR id % 7 = 0`, start.Add(40*time.Minute), start.Add(200*time.Minute),
+		start.Add(330*time.Minute), start.Add(580*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	var maxID int64
+	if err := db.QueryRowContext(ctx, "SELECT MAX(id) FROM jobs").Scan(&maxID); err != nil {
+		t.Fatal(err)
+	}
+	for m := -5; m <= 610; m += 3 {
+		cutoff := start.Add(time.Duration(m) * time.Minute)
+		var want sql.NullInt64
+		if err := db.QueryRowContext(ctx, "SELECT MIN(id) FROM jobs WHERE queued_at >= ?", cutoff).Scan(&want); err != nil {
+			t.Fatal(err)
+		}
+		if !want.Valid {
+			want.Int64 = maxID + 1
+		}
+		got, err := firstQueuedSince(ctx, db, cutoff)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Any id between the true first one and the bound returned must be a gap.
+		var between int
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE id >= LEAST(?, ?) AND id < GREATEST(?, ?)",
+			got, want.Int64, got, want.Int64).Scan(&between); err != nil {
+			t.Fatal(err)
+		}
+		if between != 0 || got == 0 {
+			t.Fatalf("cutoff at minute %d: bound %d, first job queued since %d, %d jobs between", m, got, want.Int64, between)
+		}
+	}
+}
