@@ -38,6 +38,19 @@ func TestFrontDoorAuth(t *testing.T) {
 			t.Errorf("%s: HTTP %d, want 401", name, resp.StatusCode)
 		}
 	}
+	// The scheme is case-insensitive (RFC 9110 §11.1).
+	for _, scheme := range []string{"bearer", "BEARER"} {
+		req, _ := http.NewRequest(http.MethodGet, f.url+"/v1/jobs", nil)
+		req.Header.Set("Authorization", scheme+" "+fdAlphaToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("scheme %q: HTTP %d, want 200", scheme, resp.StatusCode)
+		}
+	}
 	if r := f.do(t, http.MethodGet, "/v1/jobs", "", nil); r.Status != 401 || r.Body["error_code"] != "unauthorized" {
 		t.Errorf("list without token: %d %s, want 401 unauthorized", r.Status, r.Raw)
 	}

@@ -93,9 +93,10 @@ func NewTokens(list []Token) (*Tokens, error) {
 // Authenticate returns the caller of r's bearer token. Every configured token is compared, in
 // constant time over equal-length hashes, so timing tells nothing about which one nearly matched.
 func (t *Tokens) Authenticate(r *http.Request) (Caller, bool) {
-	h := r.Header.Get("Authorization")
-	raw, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok || raw == "" {
+	// The scheme is case-insensitive (RFC 9110 §11.1): "bearer" is as good as "Bearer".
+	scheme, raw, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	raw = strings.TrimSpace(raw)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || raw == "" {
 		return Caller{}, false
 	}
 	sum := sha256.Sum256([]byte(raw))
