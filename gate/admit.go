@@ -425,7 +425,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 		}
 		return nil, a.txErr(err)
 	}
-	if err := a.replays(ctx, tx.db(), live, st); err != nil {
+	if err := a.replays(ctx, tx.db(), live, cfg, st); err != nil {
 		return nil, a.txErr(err)
 	}
 	a.rateLimit(ctx, live, cfg, st, reservations)
@@ -620,8 +620,16 @@ func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg
 }
 
 // replays decides the items whose idempotency key already names a job (or an earlier item of
-// the same batch), and redrives already done.
-func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, st *state) error {
+// the same batch), and redrives already done. A replay answers like the admission it repeats,
+// capacity headers included (SPEC §5), with the tenant's cap and in-flight count as they are now.
+func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, cfg limits.Config, st *state) error {
+	replayed := func(j job.Job) Result {
+		r := Result{Job: j, Replayed: true}
+		if cfg.AdmissionMode != limits.ModeOff {
+			r.Decision, r.Limit, r.InFlight = Admitted, cfg.TenantCap(j.Tenant), st.tenantInFlight[j.Tenant]
+		}
+		return r
+	}
 	inBatch := map[string]*item{}
 	for _, it := range items {
 		if it.retryOf != nil {
@@ -630,7 +638,7 @@ func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, st *
 				if err != nil {
 					return err
 				}
-				it.res = Result{Job: j, Replayed: true}
+				it.res = replayed(j)
 			}
 			continue
 		}
@@ -651,7 +659,7 @@ func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, st *
 				if err != nil {
 					return err
 				}
-				it.res = Result{Job: j, Replayed: true}
+				it.res = replayed(j)
 			}
 			continue
 		}

@@ -33,6 +33,13 @@ func TestFrontDoorIdempotency(t *testing.T) {
 	if again.Body["position"] != float64(1) {
 		t.Errorf("replay of a queued job: position %v, want 1", again.Body["position"])
 	}
+	// It answers like the admission it repeats, capacity headers included (SPEC §5).
+	for h, want := range map[string]string{"Sluice-Capacity-Decision": "admitted", "Sluice-Capacity-Limit": "2",
+		"Sluice-Capacity-In-Flight": "0", "Sluice-Queue-Position": "1"} {
+		if got := again.Header.Get(h); got != want {
+			t.Errorf("replay: %s %q, want %q", h, got, want)
+		}
+	}
 	// The job as it is now: after a cancel the replay shows canceled.
 	if _, err := f.alpha.Cancel(ctx, id); err != nil {
 		t.Fatal(err)
