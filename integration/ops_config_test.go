@@ -144,6 +144,11 @@ func TestOpsConfigAPI(t *testing.T) {
 	if n := strings.Count(env.Log.String(), `"msg":"runtime config changed"`); n != 9 {
 		t.Errorf("%d 'runtime config changed' log lines, want 9", n)
 	}
+	// Picking a change up is not a second line at info level: only the version the process
+	// started with is.
+	if n := strings.Count(env.Log.String(), `"level":"INFO","msg":"runtime config loaded"`); n != 1 {
+		t.Errorf("%d info lines 'runtime config loaded', want 1 (at start-up)", n)
+	}
 	// A change that changes nothing writes nothing.
 	r = env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": map[string]any{"ordering": "fifo"}})
 	if r.Status != http.StatusOK || r.Body["version"].(float64) != 9 || r.Body["change"] != nil {

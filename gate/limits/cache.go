@@ -19,6 +19,7 @@ type Cache struct {
 	mu      sync.Mutex
 	current Versioned
 	stale   bool
+	loaded  bool // a Reload has succeeded
 }
 
 // NewCache returns a cache over db holding the defaults until the first Reload.
@@ -56,10 +57,15 @@ func (c *Cache) Reload(ctx context.Context) error {
 		c.stale = true
 		return err
 	}
-	if v.Version != c.current.Version {
-		c.log.Info("runtime config loaded", "version", v.Version)
+	switch {
+	case !c.loaded:
+		c.log.Info("runtime config loaded", "version", v.Version) // the version the process starts with
+	case v.Version != c.current.Version:
+		// A change is logged once, by the process that made it (Patch, SPEC §9: one log line per
+		// change); each process picking it up says so at debug level.
+		c.log.Debug("runtime config loaded", "version", v.Version)
 	}
-	c.current, c.stale = v, false
+	c.current, c.stale, c.loaded = v, false, true
 	return nil
 }
 
