@@ -65,7 +65,8 @@ func (c *StreamConfig) fill() error {
 }
 
 // CreateStreamIfMissing creates the stream with cfg if the broker has none of that name, and
-// otherwise leaves the existing one exactly as it is. Processes call it at start-up: updating
+// otherwise leaves the existing one exactly as it is (an error says so if it does not take
+// cfg's prefix). Processes call it at start-up: updating
 // there would reset what an operator set with `sluice nats init` (three replicas, a longer
 // duplicate window) to a process's defaults.
 func CreateStreamIfMissing(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, bool, error) {
@@ -74,7 +75,16 @@ func CreateStreamIfMissing(ctx context.Context, js jetstream.JetStream, cfg Stre
 	}
 	s, err := js.Stream(ctx, cfg.Name)
 	if err == nil {
-		return s, false, nil
+		// A stream of that name made for another prefix would leave every poke unstored: say so
+		// at start-up rather than in the relay's first failed publish.
+		want := cfg.Prefix + ".>"
+		for _, subj := range s.CachedInfo().Config.Subjects {
+			if subj == want || subj == ">" {
+				return s, false, nil
+			}
+		}
+		return s, false, fmt.Errorf("stream %s takes %v, not %s: pokes published under this prefix are not stored; "+
+			"run `sluice nats init` with this prefix, or use a broker of its own", cfg.Name, s.CachedInfo().Config.Subjects, want)
 	}
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, false, fmt.Errorf("look up stream %s: %w", cfg.Name, err)

@@ -2,6 +2,7 @@ package publisher_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,5 +44,13 @@ func TestCreateStreamIfMissingKeepsOperatorSettings(t *testing.T) {
 	}
 	if info.Config.Duplicates != 10*time.Minute {
 		t.Errorf("start-up reset the duplicate window to %s; the operator set 10m", info.Config.Duplicates)
+	}
+	// A stream of that name for another prefix is kept as it is, and reported.
+	if _, _, err := publisher.CreateStreamIfMissing(ctx, js, publisher.StreamConfig{Prefix: "other"}); err == nil ||
+		!strings.Contains(err.Error(), "not other.>") {
+		t.Errorf("stream for sluice.> checked for prefix other: %v, want an error naming other.>", err)
+	}
+	if info, err := s.Info(ctx); err != nil || len(info.Config.Subjects) != 1 || info.Config.Subjects[0] != "sluice.>" {
+		t.Errorf("the stream's subjects became %v (%v), want sluice.> kept", info.Config.Subjects, err)
 	}
 }

@@ -175,7 +175,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			switch {
 			case err != nil:
 				// The broker may be down; sluice works without it (pokes are hints).
-				a.log.Warn("could not create the JetStream stream; continuing", "error", err)
+				a.log.Warn("the JetStream stream is not ready; continuing", "error", err)
 			case created:
 				a.log.Info("created the JetStream stream with default settings (see `sluice nats init`)")
 			}
