@@ -52,7 +52,8 @@ Usage:
   sluice status [--json] [flags]                       queue, tenants, gates, drainers, outbox (admin token)
   sluice config show|set key=value... --note TEXT|history   runtime config (admin token)
 
-Settings come from flags, SLUICE_* environment variables or a --config file, in that order.
+Settings come from flags, SLUICE_* environment variables or a --config file, in that order
+(an empty variable or file value counts as unset).
 Run 'sluice serve -h' to list them.
 `
 

@@ -42,7 +42,11 @@ type config struct {
 }
 
 // parseSettings registers every setting as a flag on fs (plus --config), parses args, and
-// resolves each value: flag, else environment, else config file, else default.
+// resolves each value: flag, else environment, else config file, else default. An environment
+// variable or file line that is set but empty counts as unset: `SLUICE_MYSQL_DSN=` left in a
+// unit file or exported by a template means "no value here", and taking it literally would hide
+// the config file and the default behind an empty DSN or listen address. A flag given empty
+// is typed on purpose and stays explicit.
 func parseSettings(fs *flag.FlagSet, args []string) (*config, error) {
 	flags := map[string]*string{}
 	for _, s := range settings {
@@ -63,10 +67,10 @@ func parseSettings(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	c := &config{values: map[string]string{}, set: map[string]bool{}}
 	for _, s := range settings {
-		switch v, inEnv := os.LookupEnv(s.env); {
+		switch v := os.Getenv(s.env); {
 		case explicit[s.flag]:
 			c.values[s.flag], c.set[s.flag] = *flags[s.flag], true
-		case inEnv:
+		case v != "":
 			c.values[s.flag], c.set[s.flag] = v, true
 		case fileValues[s.env] != "":
 			c.values[s.flag], c.set[s.flag] = fileValues[s.env], true
