@@ -248,22 +248,39 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 			return err
 		}
 	}
-	if opts.ExecutorURL == "" {
-		if opts.ExecutorSecret == "" {
-			opts.ExecutorSecret = "dev-secret"
-		}
-		cfg := simexec.Config{Token: "dev", Secret: []byte(opts.ExecutorSecret), Log: opts.Log}
-		if !opts.UnconfirmedStarts {
-			cfg.APIURL = "http://" + opts.Listen
-		}
-		ex := simexec.New(cfg)
-		stop, addr, err := serveHTTP(ctx, c.get("simexec-listen"), ex.Handler())
-		if err != nil {
-			return err
-		}
-		*shutdown = append(*shutdown, func() { stop(); ex.Close() })
-		opts.ExecutorURL = "http://" + addr + "/dispatch"
+	if opts.ExecutorURL != "" {
+		return nil
 	}
+	if opts.ExecutorSecret == "" {
+		opts.ExecutorSecret = "dev-secret"
+	}
+	// The executor calls the API back, so it needs the API's real address (an OS-chosen port
+	// with --listen 127.0.0.1:0) before the first dispatch, and the drainer may dispatch a job
+	// an earlier run left queued as soon as app.Start begins claiming, before Start returns.
+	// Binding the API's listener here gives the address first; app.Start serves on it.
+	listen := opts.Listen
+	if listen == "" {
+		listen = app.DefaultListen
+	}
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", listen, err)
+	}
+	cfg := simexec.Config{Token: "dev", Secret: []byte(opts.ExecutorSecret), Log: opts.Log}
+	if !opts.UnconfirmedStarts {
+		cfg.APIURL = "http://" + l.Addr().String()
+	}
+	ex := simexec.New(cfg)
+	stop, addr, err := serveHTTP(ctx, c.get("simexec-listen"), ex.Handler())
+	if err != nil {
+		l.Close()
+		ex.Close()
+		return err
+	}
+	*shutdown = append(*shutdown, func() { stop(); ex.Close() })
+	opts.Listener = l
+	opts.ExecutorURL = "http://" + addr + "/dispatch"
 	return nil
 }
 

@@ -43,8 +43,15 @@ type Options struct {
 	NATSURL string
 	// CoreNATS publishes without JetStream (for brokers without it). Default false.
 	CoreNATS bool
-	// Listen is the API address; ":0" picks a free port. Default 127.0.0.1:7480.
+	// Listen is the API address; ":0" picks a free port. Default DefaultListen.
 	Listen string
+	// Listener, if set, is the API's listener (or the ops endpoints' of a process without the
+	// API role), already bound; Listen is then ignored. A caller that must know the address
+	// before the drainer starts claiming binds it first: `sluice dev` gives it to the simulated
+	// executor, which calls the API back, and the drainer may dispatch a job queued by an
+	// earlier run before Start returns. Start takes it over: Stop closes it, and so does a
+	// Start that fails. Default: Start listens on Listen.
+	Listener net.Listener
 	// ExecutorURL receives dispatches. Required with the drainer role.
 	ExecutorURL string
 	// ExecutorSecret signs dispatches. Required with ExecutorURL.
@@ -77,6 +84,9 @@ type Options struct {
 	GateTimeout time.Duration
 }
 
+// DefaultListen is the API's listen address when Options.Listen is empty (SPEC §9).
+const DefaultListen = "127.0.0.1:7480"
+
 // App is a running sluice process.
 type App struct {
 	opts      Options
@@ -108,7 +118,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		opts.API, opts.Relay, opts.Drainer = true, true, true
 	}
 	if opts.Listen == "" {
-		opts.Listen = "127.0.0.1:7480"
+		opts.Listen = DefaultListen
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = outbox.DefaultPrefix
@@ -122,6 +132,14 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
+	ok := false
+	defer func() {
+		// A listener handed over is closed with everything else if Start fails, as it would
+		// be by Stop: its caller has nothing left to close it with.
+		if !ok && opts.Listener != nil {
+			_ = opts.Listener.Close()
+		}
+	}()
 	switch {
 	case opts.MySQLDSN == "":
 		return nil, errors.New("invalid config: MySQL DSN: required")
@@ -137,7 +155,6 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	a := &App{opts: opts, log: opts.Log, registry: prometheus.NewRegistry()}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.ops.init(opts)
-	ok := false
 	defer func() {
 		if !ok {
 			a.closeConns()
@@ -317,11 +334,12 @@ func (a *App) startAPI(ctx context.Context) error {
 
 // serve listens on the listen address and serves h until Stop.
 func (a *App) serve(ctx context.Context, h http.Handler) error {
-	var lc net.ListenConfig
-	var err error
-	a.listener, err = lc.Listen(ctx, "tcp", a.opts.Listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", a.opts.Listen, err)
+	if a.listener = a.opts.Listener; a.listener == nil {
+		var lc net.ListenConfig
+		var err error
+		if a.listener, err = lc.Listen(ctx, "tcp", a.opts.Listen); err != nil {
+			return fmt.Errorf("listen on %s: %w", a.opts.Listen, err)
+		}
 	}
 	a.httpSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	a.serveWG.Add(1)
