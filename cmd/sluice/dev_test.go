@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync"
@@ -112,6 +113,58 @@ func TestDevOnFreePorts(t *testing.T) {
 		t.Fatalf("the banner shows the API at %s, not the address it listens on", d.API)
 	}
 	d.runJob("dev", "acme", map[string]any{"sleep_ms": 10})
+}
+
+// TestDevWithConfiguredTokens: tokens configured for `sluice dev` work next to the dev admin
+// token, which the built-in executor uses for its starts.
+func TestDevWithConfiguredTokens(t *testing.T) {
+	d := startDev(t, map[string]string{
+		"SLUICE_TOKENS": `[{"name":"portal","token":"portal-token","role":"producer","tenants":["acme"]}]`,
+	})
+	j := d.runJob("portal-token", "acme", nil)
+	// The dev token is still an admin: it reads the producer's job and lists every tenant's.
+	if _, err := client.New(d.API, "dev").Job(context.Background(), j.ID); err != nil {
+		t.Fatalf("the dev token cannot read the producer's job: %v", err)
+	}
+	d.runJob("dev", "globex", nil)
+	if _, _, err := client.New(d.API, "portal-token").Admit(context.Background(), client.AdmitRequest{Tenant: "globex"}); client.Code(err) != job.CodeForbidden {
+		t.Errorf("the producer token admitted for a tenant it does not hold: %v", err)
+	}
+}
+
+// TestDevTokenCollision: a configured token that takes the dev token's name or value with
+// another meaning is refused; the dev admin token itself is accepted as configured.
+func TestDevTokenCollision(t *testing.T) {
+	for _, tc := range []struct {
+		name, tokens string
+		ok           bool
+	}{
+		{"producer", `[{"name":"portal","token":"portal-token","role":"producer","tenants":["*"]}]`, true},
+		{"the dev token itself", `[{"name":"dev","token":"dev","role":"admin"}]`, true},
+		{"the dev value as another admin", `[{"name":"ops","token":"dev","role":"admin"}]`, true},
+		{"the dev value as a producer", `[{"name":"portal","token":"dev","role":"producer","tenants":["*"]}]`, false},
+		{"the dev name on another token", `[{"name":"dev","token":"other","role":"admin"}]`, false},
+		{"the dev name after the dev value", `[{"name":"ops","token":"dev","role":"admin"},{"name":"dev","token":"other","role":"executor"}]`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &config{values: map[string]string{"tokens": tc.tokens}}
+			toks, err := loadTokens(c, true)
+			if !tc.ok {
+				if err == nil || !strings.Contains(err.Error(), `"dev"`) {
+					t.Fatalf("loadTokens = %v; want a refusal naming dev", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := httptest.NewRequest("GET", "/", nil)
+			r.Header.Set("Authorization", "Bearer dev")
+			if caller, ok := toks.Authenticate(r); !ok || caller.Role != "admin" {
+				t.Errorf("the dev token authenticates as %+v, %v; want an admin", caller, ok)
+			}
+		})
+	}
 }
 
 // syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.

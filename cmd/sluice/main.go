@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -116,7 +117,10 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
 }
 
-func loadTokens(c *config) (*api.Tokens, error) {
+// loadTokens returns the API tokens of SLUICE_TOKENS, or of the file SLUICE_TOKENS_FILE names:
+// nil when neither is set (the API then refuses to start, except under `sluice dev`, which adds
+// its own). `sluice dev` passes withDev and gets the dev admin token added (see withDevToken).
+func loadTokens(c *config, withDev bool) (*api.Tokens, error) {
 	raw := c.get("tokens")
 	if f := c.get("tokens-file"); raw == "" && f != "" {
 		data, err := os.ReadFile(f)
@@ -125,10 +129,47 @@ func loadTokens(c *config) (*api.Tokens, error) {
 		}
 		raw = string(data)
 	}
-	if raw == "" {
+	var list []api.Token
+	if raw != "" {
+		if err := json.Unmarshal([]byte(raw), &list); err != nil {
+			return nil, fmt.Errorf("tokens: not a JSON array of {name, token, role, tenants}: %w", err)
+		}
+	} else if !withDev {
 		return nil, nil
 	}
-	return api.ParseTokens([]byte(raw))
+	if withDev {
+		var err error
+		if list, err = withDevToken(list); err != nil {
+			return nil, err
+		}
+	}
+	return api.NewTokens(list)
+}
+
+// devToken is the admin token `sluice dev` always accepts (SPEC §9): its banner names it, and its
+// simulated executor calls /start and /complete with it.
+var devToken = api.Token{Name: "dev", Token: "dev", Role: api.Admin}
+
+// withDevToken returns list with the dev admin token added, so that configured tokens (a
+// producer's, to try them out) work next to it rather than instead of it. A configured admin
+// token whose value is `dev` already stands for it. Any other use of the name or the value is
+// refused: the value with another role would make the built-in executor's calls fail, and a
+// second caller named dev would be indistinguishable from it in logs and config history.
+func withDevToken(list []api.Token) ([]api.Token, error) {
+	have := false
+	for _, t := range list {
+		switch {
+		case t.Token == devToken.Token && t.Role == api.Admin:
+			have = true
+		case t.Token == devToken.Token || t.Name == devToken.Name:
+			return nil, fmt.Errorf("tokens: the configured token %q (role %q) uses the name or token %q, which `sluice dev` keeps for its own admin token: rename it, or use `sluice serve`",
+				t.Name, t.Role, devToken.Token)
+		}
+	}
+	if have {
+		return list, nil
+	}
+	return append(list[:len(list):len(list)], devToken), nil
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev bool) error {
@@ -165,7 +206,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	if err != nil {
 		return fmt.Errorf("grace: %w", err)
 	}
-	tokens, err := loadTokens(c)
+	tokens, err := loadTokens(c, dev)
 	if err != nil {
 		return err
 	}
@@ -195,8 +236,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		return err
 	}
 	if dev {
-		fmt.Fprintf(stdout, "sluice dev is running\n  API:        http://%s   (token: dev)\n  executor:   %s\n  stats:      %s/stats\n  NATS:       %s\nPress Ctrl-C to stop.\n",
-			a.Addr(), opts.ExecutorURL, strings.TrimSuffix(opts.ExecutorURL, "/dispatch"), opts.NATSURL)
+		fmt.Fprintf(stdout, "sluice dev is running\n  API:        http://%s   (token: %s)\n  executor:   %s\n  stats:      %s/stats\n  NATS:       %s\nPress Ctrl-C to stop.\n",
+			a.Addr(), devToken.Token, opts.ExecutorURL, strings.TrimSuffix(opts.ExecutorURL, "/dispatch"), opts.NATSURL)
 	}
 	<-ctx.Done()
 	log.Info("stopping: no new claims; waiting for in-flight dispatches", "grace", grace.String())
@@ -226,8 +267,8 @@ func oneProcForDrainer(log *slog.Logger, env string) {
 	log.Info("drainer-only process: Go code runs on one thread (set GOMAXPROCS to change it)")
 }
 
-// devSetup fills in what `sluice dev` provides: migrations applied, the simulated executor, and
-// the dev admin token. The broker is the local one `make run` starts (deploy/local/setup.sh):
+// devSetup fills in what `sluice dev` provides: migrations applied and the simulated executor
+// (the dev admin token is added by loadTokens). The broker is the local one `make run` starts (deploy/local/setup.sh):
 // embedding nats-server would link its package into the one binary, and that package samples
 // /proc every second in every sluice process, serving or not.
 func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Writer, shutdown *[]func()) error {
@@ -242,11 +283,6 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 	}
 	for _, m := range applied {
 		fmt.Fprintf(stdout, "applied migration %s\n", m.Name)
-	}
-	if opts.Tokens == nil {
-		if opts.Tokens, err = api.NewTokens([]api.Token{{Name: "dev", Token: "dev", Role: api.Admin}}); err != nil {
-			return err
-		}
 	}
 	if opts.ExecutorURL != "" {
 		return nil
@@ -267,7 +303,7 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", listen, err)
 	}
-	cfg := simexec.Config{Token: "dev", Secret: []byte(opts.ExecutorSecret), Log: opts.Log}
+	cfg := simexec.Config{Token: devToken.Token, Secret: []byte(opts.ExecutorSecret), Log: opts.Log}
 	if !opts.UnconfirmedStarts {
 		cfg.APIURL = "http://" + l.Addr().String()
 	}
