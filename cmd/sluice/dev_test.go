@@ -132,6 +132,13 @@ func TestDevWithConfiguredTokens(t *testing.T) {
 	}
 }
 
+// TestDevUnconfirmedAsync: with starts not confirmed, the built-in executor still has the API,
+// so an async job reports through /complete instead of being lost at the wall.
+func TestDevUnconfirmedAsync(t *testing.T) {
+	d := startDev(t, map[string]string{"SLUICE_EXECUTOR_CONFIRM_START": "false"})
+	d.runJob("dev", "acme", map[string]any{"async": true, "sleep_ms": 10})
+}
+
 // TestDevTokenCollision: a configured token that takes the dev token's name or value with
 // another meaning is refused; the dev admin token itself is accepted as configured.
 func TestDevTokenCollision(t *testing.T) {

@@ -303,11 +303,10 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", listen, err)
 	}
-	cfg := simexec.Config{Token: devToken.Token, Secret: []byte(opts.ExecutorSecret), Log: opts.Log}
-	if !opts.UnconfirmedStarts {
-		cfg.APIURL = "http://" + l.Addr().String()
-	}
-	ex := simexec.New(cfg)
+	// The API URL is given even when starts are not confirmed: async jobs report through
+	// /complete either way, and UnconfirmedStarts skips only /start.
+	ex := simexec.New(simexec.Config{APIURL: "http://" + l.Addr().String(), Token: devToken.Token,
+		UnconfirmedStarts: opts.UnconfirmedStarts, Secret: []byte(opts.ExecutorSecret), Log: opts.Log})
 	stop, addr, err := serveHTTP(ctx, c.get("simexec-listen"), ex.Handler())
 	if err != nil {
 		l.Close()
@@ -437,11 +436,9 @@ func simexecCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	cfg := simexec.Config{Token: c.get("executor-token"), Secret: []byte(c.get("executor-secret")), Log: log}
-	if confirm {
-		cfg.APIURL = c.get("api-url")
-	}
-	ex := simexec.New(cfg)
+	// The API URL is given even when starts are not confirmed, for async jobs' /complete.
+	ex := simexec.New(simexec.Config{APIURL: c.get("api-url"), Token: c.get("executor-token"), UnconfirmedStarts: !confirm,
+		Secret: []byte(c.get("executor-secret")), Log: log})
 	defer ex.Close()
 	stop, addr, err := serveHTTP(ctx, c.get("simexec-listen"), ex.Handler())
 	if err != nil {

@@ -27,6 +27,11 @@ type Config struct {
 	// APIURL is sluice's API base URL, for /start and /complete. Empty: starts are not
 	// confirmed and asynchronous jobs cannot complete.
 	APIURL string
+	// UnconfirmedStarts skips /start while APIURL is still used for /complete: the mode of a
+	// sluice run with SLUICE_EXECUTOR_CONFIRM_START=false, whose drainer expects no
+	// confirmation but whose async jobs must still report their outcome. Default false: every
+	// start is confirmed when APIURL is set.
+	UnconfirmedStarts bool
 	// Token is the executor's bearer token for the API.
 	Token string
 	// Secret, if set, is checked against every dispatch's Sluice-Signature (401 on mismatch).
@@ -180,7 +185,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusTooManyRequests, map[string]any{"error": "rate limited upstream"})
 		return
 	}
-	if apiURL, _ := s.api(); apiURL != "" {
+	if apiURL, _ := s.api(); apiURL != "" && !s.cfg.UnconfirmedStarts {
 		s.run(r.Context(), p.ConfirmDelayMS)
 		// Once the API has answered /start the executor is committed to the job, whatever
 		// becomes of the dispatch connection: the confirmation must not be abandoned halfway
