@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -137,6 +138,24 @@ func TestDevWithConfiguredTokens(t *testing.T) {
 func TestDevUnconfirmedAsync(t *testing.T) {
 	d := startDev(t, map[string]string{"SLUICE_EXECUTOR_CONFIRM_START": "false"})
 	d.runJob("dev", "acme", map[string]any{"async": true, "sleep_ms": 10})
+}
+
+// TestDevOwnExecutor: with SLUICE_EXECUTOR_URL set, the banner names that executor and prints
+// no stats URL, the built-in executor not running.
+func TestDevOwnExecutor(t *testing.T) {
+	ex := simexec.New(simexec.Config{Secret: []byte("own-secret")})
+	srv := httptest.NewServer(ex.Handler())
+	t.Cleanup(func() { srv.Close(); ex.Close() })
+	d := startDev(t, map[string]string{"SLUICE_EXECUTOR_URL": srv.URL + "/dispatch", "SLUICE_EXECUTOR_SECRET": "own-secret"})
+	banner := d.stdout.String()
+	if !strings.Contains(banner, "executor:   "+srv.URL+"/dispatch") {
+		t.Errorf("the banner does not name the configured executor:\n%s", banner)
+	}
+	if strings.Contains(banner, "stats:") {
+		t.Errorf("the banner prints a stats URL for an executor it did not start:\n%s", banner)
+	}
+	ex.SetAPI(d.API, "dev")
+	d.runJob("dev", "acme", nil)
 }
 
 // TestDevTokenCollision: a configured token that takes the dev token's name or value with

@@ -223,8 +223,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 			shutdown[i]()
 		}
 	}()
+	var statsURL string
 	if dev {
-		if err := devSetup(ctx, c, &opts, stdout, &shutdown); err != nil {
+		if statsURL, err = devSetup(ctx, c, &opts, stdout, &shutdown); err != nil {
 			return err
 		}
 	}
@@ -236,8 +237,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		return err
 	}
 	if dev {
-		fmt.Fprintf(stdout, "sluice dev is running\n  API:        http://%s   (token: %s)\n  executor:   %s\n  stats:      %s/stats\n  NATS:       %s\nPress Ctrl-C to stop.\n",
-			a.Addr(), devToken.Token, opts.ExecutorURL, strings.TrimSuffix(opts.ExecutorURL, "/dispatch"), opts.NATSURL)
+		fmt.Fprintf(stdout, "sluice dev is running\n  API:        http://%s   (token: %s)\n  executor:   %s\n", a.Addr(), devToken.Token, opts.ExecutorURL)
+		if statsURL != "" {
+			fmt.Fprintf(stdout, "  stats:      %s\n", statsURL)
+		}
+		fmt.Fprintf(stdout, "  NATS:       %s\nPress Ctrl-C to stop.\n", opts.NATSURL)
 	}
 	<-ctx.Done()
 	log.Info("stopping: no new claims; waiting for in-flight dispatches", "grace", grace.String())
@@ -267,25 +271,26 @@ func oneProcForDrainer(log *slog.Logger, env string) {
 	log.Info("drainer-only process: Go code runs on one thread (set GOMAXPROCS to change it)")
 }
 
-// devSetup fills in what `sluice dev` provides: migrations applied and the simulated executor
-// (the dev admin token is added by loadTokens). The broker is the local one `make run` starts (deploy/local/setup.sh):
-// embedding nats-server would link its package into the one binary, and that package samples
-// /proc every second in every sluice process, serving or not.
-func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Writer, shutdown *[]func()) error {
+// devSetup fills in what `sluice dev` provides: migrations applied and, unless an executor URL
+// is configured, the simulated executor, whose stats URL it returns ("" with the user's own
+// executor). The dev admin token is added by loadTokens. The broker is the local one `make run`
+// starts (deploy/local/setup.sh): embedding nats-server would link its package into the one
+// binary, and that package samples /proc every second in every sluice process, serving or not.
+func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Writer, shutdown *[]func()) (string, error) {
 	db, err := migrations.Open(ctx, opts.MySQLDSN)
 	if err != nil {
-		return err
+		return "", err
 	}
 	applied, err := migrations.Up(ctx, db, nil)
 	db.Close()
 	if err != nil {
-		return err
+		return "", err
 	}
 	for _, m := range applied {
 		fmt.Fprintf(stdout, "applied migration %s\n", m.Name)
 	}
 	if opts.ExecutorURL != "" {
-		return nil
+		return "", nil
 	}
 	if opts.ExecutorSecret == "" {
 		opts.ExecutorSecret = "dev-secret"
@@ -301,7 +306,7 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "tcp", listen)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", listen, err)
+		return "", fmt.Errorf("listen on %s: %w", listen, err)
 	}
 	// The API URL is given even when starts are not confirmed: async jobs report through
 	// /complete either way, and UnconfirmedStarts skips only /start.
@@ -311,12 +316,12 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 	if err != nil {
 		l.Close()
 		ex.Close()
-		return err
+		return "", err
 	}
 	*shutdown = append(*shutdown, func() { stop(); ex.Close() })
 	opts.Listener = l
 	opts.ExecutorURL = "http://" + addr + "/dispatch"
-	return nil
+	return "http://" + addr + "/stats", nil
 }
 
 func serveHTTP(ctx context.Context, addr string, h http.Handler) (func(), string, error) {
