@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http/httptest"
 	"regexp"
 	"strings"
@@ -190,6 +191,43 @@ func TestDevTokenCollision(t *testing.T) {
 				t.Errorf("the dev token authenticates as %+v, %v; want an admin", caller, ok)
 			}
 		})
+	}
+}
+
+// TestSimexecNeedsToken: `sluice simexec` without an executor token refuses to start, naming
+// the setting, whether it confirms starts or only reports async jobs; with one it serves.
+func TestSimexecNeedsToken(t *testing.T) {
+	for _, s := range settings {
+		unsetEnv(t, s.env)
+	}
+	unsetEnv(t, "SLUICE_CONFIG")
+	for _, confirm := range []string{"true", "false"} {
+		// Without the check the command would serve until the deadline and return nil.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := simexecCmd(ctx, []string{"--simexec-listen", "127.0.0.1:0", "--executor-confirm-start", confirm}, io.Discard, io.Discard)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "SLUICE_EXECUTOR_TOKEN") {
+			t.Errorf("confirm-start %s without a token: %v; want an error naming SLUICE_EXECUTOR_TOKEN", confirm, err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- simexecCmd(ctx, []string{"--simexec-listen", "127.0.0.1:0", "--executor-token", "exec-token"}, &out, io.Discard)
+	}()
+	harness.WaitFor(t, 10*time.Second, "the simulated executor to listen", func() (bool, error) {
+		select {
+		case err := <-done:
+			t.Fatalf("simexec with a token exited: %v", err)
+		default:
+		}
+		return strings.Contains(out.String(), "listening on"), nil
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("simexec stopped with %v", err)
 	}
 }
 

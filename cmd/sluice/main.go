@@ -441,8 +441,21 @@ func simexecCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	// The API URL is given even when starts are not confirmed, for async jobs' /complete.
-	ex := simexec.New(simexec.Config{APIURL: c.get("api-url"), Token: c.get("executor-token"), UnconfirmedStarts: !confirm,
+	// Without a token every /start would be refused (401) and every job fail, and an async job
+	// could never report: better said once at start-up than in a log line per job. The token
+	// is required with starts unconfirmed too, since any job may ask for async.
+	apiURL, token := c.get("api-url"), c.get("executor-token")
+	does := "confirms starts and reports async jobs"
+	if !confirm {
+		does = "reports async jobs"
+	}
+	switch {
+	case apiURL == "":
+		return fmt.Errorf("SLUICE_API_URL (--api-url) is required: the simulated executor %s through the API", does)
+	case token == "":
+		return fmt.Errorf("SLUICE_EXECUTOR_TOKEN (--executor-token) is required: the simulated executor %s through the API at %s with it (an executor or admin token)", does, apiURL)
+	}
+	ex := simexec.New(simexec.Config{APIURL: apiURL, Token: token, UnconfirmedStarts: !confirm,
 		Secret: []byte(c.get("executor-secret")), Log: log})
 	defer ex.Close()
 	stop, addr, err := serveHTTP(ctx, c.get("simexec-listen"), ex.Handler())
