@@ -40,6 +40,12 @@ func (s Status) Terminal() bool {
 	return false
 }
 
+// TerminalStates returns the states for which Terminal is true, in SPEC §4's order, as a new
+// slice the caller may keep.
+func TerminalStates() []Status {
+	return []Status{Succeeded, Failed, Canceled, Rejected, Lost, Expired}
+}
+
 // Job is a job as the API reads it (SPEC §6). Timestamps are UTC with microseconds.
 type Job struct {
 	ID            int64           `json:"id"`
