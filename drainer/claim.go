@@ -448,6 +448,7 @@ func (d *Drainer) own(ctx context.Context, now time.Time, out []claimed) {
 	for _, c := range out {
 		d.store.LogTransition(ctx, store.Row{Job: job.Job{ID: c.row.ID, Tenant: c.row.Tenant, Status: job.Queued, QueuedAt: c.row.QueuedAt}},
 			job.Dispatched, c.row.Version, now, "")
+		d.store.Metrics.Dispatched(c.row.QueuedAt, *c.row.DispatchedAt)
 	}
 }
 
@@ -744,8 +745,9 @@ func (d *Drainer) recover(ctx context.Context, now time.Time, fresh bool, expire
 			o = store.Outcome{Status: job.Lost, ErrorCode: "lease_expired",
 				ErrorMessage: "the drainer's lease expired while the job was in flight"}
 		}
-		err := d.inTx(ctx, func(tx *sql.Tx) error {
-			_, err := d.store.Finish(ctx, tx, now, r, o)
+		var to job.Status
+		err := d.inTx(ctx, func(tx *sql.Tx) (err error) {
+			to, err = d.store.Finish(ctx, tx, now, r, o)
 			return err
 		})
 		switch {
@@ -754,6 +756,7 @@ func (d *Drainer) recover(ctx context.Context, now time.Time, fresh bool, expire
 		case err != nil:
 			return n, err
 		}
+		d.store.Metrics.Finished(to, r.DispatchedAt, now)
 		n++
 	}
 	if n > 0 {
@@ -787,10 +790,8 @@ func (d *Drainer) expire(ctx context.Context, now time.Time) (int, error) {
 			return n, err
 		}
 		n += len(gone)
-		if d.cfg.Metrics != nil {
-			for _, r := range gone {
-				d.cfg.Metrics.observeOutcome(r, job.Expired, now)
-			}
+		for _, r := range gone {
+			d.store.Metrics.Finished(job.Expired, r.DispatchedAt, now)
 		}
 		if len(gone) < expireBatch {
 			break

@@ -193,10 +193,8 @@ func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
 			d.headCache.invalidate(it.Row.Tenant) // it keeps its place ahead of the cached heads
 		}
 	}
-	if d.cfg.Metrics != nil {
-		for i, it := range items {
-			d.cfg.Metrics.observeOutcome(it.Row, to[i], now)
-		}
+	for i, it := range items {
+		d.store.Metrics.Finished(to[i], it.Row.DispatchedAt, now)
 	}
 	return nil
 }

@@ -67,6 +67,10 @@ type Config struct {
 	Log *slog.Logger
 	// Metrics, if set, is updated by every pass.
 	Metrics *Metrics
+	// JobMetrics, if set, counts the jobs this drainer ends (dispatch outcomes, lease recovery,
+	// expiry) and observes each dispatch's wait and each dispatched job's execution time. A
+	// process shares one with its API (store.Metrics). Default none: nothing is counted.
+	JobMetrics *store.Metrics
 	// BuildVersion is written in heartbeats. Default "dev".
 	BuildVersion string
 	// Recorded, if set, is called after the drainer has dealt with an executor's answer to
@@ -152,7 +156,7 @@ func New(cfg Config) (*Drainer, error) {
 	work, cancel := context.WithCancel(context.Background())
 	return &Drainer{
 		cfg:        cfg,
-		store:      &store.Store{Prefix: cfg.Prefix, Log: cfg.Log},
+		store:      &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics},
 		wake:       make(chan struct{}, 1),
 		held:       map[int64]int64{},
 		probe:      true,

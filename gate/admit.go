@@ -67,6 +67,10 @@ type Config struct {
 	TxAttempts int
 	// Metrics, if set, counts admissions and depth cap refusals.
 	Metrics *Metrics
+	// JobMetrics, if set, counts the rejected rows admission writes, and whatever the API ends
+	// through Store (completions, cancels). A process shares one with its drainer
+	// (store.Metrics). Default none: nothing is counted.
+	JobMetrics *store.Metrics
 	// FailOpenMetrics, if set, counts rate-limiter and gate-lookup failures admission survived.
 	FailOpenMetrics *FailOpenMetrics
 	// RateLimiter enforces admission_rate_per_minute (a *ratelimit.Limiter; a nil one counts as
@@ -136,7 +140,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Lanes <= 0 {
 		cfg.Lanes = 2
 	}
-	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}, stmts: newStmtCache(cfg.DB),
+	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics}, stmts: newStmtCache(cfg.DB),
 		combine: combiner{lanes: cfg.Lanes}}
 	a.combine.run = a.run
 	return a, nil
@@ -949,6 +953,7 @@ func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbo
 		case it.scope != "":
 			a.cfg.Log.Warn("depth cap refused admission", "tenant", it.req.Tenant, "scope", it.scope, "job_id", it.id)
 			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Rejected, 0, st.now, string(job.CodeQueueFull))
+			a.store.Metrics.Finished(job.Rejected, nil, st.now)
 			it.err = depthError(it)
 		default:
 			it.res.Job.ID, it.res.Job.Tenant, it.res.Job.Status, it.res.Job.QueuedAt = it.id, it.req.Tenant, job.Queued, st.now

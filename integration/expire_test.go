@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -68,8 +69,12 @@ func TestQueuedJobsExpire(t *testing.T) {
 	}
 
 	reg := prometheus.NewRegistry()
+	jobMetrics, err := store.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: refusingSender{}, Clock: clk, ID: "expiry",
-		Metrics: drainer.NewMetrics(reg)})
+		Metrics: drainer.NewMetrics(reg), JobMetrics: jobMetrics})
 	if err != nil {
 		t.Fatal(err)
 	}

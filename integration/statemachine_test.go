@@ -199,7 +199,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 			p := accepted[k]
 			accepted = append(accepted[:k], accepted[k+1:]...)
 			err := inTx(func(tx *sql.Tx, now time.Time) error {
-				_, err := st.Complete(ctx, tx, now, p.d.JobID, store.Completion{Nonce: p.d.Nonce, Status: "succeeded"})
+				_, _, err := st.Complete(ctx, tx, now, p.d.JobID, store.Completion{Nonce: p.d.Nonce, Status: "succeeded"})
 				return err
 			})
 			var je *job.Error
@@ -212,7 +212,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 				continue
 			}
 			err := inTx(func(tx *sql.Tx, now time.Time) error {
-				_, err := st.Cancel(ctx, tx, now, id)
+				_, _, err := st.Cancel(ctx, tx, now, id)
 				return err
 			})
 			if err != nil && !errors.Is(err, store.ErrNotCancelable) {

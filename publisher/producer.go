@@ -52,12 +52,16 @@ type Completion = store.Completion
 // job as tx now sees it. Errors are *job.Error with the API's codes (nonce_invalid,
 // dispatch_void, outcome_conflict, invalid_request), store.ErrNotFound, or a wrapped database
 // error; on any error the caller should roll tx back. It blocks on the job's row lock.
+//
+// Unlike the API's /complete, it counts nothing in sluice_jobs_finished_total or
+// sluice_execution_seconds: only the caller knows whether tx commits, and the producer's process
+// exports no sluice metrics.
 func (p *Producer) Complete(ctx context.Context, tx *sql.Tx, id int64, c Completion) (job.Job, error) {
 	now, err := txNow(ctx, tx)
 	if err != nil {
 		return job.Job{}, err
 	}
-	row, err := p.store.Complete(ctx, tx, now, id, c)
+	row, _, err := p.store.Complete(ctx, tx, now, id, c)
 	if err != nil {
 		return row.Job, err
 	}

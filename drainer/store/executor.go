@@ -69,33 +69,35 @@ type Completion struct {
 // Complete records an executor's completion of job id in tx (SPEC §6): the terminal state plus a
 // release poke, or for not_started on a job whose start was never confirmed, queued again. The
 // same outcome again returns the job as it is; a different one is outcome_conflict; a voided
-// dispatch is dispatch_void.
-func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c Completion) (Row, error) {
-	r, err := Get(ctx, tx, id, true)
+// dispatch is dispatch_void. moved reports whether this call wrote a transition (false for a
+// repeated outcome), for the caller to count once tx commits; the job returned is then as it
+// ended, dispatched_at and finished_at included.
+func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c Completion) (r Row, moved bool, err error) {
+	r, err = Get(ctx, tx, id, true)
 	if err != nil {
-		return r, err
+		return r, false, err
 	}
 	hash := HashNonce(c.Nonce)
 	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, hash)
 	voided := len(r.VoidedNonce) > 0 && bytes.Equal(r.VoidedNonce, hash)
 	if !same {
 		if !voided && (r.Status == job.Dispatched || r.Status == job.Running) {
-			return r, &job.Error{Code: job.CodeNonceInvalid, Message: "the nonce does not belong to the job's current dispatch",
+			return r, false, &job.Error{Code: job.CodeNonceInvalid, Message: "the nonce does not belong to the job's current dispatch",
 				Detail: map[string]any{"status": r.Status}}
 		}
-		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; the outcome was not recorded",
+		return r, false, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; the outcome was not recorded",
 			Detail: map[string]any{"status": r.Status}}
 	}
 	if r.Status.Terminal() {
 		if string(r.Status) == c.Status {
-			return r, nil
+			return r, false, nil
 		}
 		if r.Status != job.Succeeded && r.Status != job.Failed {
 			// Lost (or otherwise ended by sluice, not by an outcome): the late report is void.
-			return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; the outcome was not recorded",
+			return r, false, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; the outcome was not recorded",
 				Detail: map[string]any{"status": r.Status}}
 		}
-		return r, &job.Error{Code: job.CodeOutcomeConflict, Message: "a different outcome is already recorded",
+		return r, false, &job.Error{Code: job.CodeOutcomeConflict, Message: "a different outcome is already recorded",
 			Detail: map[string]any{"status": r.Status}}
 	}
 	var o Outcome
@@ -104,15 +106,16 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 		o = Outcome{Status: job.Status(c.Status), ErrorCode: c.ErrorCode, ErrorMessage: c.ErrorMessage, Result: c.Result}
 	case "not_started":
 		if r.Status != job.Dispatched {
-			return r, &job.Error{Code: job.CodeOutcomeConflict, Message: "the job's start was confirmed; it cannot be not_started",
+			return r, false, &job.Error{Code: job.CodeOutcomeConflict, Message: "the job's start was confirmed; it cannot be not_started",
 				Detail: map[string]any{"status": r.Status}}
 		}
 		o = Outcome{Status: job.Queued}
 	default:
-		return r, job.Invalid("status", "status must be succeeded, failed or not_started")
+		return r, false, job.Invalid("status", "status must be succeeded, failed or not_started")
 	}
 	if _, err := s.Finish(ctx, tx, now, r, o); err != nil {
-		return r, err
+		return r, false, err
 	}
-	return Get(ctx, tx, id, false)
+	r, err = Get(ctx, tx, id, false)
+	return r, err == nil, err
 }

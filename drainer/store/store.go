@@ -143,6 +143,10 @@ type Store struct {
 	Prefix string
 	// Log receives one line per job transition (SPEC §10). Default: discard.
 	Log *slog.Logger
+	// Metrics are the process's job-lifecycle collectors, shared by every Store of the process.
+	// The methods here do not count (their caller's transaction may yet roll back): callers
+	// report what they wrote once it has committed. Default none: nothing is counted.
+	Metrics *Metrics
 }
 
 func (s *Store) prefix() string {
@@ -467,28 +471,30 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 // ErrNotCancelable is returned by Cancel for a job that is in flight or terminal.
 var ErrNotCancelable = errors.New("store: job is not cancelable")
 
-// Cancel moves a queued job to canceled in tx. A job already canceled is returned as it is.
-func (s *Store) Cancel(ctx context.Context, tx DB, now time.Time, id int64) (Row, error) {
-	r, err := Get(ctx, tx, id, true)
+// Cancel moves a queued job to canceled in tx. A job already canceled is returned as it is, with
+// moved false: moved reports whether this call wrote the transition, for the caller to count once
+// tx commits.
+func (s *Store) Cancel(ctx context.Context, tx DB, now time.Time, id int64) (r Row, moved bool, err error) {
+	r, err = Get(ctx, tx, id, true)
 	if err != nil {
-		return r, err
+		return r, false, err
 	}
 	switch r.Status {
 	case job.Canceled:
-		return r, nil
+		return r, false, nil
 	case job.Queued:
 	default:
-		return r, ErrNotCancelable
+		return r, false, ErrNotCancelable
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'canceled', version = version + 1,
 		finished_at = ? WHERE id = ? AND version = ? AND status = 'queued'`, now, id, r.Version); err != nil {
-		return r, fmt.Errorf("cancel job %d: %w", id, err)
+		return r, false, fmt.Errorf("cancel job %d: %w", id, err)
 	}
 	s.LogTransition(ctx, r, job.Canceled, r.Version+1, now, "")
 	r.Status = job.Canceled
 	r.Version++
 	r.FinishedAt = &now
-	return r, nil
+	return r, true, nil
 }
 
 // ExpiredCode is the error_code of a job that expired in the queue (max_queue_age_seconds).

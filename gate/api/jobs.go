@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate"
@@ -266,14 +267,18 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	}
 	id, _ := pathID(r)
 	var row store.Row
-	err := s.inTx(r.Context(), func(tx *sql.Tx) error {
-		now, err := s.cfg.Clock.Now(r.Context())
-		if err != nil {
+	var moved bool
+	var now time.Time
+	err := s.inTx(r.Context(), func(tx *sql.Tx) (err error) {
+		if now, err = s.cfg.Clock.Now(r.Context()); err != nil {
 			return err
 		}
-		row, err = s.store.Cancel(r.Context(), tx, now, id)
+		row, moved, err = s.store.Cancel(r.Context(), tx, now, id)
 		return err
 	})
+	if err == nil && moved {
+		s.store.Metrics.Finished(job.Canceled, nil, now)
+	}
 	if err == store.ErrNotCancelable {
 		s.fail(w, r, &job.Error{Code: job.CodeNotCancelable, Message: "only a queued job can be canceled",
 			Detail: map[string]any{"status": row.Status}})
@@ -374,16 +379,21 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var row store.Row
-	err = s.inTx(r.Context(), func(tx *sql.Tx) error {
-		now, err := s.cfg.Clock.Now(r.Context())
-		if err != nil {
+	var moved bool
+	var now time.Time
+	err = s.inTx(r.Context(), func(tx *sql.Tx) (err error) {
+		if now, err = s.cfg.Clock.Now(r.Context()); err != nil {
 			return err
 		}
-		row, err = s.store.Complete(r.Context(), tx, now, id, store.Completion{
+		row, moved, err = s.store.Complete(r.Context(), tx, now, id, store.Completion{
 			Nonce: req.Nonce, Status: req.Status, ErrorCode: req.ErrorCode,
 			ErrorMessage: req.ErrorMessage, Result: req.Result})
 		return err
 	})
+	if err == nil && moved {
+		// A not_started outcome requeues the job, which Finished does not count.
+		s.store.Metrics.Finished(row.Status, row.DispatchedAt, now)
+	}
 	if req.Gate != nil {
 		// The quota news is true whatever became of this outcome: gate the key either way.
 		s.gateFromCompletion(r.Context(), id, row.RateKeySHA256, *req.Gate.RetryAfter)

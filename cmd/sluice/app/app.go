@@ -96,6 +96,7 @@ type App struct {
 	nc        *nats.Conn
 	limits    *limits.Cache
 	registry  *prometheus.Registry
+	jobs      *store.Metrics // shared by the API's and the drainer's stores; nil with neither role
 	drainer   *drainer.Drainer
 	relay     *publisher.Relay
 	purger    *publisher.Purger
@@ -235,12 +236,19 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if err := a.startGates(); err != nil {
 		return nil, err
 	}
+	if opts.API || opts.Drainer {
+		// Jobs end in both roles (the API's /complete, cancels and rejected admissions; the
+		// drainer's outcomes, recoveries and expiries), and a registry takes a name once.
+		if a.jobs, err = store.NewMetrics(a.registry); err != nil {
+			return nil, err
+		}
+	}
 	if opts.Drainer {
 		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
 		metrics := drainer.NewMetrics(a.registry)
 		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
 			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
-			Log: a.log, Metrics: metrics, BuildVersion: opts.Version, Clock: a.clock}); err != nil {
+			Log: a.log, Metrics: metrics, JobMetrics: a.jobs, BuildVersion: opts.Version, Clock: a.clock}); err != nil {
 			return nil, err
 		}
 		// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
@@ -318,7 +326,7 @@ func (a *App) startAPI(ctx context.Context) error {
 		}
 	}
 	adm, err := gate.New(gate.Config{DB: a.db, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
-		Published: published, Metrics: gate.NewMetrics(a.registry), RateLimiter: limiter, Gates: lookup,
+		Published: published, Metrics: gate.NewMetrics(a.registry), JobMetrics: a.jobs, RateLimiter: limiter, Gates: lookup,
 		FailOpenMetrics: failOpen})
 	if err != nil {
 		return err
@@ -384,6 +392,11 @@ func (a *App) DB() *sql.DB { return a.db }
 
 // Registry returns the process's metrics registry.
 func (a *App) Registry() *prometheus.Registry { return a.registry }
+
+// JobMetrics returns the process's job-lifecycle collectors, nil in a process with neither the
+// API nor the drainer role. A drainer run beside the App (as tests do) shares them through
+// drainer.Config.JobMetrics, as the App's own drainer does.
+func (a *App) JobMetrics() *store.Metrics { return a.jobs }
 
 // Stop shuts down in this order, and returns when it is done:
 //
