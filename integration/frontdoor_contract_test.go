@@ -127,3 +127,85 @@ func TestFrontDoorContractAdmin(t *testing.T) {
 		}
 	}
 }
+
+// checkDescribed fails t unless openapi.json describes r's status for method template and r's
+// body matches the schema it gives.
+func checkDescribed(t *testing.T, method, template string, r harness.Response) {
+	t.Helper()
+	spec, err := api.ParseSpec(api.OpenAPI())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if err := json.Unmarshal(api.OpenAPI(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var op struct {
+		Responses map[string]struct {
+			Content map[string]struct {
+				Schema json.RawMessage `json:"schema"`
+			} `json:"content"`
+		} `json:"responses"`
+	}
+	if err := json.Unmarshal(doc.Paths[template][strings.ToLower(method)], &op); err != nil {
+		t.Fatalf("%s %s: not described: %v", method, template, err)
+	}
+	resp, ok := op.Responses[strconv.Itoa(r.Status)]
+	if !ok {
+		t.Errorf("%s %s: status %d is not described", method, template, r.Status)
+		return
+	}
+	var v any
+	if err := json.Unmarshal(r.Raw, &v); err != nil {
+		t.Fatalf("%s %s: %v", method, template, err)
+	}
+	if err := spec.ValidateSchema(resp.Content["application/json"].Schema, v); err != nil {
+		t.Errorf("%s %s → %d: answer does not match the contract: %v\n%s", method, template, r.Status, err, r.Raw)
+	}
+}
+
+// TestFrontDoorMethodNotAllowed: a known path called with a method it does not take answers
+// 405 method_not_allowed in JSON with an Allow header, before authentication and without
+// writing anything; openapi.json describes that answer for every operation of the path. An
+// unknown path stays 404 not_found.
+func TestFrontDoorMethodNotAllowed(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	before := f.rowCounts(t)
+	for _, c := range []struct {
+		method, path, template, token, allow string
+	}{
+		{"PUT", "/v1/jobs", "/v1/jobs", fdAlphaToken, "GET, HEAD, POST"},
+		{"PUT", "/v1/jobs", "/v1/jobs", "", "GET, HEAD, POST"},
+		{"POST", "/healthz", "/healthz", "", "GET, HEAD"},
+		{"GET", "/v1/jobs:batch", "/v1/jobs:batch", fdAlphaToken, "POST"},
+		{"GET", "/v1/jobs/1/complete", "/v1/jobs/{id}/complete", fdExecToken, "POST"},
+		{"POST", "/v1/jobs/1", "/v1/jobs/{id}", fdAdminToken, "DELETE, GET, HEAD"},
+	} {
+		r := f.do(t, c.method, c.path, c.token, map[string]any{"tenant": "acme"})
+		if r.Status != 405 || r.Body["error_code"] != "method_not_allowed" {
+			t.Errorf("%s %s (token %q): HTTP %d %s, want 405 method_not_allowed", c.method, c.path, c.token, r.Status, r.Raw)
+			continue
+		}
+		if got := r.Header.Get("Allow"); got != c.allow {
+			t.Errorf("%s %s: Allow %q, want %q", c.method, c.path, got, c.allow)
+		}
+		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s %s: Content-Type %q", c.method, c.path, ct)
+		}
+		for _, m := range strings.Split(c.allow, ", ") {
+			if m != "HEAD" {
+				checkDescribed(t, m, c.template, r)
+			}
+		}
+	}
+	r := f.do(t, "GET", "/v1/nothing-here", fdAdminToken, nil)
+	if r.Status != 404 || r.Body["error_code"] != "not_found" || r.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("GET /v1/nothing-here: HTTP %d %s, want 404 not_found in JSON", r.Status, r.Raw)
+	}
+	if after := f.rowCounts(t); after != before {
+		t.Errorf("rows (jobs, outbox, tenants) went from %v to %v", before, after)
+	}
+}

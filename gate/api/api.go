@@ -137,13 +137,54 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/config", s.auth(s.getConfig, Admin))
 	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
 	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.fail(w, r, job.Errorf(job.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
-	})
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. A request no route takes is answered before
+// authentication: 405 method_not_allowed with an Allow header for a known path and another
+// method, 404 not_found for an unknown path.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// No method-less catch-all is registered, because it would match every method of every
+	// path and hide the mux's own 405. The mux's answers for a miss are plain text, so they
+	// are rewritten as JSON errors; its redirects to a cleaned path pass through. A matched
+	// request goes through the mux's ServeHTTP, since only that sets its path values.
+	if h, pattern := s.mux.Handler(r); pattern == "" {
+		h.ServeHTTP(&routeMiss{ResponseWriter: w, s: s, r: r}, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// routeMiss turns the mux's 404 and 405 into the SPEC §6 error body, keeping the Allow header
+// the mux set, and discards the mux's plain-text body.
+type routeMiss struct {
+	http.ResponseWriter
+	s       *Server
+	r       *http.Request
+	written bool
+}
+
+func (m *routeMiss) WriteHeader(status int) {
+	var err error
+	switch status {
+	case http.StatusNotFound:
+		err = job.Errorf(job.CodeNotFound, "no such endpoint: %s %s", m.r.Method, m.r.URL.Path)
+	case http.StatusMethodNotAllowed:
+		err = job.Errorf(job.CodeMethodNotAllowed, "%s is not allowed on %s; allowed: %s",
+			m.r.Method, m.r.URL.Path, m.Header().Get("Allow"))
+	default:
+		m.ResponseWriter.WriteHeader(status)
+		return
+	}
+	m.written = true
+	m.s.fail(m.ResponseWriter, m.r, err)
+}
+
+func (m *routeMiss) Write(p []byte) (int, error) {
+	if m.written {
+		return len(p), nil
+	}
+	return m.ResponseWriter.Write(p)
+}
 
 type callerKey struct{}
 

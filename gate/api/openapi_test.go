@@ -174,3 +174,30 @@ func TestOpenAPIValidatorRejects(t *testing.T) {
 		t.Errorf("JobList without next_cursor accepted")
 	}
 }
+
+// TestOpenAPIDescribesMethodNotAllowed: every path answers another method with 405 (see
+// ServeHTTP), so every operation lists it.
+func TestOpenAPIDescribesMethodNotAllowed(t *testing.T) {
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if err := json.Unmarshal(OpenAPI(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for path, item := range doc.Paths {
+		for method, raw := range item {
+			if method == "parameters" {
+				continue
+			}
+			var op struct {
+				Responses map[string]json.RawMessage `json:"responses"`
+			}
+			if err := json.Unmarshal(raw, &op); err != nil {
+				t.Fatalf("%s %s: %v", method, path, err)
+			}
+			if _, ok := op.Responses["405"]; !ok {
+				t.Errorf("%s %s: no 405 response", method, path)
+			}
+		}
+	}
+}
