@@ -19,3 +19,8 @@ func AsUnavailable(err error) error {
 	}
 	return err
 }
+
+// ConnectionLost reports whether err means the database could not be reached or the connection
+// broke, as opposed to the server refusing a statement. After a failed COMMIT it means the
+// transaction's outcome is unknown.
+func ConnectionLost(err error) bool { return connectionLost(err) }

@@ -65,6 +65,9 @@ type fdOptions struct {
 	gates     gate.GateLookup
 	// admitDB, if set, is the database handle admission uses (a proxied one).
 	admitDB *sql.DB
+	// apiDB, if set, is the database handle of the API's own transactions (start, complete,
+	// cancel, releases) and clock; reads of jobs go through admission's.
+	apiDB *sql.DB
 	// lanes is gate.Config.Lanes; 0 takes the default.
 	lanes int
 }
@@ -161,7 +164,11 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := api.New(api.Config{DB: f.db.DB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log})
+	apiDB := f.db.DB
+	if o.apiDB != nil {
+		apiDB = o.apiDB
+	}
+	s, err := api.New(api.Config{DB: apiDB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,23 +6,60 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/migrations"
 )
 
 // commitCutter is a TCP proxy in front of MariaDB that, when armed, forwards the next COMMIT to
 // the server and then cuts the connection before the server's answer reaches the client: the
-// client cannot know whether its transaction committed.
+// client cannot know whether its transaction committed. While down (setDown) it plays an
+// unreachable database: it cuts every open connection and closes new ones at once.
 type commitCutter struct {
 	l     net.Listener
 	armed atomic.Bool
 	cuts  atomic.Int32
 	wg    sync.WaitGroup
+
+	mu   sync.Mutex
+	down bool
+	open map[net.Conn]bool // client connections being served
+}
+
+// setDown takes the database away (down) or gives it back.
+func (p *commitCutter) setDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for c := range p.open {
+			c.Close()
+		}
+	}
+}
+
+// track registers a client connection, or reports false (and closes it) while down.
+func (p *commitCutter) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.down {
+		c.Close()
+		return false
+	}
+	p.open[c] = true
+	return true
+}
+
+func (p *commitCutter) untrack(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.open, c)
 }
 
 // comQueryCommit is a MySQL COM_QUERY packet body "COMMIT" (the driver's tx.Commit).
@@ -34,7 +71,7 @@ func startCommitCutter(t *testing.T, server string) *commitCutter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &commitCutter{l: l}
+	p := &commitCutter{l: l, open: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -55,6 +92,10 @@ func startCommitCutter(t *testing.T, server string) *commitCutter {
 }
 
 func (p *commitCutter) serve(client net.Conn, server string) {
+	if !p.track(client) {
+		return
+	}
+	defer p.untrack(client)
 	defer client.Close()
 	up, err := net.Dial("tcp", server)
 	if err != nil {
@@ -158,4 +199,110 @@ func TestFrontDoorOutcomeUnknown(t *testing.T) {
 		t.Errorf("a replay of the committed job without Idempotent-Replayed")
 	}
 	t.Logf("keyed cut: the server had %s the transaction", map[int]string{200: "committed", 202: "not committed"}[replay.Status])
+}
+
+// TestFrontDoorExecutorCallsDatabaseDown: the API's own transactions (/start, /complete, the
+// cancel of DELETE /v1/jobs/{id}, /v1/releases) answer a database outage as admission does, so
+// that an executor is told to retry rather than handed a 500. With the database unreachable
+// each answers 503 unavailable, retryable, and writes nothing; with the connection cut during
+// COMMIT each answers 503 outcome_unknown, retryable, and its repeat succeeds. Every answer is
+// one openapi.json describes.
+func TestFrontDoorExecutorCallsDatabaseDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	probe := startFrontDoor(t, fdOptions{}) // only for its database
+	cfg, err := mysql.ParseDSN(probe.db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startCommitCutter(t, cfg.Addr)
+	cfg.Addr = proxy.l.Addr().String()
+	viaProxy, err := migrations.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	f := startFrontDoorOn(t, probe, fdOptions{apiDB: viaProxy})
+
+	admit := func() int64 {
+		t.Helper()
+		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme"})
+		if r.Status != http.StatusAccepted {
+			t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
+		}
+		return jobID(t, r.Body)
+	}
+	queued := admit()
+	// A job as a drainer leaves it once it has sent it: dispatched under a nonce's hash.
+	running := admit()
+	if _, err := f.db.ExecContext(ctx, `UPDATE jobs SET status = 'dispatched', version = version + 1,
+		attempt = attempt + 1, claimed_at = UTC_TIMESTAMP(6), dispatched_at = UTC_TIMESTAMP(6),
+		lease_until = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE, drainer_id = 'test', nonce_sha256 = ?,
+		nonce_expires_at = UTC_TIMESTAMP(6) + INTERVAL 5 MINUTE WHERE id = ?`, store.HashNonce("n1"), running); err != nil {
+		t.Fatal(err)
+	}
+	jobPath := func(id int64, suffix string) string { return "/v1/jobs/" + strconv.FormatInt(id, 10) + suffix }
+	calls := []struct {
+		name, method, template, path, token string
+		body                                any
+		ok                                  int
+		status                              string // the job's status after the call succeeded
+		id                                  int64
+	}{
+		{"start", http.MethodPost, "/v1/jobs/{id}/start", jobPath(running, "/start"), fdExecToken,
+			map[string]any{"nonce": "n1"}, http.StatusOK, "running", running},
+		{"complete", http.MethodPost, "/v1/jobs/{id}/complete", jobPath(running, "/complete"), fdExecToken,
+			map[string]any{"nonce": "n1", "status": "succeeded"}, http.StatusOK, "succeeded", running},
+		{"cancel", http.MethodDelete, "/v1/jobs/{id}", jobPath(queued, ""), fdAlphaToken,
+			nil, http.StatusOK, "canceled", queued},
+		{"release", http.MethodPost, "/v1/releases", "/v1/releases", fdExecToken,
+			map[string]any{"tenant": "acme"}, http.StatusAccepted, "", 0},
+	}
+	status := func(id int64) string {
+		t.Helper()
+		var s string
+		if err := f.db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
+	proxy.setDown(true)
+	before := f.rowCounts(t)
+	for _, c := range calls {
+		r := f.do(t, c.method, c.path, c.token, c.body)
+		if r.Status != http.StatusServiceUnavailable || r.Body["error_code"] != "unavailable" || r.Body["retryable"] != true {
+			t.Errorf("%s with the database unreachable: HTTP %d %s, want 503 unavailable retryable", c.name, r.Status, r.Raw)
+		}
+		checkDescribed(t, c.method, c.template, r)
+	}
+	if after := f.rowCounts(t); after != before {
+		t.Errorf("rows (jobs, outbox, tenants) went from %v to %v during the outage", before, after)
+	}
+	if s, q := status(running), status(queued); s != "dispatched" || q != "queued" {
+		t.Errorf("after the outage the jobs are %s and %s, want dispatched and queued", s, q)
+	}
+
+	proxy.setDown(false)
+	for _, c := range calls {
+		cuts := proxy.cuts.Load()
+		proxy.armed.Store(true)
+		r := f.do(t, c.method, c.path, c.token, c.body)
+		if proxy.cuts.Load() != cuts+1 {
+			t.Fatalf("%s: the proxy cut %d connections, want 1", c.name, proxy.cuts.Load()-cuts)
+		}
+		if r.Status != http.StatusServiceUnavailable || r.Body["error_code"] != "outcome_unknown" || r.Body["retryable"] != true {
+			t.Errorf("%s cut at COMMIT: HTTP %d %s, want 503 outcome_unknown retryable", c.name, r.Status, r.Raw)
+		}
+		checkDescribed(t, c.method, c.template, r)
+		r = f.do(t, c.method, c.path, c.token, c.body)
+		if r.Status != c.ok {
+			t.Errorf("%s repeated after the cut: HTTP %d %s, want %d", c.name, r.Status, r.Raw, c.ok)
+		}
+		if c.id != 0 {
+			if s := status(c.id); s != c.status {
+				t.Errorf("%s repeated after the cut left the job %s, want %s", c.name, s, c.status)
+			}
+		}
+	}
 }

@@ -361,17 +361,29 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
+// inTx runs fn in a transaction for a request that is safe to repeat (/start, /complete,
+// cancel, /v1/releases). A database that cannot be reached or a connection lost before COMMIT
+// is 503 unavailable, retryable: nothing was written. A connection lost during COMMIT is 503
+// outcome_unknown, retryable too, since a repeat of the request finds the change made or makes
+// it (a second release poke is harmless: pokes are hints); admission answers the same for a
+// keyed request.
 func (s *Server) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	tx, err := s.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return gate.AsUnavailable(fmt.Errorf("begin: %w", err))
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback()
-		return err
+		return gate.AsUnavailable(err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		err = fmt.Errorf("commit: %w", err)
+		if gate.ConnectionLost(err) {
+			return &job.Error{Code: job.CodeOutcomeUnknown, Err: err,
+				Message: "the database connection broke during commit; the change may or may not have been made, and repeating the request is safe",
+				Detail:  map[string]any{"retryable": true}}
+		}
+		return err
 	}
 	return nil
 }
