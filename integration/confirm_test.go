@@ -296,3 +296,84 @@ func TestExecutorErrorFieldsStored(t *testing.T) {
 		t.Errorf("/complete with fields at their bounds: HTTP %d %.200s", r.Status, r.Raw)
 	}
 }
+
+// notStartedEnv is a sluice whose jobs of tenant "later" are dispatched, by a drainer the test
+// drives one pass at a time, to an executor that answers 202: they stay dispatched until the
+// test reports their outcome through /complete.
+type notStartedEnv struct {
+	*harnessEnv
+	stub     *gateStubExecutor
+	d        *drainer.Drainer
+	recorded chan int64
+}
+
+func newNotStartedEnv(t *testing.T) *notStartedEnv {
+	t.Helper()
+	e := &notStartedEnv{harnessEnv: &harnessEnv{harness.Start(t, harness.Options{API: true})},
+		stub: &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+			"later": {Kind: executor.Accepted, HTTPStatus: 202},
+		}},
+		recorded: make(chan int64, 16)}
+	e.d = newTestDrainer(t, drainer.Config{DB: e.DB.DB, Executor: e.stub, ID: "not-started",
+		Recorded: func(id int64) { e.recorded <- id }}, 10*time.Second)
+	return e
+}
+
+// dispatch runs one drainer pass that must send job id, and returns the nonce it was sent.
+func (e *notStartedEnv) dispatch(t *testing.T, id int64) string {
+	t.Helper()
+	n := len(e.stub.sent(id))
+	if p, err := e.d.RunOnce(context.Background()); err != nil || p.Claimed != 1 {
+		t.Fatalf("pass: %+v, %v; want job %d claimed", p, err, id)
+	}
+	select {
+	case got := <-e.recorded:
+		if got != id {
+			t.Fatalf("the drainer recorded an answer for job %d, want %d", got, id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the executor's 202 was not recorded")
+	}
+	sent := e.stub.sent(id)
+	if len(sent) != n+1 {
+		t.Fatalf("job %d sent %d times, want %d", id, len(sent), n+1)
+	}
+	return sent[n].Nonce
+}
+
+func (e *notStartedEnv) complete(t *testing.T, id int64, nonce, status string) harness.Response {
+	t.Helper()
+	return e.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/complete", harness.ExecutorToken,
+		map[string]any{"nonce": nonce, "status": status})
+}
+
+func (e *notStartedEnv) position(t *testing.T, id int64) any {
+	t.Helper()
+	r := e.Do(t, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(id, 10), harness.ProducerToken, nil)
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET job %d: HTTP %d %s", id, r.Status, r.Raw)
+	}
+	return r.Body["position"]
+}
+
+// TestCompleteNotStarted: /complete with status not_started on a job whose start was never
+// confirmed queues it again, and the answer carries its position like every queued job (SPEC
+// §6): the job keeps its place by its original queued_at, ahead of a job admitted while it was
+// away.
+func TestCompleteNotStarted(t *testing.T) {
+	t.Parallel()
+	e := newNotStartedEnv(t)
+	first := e.Admit(t, "later", nil)
+	nonce := e.dispatch(t, first)
+	second := e.Admit(t, "later", nil)
+	r := e.complete(t, first, nonce, "not_started")
+	if r.Status != http.StatusOK || r.Body["status"] != "queued" || r.Body["position"] != 1.0 {
+		t.Fatalf("not_started: HTTP %d %s, want 200 queued at position 1", r.Status, r.Raw)
+	}
+	if p := e.position(t, first); p != 1.0 {
+		t.Errorf("GET of the requeued job: position %v, want 1", p)
+	}
+	if p := e.position(t, second); p != 2.0 {
+		t.Errorf("GET of the job admitted meanwhile: position %v, want 2", p)
+	}
+}

@@ -67,11 +67,11 @@ type Completion struct {
 }
 
 // Complete records an executor's completion of job id in tx (SPEC §6): the terminal state plus a
-// release poke, or for not_started on a job whose start was never confirmed, queued again. The
-// same outcome again returns the job as it is; a different one is outcome_conflict; a voided
-// dispatch is dispatch_void. moved reports whether this call wrote a transition (false for a
-// repeated outcome), for the caller to count once tx commits; the job returned is then as it
-// ended, dispatched_at and finished_at included.
+// release poke, or for not_started on a job whose start was never confirmed, queued again (and
+// returned with its position). The same outcome again returns the job as it is; a different one
+// is outcome_conflict; a voided dispatch is dispatch_void. moved reports whether this call wrote
+// a transition (false for a repeated outcome), for the caller to count once tx commits; the job
+// returned is then as it ended, dispatched_at and finished_at included.
 func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c Completion) (r Row, moved bool, err error) {
 	r, err = Get(ctx, tx, id, true)
 	if err != nil {
@@ -116,6 +116,22 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 	if _, err := s.Finish(ctx, tx, now, r, o); err != nil {
 		return r, false, err
 	}
-	r, err = Get(ctx, tx, id, false)
+	if r, err = Get(ctx, tx, id, false); err != nil {
+		return r, false, err
+	}
+	r, err = withPosition(ctx, tx, r)
 	return r, err == nil, err
+}
+
+// withPosition fills in r's position if it is queued: SPEC §6 shows it on every queued job.
+func withPosition(ctx context.Context, db DB, r Row) (Row, error) {
+	if r.Status != job.Queued {
+		return r, nil
+	}
+	p, err := Position(ctx, db, r.Tenant, r.QueuedAt, r.ID)
+	if err != nil {
+		return r, err
+	}
+	r.Position = &p
+	return r, nil
 }
