@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -359,7 +360,8 @@ func (e *notStartedEnv) position(t *testing.T, id int64) any {
 // TestCompleteNotStarted: /complete with status not_started on a job whose start was never
 // confirmed queues it again, and the answer carries its position like every queued job (SPEC
 // §6): the job keeps its place by its original queued_at, ahead of a job admitted while it was
-// away.
+// away. The same report again (an executor retrying a lost answer) is 200 with the job as it is
+// now and changes nothing; another outcome on that nonce is outcome_conflict.
 func TestCompleteNotStarted(t *testing.T) {
 	t.Parallel()
 	e := newNotStartedEnv(t)
@@ -375,5 +377,70 @@ func TestCompleteNotStarted(t *testing.T) {
 	}
 	if p := e.position(t, second); p != 2.0 {
 		t.Errorf("GET of the job admitted meanwhile: position %v, want 2", p)
+	}
+	again := e.complete(t, first, nonce, "not_started")
+	if again.Status != http.StatusOK || again.Body["status"] != "queued" || again.Body["position"] != 1.0 ||
+		again.Body["version"] != r.Body["version"] || again.Body["error_code"] != "not_started" {
+		t.Errorf("not_started repeated: HTTP %d %s, want 200 with the job unchanged, at position 1", again.Status, again.Raw)
+	}
+	wantCode(t, "succeeded after not_started", e.complete(t, first, nonce, "succeeded"), 409, "outcome_conflict")
+	if j := readJob(t, e.DB.DB, first); j.status != "queued" {
+		t.Errorf("after the repeats the job is %s, want queued", j.status)
+	}
+}
+
+// TestCompleteNotStartedVoidedNonce: two jobs end up alike, queued with their dispatch's nonce
+// voided, one by the executor's not_started, the other by lease recovery. A not_started on the
+// first is the same outcome again: 200 with the job. On the second it is a late report on a
+// dispatch sluice voided: 409 dispatch_void with the job's status.
+func TestCompleteNotStartedVoidedNonce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := &harnessEnv{harness.Start(t, harness.Options{API: true})}
+	fake := clock.NewFake(time.Now())
+	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+		"later": {Kind: executor.Accepted, HTTPStatus: 202},
+	}}
+	recorded := make(chan int64, 4)
+	d1 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-gone",
+		Recorded: func(id int64) { recorded <- id }}, 100*time.Millisecond)
+	reported := env.Admit(t, "later", nil)
+	recovered := env.Admit(t, "later", nil)
+	if p, err := d1.RunOnce(ctx); err != nil || p.Claimed != 2 {
+		t.Fatalf("pass: %+v, %v; want 2 claimed", p, err)
+	}
+	for range 2 {
+		select {
+		case <-recorded:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the executor's 202s were not recorded")
+		}
+	}
+	complete := func(id int64) harness.Response {
+		t.Helper()
+		return env.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/complete", harness.ExecutorToken,
+			map[string]any{"nonce": stub.sent(id)[0].Nonce, "status": "not_started"})
+	}
+	if r := complete(reported); r.Status != http.StatusOK || r.Body["status"] != "queued" {
+		t.Fatalf("not_started: HTTP %d %s, want 200 queued", r.Status, r.Raw)
+	}
+	// d1 runs no more passes, so its lease on the other job runs out and another drainer
+	// recovers it. With dispatch paused both jobs stay queued.
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
+	fake.Advance(11 * time.Second)
+	d2 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-rescuer"}, 100*time.Millisecond)
+	if p, err := d2.RunOnce(ctx); err != nil || p.Recovered != 1 || p.Claimed != 0 {
+		t.Fatalf("rescuing pass %+v, %v; want 1 recovered, none claimed", p, err)
+	}
+	if a, b := readJob(t, env.DB.DB, reported).status, readJob(t, env.DB.DB, recovered).status; a != "queued" || b != "queued" {
+		t.Fatalf("jobs are %s and %s, want both queued", a, b)
+	}
+	if r := complete(reported); r.Status != http.StatusOK || r.Body["status"] != "queued" {
+		t.Errorf("not_started repeated: HTTP %d %s, want 200 queued", r.Status, r.Raw)
+	}
+	r := complete(recovered)
+	wantCode(t, "not_started after lease recovery", r, 409, "dispatch_void")
+	if r.Body["status"] != "queued" {
+		t.Errorf("the dispatch_void answer names status %v, want queued", r.Body["status"])
 	}
 }

@@ -62,3 +62,101 @@ func TestCompleteNotStartedPosition(t *testing.T) {
 		t.Errorf("not_started: status %s, position %v; want queued at position 2", got.Status, got.Position)
 	}
 }
+
+// TestCompleteNotStartedRepeated: a not_started repeated after its requeue voided the nonce is the
+// same outcome again (SPEC §6): 200 with the job as it is now, nothing written, also once the job
+// was dispatched anew. Another outcome on that nonce is outcome_conflict. A not_started on a
+// dispatch that something else voided (lease recovery, the drainer's own requeue) stays
+// dispatch_void, and so does one whose requeue is no longer the last word on the job.
+func TestCompleteNotStartedRepeated(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	now := clock.Trunc(time.Now())
+	notStarted := func(nonce string) store.Completion { return store.Completion{Nonce: nonce, Status: "not_started"} }
+	wantCode := func(what string, err error, code job.Code) {
+		t.Helper()
+		if job.ErrorCode(err) != code {
+			t.Errorf("%s: %v, want %s", what, err, code)
+		}
+	}
+	outbox := func() int {
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// redispatch does what a claim does to a queued job: a new dispatch under nonce.
+	redispatch := func(id int64, nonce string) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, `UPDATE jobs SET status = 'dispatched', version = version + 1,
+			attempt = attempt + 1, dispatched_at = ?, lease_until = ?, nonce_sha256 = ?, nonce_expires_at = ?
+			WHERE id = ? AND status = 'queued'`, now, now.Add(10*time.Second), store.HashNonce(nonce), now.Add(5*time.Minute), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// requeue ends the job's dispatch as another writer than /complete would.
+	requeue := func(id int64, o store.Outcome) {
+		t.Helper()
+		r, err := store.Get(ctx, db, id, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, _ := db.BeginTx(ctx, nil)
+		if _, err := (&store.Store{}).Finish(ctx, tx, now, r, o); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	a := dispatched(t, db, now, "t", "a1")
+	first, err := complete(t, db, now, a.ID, notStarted("a1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pokes := outbox()
+	again, err := complete(t, db, now, a.ID, notStarted("a1"))
+	if err != nil {
+		t.Fatalf("not_started repeated: %v, want the job", err)
+	}
+	if again.Status != job.Queued || again.Version != first.Version || again.Position == nil || *again.Position != 1 {
+		t.Errorf("not_started repeated: status %s version %d position %v; want queued, version %d, position 1",
+			again.Status, again.Version, again.Position, first.Version)
+	}
+	if n := outbox(); n != pokes {
+		t.Errorf("the repeat wrote %d outbox rows", n-pokes)
+	}
+	_, err = complete(t, db, now, a.ID, store.Completion{Nonce: "a1", Status: "succeeded"})
+	wantCode("succeeded after not_started", err, job.CodeOutcomeConflict)
+
+	// Dispatched anew, the old dispatch's not_started is still the same outcome again.
+	redispatch(a.ID, "a2")
+	if r, err := complete(t, db, now, a.ID, notStarted("a1")); err != nil || r.Status != job.Dispatched {
+		t.Errorf("not_started repeated after a new dispatch: %v, %v; want the dispatched job", r.Status, err)
+	}
+	// Once that dispatch is voided by recovery, the nonce a1 is two dispatches old.
+	requeue(a.ID, store.Outcome{Status: job.Queued, ErrorCode: "lease_expired"})
+	_, err = complete(t, db, now, a.ID, notStarted("a1"))
+	wantCode("not_started of a dispatch before the last requeue", err, job.CodeDispatchVoid)
+	_, err = complete(t, db, now, a.ID, notStarted("a2"))
+	wantCode("not_started of a dispatch voided by lease recovery", err, job.CodeDispatchVoid)
+
+	// Voided by the drainer's requeue after the executor refused it.
+	b := dispatched(t, db, now, "t", "b1")
+	requeue(b.ID, store.Outcome{Status: job.Queued, ErrorCode: "executor_refused"})
+	_, err = complete(t, db, now, b.ID, notStarted("b1"))
+	wantCode("not_started of a dispatch the drainer requeued", err, job.CodeDispatchVoid)
+
+	// An executor may choose any error_code for a later outcome, the marker's included: a
+	// terminal job's code says nothing about how an old dispatch ended.
+	c := dispatched(t, db, now, "t", "c1")
+	requeue(c.ID, store.Outcome{Status: job.Queued, ErrorCode: "lease_expired"})
+	redispatch(c.ID, "c2")
+	if _, err := complete(t, db, now, c.ID, store.Completion{Nonce: "c2", Status: "failed", ErrorCode: store.NotStartedCode}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = complete(t, db, now, c.ID, notStarted("c1"))
+	wantCode("not_started of a recovered dispatch, the job failed since", err, job.CodeDispatchVoid)
+}

@@ -57,6 +57,18 @@ func (s *Store) ConfirmStart(ctx context.Context, tx DB, now time.Time, id int64
 	return r, nil
 }
 
+// NotStartedCode is the error_code of a job queued again by a not_started completion.
+const NotStartedCode = "not_started"
+
+// endedByNotStarted reports whether the dispatch whose nonce r holds as voided was ended by a
+// not_started completion. Every requeue voids the nonce and writes its own error_code, and after
+// it only a terminal outcome or an expiry writes error_code again; of those, only succeeded and
+// failed carry a code an executor chose. So NotStartedCode on a job in any other state was
+// written by the requeue that voided the nonce.
+func endedByNotStarted(r Row) bool {
+	return r.ErrorCode != nil && *r.ErrorCode == NotStartedCode && r.Status != job.Succeeded && r.Status != job.Failed
+}
+
 // Completion is an executor's report through POST /v1/jobs/{id}/complete.
 type Completion struct {
 	Nonce        string
@@ -68,10 +80,12 @@ type Completion struct {
 
 // Complete records an executor's completion of job id in tx (SPEC §6): the terminal state plus a
 // release poke, or for not_started on a job whose start was never confirmed, queued again (and
-// returned with its position). The same outcome again returns the job as it is; a different one
-// is outcome_conflict; a voided dispatch is dispatch_void. moved reports whether this call wrote
-// a transition (false for a repeated outcome), for the caller to count once tx commits; the job
-// returned is then as it ended, dispatched_at and finished_at included.
+// returned with its position). The same outcome again returns the job as it is now, also a
+// not_started repeated after its requeue voided the nonce; a different one is outcome_conflict;
+// a dispatch voided otherwise (lease recovery, the drainer's requeue) is dispatch_void. moved
+// reports whether this call wrote a transition (false for a repeated outcome), for the caller to
+// count once tx commits; the job returned is then as it ended, dispatched_at and finished_at
+// included.
 func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c Completion) (r Row, moved bool, err error) {
 	r, err = Get(ctx, tx, id, true)
 	if err != nil {
@@ -81,6 +95,16 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, hash)
 	voided := len(r.VoidedNonce) > 0 && bytes.Equal(r.VoidedNonce, hash)
 	if !same {
+		if voided && endedByNotStarted(r) {
+			// The executor's own not_started ended this dispatch; a repeat (a lost response
+			// retried) is the same outcome again, anything else a different one.
+			if c.Status == "not_started" {
+				r, err = withPosition(ctx, tx, r)
+				return r, false, err
+			}
+			return r, false, &job.Error{Code: job.CodeOutcomeConflict, Message: "a different outcome is already recorded: not_started",
+				Detail: map[string]any{"status": r.Status}}
+		}
 		if !voided && (r.Status == job.Dispatched || r.Status == job.Running) {
 			return r, false, &job.Error{Code: job.CodeNonceInvalid, Message: "the nonce does not belong to the job's current dispatch",
 				Detail: map[string]any{"status": r.Status}}
@@ -109,7 +133,13 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 			return r, false, &job.Error{Code: job.CodeOutcomeConflict, Message: "the job's start was confirmed; it cannot be not_started",
 				Detail: map[string]any{"status": r.Status}}
 		}
-		o = Outcome{Status: job.Queued}
+		msg := c.ErrorMessage
+		if msg == "" {
+			msg = "the executor reported that it did not start the job"
+		}
+		// NotStartedCode is what tells a repeat of this outcome from a late report on a
+		// dispatch that recovery voided (endedByNotStarted).
+		o = Outcome{Status: job.Queued, ErrorCode: NotStartedCode, ErrorMessage: msg}
 	default:
 		return r, false, job.Invalid("status", "status must be succeeded, failed or not_started")
 	}
