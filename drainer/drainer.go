@@ -442,8 +442,10 @@ func (d *Drainer) renew(ctx context.Context, now time.Time) (int, error) {
 	if !due {
 		return 0, nil
 	}
-	q := "UPDATE jobs SET lease_until = ? WHERE drainer_id = ? AND status IN ('claimed','dispatched','running') AND dispatched_at > ? AND ("
-	args := []any{now.Add(cfgLease), d.cfg.ID, now.Add(-wall)}
+	// A renewal only ever extends: a 202 answered while this statement was on its way has moved
+	// the job's lease to its wall (leaseToWall), and must not be cut back to one lease.
+	q := "UPDATE jobs SET lease_until = GREATEST(COALESCE(lease_until, ?), ?) WHERE drainer_id = ? AND status IN ('claimed','dispatched','running') AND dispatched_at > ? AND ("
+	args := []any{now, now.Add(cfgLease), d.cfg.ID, now.Add(-wall)}
 	for i, id := range ids {
 		if i > 0 {
 			q += " OR "

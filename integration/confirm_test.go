@@ -424,10 +424,10 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 	if r := complete(reported); r.Status != http.StatusOK || r.Body["status"] != "queued" {
 		t.Fatalf("not_started: HTTP %d %s, want 200 queued", r.Status, r.Raw)
 	}
-	// d1 runs no more passes, so its lease on the other job runs out and another drainer
+	// The other job's lease, moved to its wall by the 202, runs out, and another drainer
 	// recovers it. With dispatch paused both jobs stay queued.
 	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
-	fake.Advance(11 * time.Second)
+	fake.Advance(limits.Default().Wall() + time.Second)
 	d2 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-rescuer"}, 100*time.Millisecond)
 	if p, err := d2.RunOnce(ctx); err != nil || p.Recovered != 1 || p.Claimed != 0 {
 		t.Fatalf("rescuing pass %+v, %v; want 1 recovered, none claimed", p, err)

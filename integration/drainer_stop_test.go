@@ -137,3 +137,45 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 		t.Fatalf("past the wall: pass %+v, %v; job %s, want it recovered to queued (its start was never confirmed)", p, err, status())
 	}
 }
+
+// TestRenewalNeverShortensALease: a renewal that reaches the database after a 202 moved the
+// job's lease to its wall must not cut it back to one lease, or the job, no longer renewed once
+// its drainer lets go of it, would be recovered long before its wall. The race is made
+// deterministic by holding the dispatch open and writing the wall lease by hand, as the 202's
+// record does, before the next renewal.
+func TestRenewalNeverShortensALease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	clk := clock.NewFake(time.Now())
+	t0, _ := clk.Now(ctx)
+	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)", t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", t0); err != nil {
+		t.Fatal(err)
+	}
+	sender := newHeldSender()
+	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "renewer"}, 10*time.Second)
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dispatch := sender.next(t)
+	wall := t0.Add(time.Minute)
+	if _, err := db.ExecContext(ctx, "UPDATE jobs SET lease_until = ? WHERE id = ?", wall, dispatch.JobID); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Second) // a renewal is due
+	if p, err := d.RunOnce(ctx); err != nil || p.Renewed != 1 {
+		t.Fatalf("pass %+v, %v; want one lease renewed", p, err)
+	}
+	var lease time.Time
+	if err := db.QueryRowContext(ctx, "SELECT lease_until FROM jobs WHERE id = ?", dispatch.JobID).Scan(&lease); err != nil {
+		t.Fatal(err)
+	}
+	if !lease.Equal(wall) {
+		t.Errorf("renewal left the lease at %s, want the later %s kept", lease, wall)
+	}
+	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+}
