@@ -1050,7 +1050,8 @@ func unavailable(err error) error {
 		Detail: map[string]any{"retryable": true}}
 }
 
-// Get returns job id with its position when queued, or store.ErrNotFound.
+// Get returns job id with its position when queued, or store.ErrNotFound; a database that
+// cannot be reached or a connection lost is unavailable.
 func (a *Admitter) Get(ctx context.Context, id int64) (store.Row, error) {
 	r, err := store.Get(ctx, a.cfg.DB, id, false)
 	if err != nil {
@@ -1060,7 +1061,7 @@ func (a *Admitter) Get(ctx context.Context, id int64) (store.Row, error) {
 		return r, err
 	}
 	r.Job, err = a.withPosition(ctx, a.cfg.DB, r.Job)
-	return r, err
+	return r, a.readErr(err)
 }
 
 func placeholders(n int) string {

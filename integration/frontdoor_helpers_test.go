@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/ratelimit"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -48,6 +49,7 @@ type frontDoor struct {
 	db      *testdb.DB
 	limits  *limits.Cache
 	adm     *gate.Admitter
+	api     *api.Server
 	srv     *httptest.Server
 	url     string
 	reg     *prometheus.Registry
@@ -68,6 +70,8 @@ type fdOptions struct {
 	// apiDB, if set, is the database handle of the API's own transactions (start, complete,
 	// cancel, releases) and clock; reads of jobs go through admission's.
 	apiDB *sql.DB
+	// apiGates, if set, is the gate store of the API's /v1/gates endpoints.
+	apiGates *rategate.Store
 	// lanes is gate.Config.Lanes; 0 takes the default.
 	lanes int
 }
@@ -168,10 +172,12 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	if o.apiDB != nil {
 		apiDB = o.apiDB
 	}
-	s, err := api.New(api.Config{DB: apiDB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log})
+	s, err := api.New(api.Config{DB: apiDB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log,
+		Gates: o.apiGates})
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.api = s
 	f.srv = httptest.NewServer(s)
 	t.Cleanup(f.srv.Close)
 	f.url = f.srv.URL

@@ -124,7 +124,9 @@ func (s *Server) listGates(w http.ResponseWriter, r *http.Request) {
 	}
 	gated, err := rategate.Queued(r.Context(), s.cfg.DB, s.cfg.Gates)
 	if err != nil {
-		s.fail(w, r, gateError("", err))
+		// gateError goes first: memcached's outage is its own 503, which must not be reported as
+		// the database's.
+		s.fail(w, r, gate.AsUnavailable(gateError("", err)))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"gates": gated})
