@@ -10,6 +10,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 	"github.com/sluicehq/sluice/migrations"
@@ -125,5 +126,58 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 	}
 	if n := configVersions(); n != versions {
 		t.Errorf("config versions went from %d to %d during the outage", versions, n)
+	}
+}
+
+// TestFrontDoorConfigPatchCommitCut: PATCH /v1/config whose connection breaks during COMMIT
+// cannot know whether the new version was written, so it answers 503 outcome_unknown with
+// retryable: true (the same PATCH again sets the same values), not "unavailable, nothing was
+// written". Its repeat answers 200, and the change exists once.
+func TestFrontDoorConfigPatchCommitCut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	probe := startFrontDoor(t, fdOptions{}) // only for its database
+	cfg, err := mysql.ParseDSN(probe.db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startCommitCutter(t, cfg.Addr)
+	cfg.Addr = proxy.l.Addr().String()
+	viaProxy, err := migrations.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	f := startFrontDoorOn(t, probe, fdOptions{apiDB: viaProxy})
+	var before int
+	if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	patch := map[string]any{"changes": map[string]any{"global_in_flight": 7}, "note": "cut"}
+
+	proxy.armed.Store(true)
+	r := f.do(t, http.MethodPatch, "/v1/config", fdAdminToken, patch)
+	if proxy.cuts.Load() != 1 {
+		t.Fatalf("the proxy cut %d connections, want 1", proxy.cuts.Load())
+	}
+	if r.Status != http.StatusServiceUnavailable || r.Body["error_code"] != "outcome_unknown" || r.Body["retryable"] != true {
+		t.Errorf("PATCH cut at COMMIT: HTTP %d %s, want 503 outcome_unknown retryable", r.Status, r.Raw)
+	}
+	checkDescribed(t, http.MethodPatch, "/v1/config", r)
+	r = f.do(t, http.MethodPatch, "/v1/config", fdAdminToken, patch)
+	if r.Status != http.StatusOK {
+		t.Fatalf("PATCH repeated: HTTP %d %s", r.Status, r.Raw)
+	}
+	var after int
+	if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	v, err := limits.Load(ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before+1 || v.Config.GlobalInFlight != 7 {
+		t.Errorf("after the cut and the repeat: %d new config versions, global_in_flight %d; want 1 and 7",
+			after-before, v.Config.GlobalInFlight)
 	}
 }

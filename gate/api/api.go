@@ -379,11 +379,16 @@ func (s *Server) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	if err := tx.Commit(); err != nil {
 		err = fmt.Errorf("commit: %w", err)
 		if gate.ConnectionLost(err) {
-			return &job.Error{Code: job.CodeOutcomeUnknown, Err: err,
-				Message: "the database connection broke during commit; the change may or may not have been made, and repeating the request is safe",
-				Detail:  map[string]any{"retryable": true}}
+			return outcomeUnknown(err)
 		}
 		return err
 	}
 	return nil
+}
+
+// outcomeUnknown is the answer to a request safe to repeat whose COMMIT lost its connection.
+func outcomeUnknown(err error) error {
+	return &job.Error{Code: job.CodeOutcomeUnknown, Err: err,
+		Message: "the database connection broke during commit; the change may or may not have been made, and repeating the request is safe",
+		Detail:  map[string]any{"retryable": true}}
 }

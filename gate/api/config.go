@@ -65,6 +65,12 @@ func (s *Server) patchConfig(w http.ResponseWriter, r *http.Request) {
 			Detail: map[string]any{"field": fe.Key, "reason": fe.Reason}})
 		return
 	}
+	if errors.Is(err, limits.ErrCommit) && gate.ConnectionLost(err) {
+		// The same PATCH again sets the same values, so it is safe to repeat: if the first one
+		// was written, the repeat changes nothing.
+		s.fail(w, r, outcomeUnknown(err))
+		return
+	}
 	if err != nil {
 		s.fail(w, r, gate.AsUnavailable(err))
 		return

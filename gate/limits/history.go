@@ -153,12 +153,17 @@ type DB interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
+// ErrCommit marks Patch's error when its COMMIT failed: if the connection broke there, the new
+// version may or may not have been written.
+var ErrCommit = errors.New("commit")
+
 // Patch applies changes on top of the version in force, as caller who with note, and returns
 // the new version and its history entry. All changes apply or none: an invalid one is returned
 // as a *FieldError and nothing is written. Changes are serialised by a lock on the single
 // config_lock row, so two concurrent patches build one on the other and never on the same
 // version. A patch that changes nothing writes nothing and returns the version in force with a
-// zero Change. log, if not nil, receives one line per new version.
+// zero Change. log, if not nil, receives one line per new version. A COMMIT that fails returns
+// an error wrapping ErrCommit.
 func Patch(ctx context.Context, db DB, log *slog.Logger, who string, changes map[string]json.RawMessage, note string) (Versioned, Change, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -203,7 +208,7 @@ func Patch(ctx context.Context, db DB, log *slog.Logger, who string, changes map
 		return cur, Change{}, fmt.Errorf("change runtime config: write version %d: %w", v.Version, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return cur, Change{}, fmt.Errorf("change runtime config: commit: %w", err)
+		return cur, Change{}, fmt.Errorf("change runtime config: %w: %w", ErrCommit, err)
 	}
 	ch := Change{Version: v.Version, Who: who, When: now.UTC(), Old: oldVals, New: newVals, Note: note}
 	if log != nil {
