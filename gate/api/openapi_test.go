@@ -3,14 +3,20 @@ package api
 import (
 	"database/sql"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 
 	_ "github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/rategate"
 )
 
 var wildcard = regexp.MustCompile(`\{[^}]*\}`)
@@ -18,9 +24,14 @@ var wildcard = regexp.MustCompile(`\{[^}]*\}`)
 // normalize makes "DELETE /v1/gates/{hash}" and "DELETE /v1/gates/{rate_key_sha256}" equal.
 func normalize(route string) string { return wildcard.ReplaceAllString(route, "{}") }
 
+// testAdminToken is the one token testServer accepts.
+const testAdminToken = "test-admin-token"
+
+// testServer returns a server whose database and gate store cannot be reached: nothing listens
+// on port 1, so a handler that reaches either fails at once (sql.Open and rategate.New do not
+// connect).
 func testServer(t *testing.T) *Server {
 	t.Helper()
-	// The handlers are never called: sql.Open does not connect.
 	db, err := sql.Open("mysql", "root@tcp(127.0.0.1:1)/none")
 	if err != nil {
 		t.Fatal(err)
@@ -31,11 +42,15 @@ func testServer(t *testing.T) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks, err := NewTokens(nil)
+	toks, err := NewTokens([]Token{{Name: "admin", Token: testAdminToken, Role: Admin}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{DB: db, Admitter: adm, Limits: lim, Tokens: toks})
+	gates, err := rategate.New(rategate.Config{Servers: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{DB: db, Admitter: adm, Limits: lim, Tokens: toks, Gates: gates})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,4 +215,112 @@ func TestOpenAPIDescribesMethodNotAllowed(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestOpenAPIDescribesFailures calls every route of testServer, whose database and gate store
+// are unreachable, with a request that would succeed were they up, and each route that takes a
+// body also with a body over every limit. Every route but the three that need neither must
+// answer 503, every oversized body 413, and each answer must be one its operation describes,
+// body included: the handlers, not a list kept by hand, say which operations touch the
+// database or memcached and which bound their body.
+func TestOpenAPIDescribesFailures(t *testing.T) {
+	spec, err := ParseSpec(OpenAPI())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if err := json.Unmarshal(OpenAPI(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	s := testServer(t)
+	samples := map[string]struct{ path, body string }{
+		"POST /v1/jobs":                      {"/v1/jobs", `{"tenant":"acme"}`},
+		"POST /v1/jobs:batch":                {"/v1/jobs:batch", `{"jobs":[{"tenant":"acme"}]}`},
+		"GET /v1/jobs":                       {"/v1/jobs?tenant=acme", ""},
+		"POST /v1/jobs/{id}/redrive":         {"/v1/jobs/7/redrive", ""},
+		"GET /v1/jobs/{id}":                  {"/v1/jobs/7", ""},
+		"DELETE /v1/jobs/{id}":               {"/v1/jobs/7", ""},
+		"POST /v1/jobs/{id}/start":           {"/v1/jobs/7/start", `{"nonce":"n"}`},
+		"POST /v1/jobs/{id}/complete":        {"/v1/jobs/7/complete", `{"nonce":"n","status":"succeeded"}`},
+		"POST /v1/gates":                     {"/v1/gates", `{"rate_key":"k","retry_after":60}`},
+		"GET /v1/gates":                      {"/v1/gates", ""},
+		"DELETE /v1/gates/{rate_key_sha256}": {"/v1/gates/" + strings.Repeat("0", 64), ""},
+		"GET /healthz":                       {"/healthz", ""},
+		"GET /readyz":                        {"/readyz", ""},
+		"GET /metrics":                       {"/metrics", ""},
+		"POST /v1/releases":                  {"/v1/releases", `{"tenant":"acme"}`},
+		"GET /v1/status":                     {"/v1/status", ""},
+		"GET /v1/config":                     {"/v1/config", ""},
+		"PATCH /v1/config":                   {"/v1/config", `{"changes":{"global_in_flight":7}}`},
+		"GET /v1/config/history":             {"/v1/config/history", ""},
+	}
+	// Alive, ready (testServer has no readiness check) and metrics (an empty registry).
+	independent := map[string]bool{"GET /healthz": true, "GET /readyz": true, "GET /metrics": true}
+	call := func(route string, want int, method, path string, body io.Reader) {
+		t.Helper()
+		req := httptest.NewRequest(method, path, body)
+		req.Header.Set("Authorization", "Bearer "+testAdminToken)
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, req)
+		if w.Code != want {
+			t.Errorf("%s (%s): HTTP %d %.300s, want %d", route, path, w.Code, w.Body, want)
+		}
+		var op struct {
+			Responses map[string]struct {
+				Content map[string]struct {
+					Schema json.RawMessage `json:"schema"`
+				} `json:"content"`
+			} `json:"responses"`
+		}
+		template := strings.TrimPrefix(route, method+" ")
+		if err := json.Unmarshal(doc.Paths[template][strings.ToLower(method)], &op); err != nil {
+			t.Fatalf("%s: not described: %v", route, err)
+		}
+		resp, ok := op.Responses[strconv.Itoa(w.Code)]
+		if !ok {
+			t.Errorf("%s: status %d is not described", route, w.Code)
+			return
+		}
+		media, ok := resp.Content["application/json"]
+		if !ok {
+			return // /metrics: text
+		}
+		var v any
+		if err := json.Unmarshal(w.Body.Bytes(), &v); err != nil {
+			t.Errorf("%s → %d: body is not JSON: %v", route, w.Code, err)
+			return
+		}
+		if err := spec.ValidateSchema(media.Schema, v); err != nil {
+			t.Errorf("%s → %d: answer does not match the contract: %v\n%s", route, w.Code, err, w.Body)
+		}
+	}
+	for _, route := range s.Routes() {
+		sample, ok := samples[route]
+		if !ok {
+			t.Errorf("route %s has no sample request in this test", route)
+			continue
+		}
+		method, _, _ := strings.Cut(route, " ")
+		want := http.StatusServiceUnavailable
+		if independent[route] {
+			want = http.StatusOK
+		}
+		call(route, want, method, sample.path, strings.NewReader(sample.body))
+		if sample.body != "" {
+			// Longer than the largest limit (a batch's); the body is never valid JSON.
+			call(route, http.StatusRequestEntityTooLarge, method, sample.path, io.LimitReader(filler{}, maxBatchBody+1))
+		}
+	}
+}
+
+// filler is an endless reader of 'x'.
+type filler struct{}
+
+func (filler) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'x'
+	}
+	return len(p), nil
 }
