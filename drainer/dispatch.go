@@ -209,7 +209,8 @@ func (d *Drainer) outcome(now time.Time, r store.Row, req *outcomeReq) store.Out
 	neverStarted := refusedUnstarted && !d.cfg.UnconfirmedStarts
 	switch ans.Kind {
 	case executor.Done:
-		return store.Outcome{Status: job.Status(ans.Status), ErrorCode: ans.ErrorCode, ErrorMessage: ans.ErrorMessage, Result: ans.Result}
+		return store.Outcome{Status: job.Status(ans.Status), ErrorCode: ans.ErrorCode, ErrorMessage: ans.ErrorMessage, Result: ans.Result,
+			Reported: true}
 	case executor.RateLimited:
 		if !refusedUnstarted {
 			return store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited), ErrorMessage: "the executor answered 429 after the start"}

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -443,4 +444,113 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 	if r.Body["status"] != "queued" {
 		t.Errorf("the dispatch_void answer names status %v, want queued", r.Body["status"])
 	}
+}
+
+// TestCompleteAfterSluiceEnded drives a drainer one pass at a time through the dispatches that
+// sluice ends without the executor's own report, and then has the executor report late through
+// the API: failed with dispatch_failed (the budget spent by an unknown answer), failed after the
+// start because the executor answered 429 or 503, and lost after the start (lease recovery). A
+// late /complete of either outcome and a late /start answer 409 dispatch_void with the job's
+// status (SPEC §6), and the job stays as it ended. A 2xx answer with a status is the executor's
+// own outcome: /complete repeating it is 200, another outcome outcome_conflict, /start nonce_used.
+func TestCompleteAfterSluiceEnded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := &harnessEnv{harness.Start(t, harness.Options{API: true})}
+	env.SetConfig(t, func(c *limits.Config) { c.DispatchAttempts = 1 }) // one unknown answer spends it
+	fake := clock.NewFake(time.Now())
+	s := newHeldSender()
+	recorded := make(chan int64, 8)
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-ends",
+		Recorded: func(id int64) { recorded <- id }}, 100*time.Millisecond)
+	dispatch := func(tenant string, start bool) (int64, string) {
+		t.Helper()
+		id := env.Admit(t, tenant, nil)
+		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+			t.Fatalf("pass: %+v, %v; want job %d claimed", p, err, id)
+		}
+		disp := s.next(t)
+		if start {
+			if r := env.start(t, id, disp.Nonce); r.Status != http.StatusOK {
+				t.Fatalf("/start: HTTP %d %s", r.Status, r.Raw)
+			}
+		}
+		return id, disp.Nonce
+	}
+	answer := func(id int64, a executor.Answer) {
+		t.Helper()
+		s.answer <- a
+		select {
+		case got := <-recorded:
+			if got != id {
+				t.Fatalf("recorded job %d, want %d", got, id)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the answer to job %d was not recorded", id)
+		}
+	}
+	complete := func(id int64, nonce, status string) harness.Response {
+		t.Helper()
+		return env.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/complete", harness.ExecutorToken,
+			map[string]any{"nonce": nonce, "status": status})
+	}
+	version := func(id int64) (string, int64) {
+		t.Helper()
+		var st string
+		var v int64
+		if err := env.DB.QueryRowContext(ctx, "SELECT status, version FROM jobs WHERE id = ?", id).Scan(&st, &v); err != nil {
+			t.Fatal(err)
+		}
+		return st, v
+	}
+	lateIsVoid := func(what string, id int64, nonce, status, code string) {
+		t.Helper()
+		st, v := version(id)
+		var ec string
+		if err := env.DB.QueryRowContext(ctx, "SELECT error_code FROM jobs WHERE id = ?", id).Scan(&ec); err != nil {
+			t.Fatal(err)
+		}
+		if st != status || ec != code {
+			t.Fatalf("%s: the job ended %s/%s, want %s/%s", what, st, ec, status, code)
+		}
+		for _, r := range []harness.Response{complete(id, nonce, "failed"), complete(id, nonce, "succeeded"), env.start(t, id, nonce)} {
+			wantCode(t, what+": late report", r, http.StatusConflict, "dispatch_void")
+			if r.Body["status"] != status {
+				t.Errorf("%s: the dispatch_void answer names status %v, want %s", what, r.Body["status"], status)
+			}
+		}
+		if st2, v2 := version(id); st2 != st || v2 != v {
+			t.Errorf("%s: the late reports moved the job from %s v%d to %s v%d", what, st, v, st2, v2)
+		}
+	}
+
+	id, nonce := dispatch("budget", false)
+	answer(id, executor.Answer{Kind: executor.Unknown, Err: errors.New("connection reset")})
+	lateIsVoid("budget spent", id, nonce, "failed", "dispatch_failed")
+
+	id, nonce = dispatch("limited", true)
+	answer(id, executor.Answer{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 5})
+	lateIsVoid("429 after the start", id, nonce, "failed", "rate_limited")
+
+	id, nonce = dispatch("refused", true)
+	answer(id, executor.Answer{Kind: executor.Refused, HTTPStatus: 503})
+	lateIsVoid("503 after the start", id, nonce, "failed", "executor_refused")
+
+	id, nonce = dispatch("own", true)
+	answer(id, executor.Answer{Kind: executor.Done, HTTPStatus: 200, Status: "failed", ErrorCode: "upstream_down"})
+	if r := complete(id, nonce, "failed"); r.Status != http.StatusOK || r.Body["status"] != "failed" {
+		t.Errorf("/complete repeating the executor's 2xx outcome: HTTP %d %s, want 200 failed", r.Status, r.Raw)
+	}
+	wantCode(t, "another outcome than the executor's 2xx", complete(id, nonce, "succeeded"), http.StatusConflict, "outcome_conflict")
+	wantCode(t, "/start after the executor's 2xx outcome", env.start(t, id, nonce), http.StatusConflict, "nonce_used")
+
+	// Last, since this drainer stops renewing its lease: another drainer recovers the running
+	// job past the lease and it is lost.
+	id, nonce = dispatch("lost", true)
+	fake.Advance(11 * time.Second)
+	d2 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-rescuer"}, 100*time.Millisecond)
+	if p, err := d2.RunOnce(ctx); err != nil || p.Recovered != 1 {
+		t.Fatalf("rescuing pass: %+v, %v; want 1 recovered", p, err)
+	}
+	lateIsVoid("lost", id, nonce, "lost", "lease_expired")
 }

@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"testing"
 	"time"
 
@@ -159,4 +161,105 @@ func TestCompleteNotStartedRepeated(t *testing.T) {
 	}
 	_, err = complete(t, db, now, c.ID, notStarted("c1"))
 	wantCode("not_started of a recovered dispatch, the job failed since", err, job.CodeDispatchVoid)
+}
+
+// TestCompleteAfterSluiceEnded: a dispatch that sluice ended rather than its executor (lost,
+// failed with dispatch_failed once the budget is spent, failed because the executor answered
+// 429 or 503 after the start) is void to that executor. A late /complete with either outcome
+// and a late /start answer dispatch_void with the job's status, not "the same outcome again",
+// outcome_conflict or nonce_used, and change nothing. An outcome the executor reported itself
+// stays its own: the same again is the job, another outcome_conflict, a /start nonce_used.
+func TestCompleteAfterSluiceEnded(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	now := clock.Trunc(time.Now())
+	inTx := func(fn func(tx *sql.Tx) error) error {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fn(tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	}
+	start := func(id int64, nonce string) error {
+		return inTx(func(tx *sql.Tx) error {
+			_, err := (&store.Store{}).ConfirmStart(ctx, tx, now, id, nonce)
+			return err
+		})
+	}
+	// void checks that err is dispatch_void naming status.
+	void := func(what string, err error, status job.Status) {
+		t.Helper()
+		var je *job.Error
+		if !errors.As(err, &je) || je.Code != job.CodeDispatchVoid || je.Detail["status"] != status {
+			t.Errorf("%s: %v, want dispatch_void with status %s", what, err, status)
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		started  bool
+		failures int
+		o        store.Outcome
+		want     job.Status
+	}{
+		{"lost", true, 0, store.Outcome{Status: job.Lost, ErrorCode: "lease_expired"}, job.Lost},
+		{"budget spent", false, 2, store.Outcome{Status: job.Queued, CountFailure: true, Budget: 3, ErrorCode: "dispatch_error"}, job.Failed},
+		{"429 after the start", true, 0, store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited)}, job.Failed},
+		{"503 after the start", true, 0, store.Outcome{Status: job.Failed, ErrorCode: "executor_refused"}, job.Failed},
+	} {
+		nonce := "n-" + c.name
+		r := dispatched(t, db, now, "t", nonce)
+		if c.started {
+			if err := start(r.ID, nonce); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := db.ExecContext(ctx, "UPDATE jobs SET dispatch_failures = ? WHERE id = ?", c.failures, r.ID); err != nil {
+			t.Fatal(err)
+		}
+		r, err := store.Get(ctx, db, r.ID, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := inTx(func(tx *sql.Tx) error {
+			to, err := (&store.Store{}).Finish(ctx, tx, now, r, c.o)
+			if err == nil && to != c.want {
+				t.Fatalf("%s: ended %s, want %s", c.name, to, c.want)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ended, _ := store.Get(ctx, db, r.ID, false)
+		for _, outcome := range []string{"failed", "succeeded"} {
+			_, err := complete(t, db, now, r.ID, store.Completion{Nonce: nonce, Status: outcome})
+			void(c.name+": late /complete "+outcome, err, c.want)
+		}
+		void(c.name+": late /start", start(r.ID, nonce), c.want)
+		if got, _ := store.Get(ctx, db, r.ID, false); got.Status != ended.Status || got.Version != ended.Version {
+			t.Errorf("%s: the late reports moved the job from %s v%d to %s v%d", c.name, ended.Status, ended.Version, got.Status, got.Version)
+		}
+	}
+
+	r := dispatched(t, db, now, "t", "own")
+	if err := start(r.ID, "own"); err != nil {
+		t.Fatal(err)
+	}
+	own := store.Completion{Nonce: "own", Status: "failed", ErrorCode: "upstream_down"}
+	if _, err := complete(t, db, now, r.ID, own); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := complete(t, db, now, r.ID, own); err != nil || got.Status != job.Failed {
+		t.Errorf("the executor's own outcome again: %v, %v; want the failed job", got.Status, err)
+	}
+	if _, err := complete(t, db, now, r.ID, store.Completion{Nonce: "own", Status: "succeeded"}); job.ErrorCode(err) != job.CodeOutcomeConflict {
+		t.Errorf("another outcome after the executor's own: %v, want outcome_conflict", err)
+	}
+	if err := start(r.ID, "own"); job.ErrorCode(err) != job.CodeNonceUsed {
+		t.Errorf("/start after the executor's own outcome: %v, want nonce_used", err)
+	}
 }

@@ -13,8 +13,9 @@ import (
 // ConfirmStart moves job id from dispatched to running for the dispatch that minted nonce, if
 // that nonce is still within its TTL at now (SPEC §4). A repeated confirmation with the same
 // nonce while the job is running succeeds again. Errors are *job.Error with codes
-// nonce_invalid, nonce_expired, nonce_used or dispatch_void, or ErrNotFound. The version does not
-// change, so the drainer's outcome write still matches.
+// nonce_invalid, nonce_expired, nonce_used (the executor already reported the dispatch's
+// outcome) or dispatch_void (sluice ended the dispatch: requeued, lost or failed it), or
+// ErrNotFound. The version does not change, so the drainer's outcome write still matches.
 func (s *Store) ConfirmStart(ctx context.Context, tx DB, now time.Time, id int64, nonce string) (Row, error) {
 	r, err := Get(ctx, tx, id, true)
 	if err != nil {
@@ -63,8 +64,9 @@ const NotStartedCode = "not_started"
 // endedByNotStarted reports whether the dispatch whose nonce r holds as voided was ended by a
 // not_started completion. Every requeue voids the nonce and writes its own error_code, and after
 // it only a terminal outcome or an expiry writes error_code again; of those, only succeeded and
-// failed carry a code an executor chose. So NotStartedCode on a job in any other state was
-// written by the requeue that voided the nonce.
+// failed carry a code an executor chose (the terminal outcomes sluice decides void the nonce
+// too, with a code of sluice's). So NotStartedCode on a job in any other state was written by
+// the requeue that voided the nonce.
 func endedByNotStarted(r Row) bool {
 	return r.ErrorCode != nil && *r.ErrorCode == NotStartedCode && r.Status != job.Succeeded && r.Status != job.Failed
 }
@@ -80,12 +82,13 @@ type Completion struct {
 
 // Complete records an executor's completion of job id in tx (SPEC §6): the terminal state plus a
 // release poke, or for not_started on a job whose start was never confirmed, queued again (and
-// returned with its position). The same outcome again returns the job as it is now, also a
-// not_started repeated after its requeue voided the nonce; a different one is outcome_conflict;
-// a dispatch voided otherwise (lease recovery, the drainer's requeue) is dispatch_void. moved
-// reports whether this call wrote a transition (false for a repeated outcome), for the caller to
-// count once tx commits; the job returned is then as it ended, dispatched_at and finished_at
-// included.
+// returned with its position). The same outcome the executor reported (here or in its answer to
+// the dispatch) again returns the job as it is now, also a not_started repeated after its
+// requeue voided the nonce; a different one is outcome_conflict. A dispatch that sluice ended
+// (requeued, recovered, lost, failed after a 429 or a 503 or for a spent dispatch budget) voided
+// its nonce, and a late outcome on it is dispatch_void with the job's status. moved reports
+// whether this call wrote a transition (false for a repeated outcome), for the caller to count
+// once tx commits; the job returned is then as it ended, dispatched_at and finished_at included.
 func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c Completion) (r Row, moved bool, err error) {
 	r, err = Get(ctx, tx, id, true)
 	if err != nil {
@@ -117,7 +120,8 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 			return r, false, nil
 		}
 		if r.Status != job.Succeeded && r.Status != job.Failed {
-			// Lost (or otherwise ended by sluice, not by an outcome): the late report is void.
+			// Lost under an earlier version of sluice, which kept a lost job's nonce: the late
+			// report is void all the same.
 			return r, false, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; the outcome was not recorded",
 				Detail: map[string]any{"status": r.Status}}
 		}
@@ -127,7 +131,8 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 	var o Outcome
 	switch c.Status {
 	case string(job.Succeeded), string(job.Failed):
-		o = Outcome{Status: job.Status(c.Status), ErrorCode: c.ErrorCode, ErrorMessage: c.ErrorMessage, Result: c.Result}
+		o = Outcome{Status: job.Status(c.Status), ErrorCode: c.ErrorCode, ErrorMessage: c.ErrorMessage, Result: c.Result,
+			Reported: true}
 	case "not_started":
 		if r.Status != job.Dispatched {
 			return r, false, &job.Error{Code: job.CodeOutcomeConflict, Message: "the job's start was confirmed; it cannot be not_started",

@@ -188,6 +188,13 @@ type Outcome struct {
 	ErrorCode    string
 	ErrorMessage string
 	Result       json.RawMessage
+	// Reported marks a failed outcome as the executor's own report: its 2xx answer to the
+	// dispatch with a status, or its /complete. Such an outcome keeps the dispatch's nonce, so
+	// that the executor reporting it again is told "the same outcome" (SPEC §6). Every other end
+	// of a dispatch is sluice's decision (a requeue, lost, a failure after a 429 or a 503 once
+	// started, a spent dispatch budget) and voids the nonce: a late /start or /complete on it is
+	// dispatch_void. Only an executor reports success, so succeeded counts as reported always.
+	Reported bool
 	// NotBefore, for a requeue, delays the job's next claim (an executor's 503).
 	NotBefore *time.Time
 	// CountFailure, for a requeue, spends one unit of the dispatch budget.
@@ -360,6 +367,7 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 		ids     []int64
 		items   []int
 		started string // the started_at expression of this kind of transition
+		void    bool   // whether it voids the dispatch's nonce (see Outcome.Reported)
 	}
 	groups := map[string]*group{}
 	order := []string{}
@@ -377,6 +385,7 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 			}
 		}
 		var kind, started string
+		void := true
 		switch {
 		case to[i] == job.Queued:
 			kind = "requeue"
@@ -386,15 +395,19 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 			kind, started = "lost", "started_at"
 		case to[i] == job.Failed && codes[i] == string(job.CodeDispatchFailed):
 			kind, started = "never_started", "NULL"
-		case to[i] == job.Succeeded || to[i] == job.Failed:
+		case to[i] == job.Succeeded || (to[i] == job.Failed && o.Reported):
 			// A job that reports an outcome evidently started.
-			kind, started = "done", "COALESCE(started_at, dispatched_at)"
+			kind, started, void = "done", "COALESCE(started_at, dispatched_at)", false
+		case to[i] == job.Failed:
+			// Failed by sluice after a confirmed start (a 429 or a 503): started_at stays as the
+			// confirmation wrote it.
+			kind, started = "failed_by_sluice", "started_at"
 		default:
 			return finishPlan{}, fmt.Errorf("finish job %d: unsupported outcome %q", r.ID, to[i])
 		}
 		g, ok := groups[kind]
 		if !ok {
-			g = &group{started: started}
+			g = &group{started: started, void: void}
 			groups[kind] = g
 			order = append(order, kind)
 		}
@@ -446,7 +459,11 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 				return nil
 			})
 			q = `UPDATE jobs SET version = version + 1, started_at = ` + g.started + `, finished_at = ?,
-				lease_until = NULL` + set.String()
+				lease_until = NULL`
+			if g.void {
+				q += `, voided_nonce_sha256 = nonce_sha256, nonce_sha256 = NULL, nonce_expires_at = NULL`
+			}
+			q += set.String()
 			args = append([]any{now}, args...)
 		}
 		// The fence is a row-constructor IN over (id, version, status). The same fence as OR-ed
