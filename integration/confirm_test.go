@@ -204,14 +204,7 @@ func TestUnconfirmedRefusalsRequeue(t *testing.T) {
 	recorded := make(chan int64, 4)
 	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "unconfirmed",
 		UnconfirmedStarts: true, Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
-	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)", t0); err != nil {
-		t.Fatal(err)
-	}
-	res, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, _ := res.LastInsertId()
+	id := queueOneJob(t, db, t0)
 	for i, want := range []struct{ status, code string }{
 		{"queued", "rate_limited"}, {"queued", "executor_refused"}, {"lost", "outcome_unknown"},
 	} {

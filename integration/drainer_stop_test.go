@@ -25,12 +25,7 @@ func TestStopKeepsLeases(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	t0, _ := clk.Now(ctx)
 	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds = 3 })
-	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)", t0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", t0); err != nil {
-		t.Fatal(err)
-	}
+	queueOneJob(t, db, t0)
 	sender := newHeldSender()
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "stopping",
 		PollInterval: 10 * time.Millisecond})
@@ -76,14 +71,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	t0, _ := clk.Now(ctx)
 	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
-	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)", t0); err != nil {
-		t.Fatal(err)
-	}
-	res, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, _ := res.LastInsertId()
+	id := queueOneJob(t, db, t0)
 	recorded := make(chan int64, 1)
 	sender := &scriptedSender{answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Accepted, HTTPStatus: 202} }}
 	first, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "sender",
@@ -150,12 +138,7 @@ func TestRenewalNeverShortensALease(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	t0, _ := clk.Now(ctx)
 	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds = 3 })
-	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)", t0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", t0); err != nil {
-		t.Fatal(err)
-	}
+	queueOneJob(t, db, t0)
 	sender := newHeldSender()
 	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "renewer"}, 10*time.Second)
 	if _, err := d.RunOnce(ctx); err != nil {
@@ -178,4 +161,23 @@ func TestRenewalNeverShortensALease(t *testing.T) {
 		t.Errorf("renewal left the lease at %s, want the later %s kept", lease, wall)
 	}
 	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+}
+
+// queueOneJob writes one queued job of tenant acme, queued at, as admission would, and returns
+// its id.
+func queueOneJob(t *testing.T, db *testdb.DB, at time.Time) int64 {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO tenants (tenant, created_at) VALUES ('acme', ?)", at); err != nil {
+		t.Fatal(err)
+	}
+	res, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

@@ -18,44 +18,15 @@ func TestFrontDoorContract(t *testing.T) {
 	t.Parallel()
 	f := startFrontDoor(t, fdOptions{})
 	ctx := context.Background()
-	spec, err := api.ParseSpec(api.OpenAPI())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Paths map[string]map[string]json.RawMessage `json:"paths"`
-	}
-	if err := json.Unmarshal(api.OpenAPI(), &doc); err != nil {
-		t.Fatal(err)
-	}
 	check := func(method, template, path, token string, body any, want int) map[string]any {
 		t.Helper()
 		r := f.do(t, method, path, token, body)
 		if r.Status != want {
 			t.Fatalf("%s %s: HTTP %d %s, want %d", method, path, r.Status, r.Raw, want)
 		}
-		var op struct {
-			Responses map[string]struct {
-				Content map[string]struct {
-					Schema json.RawMessage `json:"schema"`
-				} `json:"content"`
-			} `json:"responses"`
-		}
-		if err := json.Unmarshal(doc.Paths[template][strings.ToLower(method)], &op); err != nil {
-			t.Fatalf("%s %s: not described: %v", method, template, err)
-		}
-		resp, ok := op.Responses[strconv.Itoa(r.Status)]
-		if !ok {
-			t.Fatalf("%s %s: status %d is not described", method, template, r.Status)
-		}
-		var v any
-		if err := json.Unmarshal(r.Raw, &v); err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		if err := spec.ValidateSchema(resp.Content["application/json"].Schema, v); err != nil {
-			t.Errorf("%s %s → %d: answer does not match the contract: %v\n%s", method, path, r.Status, err, r.Raw)
-		}
-		m, _ := v.(map[string]any)
+		checkDescribed(t, method, template, r)
+		var m map[string]any
+		_ = json.Unmarshal(r.Raw, &m) // a JSON array or a bad body is reported by checkDescribed
 		return m
 	}
 	admit := map[string]any{"tenant": "acme", "rate_key": "k", "payload": map[string]any{"x": 1}, "idempotency_key": "c1"}

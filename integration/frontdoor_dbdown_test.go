@@ -7,13 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
-	"github.com/sluicehq/sluice/migrations"
 )
 
 // TestFrontDoorDatabaseDownEveryEndpoint: with the database unreachable, every endpoint that
@@ -26,17 +23,7 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	cfg, err := mysql.ParseDSN(probe.db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startCommitCutter(t, cfg.Addr)
-	cfg.Addr = proxy.l.Addr().String()
-	viaProxy, err := migrations.Open(ctx, cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { viaProxy.Close() })
+	proxy, viaProxy := dbThroughCutter(t, probe)
 	// GET /v1/gates reads the database only when a gate store is configured.
 	gates, err := rategate.New(rategate.Config{Servers: []string{memcachedtest.Shared(t)}, Timeout: time.Second})
 	if err != nil {
@@ -137,17 +124,7 @@ func TestFrontDoorConfigPatchCommitCut(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	cfg, err := mysql.ParseDSN(probe.db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startCommitCutter(t, cfg.Addr)
-	cfg.Addr = proxy.l.Addr().String()
-	viaProxy, err := migrations.Open(ctx, cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { viaProxy.Close() })
+	proxy, viaProxy := dbThroughCutter(t, probe)
 	f := startFrontDoorOn(t, probe, fdOptions{apiDB: viaProxy})
 	var before int
 	if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&before); err != nil {

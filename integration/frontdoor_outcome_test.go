@@ -3,6 +3,7 @@ package integration_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"io"
 	"net"
 	"net/http"
@@ -64,6 +65,24 @@ func (p *commitCutter) untrack(c net.Conn) {
 
 // comQueryCommit is a MySQL COM_QUERY packet body "COMMIT" (the driver's tx.Commit).
 var comQueryCommit = []byte("\x03COMMIT")
+
+// dbThroughCutter starts a commitCutter in front of base's database and returns it with a pool
+// that connects through it, closed when the test ends.
+func dbThroughCutter(t *testing.T, base *frontDoor) (*commitCutter, *sql.DB) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(base.db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startCommitCutter(t, cfg.Addr)
+	cfg.Addr = proxy.l.Addr().String()
+	db, err := migrations.Open(context.Background(), cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return proxy, db
+}
 
 func startCommitCutter(t *testing.T, server string) *commitCutter {
 	t.Helper()
@@ -152,17 +171,7 @@ func TestFrontDoorOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	cfg, err := mysql.ParseDSN(probe.db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startCommitCutter(t, cfg.Addr)
-	cfg.Addr = proxy.l.Addr().String()
-	viaProxy, err := migrations.Open(ctx, cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { viaProxy.Close() })
+	proxy, viaProxy := dbThroughCutter(t, probe)
 	f := startFrontDoorOn(t, probe, fdOptions{admitDB: viaProxy})
 
 	proxy.armed.Store(true)
@@ -211,17 +220,7 @@ func TestFrontDoorExecutorCallsDatabaseDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	cfg, err := mysql.ParseDSN(probe.db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startCommitCutter(t, cfg.Addr)
-	cfg.Addr = proxy.l.Addr().String()
-	viaProxy, err := migrations.Open(ctx, cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { viaProxy.Close() })
+	proxy, viaProxy := dbThroughCutter(t, probe)
 	f := startFrontDoorOn(t, probe, fdOptions{apiDB: viaProxy})
 
 	admit := func() int64 {
