@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -21,7 +22,9 @@ import (
 //   - multiStatements: an admission begins its transaction, locks and reads in one round trip
 //     and writes all its rows in a second (gate/tx.go);
 //   - innodb_lock_wait_timeout 10 s instead of 50 s, and read/write timeouts, so that a stuck
-//     server surfaces as an error instead of a hung request.
+//     server surfaces as an error instead of a hung request;
+//   - on MariaDB, idle_transaction_timeout (IdleTransactionTimeout), so that a client that goes
+//     silent inside a transaction does not hold its locks for hours.
 //
 // Open pings the server and returns an error wrapping the driver's if it cannot be reached.
 func Open(ctx context.Context, dsn string) (*sql.DB, error) {
@@ -66,26 +69,43 @@ func Connector(ctx context.Context, dsn string) (driver.Connector, error) {
 	cfg.Params["time_zone"] = "'+00:00'"
 	// MariaDB before 11.1 and MySQL 5.7 know the isolation variable as tx_isolation, MySQL 8 as
 	// transaction_isolation. Try the modern name first.
+	//
+	// On MariaDB, a transaction left idle is also rolled back after IdleTransactionTimeout, so
+	// that a process that stops talking inside one (its host cut off from the network, or
+	// frozen) gives up its row locks within a minute instead of when the server notices the dead
+	// connection, hours later with the default wait_timeout. It matters most for the claim lock:
+	// while it is held every drainer's claim waits. No sluice transaction sits idle for more than
+	// a few round trips. MySQL has no such variable and goes without.
 	var lastErr error
-	for _, name := range []string{"transaction_isolation", "tx_isolation"} {
-		delete(cfg.Params, "transaction_isolation")
-		delete(cfg.Params, "tx_isolation")
-		cfg.Params[name] = "'READ-COMMITTED'"
-		connector, err := mysql.NewConnector(cfg)
-		if err != nil {
-			return nil, fmt.Errorf("MySQL connector: %w", err)
-		}
-		if err = tryConnect(ctx, connector); err == nil {
-			return connector, nil
-		}
-		lastErr = fmt.Errorf("connect to MySQL at %s: %w", cfg.Addr, err)
-		var me *mysql.MySQLError
-		if !errors.As(err, &me) || me.Number != 1193 { // 1193: unknown system variable
-			break
+	for _, idle := range []bool{true, false} {
+		for _, name := range []string{"transaction_isolation", "tx_isolation"} {
+			delete(cfg.Params, "transaction_isolation")
+			delete(cfg.Params, "tx_isolation")
+			delete(cfg.Params, "idle_transaction_timeout")
+			cfg.Params[name] = "'READ-COMMITTED'"
+			if idle {
+				cfg.Params["idle_transaction_timeout"] = strconv.Itoa(int(IdleTransactionTimeout / time.Second))
+			}
+			connector, err := mysql.NewConnector(cfg)
+			if err != nil {
+				return nil, fmt.Errorf("MySQL connector: %w", err)
+			}
+			if err = tryConnect(ctx, connector); err == nil {
+				return connector, nil
+			}
+			lastErr = fmt.Errorf("connect to MySQL at %s: %w", cfg.Addr, err)
+			var me *mysql.MySQLError
+			if !errors.As(err, &me) || me.Number != 1193 { // 1193: unknown system variable
+				return nil, lastErr
+			}
 		}
 	}
 	return nil, lastErr
 }
+
+// IdleTransactionTimeout is how long MariaDB lets a sluice connection sit idle inside a
+// transaction before it rolls the transaction back (see Connector).
+const IdleTransactionTimeout = time.Minute
 
 func tryConnect(ctx context.Context, connector driver.Connector) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
