@@ -207,6 +207,7 @@ type Pass struct {
 func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	d.passMu.Lock()
 	defer d.passMu.Unlock()
+	defer d.keepLeasesDuring(ctx)()
 	var p Pass
 	now, err := d.cfg.Clock.Now(ctx)
 	if err != nil {
@@ -380,14 +381,58 @@ func (d *Drainer) Stop(ctx context.Context) {
 func (d *Drainer) renewWhileStopping() {
 	d.passMu.Lock()
 	defer d.passMu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.PollInterval)
+	d.renewNow(context.Background())
+}
+
+// renewNow renews this drainer's leases if a renewal is due, outside any pass.
+func (d *Drainer) renewNow(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.PollInterval)
 	defer cancel()
 	now, err := d.cfg.Clock.Now(ctx)
 	if err == nil {
 		_, err = d.renew(ctx, now)
 	}
-	if err != nil {
-		d.cfg.Log.Warn("renewing leases while stopping failed", "error", err)
+	if err != nil && ctx.Err() == nil {
+		d.cfg.Log.Warn("renewing leases outside a pass failed", "error", err)
+	}
+}
+
+// keepLeasesDuring renews this drainer's leases once a poll period for as long as the pass that
+// calls it runs, and returns the function that stops it (and waits for a renewal under way). A
+// pass renews after its claim, and a claim can wait for the claim lock as long as a lease (the
+// 10 s lock wait, while another process holds the lock): without this, the leases of the jobs
+// this drainer is running would run out meanwhile and another drainer would recover them as
+// lost. A pass that ends within a poll period, nearly every one, starts no goroutine.
+func (d *Drainer) keepLeasesDuring(ctx context.Context) (stop func()) {
+	var mu sync.Mutex
+	var stopped bool
+	var running sync.WaitGroup
+	var t *time.Timer
+	tick := func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		running.Add(1)
+		mu.Unlock()
+		defer running.Done()
+		d.renewNow(ctx)
+		mu.Lock()
+		if !stopped {
+			t.Reset(d.cfg.PollInterval)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	t = time.AfterFunc(d.cfg.PollInterval, tick)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+		running.Wait()
 	}
 }
 

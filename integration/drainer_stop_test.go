@@ -181,3 +181,60 @@ func queueOneJob(t *testing.T, db *testdb.DB, at time.Time) int64 {
 	}
 	return id
 }
+
+// TestLeasesRenewedDuringAStuckClaim: a pass whose claim waits for the claim lock (another
+// process holds it; a claim may wait the whole 10 s lock wait, as long as a lease) still renews
+// the leases of the jobs its drainer is running, once a poll period, so that no other drainer
+// recovers them as lost meanwhile.
+func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	clk := clock.NewFake(time.Now())
+	t0, _ := clk.Now(ctx)
+	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	running := queueOneJob(t, db, t0)
+	sender := newHeldSender()
+	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "patient",
+		PollInterval: 20 * time.Millisecond}, 10*time.Second)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+		t.Fatalf("first pass: %+v, %v", p, err)
+	}
+	sender.next(t)
+	queueOneJob(t, db, t0) // something for the next pass to claim, so that it takes the claim lock
+
+	holder, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.ExecContext(ctx, "SELECT id FROM claim_lock WHERE id = 1 FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Second) // a renewal is due
+	passed := make(chan error, 1)
+	go func() {
+		_, err := d.RunOnce(ctx)
+		passed <- err
+	}()
+	want := t0.Add(2*time.Second + 3*time.Second)
+	harness.WaitFor(t, 5*time.Second, "the lease renewed while the claim waits for the lock", func() (bool, error) {
+		var lease time.Time
+		err := db.QueryRowContext(ctx, "SELECT lease_until FROM jobs WHERE id = ?", running).Scan(&lease)
+		return lease.Equal(want), err
+	})
+	select {
+	case err := <-passed:
+		t.Fatalf("the pass ended (%v) while the claim lock was held; the test proves nothing", err)
+	default:
+	}
+	if err := holder.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-passed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the pass did not end once the claim lock was free")
+	}
+	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+}
