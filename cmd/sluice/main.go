@@ -10,7 +10,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -131,8 +130,9 @@ func loadTokens(c *config, withDev bool) (*api.Tokens, error) {
 	}
 	var list []api.Token
 	if raw != "" {
-		if err := json.Unmarshal([]byte(raw), &list); err != nil {
-			return nil, fmt.Errorf("tokens: not a JSON array of {name, token, role, tenants}: %w", err)
+		var err error
+		if list, err = api.DecodeTokens([]byte(raw)); err != nil {
+			return nil, err
 		}
 	} else if !withDev {
 		return nil, nil

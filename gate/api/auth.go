@@ -57,13 +57,13 @@ type tokenEntry struct {
 	caller Caller
 }
 
-// ParseTokens decodes the SLUICE_TOKENS JSON array and checks it.
-func ParseTokens(raw []byte) (*Tokens, error) {
+// DecodeTokens decodes the SLUICE_TOKENS JSON array; NewTokens checks it.
+func DecodeTokens(raw []byte) ([]Token, error) {
 	var list []Token
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return nil, fmt.Errorf("tokens: not a JSON array of {name, token, role, tenants}: %w", err)
 	}
-	return NewTokens(list)
+	return list, nil
 }
 
 // NewTokens checks list and returns the authenticator.
