@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -93,6 +94,42 @@ func (s *Spec) ValidateJSON(name string, raw []byte) error {
 		return fmt.Errorf("openapi: %w", err)
 	}
 	return s.Validate(name, v)
+}
+
+// CheckAnswer checks an answer of the operation method template (a path as the document writes
+// it, "/v1/jobs/{id}"): the document must describe its status and, when it gives a JSON schema
+// for that status, body must match it.
+func (s *Spec) CheckAnswer(method, template string, status int, body []byte) error {
+	raw, ok := s.doc.Paths[template][strings.ToLower(method)]
+	if !ok {
+		return fmt.Errorf("openapi: %s %s is not described", method, template)
+	}
+	var op struct {
+		Responses map[string]struct {
+			Content map[string]struct {
+				Schema json.RawMessage `json:"schema"`
+			} `json:"content"`
+		} `json:"responses"`
+	}
+	if err := json.Unmarshal(raw, &op); err != nil {
+		return fmt.Errorf("openapi: %s %s: %w", method, template, err)
+	}
+	resp, ok := op.Responses[strconv.Itoa(status)]
+	if !ok {
+		return fmt.Errorf("openapi: %s %s: status %d is not described", method, template, status)
+	}
+	media, ok := resp.Content["application/json"]
+	if !ok {
+		return nil // not JSON (/metrics)
+	}
+	var v any
+	if err := json.Unmarshal(body, &v); err != nil {
+		return fmt.Errorf("openapi: %s %s → %d: the body is not JSON: %w", method, template, status, err)
+	}
+	if err := s.ValidateSchema(media.Schema, v); err != nil {
+		return fmt.Errorf("openapi: %s %s → %d: the answer does not match the contract: %w", method, template, status, err)
+	}
+	return nil
 }
 
 // ValidateSchema checks v against an inline schema (raw JSON), resolving $refs in this spec.
