@@ -21,10 +21,7 @@ import (
 func TestStopKeepsLeases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testdb.New(t)
-	clk := clock.NewFake(time.Now())
-	t0, _ := clk.Now(ctx)
-	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	db, clk, t0 := drainerTestDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
 	queueOneJob(t, db, t0)
 	sender := newHeldSender()
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "stopping",
@@ -47,15 +44,12 @@ func TestStopKeepsLeases(t *testing.T) {
 	clk.Advance(2 * time.Second)
 	want := t0.Add(2*time.Second + 3*time.Second)
 	harness.WaitFor(t, 10*time.Second, "the stopping drainer to renew the lease", func() (bool, error) {
-		var lease time.Time
-		err := db.QueryRowContext(ctx, "SELECT lease_until FROM jobs WHERE id = ?", dispatch.JobID).Scan(&lease)
-		return lease.Equal(want), err
+		return leaseUntil(t, db, dispatch.JobID).Equal(want), nil
 	})
 	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	<-stopped
-	var status string
-	if err := db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", dispatch.JobID).Scan(&status); err != nil || status != "succeeded" {
-		t.Fatalf("job %s after the answer in the grace period (%v), want succeeded", status, err)
+	if s := readJob(t, db.DB, dispatch.JobID).status; s != "succeeded" {
+		t.Fatalf("job %s after the answer in the grace period, want succeeded", s)
 	}
 }
 
@@ -67,10 +61,7 @@ func TestStopKeepsLeases(t *testing.T) {
 func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testdb.New(t)
-	clk := clock.NewFake(time.Now())
-	t0, _ := clk.Now(ctx)
-	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
+	db, clk, t0 := drainerTestDB(t, func(c *limits.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
 	id := queueOneJob(t, db, t0)
 	recorded := make(chan int64, 1)
 	sender := &scriptedSender{answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Accepted, HTTPStatus: 202} }}
@@ -87,11 +78,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the 202 was not recorded")
 	}
-	var lease time.Time
-	if err := db.QueryRowContext(ctx, "SELECT lease_until FROM jobs WHERE id = ?", id).Scan(&lease); err != nil {
-		t.Fatal(err)
-	}
-	if want := t0.Add(time.Minute); !lease.Equal(want) {
+	if lease, want := leaseUntil(t, db, id), t0.Add(time.Minute); !lease.Equal(want) {
 		t.Errorf("lease after the 202 ends %s, want the wall %s", lease, want)
 	}
 	if n := first.InFlight(); n != 0 {
@@ -107,13 +94,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer second.Stop(ctx)
-	status := func() (s string) {
-		t.Helper()
-		if err := db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	status := func() string { return readJob(t, db.DB, id).status }
 	clk.Advance(30 * time.Second) // ten leases later, within the wall
 	if p, err := second.RunOnce(ctx); err != nil || p.Recovered != 0 || len(resender.dispatches()) != 0 || status() != "dispatched" {
 		t.Fatalf("within the wall: pass %+v, %v; job %s; want it left dispatched", p, err, status())
@@ -134,10 +115,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 func TestRenewalNeverShortensALease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testdb.New(t)
-	clk := clock.NewFake(time.Now())
-	t0, _ := clk.Now(ctx)
-	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	db, clk, t0 := drainerTestDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
 	queueOneJob(t, db, t0)
 	sender := newHeldSender()
 	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "renewer"}, 10*time.Second)
@@ -153,33 +131,10 @@ func TestRenewalNeverShortensALease(t *testing.T) {
 	if p, err := d.RunOnce(ctx); err != nil || p.Renewed != 1 {
 		t.Fatalf("pass %+v, %v; want one lease renewed", p, err)
 	}
-	var lease time.Time
-	if err := db.QueryRowContext(ctx, "SELECT lease_until FROM jobs WHERE id = ?", dispatch.JobID).Scan(&lease); err != nil {
-		t.Fatal(err)
-	}
-	if !lease.Equal(wall) {
+	if lease := leaseUntil(t, db, dispatch.JobID); !lease.Equal(wall) {
 		t.Errorf("renewal left the lease at %s, want the later %s kept", lease, wall)
 	}
 	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
-}
-
-// queueOneJob writes one queued job of tenant acme, queued at, as admission would, and returns
-// its id.
-func queueOneJob(t *testing.T, db *testdb.DB, at time.Time) int64 {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO tenants (tenant, created_at) VALUES ('acme', ?)", at); err != nil {
-		t.Fatal(err)
-	}
-	res, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", at)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := res.LastInsertId()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
 }
 
 // TestLeasesRenewedDuringAStuckClaim: a pass whose claim waits for the claim lock (another
@@ -189,10 +144,7 @@ func queueOneJob(t *testing.T, db *testdb.DB, at time.Time) int64 {
 func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testdb.New(t)
-	clk := clock.NewFake(time.Now())
-	t0, _ := clk.Now(ctx)
-	setLimits(t, db, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	db, clk, t0 := drainerTestDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
 	running := queueOneJob(t, db, t0)
 	sender := newHeldSender()
 	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "patient",
@@ -218,9 +170,7 @@ func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	}()
 	want := t0.Add(2*time.Second + 3*time.Second)
 	harness.WaitFor(t, 5*time.Second, "the lease renewed while the claim waits for the lock", func() (bool, error) {
-		var lease time.Time
-		err := db.QueryRowContext(ctx, "SELECT lease_until FROM jobs WHERE id = ?", running).Scan(&lease)
-		return lease.Equal(want), err
+		return leaseUntil(t, db, running).Equal(want), nil
 	})
 	select {
 	case err := <-passed:
@@ -237,4 +187,44 @@ func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	}
 	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+}
+
+// drainerTestDB is a test database whose runtime config edit changed, and a fake clock with
+// its time.
+func drainerTestDB(t *testing.T, edit func(*limits.Config)) (*testdb.DB, *clock.Fake, time.Time) {
+	t.Helper()
+	db := testdb.New(t)
+	clk := clock.NewFake(time.Now())
+	now, _ := clk.Now(context.Background())
+	setLimits(t, db, edit)
+	return db, clk, now
+}
+
+// queueOneJob writes one queued job of tenant acme, queued at, as admission would, and returns
+// its id.
+func queueOneJob(t *testing.T, db *testdb.DB, at time.Time) int64 {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO tenants (tenant, created_at) VALUES ('acme', ?)", at); err != nil {
+		t.Fatal(err)
+	}
+	res, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// leaseUntil reads job id's lease.
+func leaseUntil(t *testing.T, db *testdb.DB, id int64) time.Time {
+	t.Helper()
+	var lease time.Time
+	if err := db.QueryRowContext(context.Background(), "SELECT lease_until FROM jobs WHERE id = ?", id).Scan(&lease); err != nil {
+		t.Fatal(err)
+	}
+	return lease
 }
