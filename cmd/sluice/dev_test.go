@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http/httptest"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,8 +20,8 @@ import (
 // devRun is a `sluice dev` running in the test's process.
 type devRun struct {
 	t      *testing.T
-	stdout *syncBuffer
-	stderr *syncBuffer
+	stdout *harness.SyncBuffer
+	stderr *harness.SyncBuffer
 	done   chan struct{}
 	err    error // serve's return, once done is closed
 	// API is the API URL the banner printed.
@@ -52,7 +50,7 @@ func startDev(t *testing.T, env map[string]string) *devRun {
 	for k, v := range base {
 		t.Setenv(k, v)
 	}
-	d := &devRun{t: t, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
+	d := &devRun{t: t, stdout: &harness.SyncBuffer{}, stderr: &harness.SyncBuffer{}, done: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		defer close(d.done)
@@ -212,7 +210,7 @@ func TestSimexecNeedsToken(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out syncBuffer
+	var out harness.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- simexecCmd(ctx, []string{"--simexec-listen", "127.0.0.1:0", "--executor-token", "exec-token"}, &out, io.Discard)
@@ -229,22 +227,4 @@ func TestSimexecNeedsToken(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("simexec stopped with %v", err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

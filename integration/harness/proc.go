@@ -38,22 +38,24 @@ func BuildSluice(tb testing.TB) string {
 type Proc struct {
 	Name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *SyncBuffer
 	done chan struct{}
 }
 
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe for one writer and concurrent readers: a process's output
+// that a test reads while the process runs.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
@@ -74,7 +76,7 @@ func (e *Env) StartDrainer(tb testing.TB, bin, id string) *Proc {
 		"SLUICE_LOG_LEVEL=warn",
 		"SLUICE_SHUTDOWN_GRACE=5s",
 	)
-	p := &Proc{Name: id, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &Proc{Name: id, cmd: cmd, out: &SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("start drainer %s: %v", id, err)
