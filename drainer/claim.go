@@ -147,7 +147,7 @@ func (d *Drainer) heads(ctx context.Context, now time.Time, ws []want, excluded 
 	}
 	exclude := ""
 	if len(excluded) > 0 {
-		exclude = " AND (rate_key_sha256 IS NULL OR rate_key_sha256 NOT IN (" + placeholders(len(excluded)) + "))"
+		exclude = " AND (rate_key_sha256 IS NULL OR rate_key_sha256 NOT IN (" + store.Placeholders(len(excluded)) + "))"
 	}
 	var q strings.Builder
 	args := make([]any, 0, len(ws)*(3+len(excluded)))
@@ -582,7 +582,7 @@ func (d *Drainer) claimUpdate(now time.Time, cfg limits.Config, chosen []candida
 	return claimUpdate{query: `UPDATE jobs SET status = 'dispatched', version = version + 1,
 		attempt = attempt + 1, claimed_at = ?, dispatched_at = ?, started_at = ?, lease_until = ?,
 		drainer_id = ?, nonce_expires_at = ?, not_before = NULL, nonce_sha256 = CASE id` + cases.String() + ` END
-		WHERE id IN (` + placeholders(len(chosen)) + `) AND (id, version) IN (` + fence.String() + `) AND status = 'queued'`,
+		WHERE id IN (` + store.Placeholders(len(chosen)) + `) AND (id, version) IN (` + fence.String() + `) AND status = 'queued'`,
 		args: args, nonces: nonces, stamp: stamp}, nil
 }
 
@@ -622,7 +622,7 @@ func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time
 		want[c.id] = string(store.HashNonce(u.nonces[i]))
 	}
 	res, err := tx.QueryCommit(ctx, []string{u.query,
-		"SELECT id, nonce_sha256 FROM jobs WHERE id IN (" + placeholders(len(ids)) + ")"},
+		"SELECT id, nonce_sha256 FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ")"},
 		append(u.args, int64Args(ids)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
@@ -655,7 +655,7 @@ func (d *Drainer) loadPayloads(ctx context.Context, cs []claimed) error {
 		ids[i] = c.row.ID
 		byID[c.row.ID] = i
 	}
-	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT id, payload, attempt, dispatch_failures FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
+	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT id, payload, attempt, dispatch_failures FROM jobs WHERE id IN ("+store.Placeholders(len(ids))+")", int64Args(ids)...)
 	if err != nil {
 		return fmt.Errorf("read claimed payloads: %w", err)
 	}
@@ -813,13 +813,6 @@ func (d *Drainer) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
-}
-
-func placeholders(n int) string {
-	if n <= 0 {
-		return ""
-	}
-	return strings.Repeat("?,", n-1) + "?"
 }
 
 func int64Args(ids []int64) []any {

@@ -159,7 +159,7 @@ func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
 	for i, r := range batch {
 		ids[i] = r.c.row.ID
 	}
-	res, err := tx.Query(ctx, []string{"SELECT " + store.LockColumns + " FROM jobs WHERE id IN (" + placeholders(len(ids)) + ") ORDER BY id FOR UPDATE"}, int64Args(ids)...)
+	res, err := tx.Query(ctx, []string{"SELECT " + store.LockColumns + " FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE"}, int64Args(ids)...)
 	if err != nil {
 		return fmt.Errorf("lock dispatched jobs: %w", err)
 	}

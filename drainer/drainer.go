@@ -517,7 +517,7 @@ func (d *Drainer) renew(ctx context.Context, now time.Time) (int, error) {
 
 // forgetLost drops from d.held the jobs that no longer match their fence.
 func (d *Drainer) forgetLost(ctx context.Context, now time.Time, wall time.Duration, ids []int64, versions map[int64]int64) error {
-	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT id, version, status, drainer_id, dispatched_at FROM jobs WHERE id IN ("+placeholders(len(ids))+")", int64Args(ids)...)
+	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT id, version, status, drainer_id, dispatched_at FROM jobs WHERE id IN ("+store.Placeholders(len(ids))+")", int64Args(ids)...)
 	if err != nil {
 		return fmt.Errorf("check held jobs: %w", err)
 	}

@@ -540,7 +540,7 @@ func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg
 	} else {
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL+`, `+inFlightSQL,
 			`SELECT tenant, status = 'queued', COUNT(*) FROM jobs
-			WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+placeholders(len(tenants))+`)
+			WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+store.Placeholders(len(tenants))+`)
 			GROUP BY tenant, status = 'queued'`)
 		args = append(args, globalArg)
 		args = append(args, tenantArgs...)
@@ -556,13 +556,13 @@ func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg
 	}
 	if len(keys) > 0 {
 		stmts = append(stmts, "SELECT "+store.Columns+" FROM jobs WHERE tenant IN ("+
-			placeholders(len(tenants))+") AND idempotency_key IN ("+placeholders(len(keys))+")")
+			store.Placeholders(len(tenants))+") AND idempotency_key IN ("+store.Placeholders(len(keys))+")")
 		args = append(append(args, tenantArgs...), keys...)
 	}
 	if len(redrives) > 0 {
 		// The job an earlier redrive of the same job created: the first, if several.
 		stmts = append(stmts, "SELECT "+store.Columns+" FROM jobs WHERE id IN (SELECT MIN(id) FROM jobs WHERE retry_of IN ("+
-			placeholders(len(redrives))+") GROUP BY retry_of)")
+			store.Placeholders(len(redrives))+") GROUP BY retry_of)")
 		args = append(args, redrives...)
 	}
 
@@ -638,7 +638,7 @@ func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, cfg 
 	for _, it := range items {
 		if it.retryOf != nil {
 			if r, ok := st.redriven[*it.retryOf]; ok {
-				j, err := a.withPosition(ctx, tx, r.Job)
+				j, err := store.WithPosition(ctx, tx, r.Job)
 				if err != nil {
 					return err
 				}
@@ -659,7 +659,7 @@ func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, cfg 
 					Message: "the idempotency key was used with a different request",
 					Detail:  map[string]any{"id": r.ID}}
 			default:
-				j, err := a.withPosition(ctx, tx, r.Job)
+				j, err := store.WithPosition(ctx, tx, r.Job)
 				if err != nil {
 					return err
 				}
@@ -971,18 +971,6 @@ func depthError(it *item) error {
 		Detail: map[string]any{"scope": it.scope, "id": it.id, "retry_after": 30}}
 }
 
-func (a *Admitter) withPosition(ctx context.Context, db store.DB, j job.Job) (job.Job, error) {
-	if j.Status != job.Queued {
-		return j, nil
-	}
-	p, err := store.Position(ctx, db, j.Tenant, j.QueuedAt, j.ID)
-	if err != nil {
-		return j, err
-	}
-	j.Position = &p
-	return j, nil
-}
-
 // txErr turns a database failure inside an admission transaction into the API's error: the
 // database unreachable or the connection lost before COMMIT is "unavailable, retryable"
 // (nothing was written); anything else stays an internal error for the log.
@@ -1060,13 +1048,6 @@ func (a *Admitter) Get(ctx context.Context, id int64) (store.Row, error) {
 		}
 		return r, err
 	}
-	r.Job, err = a.withPosition(ctx, a.cfg.DB, r.Job)
+	r.Job, err = store.WithPosition(ctx, a.cfg.DB, r.Job)
 	return r, a.readErr(err)
-}
-
-func placeholders(n int) string {
-	if n <= 0 {
-		return ""
-	}
-	return strings.Repeat("?,", n-1) + "?"
 }

@@ -42,7 +42,7 @@ func (a *Admitter) List(ctx context.Context, f ListFilter) ([]job.Job, int64, er
 		if len(f.Tenants) == 0 {
 			return []job.Job{}, 0, nil
 		}
-		where = append(where, "tenant IN ("+placeholders(len(f.Tenants))+")")
+		where = append(where, "tenant IN ("+store.Placeholders(len(f.Tenants))+")")
 		for _, t := range f.Tenants {
 			args = append(args, t)
 		}
@@ -121,8 +121,8 @@ func (a *Admitter) positions(ctx context.Context, jobs []job.Job) error {
 	}
 	rows, err := a.cfg.DB.QueryContext(ctx, `SELECT id, pos FROM (SELECT id,
 		ROW_NUMBER() OVER (PARTITION BY tenant ORDER BY queued_at, id) AS pos
-		FROM jobs WHERE status = 'queued' AND tenant IN (`+placeholders(len(tenants))+`)) q
-		WHERE id IN (`+placeholders(len(ids))+`)`, append(tenants, ids...)...)
+		FROM jobs WHERE status = 'queued' AND tenant IN (`+store.Placeholders(len(tenants))+`)) q
+		WHERE id IN (`+store.Placeholders(len(ids))+`)`, append(tenants, ids...)...)
 	if err != nil {
 		return fmt.Errorf("job positions: %w", err)
 	}

@@ -102,7 +102,7 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 			// The executor's own not_started ended this dispatch; a repeat (a lost response
 			// retried) is the same outcome again, anything else a different one.
 			if c.Status == "not_started" {
-				r, err = withPosition(ctx, tx, r)
+				r.Job, err = WithPosition(ctx, tx, r.Job)
 				return r, false, err
 			}
 			return r, false, &job.Error{Code: job.CodeOutcomeConflict, Message: "a different outcome is already recorded: not_started",
@@ -154,19 +154,6 @@ func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c 
 	if r, err = Get(ctx, tx, id, false); err != nil {
 		return r, false, err
 	}
-	r, err = withPosition(ctx, tx, r)
+	r.Job, err = WithPosition(ctx, tx, r.Job)
 	return r, err == nil, err
-}
-
-// withPosition fills in r's position if it is queued: SPEC §6 shows it on every queued job.
-func withPosition(ctx context.Context, db DB, r Row) (Row, error) {
-	if r.Status != job.Queued {
-		return r, nil
-	}
-	p, err := Position(ctx, db, r.Tenant, r.QueuedAt, r.ID)
-	if err != nil {
-		return r, err
-	}
-	r.Position = &p
-	return r, nil
 }

@@ -131,6 +131,28 @@ func Position(ctx context.Context, db DB, tenant string, queuedAt time.Time, id 
 	return n, nil
 }
 
+// WithPosition returns j with its position filled in if it is queued: SPEC §6 shows it on every
+// queued job.
+func WithPosition(ctx context.Context, db DB, j job.Job) (job.Job, error) {
+	if j.Status != job.Queued {
+		return j, nil
+	}
+	p, err := Position(ctx, db, j.Tenant, j.QueuedAt, j.ID)
+	if err != nil {
+		return j, err
+	}
+	j.Position = &p
+	return j, nil
+}
+
+// Placeholders returns n comma-separated placeholders, for an IN list or a VALUES row.
+func Placeholders(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return strings.Repeat("?,", n-1) + "?"
+}
+
 // HashNonce returns the SHA-256 of a nonce: only the hash is stored.
 func HashNonce(nonce string) []byte {
 	sum := sha256.Sum256([]byte(nonce))
@@ -470,7 +492,7 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 		// (id = ? AND version = ? AND status = ?) groups cost 7 ms to plan for 63 rows, six
 		// times the update itself. The leading id IN (...) is needed too: MariaDB 10.11 plans a
 		// row-constructor IN of a single tuple as a full index scan.
-		q += " WHERE id IN (" + strings.TrimSuffix(strings.Repeat("?,", len(g.ids)), ",") + ")"
+		q += " WHERE id IN (" + Placeholders(len(g.ids)) + ")"
 		for _, id := range g.ids {
 			args = append(args, id)
 		}
@@ -530,15 +552,8 @@ func (s *Store) Expire(ctx context.Context, tx DB, now, cutoff time.Time, limit 
 		return nil, fmt.Errorf("find expired queued jobs: %w", err)
 	}
 	var old []Row
-	for rows.Next() {
-		r, err := ScanRow(rows)
-		if err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("find expired queued jobs: %w", err)
-		}
-		old = append(old, r)
-	}
-	if err := rows.Close(); err != nil {
+	res := ResultsOf(rows)
+	if err := errors.Join(res.EachRow(func(r Row) { old = append(old, r) }), res.Close()); err != nil {
 		return nil, fmt.Errorf("find expired queued jobs: %w", err)
 	}
 	if len(old) == 0 {
@@ -549,13 +564,13 @@ func (s *Store) Expire(ctx context.Context, tx DB, now, cutoff time.Time, limit 
 		args = append(args, r.ID)
 	}
 	// The rows are locked, so their versions cannot have moved since they were read.
-	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'expired', version = version + 1, finished_at = ?,
+	upd, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'expired', version = version + 1, finished_at = ?,
 		error_code = ?, error_message = 'queued longer than max_queue_age_seconds'
-		WHERE status = 'queued' AND id IN (`+strings.TrimSuffix(strings.Repeat("?,", len(old)), ",")+`)`, args...)
+		WHERE status = 'queued' AND id IN (`+Placeholders(len(old))+`)`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("expire queued jobs: %w", err)
 	}
-	if n, err := res.RowsAffected(); err == nil && n != int64(len(old)) {
+	if n, err := upd.RowsAffected(); err == nil && n != int64(len(old)) {
 		return nil, fmt.Errorf("expire queued jobs: %d of %d locked rows changed: %w", n, len(old), ErrFenced)
 	}
 	for _, r := range old {
