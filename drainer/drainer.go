@@ -359,29 +359,17 @@ func (d *Drainer) Stop(ctx context.Context) {
 		d.dispatches.Wait()
 		close(done)
 	}()
-	t := time.NewTicker(d.cfg.PollInterval)
-	defer t.Stop()
-	for waiting := true; waiting; {
-		select {
-		case <-done:
-			waiting = false
-		case <-ctx.Done():
-			d.cancelWork()
-			<-done
-			waiting = false
-		case <-t.C:
-			d.renewWhileStopping()
-		}
+	// Stop runs no passes, so it renews the leases as a long pass does.
+	stopRenewing := d.keepLeasesDuring(context.Background())
+	select {
+	case <-done:
+	case <-ctx.Done():
+		d.cancelWork()
+		<-done
 	}
+	stopRenewing()
 	d.cancelWork()
 	d.markStopped()
-}
-
-// renewWhileStopping renews leases for Stop, which runs no passes.
-func (d *Drainer) renewWhileStopping() {
-	d.passMu.Lock()
-	defer d.passMu.Unlock()
-	d.renewNow(context.Background())
 }
 
 // renewNow renews this drainer's leases if a renewal is due, outside any pass.
@@ -397,9 +385,9 @@ func (d *Drainer) renewNow(ctx context.Context) {
 	}
 }
 
-// keepLeasesDuring renews this drainer's leases once a poll period for as long as the pass that
-// calls it runs, and returns the function that stops it (and waits for a renewal under way). A
-// pass renews after its claim, and a claim can wait for the claim lock as long as a lease (the
+// keepLeasesDuring renews this drainer's leases once a poll period for as long as the pass (or
+// the Stop) that calls it runs, and returns the function that stops it (and waits for a renewal
+// under way). A pass renews after its claim, and a claim can wait for the claim lock as long as a lease (the
 // 10 s lock wait, while another process holds the lock): without this, the leases of the jobs
 // this drainer is running would run out meanwhile and another drainer would recover them as
 // lost. A pass that ends within a poll period, nearly every one, starts no goroutine.
