@@ -275,7 +275,7 @@ func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request
 func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result, error) {
 	old, err := store.Get(ctx, a.cfg.DB, id, false)
 	if err != nil {
-		if connectionLost(err) {
+		if ConnectionLost(err) {
 			return Result{}, unavailable(err)
 		}
 		return Result{}, err
@@ -979,7 +979,7 @@ func (a *Admitter) txErr(err error) error {
 	if errors.As(err, &je) {
 		return err
 	}
-	if connectionLost(err) {
+	if ConnectionLost(err) {
 		return unavailable(err)
 	}
 	return err
@@ -996,7 +996,7 @@ func (a *Admitter) commitErr(ctx context.Context, err error, items []*item, res 
 			r.Refund(ctx, r.Granted())
 		}
 	}
-	if !connectionLost(err) {
+	if !ConnectionLost(err) {
 		refundAll()
 		return fmt.Errorf("commit admission: %w", err)
 	}
@@ -1043,7 +1043,7 @@ func unavailable(err error) error {
 func (a *Admitter) Get(ctx context.Context, id int64) (store.Row, error) {
 	r, err := store.Get(ctx, a.cfg.DB, id, false)
 	if err != nil {
-		if connectionLost(err) {
+		if ConnectionLost(err) {
 			return r, unavailable(err)
 		}
 		return r, err

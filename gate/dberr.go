@@ -10,9 +10,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// connectionLost reports whether err means the database could not be reached or the connection
-// broke, as opposed to the server refusing a statement.
-func connectionLost(err error) bool {
+// ConnectionLost reports whether err means the database could not be reached or the connection
+// broke, as opposed to the server refusing a statement. After a failed COMMIT it means the
+// transaction's outcome is unknown.
+func ConnectionLost(err error) bool {
 	if err == nil {
 		return false
 	}

@@ -139,7 +139,7 @@ func (a *Admitter) positions(ctx context.Context, jobs []job.Job) error {
 }
 
 func (a *Admitter) readErr(err error) error {
-	if connectionLost(err) {
+	if ConnectionLost(err) {
 		return unavailable(err)
 	}
 	return err

@@ -14,13 +14,8 @@ func AsUnavailable(err error) error {
 	if err == nil || errors.As(err, &je) {
 		return err
 	}
-	if connectionLost(err) {
+	if ConnectionLost(err) {
 		return unavailable(err)
 	}
 	return err
 }
-
-// ConnectionLost reports whether err means the database could not be reached or the connection
-// broke, as opposed to the server refusing a statement. After a failed COMMIT it means the
-// transaction's outcome is unknown.
-func ConnectionLost(err error) bool { return connectionLost(err) }
