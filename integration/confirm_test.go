@@ -66,6 +66,22 @@ func newTestDrainer(t testing.TB, cfg drainer.Config, grace time.Duration) *drai
 	return d
 }
 
+// awaitRecorded waits for a drainer's Recorded callback n times, at most 10 s each, and returns
+// the jobs it named in order.
+func awaitRecorded(t *testing.T, recorded <-chan int64, n int) []int64 {
+	t.Helper()
+	ids := make([]int64, 0, n)
+	for range n {
+		select {
+		case id := <-recorded:
+			ids = append(ids, id)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d dispatch answers recorded within 10 s", len(ids), n)
+		}
+	}
+	return ids
+}
+
 func (e *harnessEnv) start(t *testing.T, id int64, nonce string) harness.Response {
 	t.Helper()
 	return e.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/start", harness.ExecutorToken, map[string]any{"nonce": nonce})
@@ -212,11 +228,7 @@ func TestUnconfirmedRefusalsRequeue(t *testing.T) {
 		if err != nil || p.Claimed != 1 {
 			t.Fatalf("pass %d: %+v, %v; want one claim", i+1, p, err)
 		}
-		select {
-		case <-recorded:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("answer %d was not recorded", i+1)
-		}
+		awaitRecorded(t, recorded, 1)
 		var status, code string
 		if err := db.QueryRowContext(ctx, "SELECT status, error_code FROM jobs WHERE id = ?", id).Scan(&status, &code); err != nil {
 			t.Fatal(err)
@@ -251,13 +263,7 @@ func TestExecutorErrorFieldsStored(t *testing.T) {
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
 		t.Fatalf("pass: %+v, %v; want 2 claimed", p, err)
 	}
-	for range 2 {
-		select {
-		case <-recorded:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the answers were not recorded")
-		}
-	}
+	awaitRecorded(t, recorded, 2)
 	var status, code, msg string
 	if err := env.DB.QueryRowContext(ctx, "SELECT status, error_code, error_message FROM jobs WHERE id = ?", noisy).Scan(&status, &code, &msg); err != nil {
 		t.Fatal(err)
@@ -403,13 +409,7 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 	if p, err := d1.RunOnce(ctx); err != nil || p.Claimed != 2 {
 		t.Fatalf("pass: %+v, %v; want 2 claimed", p, err)
 	}
-	for range 2 {
-		select {
-		case <-recorded:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the executor's 202s were not recorded")
-		}
-	}
+	awaitRecorded(t, recorded, 2)
 	complete := func(id int64) harness.Response {
 		t.Helper()
 		return env.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/complete", harness.ExecutorToken,
@@ -473,13 +473,8 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 	answer := func(id int64, a executor.Answer) {
 		t.Helper()
 		s.answer <- a
-		select {
-		case got := <-recorded:
-			if got != id {
-				t.Fatalf("recorded job %d, want %d", got, id)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("the answer to job %d was not recorded", id)
+		if got := awaitRecorded(t, recorded, 1)[0]; got != id {
+			t.Fatalf("recorded job %d, want %d", got, id)
 		}
 	}
 	complete := func(id int64, nonce, status string) harness.Response {

@@ -58,11 +58,7 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 		if p.Claimed != 1 {
 			t.Fatalf("pass %d claimed %d jobs, want 1 (tenant cap 1)", pass, p.Claimed)
 		}
-		select {
-		case <-recorded:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("pass %d: the outcome was not recorded within 10 s", pass)
-		}
+		awaitRecorded(t, recorded, 1)
 	}
 	var sent []int64
 	for _, d := range sender.dispatches() {
@@ -101,13 +97,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	}
 	wait := func(n int) {
 		t.Helper()
-		for range n {
-			select {
-			case <-recorded:
-			case <-time.After(10 * time.Second):
-				t.Fatal("an outcome was not recorded within 10 s")
-			}
-		}
+		awaitRecorded(t, recorded, n)
 	}
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
 		t.Fatalf("first pass: %+v, %v; want 2 claimed (tenant cap 2)", p, err)

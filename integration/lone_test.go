@@ -107,13 +107,7 @@ func testLoneJobClaim(t *testing.T, poked bool) {
 		if p.Claimed != want {
 			t.Fatalf("pass claimed %d job(s), want %d", p.Claimed, want)
 		}
-		for range want {
-			select {
-			case <-recorded:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the dispatch's outcome was not recorded within 10 s")
-			}
-		}
+		awaitRecorded(t, recorded, want)
 	}
 	status := func(id int64) string {
 		t.Helper()

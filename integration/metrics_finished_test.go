@@ -89,13 +89,8 @@ func TestFinishedJobsMetrics(t *testing.T) {
 			t.Fatalf("dispatched job %d, want %d", disp.JobID, id)
 		}
 		s.answer <- a
-		select {
-		case got := <-recorded:
-			if got != id {
-				t.Fatalf("recorded job %d, want %d", got, id)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("the answer for job %d was not recorded", id)
+		if got := awaitRecorded(t, recorded, 1)[0]; got != id {
+			t.Fatalf("recorded job %d, want %d", got, id)
 		}
 		return disp
 	}
