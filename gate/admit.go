@@ -199,7 +199,7 @@ type item struct {
 	reserved bool   // holds one unit of its tenant's rate reservation
 	dupOf    *item  // an earlier item of the same batch with the same idempotency key
 	id       int64
-	outboxID int64
+	outboxID int64 // its enqueue poke's row; 0 when a later job of its tenant carries the poke
 }
 
 func (it *item) reset() {
@@ -439,7 +439,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 		}
 	}
 	a.decide(live, cfg, st, reservations)
-	if err := a.insert(ctx, tx, live, st); err != nil {
+	if err := a.insert(ctx, tx, live, st, !shared); err != nil {
 		return nil, a.txErr(err)
 	}
 	if f := a.cfg.Faults.AfterInsert; f != nil {
@@ -848,10 +848,20 @@ const insertChunk = 250
 // insert writes, in one round trip, the rows of the items to insert (queued and rejected) and
 // the enqueue pokes of the queued ones: a poke's body carries its job's id, which the server
 // fills in (outbox.InsertPokes).
-func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, st *state) error {
+//
+// A request's jobs share pokes when perTenant is set (a batch): one poke per tenant, on its last
+// queued job. A poke only says "look at this tenant's queue now" (SPEC §2, §7), and the drainer
+// coalesces the pokes of one tenant into one pass anyway, so a thousand pokes for one batch
+// would be a thousand outbox rows and publishes that wake nothing more. A combiner group is
+// several requests: each of its admissions keeps its own poke.
+func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, st *state, perTenant bool) error {
 	var ins []*item
+	lastOf := map[string]int{} // tenant → index in ins of its last queued job, when perTenant
 	for _, it := range items {
 		if it.insert {
+			if perTenant && it.scope == "" {
+				lastOf[it.req.Tenant] = len(ins)
+			}
 			ins = append(ins, it)
 		}
 	}
@@ -899,8 +909,10 @@ func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, s
 				if it.req.IdempotencyKey != nil {
 					idem, fp = *it.req.IdempotencyKey, it.fp
 				}
-				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: it.req.Tenant, Offset: i})
-				w.pokes = append(w.pokes, it)
+				if !perTenant || lastOf[it.req.Tenant] == start+i {
+					pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: it.req.Tenant, Offset: i})
+					w.pokes = append(w.pokes, it)
+				}
 			}
 			rowArgs = append(rowArgs, it.req.Tenant, rateKey, payload, string(status), it.caller, idem, fp,
 				st.now, finished, code, msg, retryOf)
@@ -959,8 +971,10 @@ func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbo
 			it.res.Job.ID, it.res.Job.Tenant, it.res.Job.Status, it.res.Job.QueuedAt = it.id, it.req.Tenant, job.Queued, st.now
 			it.res.Job.RateKeySHA256, it.res.Job.RetryOf = it.hash, it.retryOf
 			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Queued, 0, st.now, "")
-			msg := outbox.PokeMessage(a.cfg.Prefix, outbox.Enqueue, it.req.Tenant, it.id)
-			rows = append(rows, outbox.Row{ID: it.outboxID, Subject: msg.Subject, Payload: msg.Payload, CreatedAt: st.now})
+			if it.outboxID != 0 {
+				msg := outbox.PokeMessage(a.cfg.Prefix, outbox.Enqueue, it.req.Tenant, it.id)
+				rows = append(rows, outbox.Row{ID: it.outboxID, Subject: msg.Subject, Payload: msg.Payload, CreatedAt: st.now})
+			}
 		}
 	}
 	return rows

@@ -139,8 +139,8 @@ func TestFrontDoorBatch(t *testing.T) {
 	var n, ob int
 	_ = f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs").Scan(&n)
 	_ = f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&ob)
-	if n != 1000 || ob != 1000 {
-		t.Errorf("%d jobs and %d outbox rows, want 1000 each", n, ob)
+	if n != 1000 || ob != 16 {
+		t.Errorf("%d jobs and %d outbox rows, want 1000 and one enqueue poke per tenant", n, ob)
 	}
 	if _, err := f.star.AdmitBatch(ctx, make([]client.AdmitRequest, 1001)); client.Code(err) != "invalid_request" {
 		t.Errorf("batch of 1001: %v, want invalid_request", err)

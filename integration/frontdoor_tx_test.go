@@ -17,26 +17,45 @@ import (
 
 // TestAdmissionPokeBodies: the server builds each enqueue poke's body around the id its INSERT
 // generated (gate/tx.go); every outbox row must be byte for byte the poke PokeMessage builds for
-// its job, also when a batch's rejected rows sit between queued ones and spans insert chunks.
+// its job. A batch writes one poke per tenant, on the tenant's last queued job, wherever that
+// job falls among the insert chunks and the rejected rows between queued ones.
 func TestAdmissionPokeBodies(t *testing.T) {
 	t.Parallel()
 	f := startFrontDoor(t, fdOptions{})
 	ctx := context.Background()
 	f.setConfig(t, map[string]any{"tenant_queue_depth": 450})
 	full, open := uniqueTenant("full"), uniqueTenant(`open "q" ü`)
+	early, middle := uniqueTenant("early"), uniqueTenant("middle")
 	f.fillQueued(t, full, 450, "queued")
-	if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: open}); err != nil {
+	single, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: open})
+	if err != nil {
 		t.Fatal(err)
 	}
-	reqs := make([]client.AdmitRequest, 600) // three insert chunks
+	reqs := make([]client.AdmitRequest, 600) // three insert chunks of 250
 	for i := range reqs {
-		reqs[i] = client.AdmitRequest{Tenant: open}
-		if i%3 == 1 {
+		switch {
+		case i%3 == 1:
 			reqs[i].Tenant = full // refused: a rejected row, no poke
+		case i < 100 && i%3 == 2:
+			reqs[i].Tenant = early // last job in the first chunk
+		case i >= 240 && i < 300 && i%3 == 2:
+			reqs[i].Tenant = middle // last job in the second chunk
+		default:
+			reqs[i].Tenant = open
 		}
 	}
-	if _, err := f.star.AdmitBatch(ctx, reqs); err != nil {
+	res, err := f.star.AdmitBatch(ctx, reqs)
+	if err != nil {
 		t.Fatal(err)
+	}
+	lastJob := map[string]int64{open: single.ID} // each tenant's newest queued job
+	for i, r := range res {
+		if r.Status == 202 {
+			lastJob[reqs[i].Tenant] = r.Job.ID
+		}
+	}
+	if len(lastJob) != 3 {
+		t.Fatalf("batch queued jobs of %d tenants, want 3: %v", len(lastJob), lastJob)
 	}
 	rows, err := f.db.QueryContext(ctx, `SELECT o.subject, o.payload, j.id, j.tenant FROM outbox o
 		JOIN jobs j ON j.id = CAST(JSON_VALUE(o.payload, '$.job_id') AS UNSIGNED) ORDER BY o.id`)
@@ -44,7 +63,7 @@ func TestAdmissionPokeBodies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	n := 0
+	var poked []int64
 	for rows.Next() {
 		var subject, tenant string
 		var payload []byte
@@ -56,18 +75,19 @@ func TestAdmissionPokeBodies(t *testing.T) {
 		if subject != want.Subject || !bytes.Equal(payload, want.Payload) {
 			t.Errorf("outbox row for job %d: %s %s, want %s %s", id, subject, payload, want.Subject, want.Payload)
 		}
-		n++
+		poked = append(poked, id)
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	var queued, boxed int
-	if err := f.db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = ?), (SELECT COUNT(*) FROM outbox)", open).
-		Scan(&queued, &boxed); err != nil {
+	// The single admission's poke, then the batch's: early, middle and open, in insert order.
+	want := []int64{single.ID, lastJob[early], lastJob[middle], lastJob[open]}
+	var boxed int
+	if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&boxed); err != nil {
 		t.Fatal(err)
 	}
-	if queued != 401 || boxed != 401 || n != 401 {
-		t.Errorf("%d queued jobs, %d outbox rows, %d matched; want 401 of each", queued, boxed, n)
+	if fmt.Sprint(poked) != fmt.Sprint(want) || boxed != len(want) {
+		t.Errorf("%d outbox rows poke jobs %v, want %v", boxed, poked, want)
 	}
 }
 
