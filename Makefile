@@ -16,9 +16,11 @@ build:
 services:
 	bash deploy/local/setup.sh
 
+# `sluice dev` embeds a NATS server when SLUICE_NATS_URL is unset; `make run` uses the local one
+# that `services` started, unless the environment names another.
 run: services build
 	$(BIN) migrate up
-	$(BIN) dev
+	SLUICE_NATS_URL="$${SLUICE_NATS_URL:-nats://127.0.0.1:4222}" $(BIN) dev
 
 test: services vet lint unit fuzz integration
 

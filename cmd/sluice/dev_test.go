@@ -9,12 +9,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/outbox"
 )
 
 // devRun is a `sluice dev` running in the test's process.
@@ -24,6 +28,7 @@ type devRun struct {
 	stderr *harness.SyncBuffer
 	done   chan struct{}
 	err    error // serve's return, once done is closed
+	db     *testdb.DB
 	// API is the API URL the banner printed.
 	API string
 }
@@ -50,7 +55,7 @@ func startDev(t *testing.T, env map[string]string) *devRun {
 	for k, v := range base {
 		t.Setenv(k, v)
 	}
-	d := &devRun{t: t, stdout: &harness.SyncBuffer{}, stderr: &harness.SyncBuffer{}, done: make(chan struct{})}
+	d := &devRun{t: t, stdout: &harness.SyncBuffer{}, stderr: &harness.SyncBuffer{}, done: make(chan struct{}), db: db}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		defer close(d.done)
@@ -113,6 +118,40 @@ func TestDevOnFreePorts(t *testing.T) {
 		t.Fatalf("the banner shows the API at %s, not the address it listens on", d.API)
 	}
 	d.runJob("dev", "acme", map[string]any{"sleep_ms": 10})
+}
+
+// TestDevEmbedsNATS: with SLUICE_NATS_URL unset, `sluice dev` runs a NATS server of its own
+// (SPEC §9, §11). The banner names it, and the job's pokes reach its JetStream stream.
+func TestDevEmbedsNATS(t *testing.T) {
+	d := startDev(t, map[string]string{"SLUICE_NATS_URL": ""})
+	m := regexp.MustCompile(`NATS:\s+(nats://\S+)\s+\(embedded`).FindStringSubmatch(d.stdout.String())
+	if m == nil {
+		t.Fatalf("the banner names no embedded NATS server:\n%s", d.stdout)
+	}
+	d.runJob("dev", "acme", nil)
+	// The enqueue and the release poke are published only once the stream acknowledged them.
+	var rows int
+	harness.WaitFor(t, 10*time.Second, "the outbox to be published", func() (bool, error) {
+		var open int
+		err := d.db.QueryRow("SELECT COUNT(*), COALESCE(SUM(published_at = "+outbox.Unpublished+"), 0) FROM outbox").Scan(&rows, &open)
+		return rows >= 2 && open == 0, err
+	})
+	nc, err := nats.Connect(m[1])
+	if err != nil {
+		t.Fatalf("connect to the embedded server at %s: %v", m[1], err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(context.Background(), "SLUICE")
+	if err != nil {
+		t.Fatalf("the embedded server has no SLUICE stream: %v", err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != uint64(rows) {
+		t.Errorf("the embedded stream holds %d messages, want one per outbox row (%d)", n, rows)
+	}
 }
 
 // TestDevWithConfiguredTokens: tokens configured for `sluice dev` work next to the dev admin

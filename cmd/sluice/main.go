@@ -32,6 +32,7 @@ import (
 	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/publisher"
+	"github.com/sluicehq/sluice/publisher/devbroker"
 )
 
 // version is set at link time (-ldflags "-X main.version=...").
@@ -42,6 +43,7 @@ const usage = `sluice — a durable, fair admission queue
 Usage:
   sluice serve [--api] [--relay] [--drainer] [flags]   run the API, relay and drainer (all by default)
   sluice dev [flags]                                   everything in one process with a simulated executor
+                                                       (and a NATS server of its own if SLUICE_NATS_URL is unset)
   sluice migrate [up|status] [flags]                   apply or list schema migrations
   sluice jobs list|show|cancel [flags]                 list, read or cancel jobs through the API
   sluice nats init [flags]                             create or update the JetStream stream
@@ -223,9 +225,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 			shutdown[i]()
 		}
 	}()
-	var statsURL string
+	var extras devExtras
 	if dev {
-		if statsURL, err = devSetup(ctx, c, &opts, stdout, &shutdown); err != nil {
+		if extras, err = devSetup(ctx, c, &opts, stdout, &shutdown); err != nil {
 			return err
 		}
 	}
@@ -238,10 +240,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	}
 	if dev {
 		fmt.Fprintf(stdout, "sluice dev is running\n  API:        http://%s   (token: %s)\n  executor:   %s\n", a.Addr(), devToken.Token, opts.ExecutorURL)
-		if statsURL != "" {
-			fmt.Fprintf(stdout, "  stats:      %s\n", statsURL)
+		if extras.statsURL != "" {
+			fmt.Fprintf(stdout, "  stats:      %s\n", extras.statsURL)
 		}
-		fmt.Fprintf(stdout, "  NATS:       %s\nPress Ctrl-C to stop.\n", opts.NATSURL)
+		broker := opts.NATSURL
+		if extras.embeddedNATS {
+			broker += "   (embedded: SLUICE_NATS_URL is unset)"
+		}
+		fmt.Fprintf(stdout, "  NATS:       %s\nPress Ctrl-C to stop.\n", broker)
 	}
 	<-ctx.Done()
 	log.Info("stopping: no new claims; waiting for in-flight dispatches", "grace", grace.String())
@@ -271,26 +277,39 @@ func oneProcForDrainer(log *slog.Logger, env string) {
 	log.Info("drainer-only process: Go code runs on one thread (set GOMAXPROCS to change it)")
 }
 
-// devSetup fills in what `sluice dev` provides: migrations applied and, unless an executor URL
-// is configured, the simulated executor, whose stats URL it returns ("" with the user's own
-// executor). The dev admin token is added by loadTokens. The broker is the local one `make run`
-// starts (deploy/local/setup.sh): embedding nats-server would link its package into the one
-// binary, and that package samples /proc every second in every sluice process, serving or not.
-func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Writer, shutdown *[]func()) (string, error) {
+// devExtras is what devSetup started, for the banner.
+type devExtras struct {
+	statsURL     string // the simulated executor's stats, "" with the user's own executor
+	embeddedNATS bool
+}
+
+// devSetup fills in what `sluice dev` provides: migrations applied, an embedded NATS server
+// unless a NATS URL is configured, and, unless an executor URL is configured, the simulated
+// executor. The dev admin token is added by loadTokens.
+func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Writer, shutdown *[]func()) (devExtras, error) {
+	var x devExtras
+	if opts.NATSURL == "" {
+		b, err := devbroker.Start()
+		if err != nil {
+			return x, err
+		}
+		*shutdown = append(*shutdown, b.Stop)
+		opts.NATSURL, x.embeddedNATS = b.URL(), true
+	}
 	db, err := migrations.Open(ctx, opts.MySQLDSN)
 	if err != nil {
-		return "", err
+		return x, err
 	}
 	applied, err := migrations.Up(ctx, db, nil)
 	db.Close()
 	if err != nil {
-		return "", err
+		return x, err
 	}
 	for _, m := range applied {
 		fmt.Fprintf(stdout, "applied migration %s\n", m.Name)
 	}
 	if opts.ExecutorURL != "" {
-		return "", nil
+		return x, nil
 	}
 	if opts.ExecutorSecret == "" {
 		opts.ExecutorSecret = "dev-secret"
@@ -306,7 +325,7 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "tcp", listen)
 	if err != nil {
-		return "", fmt.Errorf("listen on %s: %w", listen, err)
+		return x, fmt.Errorf("listen on %s: %w", listen, err)
 	}
 	// The API URL is given even when starts are not confirmed: async jobs report through
 	// /complete either way, and UnconfirmedStarts skips only /start.
@@ -316,12 +335,13 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 	if err != nil {
 		l.Close()
 		ex.Close()
-		return "", err
+		return x, err
 	}
 	*shutdown = append(*shutdown, func() { stop(); ex.Close() })
 	opts.Listener = l
 	opts.ExecutorURL = "http://" + addr + "/dispatch"
-	return "http://" + addr + "/stats", nil
+	x.statsURL = "http://" + addr + "/stats"
+	return x, nil
 }
 
 func serveHTTP(ctx context.Context, addr string, h http.Handler) (func(), string, error) {

@@ -17,7 +17,7 @@ type setting struct {
 
 var settings = []setting{
 	{"mysql-dsn", "SLUICE_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/sluice", "MySQL/MariaDB DSN (sluice adds the parameters it needs)"},
-	{"nats-url", "SLUICE_NATS_URL", "", "NATS URL (default nats://127.0.0.1:4222)"},
+	{"nats-url", "SLUICE_NATS_URL", "", "NATS URL (default nats://127.0.0.1:4222; sluice dev: an embedded server)"},
 	{"nats-core", "SLUICE_NATS_CORE", "false", "publish with core NATS, without JetStream"},
 	{"memcached", "SLUICE_MEMCACHED", "127.0.0.1:11211", "memcached servers, comma-separated"},
 	{"listen", "SLUICE_LISTEN", "127.0.0.1:7480", "API listen address"},
