@@ -62,6 +62,44 @@ func (t *ConnTx) Exec(ctx context.Context, stmts []string, args ...any) (mysql.R
 	return t.exec(ctx, t.begin(stmts), args)
 }
 
+// ExecCommit runs stmts and COMMIT in one round trip and returns the driver's result for stmts
+// (COMMIT's own is dropped). An error means the transaction did not commit (the server stops at
+// a failing statement, and Close rolls back), unless the connection broke, when the outcome is
+// unknown.
+func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (mysql.Result, error) {
+	res, err := t.exec(ctx, t.begin(stmts)+";COMMIT", args)
+	if err != nil {
+		return nil, err
+	}
+	t.open = false
+	return withoutLast{res}, nil
+}
+
+// withoutLast is a multi-statement result without its last statement's: LastInsertId and
+// RowsAffected report the statement before it.
+type withoutLast struct{ mysql.Result }
+
+func (r withoutLast) LastInsertId() (int64, error) { return lastOf(r.AllLastInsertIds()), nil }
+
+func (r withoutLast) RowsAffected() (int64, error) { return lastOf(r.AllRowsAffected()), nil }
+
+func lastOf(v []int64) int64 {
+	if len(v) == 0 {
+		return 0
+	}
+	return v[len(v)-1]
+}
+
+func (r withoutLast) AllRowsAffected() []int64 {
+	all := r.Result.AllRowsAffected()
+	return all[:len(all)-1]
+}
+
+func (r withoutLast) AllLastInsertIds() []int64 {
+	all := r.Result.AllLastInsertIds()
+	return all[:len(all)-1]
+}
+
 // QueryCommit runs stmts and COMMIT in one round trip. The transaction has committed once the
 // Results are closed without error; an error before that means it did not (the server stops at
 // a failing statement, and Close rolls back), unless the connection broke after the COMMIT was
