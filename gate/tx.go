@@ -66,9 +66,14 @@ func (t *admissionTx) query(ctx context.Context, stmts []string, args []any) (*s
 	return t.hand.Query(ctx, stmts, args...)
 }
 
+// canCommitWithExec says whether exec may commit in its round trip (a transaction driven by
+// hand).
+func (t *admissionTx) canCommitWithExec() bool { return t.hand != nil }
+
 // exec runs stmts (args[i] are the arguments of stmts[i]) and returns the first id each INSERT
-// among them generated: in one round trip, or a batch's one statement at a time, prepared.
-func (t *admissionTx) exec(ctx context.Context, stmts []string, args [][]any) ([]int64, error) {
+// among them generated: in one round trip, or a batch's one statement at a time, prepared. With
+// commit (only where canCommitWithExec), COMMIT goes in the same round trip.
+func (t *admissionTx) exec(ctx context.Context, stmts []string, args [][]any, commit bool) ([]int64, error) {
 	if t.tx != nil {
 		ids := make([]int64, len(stmts))
 		for i, q := range stmts {
@@ -86,7 +91,11 @@ func (t *admissionTx) exec(ctx context.Context, stmts []string, args [][]any) ([
 	for _, as := range args {
 		flat = append(flat, as...)
 	}
-	res, err := t.hand.Exec(ctx, stmts, flat...)
+	run := t.hand.Exec
+	if commit {
+		run = t.hand.ExecCommit
+	}
+	res, err := run(ctx, stmts, flat...)
 	if err != nil {
 		return nil, err
 	}

@@ -63,8 +63,12 @@ func (p *commitCutter) untrack(c net.Conn) {
 	delete(p.open, c)
 }
 
-// comQueryCommit is a MySQL COM_QUERY packet body "COMMIT" (the driver's tx.Commit).
-var comQueryCommit = []byte("\x03COMMIT")
+// carriesCommit says whether a chunk the client sent holds a COMMIT: a MySQL COM_QUERY packet
+// body "COMMIT" (the driver's tx.Commit), or one whose statements end with it (a transaction
+// that commits in its last round trip, store.ConnTx's ExecCommit and QueryCommit).
+func carriesCommit(chunk []byte) bool {
+	return bytes.Contains(chunk, []byte("\x03COMMIT")) || bytes.HasSuffix(chunk, []byte(";COMMIT"))
+}
 
 // dbThroughCutter starts a commitCutter in front of base's database and returns it with a pool
 // that connects through it, closed when the test ends.
@@ -142,7 +146,7 @@ func (p *commitCutter) serve(client net.Conn, server string) {
 	for {
 		n, err := client.Read(buf)
 		if n > 0 {
-			if bytes.Contains(buf[:n], comQueryCommit) && p.armed.CompareAndSwap(true, false) {
+			if carriesCommit(buf[:n]) && p.armed.CompareAndSwap(true, false) {
 				cut.Store(true)
 				_, _ = up.Write(buf[:n])
 				p.cuts.Add(1)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -88,6 +89,44 @@ func TestAdmissionPokeBodies(t *testing.T) {
 	}
 	if fmt.Sprint(poked) != fmt.Sprint(want) || boxed != len(want) {
 		t.Errorf("%d outbox rows poke jobs %v, want %v", boxed, poked, want)
+	}
+}
+
+// TestAdmissionRoundTrips: a single admission takes two database round trips, the COMMIT going
+// with the inserts (gate's commitWithInsert); one holding an admission rate-limit reservation
+// takes three, so that an unknown COMMIT outcome can still be settled by re-reading the new row
+// by its id (SPEC §5).
+func TestAdmissionRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	probe := startFrontDoor(t, fdOptions{}) // only for its database
+	counted, log := countedPool(t, probe.db)
+	f := startFrontDoorOn(t, probe, fdOptions{admitDB: counted, memcached: "127.0.0.1:11211"})
+	limited := uniqueTenant("limited")
+	for _, c := range []struct {
+		tenant string
+		trips  int
+		last   string
+	}{
+		{uniqueTenant("free"), 2, "COMMIT"}, // the inserts and COMMIT in one
+		{limited, 3, "COMMIT"},              // COMMIT alone
+	} {
+		if c.tenant == limited {
+			f.setConfig(t, map[string]any{"admission_rate_per_minute": 100})
+		}
+		log.reset()
+		if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: c.tenant}); err != nil {
+			t.Fatal(err)
+		}
+		trips := log.take()
+		if len(trips) != c.trips || !strings.HasSuffix(trips[len(trips)-1], c.last) ||
+			!strings.Contains(trips[len(trips)-1-(c.trips-2)], "INSERT INTO jobs") {
+			t.Errorf("admission for %s: %d round trips, want %d ending with the inserts' and then COMMIT:\n%s",
+				c.tenant, len(trips), c.trips, strings.Join(trips, "\n---\n"))
+		}
+	}
+	if n, err := f.limiter.Count(limited, f.now.Now()); err != nil || n != 1 {
+		t.Errorf("the limited tenant's admission was charged %d times (%v), want 1", n, err)
 	}
 }
 
