@@ -14,9 +14,10 @@ type Tx interface {
 	Rollback() error
 }
 
-// admissionTx is one admission transaction. Usually a store.ConnTx, so that it costs three
-// round trips instead of six: the first begins the transaction, takes the tenant locks and
-// reads the state, the second writes every row and learns all their ids, the third commits.
+// admissionTx is one admission transaction. Usually a store.ConnTx, so that it costs two round
+// trips instead of six: the first begins the transaction, takes the tenant locks and reads the
+// state, the second writes every row, learns all their ids and commits (a third commits when
+// Admitter.commitWithInsert says the COMMIT must go alone).
 //
 // A batch is the exception: it begins with database/sql and inserts through server-side
 // prepared statements (stmts), because the server parses a 250-row INSERT sent as text for
