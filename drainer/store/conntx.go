@@ -79,25 +79,21 @@ func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (m
 // RowsAffected report the statement before it.
 type withoutLast struct{ mysql.Result }
 
+func (r withoutLast) AllRowsAffected() []int64 { return dropLast(r.Result.AllRowsAffected()) }
+
+func (r withoutLast) AllLastInsertIds() []int64 { return dropLast(r.Result.AllLastInsertIds()) }
+
 func (r withoutLast) LastInsertId() (int64, error) { return lastOf(r.AllLastInsertIds()), nil }
 
 func (r withoutLast) RowsAffected() (int64, error) { return lastOf(r.AllRowsAffected()), nil }
+
+func dropLast(v []int64) []int64 { return v[:max(len(v)-1, 0)] }
 
 func lastOf(v []int64) int64 {
 	if len(v) == 0 {
 		return 0
 	}
 	return v[len(v)-1]
-}
-
-func (r withoutLast) AllRowsAffected() []int64 {
-	all := r.Result.AllRowsAffected()
-	return all[:len(all)-1]
-}
-
-func (r withoutLast) AllLastInsertIds() []int64 {
-	all := r.Result.AllLastInsertIds()
-	return all[:len(all)-1]
 }
 
 // QueryCommit runs stmts and COMMIT in one round trip. The transaction has committed once the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -203,5 +204,46 @@ func TestFinishBudget(t *testing.T) {
 	got, _ := store.Get(ctx, db, r.ID, false)
 	if to != job.Failed || got.ErrorCode == nil || *got.ErrorCode != string(job.CodeDispatchFailed) || got.StartedAt != nil {
 		t.Errorf("ended %s with %v, started %v; want failed dispatch_failed, never started", to, got.ErrorCode, got.StartedAt)
+	}
+}
+
+// TestExecCommit: ExecCommit commits with its statements and reports their insert ids, not
+// COMMIT's; a failing statement stops the round trip before COMMIT, and Close rolls back what the
+// statements before it wrote.
+func TestExecCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	insert := "INSERT INTO outbox (subject, payload, created_at) VALUES ('s', 'p', UTC_TIMESTAMP(6))"
+	tx := beginConn(ctx, t, db)
+	res, err := tx.Query(ctx, []string{"SELECT 1"}) // begins the transaction
+	if err == nil {
+		err = res.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := tx.ExecCommit(ctx, []string{insert, insert + ", ('s', 'p', UTC_TIMESTAMP(6))"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, affected := r.AllLastInsertIds(), r.AllRowsAffected()
+	last, _ := r.LastInsertId()
+	if fmt.Sprint(ids, affected, last) != "[1 2] [1 2] 2" {
+		t.Errorf("ids %v, rows affected %v, last id %d; want [1 2], [1 2], 2", ids, affected, last)
+	}
+	tx.Close() // nothing to roll back
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("%d outbox rows after the commit (%v), want 3", n, err)
+	}
+
+	tx = beginConn(ctx, t, db)
+	if _, err := tx.ExecCommit(ctx, []string{insert, "INSERT INTO no_such_table VALUES (1)"}); err == nil {
+		t.Fatal("a failing statement: no error")
+	}
+	tx.Close()
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&n); err != nil || n != 3 {
+		t.Errorf("%d outbox rows after a round trip that failed before COMMIT (%v), want 3", n, err)
 	}
 }
