@@ -211,13 +211,18 @@ func (it *item) pending() bool {
 	return it.invalid == nil && it.err == nil && !it.insert && !it.res.Replayed && it.dupOf == nil
 }
 
-// Admit admits req for caller. It returns a Result, or a *job.Error: invalid_request,
-// payload_too_large, forbidden, idempotency_conflict, rate_limited, queue_full (with a rejected
-// row's id), capacity_exceeded, unavailable or outcome_unknown. Nothing is written for a refusal
-// except a queue_full's rejected row.
-func (a *Admitter) Admit(ctx context.Context, caller string, req Request) (Result, error) {
+// Admit admits req for caller. mayActFor, if set, refuses a tenant the caller may not act for
+// with forbidden, once the request is valid (SPEC §5: validation comes before the rest). It
+// returns a Result, or a *job.Error: invalid_request, payload_too_large, forbidden,
+// idempotency_conflict, rate_limited, queue_full (with a rejected row's id), capacity_exceeded,
+// unavailable or outcome_unknown. Nothing is written for a refusal except a queue_full's
+// rejected row.
+func (a *Admitter) Admit(ctx context.Context, caller string, req Request, mayActFor func(tenant string) bool) (Result, error) {
 	cfg := a.cfg.Limits.Current().Config
 	it := a.newItem(caller, req, cfg)
+	if it.invalid == nil && mayActFor != nil && !mayActFor(req.Tenant) {
+		it.invalid = forbiddenTenant()
+	}
 	if it.invalid != nil {
 		a.cfg.Metrics.observe(Result{}, it.invalid)
 		return Result{}, it.invalid
@@ -248,7 +253,7 @@ func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request
 			items[i].invalid = pre[i]
 		}
 		if items[i].invalid == nil && mayActFor != nil && !mayActFor(r.Tenant) {
-			items[i].invalid = job.Errorf(job.CodeForbidden, "this token may not act for that tenant")
+			items[i].invalid = forbiddenTenant()
 		}
 	}
 	if err := a.run(ctx, items, cfg, false); err != nil {
@@ -294,6 +299,10 @@ func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result
 	}
 	a.cfg.Metrics.observe(it.res, it.err)
 	return it.res, it.err
+}
+
+func forbiddenTenant() error {
+	return job.Errorf(job.CodeForbidden, "this token may not act for that tenant")
 }
 
 func (a *Admitter) newItem(caller string, req Request, cfg limits.Config) *item {

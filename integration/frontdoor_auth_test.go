@@ -71,6 +71,21 @@ func TestFrontDoorAuth(t *testing.T) {
 	if err != nil || len(res) != 1 || res[0].Status != 403 {
 		t.Errorf("beta batch-admits for acme: %+v %v, want one 403 item", res, err)
 	}
+	// Validation comes before the tenant's scope (SPEC §5's order): a request that is invalid
+	// is a 400 naming its field whoever it is for, also when its tenant is not a valid one.
+	for _, c := range []struct {
+		body  map[string]any
+		field string
+	}{
+		{map[string]any{"tenant": "bad\u0001tenant"}, "tenant"},
+		{map[string]any{"tenant": ""}, "tenant"},
+		{map[string]any{"tenant": "acme", "rate_key": ""}, "rate_key"},
+	} {
+		r := f.do(t, http.MethodPost, "/v1/jobs", fdBetaToken, c.body)
+		if r.Status != 400 || r.Body["error_code"] != "invalid_request" || r.Body["field"] != c.field {
+			t.Errorf("beta admits %v: %d %s, want 400 invalid_request naming %s", c.body, r.Status, r.Raw, c.field)
+		}
+	}
 	if after := f.rowCounts(t); after != before {
 		t.Errorf("refused requests wrote rows: %v → %v", before, after)
 	}

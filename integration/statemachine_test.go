@@ -128,7 +128,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 		action := rng.Intn(9)
 		switch action {
 		case 0: // admit
-			if _, err := adm.Admit(ctx, "p", gate.Request{Tenant: tenants[rng.Intn(len(tenants))]}); err != nil {
+			if _, err := adm.Admit(ctx, "p", gate.Request{Tenant: tenants[rng.Intn(len(tenants))]}, nil); err != nil {
 				t.Fatalf("step %d admit: %v", step, err)
 			}
 		case 1, 2: // a claim pass of a random drainer

@@ -33,7 +33,7 @@ func TestJobsCommand(t *testing.T) {
 	defer hs.Close()
 	var ids []int64
 	for _, tenant := range []string{"acme", "acme", "globex"} {
-		res, err := adm.Admit(context.Background(), "ops", gate.Request{Tenant: tenant})
+		res, err := adm.Admit(context.Background(), "ops", gate.Request{Tenant: tenant}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -59,11 +59,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if req.Tenant != "" && !c.MayActFor(req.Tenant) {
-		s.fail(w, r, job.Errorf(job.CodeForbidden, "this token may not act for that tenant"))
-		return
-	}
-	res, err := s.cfg.Admitter.Admit(r.Context(), c.Name, req)
+	res, err := s.cfg.Admitter.Admit(r.Context(), c.Name, req, c.MayActFor)
 	setCapacityHeaders(w, res)
 	if err != nil {
 		s.fail(w, r, err)
