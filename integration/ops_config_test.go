@@ -240,3 +240,33 @@ func limitsPatchDirect(ctx context.Context, env *opsEnv, changes map[string]any)
 	}
 	return limits.Patch(ctx, env.DB, nil, "other-process", raw, "from another process")
 }
+
+// TestOpsConfigHistoryIsWhole: GET /v1/config/history answers every change (SPEC §6), however
+// many, and ?limit= the newest ones, each still diffed against its predecessor.
+func TestOpsConfigHistoryIsWhole(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	const changes = 130
+	for i := 1; i <= changes; i++ {
+		f.setConfig(t, map[string]any{"tenant_queue_depth": 1000 + i})
+	}
+	r := f.do(t, http.MethodGet, "/v1/config/history", fdAdminToken, nil)
+	if r.Status != http.StatusOK {
+		t.Fatalf("history: HTTP %d %s", r.Status, r.Raw)
+	}
+	if n := len(r.Body["history"].([]any)); n != changes {
+		t.Errorf("history has %d entries, want all %d", n, changes)
+	}
+	r = f.do(t, http.MethodGet, "/v1/config/history?limit=3", fdAdminToken, nil)
+	hist, _ := r.Body["history"].([]any)
+	if r.Status != http.StatusOK || len(hist) != 3 {
+		t.Fatalf("history?limit=3: HTTP %d, %d entries, want 3", r.Status, len(hist))
+	}
+	oldest := hist[2].(map[string]any)
+	if oldest["version"] != float64(changes-2) || oldest["old"].(map[string]any)["tenant_queue_depth"] != float64(1000+changes-3) {
+		t.Errorf("the oldest of three: %v, want version %d changed from %d", oldest, changes-2, 1000+changes-3)
+	}
+	if r := f.do(t, http.MethodGet, "/v1/config/history?limit=0", fdAdminToken, nil); r.Status != 400 || r.Body["field"] != "limit" {
+		t.Errorf("history?limit=0: HTTP %d %s, want 400 naming limit", r.Status, r.Raw)
+	}
+}

@@ -25,7 +25,7 @@ func configCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
 	note := fs.String("note", "", "why the change is made (set)")
-	limit := fs.Int("limit", 50, "how many changes to show, newest first (history)")
+	limit := fs.Int("limit", 0, "show only the newest N changes (history; default every change)")
 	token := tokenFlag(fs)
 	flags, pos := splitArgs(args[1:], "json", "-json")
 	c, err := parseSettings(fs, flags)

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
 
@@ -83,13 +84,14 @@ func (s *Server) patchConfig(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
-// configHistory is GET /v1/config/history?limit= (admin): every change, newest first.
+// configHistory is GET /v1/config/history?limit= (admin): every change (SPEC §6), or the newest
+// limit, newest first.
 func (s *Server) configHistory(w http.ResponseWriter, r *http.Request) {
-	limit := 100
+	limit := 0
 	if l := r.URL.Query().Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 1000 {
-			s.fail(w, r, job.Invalid("limit", "limit must be a whole number from 1 to 1000"))
+		if err != nil || n < 1 || n > math.MaxInt32 {
+			s.fail(w, r, job.Invalid("limit", "limit must be a whole number of at least 1"))
 			return
 		}
 		limit = n

@@ -48,8 +48,8 @@ func (c *Client) PatchConfig(ctx context.Context, changes map[string]any, note s
 	return v, err
 }
 
-// ConfigHistory reads GET /v1/config/history (admin), newest first; limit 0 means the server's
-// default (100).
+// ConfigHistory reads GET /v1/config/history (admin), newest first: every change, or the newest
+// limit if limit > 0.
 func (c *Client) ConfigHistory(ctx context.Context, limit int) ([]limits.Change, error) {
 	path := "/v1/config/history"
 	if limit > 0 {

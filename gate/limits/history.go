@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -246,11 +247,11 @@ func asMap(c Config) map[string]json.RawMessage {
 	return m
 }
 
-// History returns up to limit changes, newest first, each with the keys it changed. Version 1's
-// old values are the defaults.
+// History returns every change, or the newest limit if limit > 0, newest first, each with the
+// keys it changed. Version 1's old values are the defaults.
 func History(ctx context.Context, db DB, limit int) ([]Change, error) {
 	if limit <= 0 {
-		limit = 100
+		limit = math.MaxInt32 // changes are made by hand: the whole history is small
 	}
 	// One row more than asked for: the oldest change returned needs its predecessor to diff.
 	rows, err := db.QueryContext(ctx, `SELECT version, config, changed_by, changed_at, COALESCE(note, '')
