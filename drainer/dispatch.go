@@ -231,8 +231,9 @@ func (d *Drainer) outcome(now time.Time, r store.Row, req *outcomeReq) store.Out
 		if !refusedUnstarted {
 			return store.Outcome{Status: job.Failed, ErrorCode: "executor_refused", ErrorMessage: "the executor answered 503 after the start"}
 		}
-		nb := now.Add(refusalDelay(ans.RetryAfter, r.Attempt))
-		return store.Outcome{Status: job.Queued, NotBefore: &nb, ErrorCode: "executor_refused", ErrorMessage: "the executor answered 503"}
+		nb := now.Add(refusalDelay(ans.RetryAfter, r.Refusals+1))
+		return store.Outcome{Status: job.Queued, NotBefore: &nb, CountRefusal: true, ErrorCode: "executor_refused",
+			ErrorMessage: "the executor answered 503"}
 	default:
 		msg := "the dispatch's outcome is unknown"
 		if ans.Err != nil {
@@ -245,14 +246,15 @@ func (d *Drainer) outcome(now time.Time, r store.Row, req *outcomeReq) store.Out
 	}
 }
 
-// refusalDelay is how long a job refused with 503 waits: the executor's Retry-After, else 1 s
-// doubling per attempt up to 60 s.
-func refusalDelay(retryAfter, attempt int) time.Duration {
+// refusalDelay is how long a job refused with 503 for the refusal-th time waits: the executor's
+// Retry-After, else 1 s doubling with each refusal up to 60 s (SPEC §8). Refusals, not attempts:
+// a job claimed again after 429s or dispatch errors has not been refused more often.
+func refusalDelay(retryAfter, refusal int) time.Duration {
 	if retryAfter > 0 {
 		return time.Duration(retryAfter) * time.Second
 	}
 	delay := time.Second
-	for i := 1; i < attempt && delay < time.Minute; i++ {
+	for i := 1; i < refusal && delay < time.Minute; i++ {
 		delay *= 2
 	}
 	return min(delay, time.Minute)

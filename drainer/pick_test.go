@@ -79,7 +79,7 @@ func TestPickHonoursOverrides(t *testing.T) {
 
 func TestRefusalDelay(t *testing.T) {
 	cases := []struct {
-		retryAfter, attempt int
+		retryAfter, refusal int
 		want                time.Duration
 	}{
 		{7, 1, 7 * time.Second},
@@ -89,8 +89,8 @@ func TestRefusalDelay(t *testing.T) {
 		{0, 30, time.Minute},
 	}
 	for _, c := range cases {
-		if got := refusalDelay(c.retryAfter, c.attempt); got != c.want {
-			t.Errorf("refusalDelay(%d, %d) = %s, want %s", c.retryAfter, c.attempt, got, c.want)
+		if got := refusalDelay(c.retryAfter, c.refusal); got != c.want {
+			t.Errorf("refusalDelay(%d, %d) = %s, want %s", c.retryAfter, c.refusal, got, c.want)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"net/http"
 	"strconv"
@@ -237,6 +238,54 @@ func TestUnconfirmedRefusalsRequeue(t *testing.T) {
 			t.Fatalf("after answer %d (%+v): %s/%s, want %s/%s", i+1, answers[i], status, code, want.status, want.code)
 		}
 		clk.Advance(time.Minute) // past the not-before the refusal set
+	}
+}
+
+// TestRefusalBackoffDoublesPerRefusal: a 503 without Retry-After holds the job back 1 s, doubling
+// with each refusal (SPEC §8), counted in the job's refusals: a job claimed again after a 429 or
+// a dispatch error has not been refused more often, so its first 503 still waits 1 s.
+func TestRefusalBackoffDoublesPerRefusal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	clk := clock.NewFake(time.Now())
+	t0, _ := clk.Now(ctx)
+	answers := []executor.Answer{
+		{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 1},
+		{Kind: executor.Unknown, Err: context.DeadlineExceeded},
+		{Kind: executor.Refused, HTTPStatus: 503},
+		{Kind: executor.Refused, HTTPStatus: 503},
+		{Kind: executor.Refused, HTTPStatus: 503},
+	}
+	sender := &scriptedSender{answer: func(n int) executor.Answer { return answers[n-1] }}
+	recorded := make(chan int64, 8)
+	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "refused",
+		Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
+	id := queueOneJob(t, db, t0)
+	// The wait after each answer: the 429's own (its key could not be gated), none after the
+	// dispatch error, then 1, 2 and 4 s for the three refusals.
+	for i, want := range []time.Duration{6 * time.Second, 0, time.Second, 2 * time.Second, 4 * time.Second} {
+		now, _ := clk.Now(ctx)
+		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+			t.Fatalf("pass %d: %+v, %v; want one claim", i+1, p, err)
+		}
+		awaitRecorded(t, recorded, 1)
+		var status string
+		var notBefore sql.NullTime
+		var refusals int
+		if err := db.QueryRowContext(ctx, "SELECT status, not_before, refusals FROM jobs WHERE id = ?", id).
+			Scan(&status, &notBefore, &refusals); err != nil {
+			t.Fatal(err)
+		}
+		var wait time.Duration
+		if notBefore.Valid {
+			wait = notBefore.Time.Sub(now)
+		}
+		if status != "queued" || wait != want || refusals != max(0, i-1) {
+			t.Fatalf("after answer %d (%+v): %s, held back %s with %d refusals; want queued, %s, %d",
+				i+1, answers[i], status, wait, refusals, want, max(0, i-1))
+		}
+		clk.Advance(time.Minute) // past the not-before
 	}
 }
 

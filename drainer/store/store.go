@@ -39,6 +39,7 @@ type Row struct {
 	DispatchFailures int
 	NonceSHA256      []byte
 	VoidedNonce      []byte // the nonce hash of the last voided dispatch
+	Refusals         int    // times an executor refused it with 503 before it started
 	NonceExpiresAt   *time.Time
 	LeaseUntil       *time.Time
 	DrainerID        *string
@@ -52,14 +53,14 @@ type Row struct {
 const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, payload,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
-	idempotency_key, request_sha256, not_before, voided_nonce_sha256`
+	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals`
 
 // LockColumns is Columns with NULL in place of the result and the payload, for ScanRow: what a
 // transition needs of the rows it locks, without reading back up to 256 KiB of payload a job.
 const LockColumns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, NULL, retry_of, NULL,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
-	idempotency_key, request_sha256, not_before, voided_nonce_sha256`
+	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals`
 
 // Scanner is *sql.Row or *sql.Rows.
 type Scanner interface{ Scan(dest ...any) error }
@@ -75,7 +76,7 @@ func ScanRow(s Scanner) (Row, error) {
 	err := s.Scan(&r.ID, &r.Tenant, &rateKey, &status, &r.Version, &r.Attempt, &r.QueuedAt, &claimed,
 		&dispatched, &started, &finished, &errCode, &errMsg, &result, &retryOf, &r.Payload,
 		&r.DispatchFailures, &r.NonceSHA256, &nonceExp, &lease, &drainerID, &r.Caller,
-		&idemKey, &r.RequestSHA256, &notBefore, &r.VoidedNonce)
+		&idemKey, &r.RequestSHA256, &notBefore, &r.VoidedNonce, &r.Refusals)
 	if err != nil {
 		return r, err
 	}
@@ -221,6 +222,9 @@ type Outcome struct {
 	NotBefore *time.Time
 	// CountFailure, for a requeue, spends one unit of the dispatch budget.
 	CountFailure bool
+	// CountRefusal, for a requeue, counts one more 503 refusal (Row.Refusals), whose delay
+	// doubles with each.
+	CountRefusal bool
 	// Budget is the dispatch budget: a requeue that would spend past it fails the job with
 	// dispatch_failed instead. 0 means unlimited.
 	Budget int
@@ -459,16 +463,20 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 		if kind == "requeue" {
 			col("not_before", func(i int) any { return items[i].Outcome.NotBefore })
 			// An increment, not the value read: a caller may hand back a row it never read whole.
-			set.WriteString(", dispatch_failures = dispatch_failures + CASE id")
-			for _, i := range g.items {
-				inc := 0
-				if items[i].Outcome.CountFailure {
-					inc = 1
+			count := func(name string, counts func(o Outcome) bool) {
+				set.WriteString(", " + name + " = " + name + " + CASE id")
+				for _, i := range g.items {
+					inc := 0
+					if counts(items[i].Outcome) {
+						inc = 1
+					}
+					set.WriteString(" WHEN ? THEN ?")
+					args = append(args, items[i].Row.ID, inc)
 				}
-				set.WriteString(" WHEN ? THEN ?")
-				args = append(args, items[i].Row.ID, inc)
+				set.WriteString(" END")
 			}
-			set.WriteString(" END")
+			count("dispatch_failures", func(o Outcome) bool { return o.CountFailure })
+			count("refusals", func(o Outcome) bool { return o.CountRefusal })
 			q = `UPDATE jobs SET status = 'queued', version = version + 1, claimed_at = NULL,
 				dispatched_at = NULL, started_at = NULL, lease_until = NULL, drainer_id = NULL,
 				voided_nonce_sha256 = nonce_sha256, nonce_sha256 = NULL, nonce_expires_at = NULL` + set.String()
