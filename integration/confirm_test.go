@@ -202,43 +202,56 @@ func TestStartConfirmation(t *testing.T) {
 	})
 }
 
+// answerInTurn queues one job for a drainer (cfg with its DB, Executor, Clock and Recorded filled
+// in) whose executor gives answers in turn, one a pass, and calls check after each is recorded,
+// with the fake clock's time when the pass began. Between answers the clock moves a minute, past
+// any not-before the answer set.
+func answerInTurn(t *testing.T, cfg drainer.Config, answers []executor.Answer,
+	check func(i int, db *testdb.DB, id int64, passAt time.Time)) {
+	t.Helper()
+	ctx := context.Background()
+	db := testdb.New(t)
+	clk := clock.NewFake(time.Now())
+	recorded := make(chan int64, len(answers))
+	cfg.DB, cfg.Clock, cfg.Recorded = db.DB, clk, func(id int64) { recorded <- id }
+	cfg.Executor = &scriptedSender{answer: func(n int) executor.Answer { return answers[n-1] }}
+	d := newTestDrainer(t, cfg, 10*time.Second)
+	t0, _ := clk.Now(ctx)
+	id := queueOneJob(t, db, t0)
+	for i := range answers {
+		passAt, _ := clk.Now(ctx)
+		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+			t.Fatalf("pass %d: %+v, %v; want one claim", i+1, p, err)
+		}
+		awaitRecorded(t, recorded, 1)
+		check(i, db, id, passAt)
+		clk.Advance(time.Minute)
+	}
+}
+
 // TestUnconfirmedRefusalsRequeue proves that with starts not confirmed
 // (SLUICE_EXECUTOR_CONFIRM_START=false) a 429 or a 503 still puts the job back in the queue
 // (SPEC §8: queued again if the start was never confirmed; §5: a 429 never fails a job), while
 // an answer that says nothing still makes it lost, since nothing proves it did not start.
 func TestUnconfirmedRefusalsRequeue(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := testdb.New(t)
-	clk := clock.NewFake(time.Now())
-	t0, _ := clk.Now(ctx)
 	answers := []executor.Answer{
 		{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 5},
 		{Kind: executor.Refused, HTTPStatus: 503, RetryAfter: 5},
 		{Kind: executor.Unknown, Err: context.DeadlineExceeded},
 	}
-	sender := &scriptedSender{answer: func(n int) executor.Answer { return answers[n-1] }}
-	recorded := make(chan int64, 4)
-	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "unconfirmed",
-		UnconfirmedStarts: true, Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
-	id := queueOneJob(t, db, t0)
-	for i, want := range []struct{ status, code string }{
+	wants := []struct{ status, code string }{
 		{"queued", "rate_limited"}, {"queued", "executor_refused"}, {"lost", "outcome_unknown"},
-	} {
-		p, err := d.RunOnce(ctx)
-		if err != nil || p.Claimed != 1 {
-			t.Fatalf("pass %d: %+v, %v; want one claim", i+1, p, err)
-		}
-		awaitRecorded(t, recorded, 1)
+	}
+	answerInTurn(t, drainer.Config{ID: "unconfirmed", UnconfirmedStarts: true}, answers, func(i int, db *testdb.DB, id int64, _ time.Time) {
 		var status, code string
-		if err := db.QueryRowContext(ctx, "SELECT status, error_code FROM jobs WHERE id = ?", id).Scan(&status, &code); err != nil {
+		if err := db.QueryRow("SELECT status, error_code FROM jobs WHERE id = ?", id).Scan(&status, &code); err != nil {
 			t.Fatal(err)
 		}
-		if status != want.status || code != want.code {
+		if want := wants[i]; status != want.status || code != want.code {
 			t.Fatalf("after answer %d (%+v): %s/%s, want %s/%s", i+1, answers[i], status, code, want.status, want.code)
 		}
-		clk.Advance(time.Minute) // past the not-before the refusal set
-	}
+	})
 }
 
 // TestRefusalBackoffDoublesPerRefusal: a 503 without Retry-After holds the job back 1 s, doubling
@@ -246,10 +259,6 @@ func TestUnconfirmedRefusalsRequeue(t *testing.T) {
 // a dispatch error has not been refused more often, so its first 503 still waits 1 s.
 func TestRefusalBackoffDoublesPerRefusal(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := testdb.New(t)
-	clk := clock.NewFake(time.Now())
-	t0, _ := clk.Now(ctx)
 	answers := []executor.Answer{
 		{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 1},
 		{Kind: executor.Unknown, Err: context.DeadlineExceeded},
@@ -257,36 +266,26 @@ func TestRefusalBackoffDoublesPerRefusal(t *testing.T) {
 		{Kind: executor.Refused, HTTPStatus: 503},
 		{Kind: executor.Refused, HTTPStatus: 503},
 	}
-	sender := &scriptedSender{answer: func(n int) executor.Answer { return answers[n-1] }}
-	recorded := make(chan int64, 8)
-	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "refused",
-		Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
-	id := queueOneJob(t, db, t0)
 	// The wait after each answer: the 429's own (its key could not be gated), none after the
 	// dispatch error, then 1, 2 and 4 s for the three refusals.
-	for i, want := range []time.Duration{6 * time.Second, 0, time.Second, 2 * time.Second, 4 * time.Second} {
-		now, _ := clk.Now(ctx)
-		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
-			t.Fatalf("pass %d: %+v, %v; want one claim", i+1, p, err)
-		}
-		awaitRecorded(t, recorded, 1)
+	waits := []time.Duration{6 * time.Second, 0, time.Second, 2 * time.Second, 4 * time.Second}
+	answerInTurn(t, drainer.Config{ID: "refused"}, answers, func(i int, db *testdb.DB, id int64, passAt time.Time) {
 		var status string
 		var notBefore sql.NullTime
 		var refusals int
-		if err := db.QueryRowContext(ctx, "SELECT status, not_before, refusals FROM jobs WHERE id = ?", id).
+		if err := db.QueryRow("SELECT status, not_before, refusals FROM jobs WHERE id = ?", id).
 			Scan(&status, &notBefore, &refusals); err != nil {
 			t.Fatal(err)
 		}
 		var wait time.Duration
 		if notBefore.Valid {
-			wait = notBefore.Time.Sub(now)
+			wait = notBefore.Time.Sub(passAt)
 		}
-		if status != "queued" || wait != want || refusals != max(0, i-1) {
+		if status != "queued" || wait != waits[i] || refusals != max(0, i-1) {
 			t.Fatalf("after answer %d (%+v): %s, held back %s with %d refusals; want queued, %s, %d",
-				i+1, answers[i], status, wait, refusals, want, max(0, i-1))
+				i+1, answers[i], status, wait, refusals, waits[i], max(0, i-1))
 		}
-		clk.Advance(time.Minute) // past the not-before
-	}
+	})
 }
 
 // TestExecutorErrorFieldsStored proves that an executor's error fields cannot make its outcome
