@@ -11,6 +11,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,10 +45,10 @@ func (c *StreamConfig) fill() error {
 		c.Prefix = "sluice"
 	}
 	if c.Duplicates == 0 {
-		c.Duplicates = 2 * time.Minute
+		c.Duplicates = MinDuplicateWindow
 	}
-	if c.Duplicates < 2*time.Minute {
-		return fmt.Errorf("invalid config: Duplicates: at least 2m, got %s", c.Duplicates)
+	if c.Duplicates < MinDuplicateWindow {
+		return fmt.Errorf("invalid config: Duplicates: at least %s, got %s", MinDuplicateWindow, c.Duplicates)
 	}
 	if c.Replicas == 0 {
 		c.Replicas = 1
@@ -64,33 +65,56 @@ func (c *StreamConfig) fill() error {
 	return nil
 }
 
-// CreateStreamIfMissing creates the stream with cfg if the broker has none of that name, and
-// otherwise leaves the existing one exactly as it is (an error says so if it does not take
-// cfg's prefix). Processes call it at start-up: updating
-// there would reset what an operator set with `sluice nats init` (three replicas, a longer
-// duplicate window) to a process's defaults.
-func CreateStreamIfMissing(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, bool, error) {
+// MinDuplicateWindow is the shortest duplicate window SPEC §7 allows.
+const MinDuplicateWindow = 2 * time.Minute
+
+// StreamChange is what PrepareStream did to the stream.
+type StreamChange int
+
+// The changes PrepareStream makes.
+const (
+	StreamKept    StreamChange = iota // it was there, as it should be
+	StreamCreated                     // it was missing and is now created with cfg
+	WindowRaised                      // its duplicate window was below MinDuplicateWindow
+)
+
+// PrepareStream is the stream set-up a process does at start-up (SPEC §7: "created or updated
+// ... at start-up when allowed"). It creates the stream with cfg if the broker has none of that
+// name. An existing one keeps what an operator set with `sluice nats init` (three replicas, a
+// longer duplicate window), which updating it to a process's defaults would reset; only a
+// duplicate window below MinDuplicateWindow is raised to it, since a shorter one lets a republish
+// after a short outage through twice. A stream of that name that does not take cfg's prefix is
+// left as it is, and an error says so.
+func PrepareStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, StreamChange, error) {
 	if err := cfg.fill(); err != nil {
-		return nil, false, err
+		return nil, StreamKept, err
 	}
 	s, err := js.Stream(ctx, cfg.Name)
-	if err == nil {
-		// A stream of that name made for another prefix would leave every poke unstored: say so
-		// at start-up rather than in the relay's first failed publish.
-		want := cfg.Prefix + ".>"
-		for _, subj := range s.CachedInfo().Config.Subjects {
-			if subj == want || subj == ">" {
-				return s, false, nil
-			}
-		}
-		return s, false, fmt.Errorf("stream %s takes %v, not %s: pokes published under this prefix are not stored; "+
-			"run `sluice nats init` with this prefix, or use a broker of its own", cfg.Name, s.CachedInfo().Config.Subjects, want)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = EnsureStream(ctx, js, cfg)
+		return s, StreamCreated, err
 	}
-	if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, false, fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+	if err != nil {
+		return nil, StreamKept, fmt.Errorf("look up stream %s: %w", cfg.Name, err)
 	}
-	s, err = EnsureStream(ctx, js, cfg)
-	return s, err == nil, err
+	// A stream of that name made for another prefix would leave every poke unstored: say so at
+	// start-up rather than in the relay's first failed publish.
+	have := s.CachedInfo().Config
+	if want := cfg.Prefix + ".>"; !slices.Contains(have.Subjects, want) && !slices.Contains(have.Subjects, ">") {
+		return s, StreamKept, fmt.Errorf("stream %s takes %v, not %s: pokes published under this prefix are not stored; "+
+			"run `sluice nats init` with this prefix, or use a broker of its own", cfg.Name, have.Subjects, want)
+	}
+	if have.Duplicates >= MinDuplicateWindow {
+		return s, StreamKept, nil
+	}
+	have.Duplicates = MinDuplicateWindow
+	if have.MaxAge > 0 && have.MaxAge < have.Duplicates {
+		have.MaxAge = have.Duplicates // the server refuses a window longer than the messages live
+	}
+	if s, err = js.UpdateStream(ctx, have); err != nil {
+		return nil, StreamKept, fmt.Errorf("raise the duplicate window of stream %s to %s: %w", cfg.Name, MinDuplicateWindow, err)
+	}
+	return s, WindowRaised, nil
 }
 
 // EnsureStream creates the stream, or updates it to cfg, on file storage (`sluice nats init`).

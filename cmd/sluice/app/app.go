@@ -188,14 +188,16 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 		if opts.InitStream {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, created, err := publisher.CreateStreamIfMissing(sctx, js, publisher.StreamConfig{Prefix: opts.Prefix})
+			_, change, err := publisher.PrepareStream(sctx, js, publisher.StreamConfig{Prefix: opts.Prefix})
 			cancel()
 			switch {
 			case err != nil:
 				// The broker may be down; sluice works without it (pokes are hints).
 				a.log.Warn("the JetStream stream is not ready; continuing", "error", err)
-			case created:
+			case change == publisher.StreamCreated:
 				a.log.Info("created the JetStream stream with default settings (see `sluice nats init`)")
+			case change == publisher.WindowRaised:
+				a.log.Warn("raised the JetStream stream's duplicate window to the minimum", "window", publisher.MinDuplicateWindow.String())
 			}
 		}
 	}
