@@ -409,13 +409,13 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		got[c.row.ID] = true
 	}
 	d.headCache.claimed(chosen, got)
-	if len(out) == 0 {
+	if len(out) == 0 || d.handBackIfStopping(ctx, now, out) {
 		return nil, false, nil
 	}
 	if err := d.loadPayloads(ctx, out); err != nil {
 		// Committed but unreadable: nothing was sent, so hand the jobs back at once rather than
 		// leave them to lease recovery, which (with unconfirmed starts) would call them lost.
-		d.releaseUnsent(ctx, now, out)
+		d.releaseUnsent(ctx, now, out, "the claimed job could not be read back; it was never sent")
 		return nil, false, err
 	}
 	// Probing for a lone job is worth its round trip only when this pass left nothing behind
@@ -621,7 +621,13 @@ func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time
 		ids[i] = c.id
 		want[c.id] = string(store.HashNonce(u.nonces[i]))
 	}
-	res, err := tx.QueryCommit(ctx, []string{u.query,
+	// A drainer told to stop (its ctx cancelled) while this round trip is under way lets it
+	// finish: the driver answers a cancellation by dropping the connection, which would leave
+	// the COMMIT's outcome unknown and the jobs, if it happened, to lease recovery. The caller
+	// then hands them back (handBackIfStopping).
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCommitTimeout)
+	defer cancel()
+	res, err := tx.QueryCommit(cctx, []string{u.query,
 		"SELECT id, nonce_sha256 FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ")"},
 		append(u.args, int64Args(ids)...)...)
 	if err != nil {
@@ -673,13 +679,31 @@ func (d *Drainer) loadPayloads(ctx context.Context, cs []claimed) error {
 	return rows.Err()
 }
 
-// releaseUnsent returns claimed jobs that were never sent to queued, fenced on the claim. If the
-// database refuses this too, lease recovery takes them later.
-func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed) {
+// claimCommitTimeout bounds the claim's last round trip once it no longer follows the
+// drainer's context: its UPDATE may wait for row locks up to innodb_lock_wait_timeout (10 s).
+const claimCommitTimeout = 15 * time.Second
+
+// handBackIfStopping hands jobs this pass claimed back to the queue, unsent, when ctx was
+// cancelled meanwhile (the drainer is stopping: SPEC §11, claimed jobs not yet sent go back to
+// queued), and reports whether it did.
+func (d *Drainer) handBackIfStopping(ctx context.Context, now time.Time, cs []claimed) bool {
+	if ctx.Err() == nil {
+		return false
+	}
+	d.releaseUnsent(ctx, now, cs, "the drainer stopped before sending it")
+	return true
+}
+
+// releaseUnsent returns claimed jobs that were never sent to queued, fenced on the claim, with
+// why as their error message. It runs whether or not ctx was cancelled: a stopping drainer is the
+// usual reason to call it. If the database refuses, lease recovery takes the jobs later.
+func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed, why string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCommitTimeout)
+	defer cancel()
 	items := make([]store.Finishing, len(cs))
 	for i, c := range cs {
 		items[i] = store.Finishing{Row: c.row, Outcome: store.Outcome{Status: job.Queued,
-			ErrorCode: "dispatch_error", ErrorMessage: "the claimed job could not be read back; it was never sent"}}
+			ErrorCode: "dispatch_error", ErrorMessage: why}}
 	}
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := d.store.FinishMany(ctx, tx, now, items)

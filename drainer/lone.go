@@ -127,6 +127,9 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time, poked bool) (out
 	if out, err = d.claimAndCommit(ctx, tx, now, cfg, []candidate{j.candidate}); err != nil || len(out) == 0 {
 		return nil, false, err // none: taken or canceled meanwhile, let the normal pass look
 	}
+	if d.handBackIfStopping(ctx, now, out) {
+		return nil, true, nil
+	}
 	// The claim counted the attempt.
 	out[0].row.Payload, out[0].row.Attempt, out[0].row.DispatchFailures = j.payload, j.attempt+1, j.failures
 	d.rrLast = j.tenant

@@ -2,6 +2,8 @@ package integration_test
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -223,4 +225,77 @@ func leaseUntil(t *testing.T, db *testdb.DB, id int64) time.Time {
 		t.Fatal(err)
 	}
 	return lease
+}
+
+// TestStopHandsBackClaimedJobs proves SPEC §11's "on SIGTERM a process stops claiming, returns
+// jobs it claimed but has not sent to queued": a pass whose context is cancelled (what SIGTERM
+// does to the drainer's loop) after its claim was sent lets the claim commit and hands the jobs
+// back, sending none, on both claim paths; one cancelled after the commit, while it reads the
+// payloads, hands them back too. Nothing is left dispatched for lease recovery to charge to the
+// dispatch budget or, with unconfirmed starts, to call lost.
+func TestStopHandsBackClaimedJobs(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		jobs   int
+		poked  bool   // the lone-job path: one job after a pass over the empty queue, then a Poke
+		cancel string // the round trip whose sending cancels the pass: "claim", or its first words
+		why    string
+	}{
+		{"cancelled with the claim's commit", 2, false, "claim", "the drainer stopped before sending it"},
+		{"cancelled while the payloads are read", 2, false, "SELECT id, payload, attempt, dispatch_failures",
+			"the claimed job could not be read back; it was never sent"},
+		{"lone job, cancelled with the claim's commit", 1, true, "claim", "the drainer stopped before sending it"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			db, clk, t0 := drainerTestDB(t, func(*limits.Config) {})
+			counted, log := countedPool(t, db)
+			sender := &scriptedSender{}
+			d := newTestDrainer(t, drainer.Config{DB: counted, Executor: sender, Clock: clk, ID: "stopping"}, 10*time.Second)
+			if c.poked {
+				if _, err := d.RunOnce(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var ids []int64
+			for range c.jobs {
+				ids = append(ids, queueOneJob(t, db, t0))
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var claimSent atomic.Bool
+			log.beforeSending(func(q string) {
+				isClaim := strings.Contains(q, "UPDATE jobs SET status = 'dispatched'") && strings.HasSuffix(q, "COMMIT")
+				if isClaim {
+					claimSent.Store(true)
+				}
+				if (c.cancel == "claim" && isClaim) || (c.cancel != "claim" && strings.HasPrefix(q, c.cancel)) {
+					cancel()
+				}
+			})
+			if c.poked {
+				d.Poke()
+			}
+			p, _ := d.RunOnce(ctx)
+			log.beforeSending(nil)
+			if !claimSent.Load() {
+				t.Fatalf("the pass sent no claim (pass %+v); statements:\n%s", p, strings.Join(log.take(), "\n---\n"))
+			}
+			if n := len(sender.dispatches()); n != 0 || p.Claimed != 0 {
+				t.Errorf("the cancelled pass sent %d dispatches and reports %d claimed, want none", n, p.Claimed)
+			}
+			for _, id := range ids {
+				var status, msg string
+				var version int
+				if err := db.QueryRow("SELECT status, version, COALESCE(error_message, '') FROM jobs WHERE id = ?", id).
+					Scan(&status, &version, &msg); err != nil {
+					t.Fatal(err)
+				}
+				if status != "queued" || version != 2 || msg != c.why {
+					t.Errorf("job %d: %s, version %d, %q; want queued again after its claim (version 2), %q", id, status, version, msg, c.why)
+				}
+			}
+		})
+	}
 }

@@ -88,12 +88,26 @@ func countedPool(t *testing.T, db *testdb.DB) (*sql.DB, *statementLog) {
 type statementLog struct {
 	mu    sync.Mutex
 	stmts []string
+	// before, if set, sees each round trip's statements (as logged) before they are sent.
+	before func(q string)
 }
 
 func (l *statementLog) add(q string) {
+	q = strings.Join(strings.Fields(q), " ")
+	l.mu.Lock()
+	l.stmts = append(l.stmts, q)
+	before := l.before
+	l.mu.Unlock()
+	if before != nil {
+		before(q)
+	}
+}
+
+// beforeSending sets the function that sees each round trip before it is sent.
+func (l *statementLog) beforeSending(f func(q string)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.stmts = append(l.stmts, strings.Join(strings.Fields(q), " "))
+	l.before = f
 }
 
 func (l *statementLog) reset() { l.take() }
