@@ -269,8 +269,9 @@ const (
 )
 
 // gate extends the gate of r's rate key by retryAfter seconds (clamped to SPEC §5's 1..86,400)
-// and reports whether the gate is now in force. A failing gate store is counted and logged,
-// never fatal.
+// and reports whether the gate is now in force. A failing gate store is counted, never fatal,
+// and logged at debug level only: the store warns of the outage itself, at most once per 15 s
+// (SPEC §5), where a line per 429 would flood the log while memcached is down.
 func (d *Drainer) gate(ctx context.Context, r store.Row, retryAfter int) bool {
 	if d.cfg.Gates == nil || r.RateKeySHA256 == nil {
 		return false
@@ -280,7 +281,7 @@ func (d *Drainer) gate(ctx context.Context, r store.Row, retryAfter int) bool {
 		if d.cfg.Metrics != nil {
 			d.cfg.Metrics.GateUnavailable.Inc()
 		}
-		d.cfg.Log.Info("could not gate rate key; the job waits on its own not-before", "rate_key_sha256", *r.RateKeySHA256, "retry_after", retryAfter, "error", err)
+		d.cfg.Log.Debug("could not gate rate key; the job waits on its own not-before", "rate_key_sha256", *r.RateKeySHA256, "retry_after", retryAfter, "error", err)
 		return false
 	}
 	return true

@@ -2,9 +2,12 @@ package integration_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -411,5 +414,50 @@ func TestGateExpiresOnInjectedClock(t *testing.T) {
 	})
 	if n := len(stub.sent(id)); n != 2 {
 		t.Errorf("the job was dispatched %d times, want 2 (the 429, then the run)", n)
+	}
+}
+
+// TestGateWriteFailuresLogOnce: while memcached is down, each 429 that cannot gate its key is
+// counted, and the job waits on a not-before of its own, but the log says so once per 15 s
+// (SPEC §5), not once a job.
+func TestGateWriteFailuresLogOnce(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{API: true}) // the test runs the drainer
+	mcs := memcachedtest.Start(t)
+	mcs.Stop()
+	logs := &harness.SyncBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	store, err := rategate.New(rategate.Config{Servers: []string{mcs.Addr()}, SkipFor: time.Millisecond, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
+		Gates: store, Metrics: drainer.NewMetrics(reg), Log: log, ID: "gate-logs"}, 10*time.Second)
+	mc := memcache.New(mcs.Addr())
+	const jobs = 6
+	for i := range jobs {
+		k, _ := gateRateKey(t, mc)
+		gateAdmitKey(t, env, fmt.Sprintf("t%d", i), k, map[string]any{"retry_after": 60})
+	}
+	ctx := context.Background()
+	harness.WaitFor(t, 30*time.Second, "every job to be answered 429 and wait on its own", func() (bool, error) {
+		if _, err := d.RunOnce(ctx); err != nil {
+			return false, err
+		}
+		c, err := env.CountJobsWhere(ctx, "error_code = 'rate_limited' AND not_before IS NOT NULL")
+		return c["queued"] == jobs, err
+	})
+	if n := harness.Counter(t, reg, "sluice_gate_unavailable_total"); n < jobs {
+		t.Errorf("sluice_gate_unavailable_total = %v after %d gates that could not be written, want at least %d", n, jobs, jobs)
+	}
+	var lines int
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if strings.Contains(l, "memcached") || strings.Contains(l, "gate") {
+			lines++
+		}
+	}
+	if lines != 1 {
+		t.Errorf("%d log lines about the gate store for %d failed gates, want the one warning:\n%s", lines, jobs, logs)
 	}
 }

@@ -151,13 +151,14 @@ func (s *Server) clearGate(w http.ResponseWriter, r *http.Request) {
 }
 
 // gateFromCompletion applies the gate field of a /complete to the job's rate key. The outcome is
-// already recorded (or refused); a gate store that fails is logged, never turned into an error,
-// because the executor cannot usefully retry a completion for it.
+// already recorded (or refused); a gate store that fails is never turned into an error, because
+// the executor cannot usefully retry a completion for it, and is logged at debug level only (the
+// store warns of the outage itself, at most once per 15 s).
 func (s *Server) gateFromCompletion(ctx context.Context, jobID int64, rateKey *string, retryAfter int) {
 	if s.cfg.Gates == nil || rateKey == nil {
 		return
 	}
 	if _, err := s.cfg.Gates.Extend(ctx, *rateKey, retryAfter); err != nil {
-		s.cfg.Log.Info("could not apply the gate of a completion", "job_id", jobID, "rate_key_sha256", *rateKey, "error", err)
+		s.cfg.Log.Debug("could not apply the gate of a completion", "job_id", jobID, "rate_key_sha256", *rateKey, "error", err)
 	}
 }
