@@ -76,26 +76,13 @@ type outcomeReq struct {
 // maxOutcomeBatch bounds the outcomes written in one transaction.
 const maxOutcomeBatch = 256
 
-// record applies an executor's answer to the job it was dispatched as (SPEC §8), fenced on the
-// claimed version: if recovery or an executor's /complete got there first, the write is refused
-// (startDispatch then lets go of the job, as after any recorded outcome). Answers arriving together are written together: the first
-// caller to find no batch in progress becomes the writer and records everything queued until the
-// queue is empty (group commit), so a thousand outcomes do not cost a thousand commits.
-func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) error {
-	// A gate in the answer (any answer, 202 included) or a 429 gates the rate key first, outside
-	// any transaction: the key's other jobs must stop being claimed whatever happens to this one.
-	gateRetry := 0
-	if ans.Gate != nil {
-		gateRetry = ans.Gate.RetryAfter
-	}
-	gated := false
-	if ans.Kind == executor.RateLimited {
-		// SPEC §8: a 429 always gates; without a usable Retry-After the shortest gate is used.
-		gateRetry = max(gateRetry, ans.RetryAfter, 1)
-	}
-	if gateRetry > 0 {
-		gated = d.gate(ctx, c.row, gateRetry)
-	}
+// record applies an executor's answer, whose gate gateAnswer took (gateRetry, gated), to the job
+// it was dispatched as (SPEC §8), fenced on the claimed version: if recovery or an executor's
+// /complete got there first, the write is refused (startDispatch then lets go of the job, as
+// after any recorded outcome). Answers arriving together are written together: the first caller
+// to find no batch in progress becomes the writer and records everything queued until the queue
+// is empty (group commit), so a thousand outcomes do not cost a thousand commits.
+func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer, gateRetry int, gated bool) error {
 	if ans.Kind == executor.Accepted {
 		return d.leaseToWall(ctx, c)
 	}
@@ -125,6 +112,25 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer) er
 			return <-req.done
 		}
 	}
+}
+
+// gateAnswer gates the rate key of c's job when ans carries a gate (any answer, 202 included) or
+// is a 429, and returns the gate's retry (0 for none) and whether it is in force. It runs once an
+// answer, before the outcome is written and outside any transaction: the key's other jobs must
+// stop being claimed whatever happens to this one, and a retried write must not push the gate
+// later than now + R + 5 s from the answer (SPEC §5).
+func (d *Drainer) gateAnswer(ctx context.Context, c claimed, ans executor.Answer) (gateRetry int, gated bool) {
+	if ans.Gate != nil {
+		gateRetry = ans.Gate.RetryAfter
+	}
+	if ans.Kind == executor.RateLimited {
+		// SPEC §8: a 429 always gates; without a usable Retry-After the shortest gate is used.
+		gateRetry = max(gateRetry, ans.RetryAfter, 1)
+	}
+	if gateRetry > 0 {
+		gated = d.gate(ctx, c.row, gateRetry)
+	}
+	return gateRetry, gated
 }
 
 // leaseToWall records a 202: the executor has the job and will report through /complete, to

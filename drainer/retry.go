@@ -14,9 +14,10 @@ import (
 // default) to its real outcome. Retrying is safe: every attempt is fenced on the claimed
 // version, so an attempt whose COMMIT did land makes the next one a no-op ("moved on").
 func (d *Drainer) recordRetrying(ctx context.Context, c claimed, ans executor.Answer) error {
+	gateRetry, gated := d.gateAnswer(ctx, c, ans)
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := d.record(ctx, c, ans)
+		err := d.record(ctx, c, ans, gateRetry, gated)
 		if err == nil {
 			if attempt > 1 {
 				d.cfg.Log.Info("dispatch outcome recorded after retries", "job_id", c.row.ID, "attempts", attempt)

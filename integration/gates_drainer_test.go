@@ -9,18 +9,23 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
+	"github.com/sluicehq/sluice/migrations"
 )
 
 // TestGateMemcachedOutage is SPEC §12 invariant 7 with a test-owned memcached: while it is up a
@@ -459,5 +464,63 @@ func TestGateWriteFailuresLogOnce(t *testing.T) {
 	}
 	if lines != 1 {
 		t.Errorf("%d log lines about the gate store for %d failed gates, want the one warning:\n%s", lines, jobs, logs)
+	}
+}
+
+// countingGates is a gate store that holds nothing and counts the gates written.
+type countingGates struct{ extends atomic.Int32 }
+
+func (g *countingGates) NotBefore(context.Context, []string) (map[string]time.Time, error) {
+	return nil, nil
+}
+
+func (g *countingGates) Extend(_ context.Context, _ string, retryAfter int) (time.Time, error) {
+	g.extends.Add(1)
+	return time.Now().Add(time.Duration(retryAfter) * time.Second), nil
+}
+
+// TestGateOnceForARetriedOutcome: a 429 gates its key once. Writing its outcome is retried when
+// the database connection breaks, and each retry used to write the gate again, moving it to
+// now + R + 5 s from the retry instead of from the answer (SPEC §5).
+func TestGateOnceForARetriedOutcome(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, clk, t0 := drainerTestDB(t, func(*limits.Config) {})
+	cfg, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startCommitCutter(t, cfg.Addr)
+	cfg.Addr = proxy.l.Addr().String()
+	viaProxy, err := migrations.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	id := queueOneJob(t, db, t0)
+	if _, err := db.ExecContext(ctx, "UPDATE jobs SET rate_key_sha256 = ? WHERE id = ?", gate.RateKeyHash("k"), id); err != nil {
+		t.Fatal(err)
+	}
+	gates := &countingGates{}
+	sender := newHeldSender()
+	recorded := make(chan int64, 2)
+	d := newTestDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, Gates: gates, ID: "retried",
+		Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+		t.Fatalf("pass: %+v, %v; want one claim", p, err)
+	}
+	sender.next(t)
+	proxy.armed.Store(true) // the outcome's COMMIT is cut: its write is retried
+	sender.answer <- executor.Answer{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60}
+	awaitRecorded(t, recorded, 1)
+	if proxy.cuts.Load() != 1 {
+		t.Fatalf("the proxy cut %d connections, want the outcome's", proxy.cuts.Load())
+	}
+	var status, code string
+	if err := db.QueryRowContext(ctx, "SELECT status, error_code FROM jobs WHERE id = ?", id).Scan(&status, &code); err != nil {
+		t.Fatal(err)
+	}
+	if n := gates.extends.Load(); n != 1 || status != "queued" || code != "rate_limited" {
+		t.Errorf("after a 429 whose outcome write was retried: %d gates written, job %s/%s; want 1, queued/rate_limited", n, status, code)
 	}
 }
