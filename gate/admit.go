@@ -396,8 +396,11 @@ type state struct {
 	tenantInFlight map[string]int
 	globalDepth    int
 	globalInFlight int
-	keyed          map[string]*store.Row // by tenant+"\x00"+idempotency key
-	redriven       map[int64]*store.Row  // retry_of → the job an earlier redrive created
+	// startingNow counts the queue=false jobs this transaction admitted: each was promised a
+	// global slot, so the next one's "could be claimed now" counts them as in flight.
+	startingNow int
+	keyed       map[string]*store.Row // by tenant+"\x00"+idempotency key
+	redriven    map[int64]*store.Row  // retry_of → the job an earlier redrive created
 }
 
 func keyOf(tenant, key string) string { return tenant + "\x00" + key }
@@ -814,6 +817,7 @@ func (a *Admitter) decide(items []*item, cfg limits.Config, st *state, res map[s
 				shadow = true
 				a.cfg.Log.Warn("immediate-or-refuse would refuse admission (shadow mode)", "tenant", t)
 			}
+			st.startingNow++
 		}
 		switch {
 		case off:
@@ -855,7 +859,7 @@ func immediate(cfg limits.Config, tenant string, st *state, gatedFor int) error 
 	if d := st.tenantDepth[tenant]; d > 0 || st.tenantInFlight[tenant] >= tenantCap {
 		reasons = append(reasons, reason{"tenant", min(30, 5*(d+1)), false})
 	}
-	if st.globalInFlight >= cfg.GlobalInFlight {
+	if st.globalInFlight+st.startingNow >= cfg.GlobalInFlight {
 		reasons = append(reasons, reason{"global", min(30, 5*(st.globalDepth+1)), false})
 	}
 	if len(reasons) == 0 {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/sluicehq/sluice/gate/client"
 )
 
 // memcachedGates reads rate gates in the format SPEC §5 documents (key
@@ -125,5 +127,37 @@ func TestFrontDoorImmediate(t *testing.T) {
 	g := f.do(t, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(jobID(t, r.Body), 10), fdStarToken, nil)
 	if g.Body["position"] != float64(11) || g.Body["status"] != "queued" {
 		t.Errorf("GET: %s, want queued at position 11", g.Raw)
+	}
+}
+
+// TestFrontDoorImmediateBatchTakesSlots: the queue=false jobs admitted earlier in one transaction
+// (a batch, or single admissions sharing one) count against the free global slots of the later
+// ones. With 3 of the 4 slots in flight, a batch of four queue=false jobs for four idle tenants
+// starts one and refuses three: only one could be claimed now (SPEC §5).
+func TestFrontDoorImmediateBatchTakesSlots(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	f.fillQueued(t, uniqueTenant("busy"), 3, "running")
+	no := false
+	reqs := make([]client.AdmitRequest, 4)
+	for i := range reqs {
+		reqs[i] = client.AdmitRequest{Tenant: uniqueTenant("idle"), Queue: &no}
+	}
+	res, err := f.star.AdmitBatch(context.Background(), reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		want, code := 429, "capacity_exceeded"
+		if i == 0 {
+			want, code = 202, ""
+		}
+		got := ""
+		if r.Error != nil {
+			got, _ = r.Error["error_code"].(string)
+		}
+		if r.Status != want || got != code || (code != "" && r.Error["scope"] != "global") {
+			t.Errorf("item %d: %d %v, want %d %s", i, r.Status, r.Error, want, code)
+		}
 	}
 }
