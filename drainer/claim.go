@@ -195,8 +195,44 @@ const gateSlack = 4
 // gateRounds bounds the gate lookups of one pass. A tenant whose heads are all of gated keys is
 // read again without those keys, and the keys of the new heads are looked up in turn; each round
 // excludes every key found gated so far, so only a tenant with more than about
-// gateRounds × (room + gateSlack) distinct gated keys at its head can still wait a pass.
+// gateRounds × (room + gateSlack) distinct gated keys at its head can still wait a pass. The
+// keys found gated are remembered for a poll period (gatedSeen), so the next pass starts by
+// excluding them and goes deeper: a tenant's ungated job behind many gated keys waits a few
+// passes, not until the gates end.
 const gateRounds = 4
+
+// gatedSeen remembers the rate keys recent passes found gated, each until its gate ends or a
+// poll period has passed, whichever is first: a gate cleared by an operator is noticed within a
+// poll period.
+type gatedSeen map[string]gatedUntil
+
+type gatedUntil struct{ notBefore, forget time.Time }
+
+// at returns the keys known to be gated at now, with their not-before instants, and forgets
+// the rest.
+func (g *gatedSeen) at(now time.Time) map[string]time.Time {
+	out := map[string]time.Time{}
+	for k, u := range *g {
+		if !now.Before(u.forget) || !u.notBefore.After(now) {
+			delete(*g, k)
+			continue
+		}
+		out[k] = u.notBefore
+	}
+	return out
+}
+
+// learn remembers the keys of nb gated at now, for at most memory.
+func (g *gatedSeen) learn(nb map[string]time.Time, now time.Time, memory time.Duration) {
+	if *g == nil {
+		*g = gatedSeen{}
+	}
+	for k, t := range nb {
+		if t.After(now) {
+			(*g)[k] = gatedUntil{notBefore: t, forget: now.Add(memory)}
+		}
+	}
+}
 
 // candidates returns, per tenant below its cap, the tenant's oldest eligible queued jobs whose
 // rate key is not gated at now, and whether each may have more. The heads come from the
@@ -257,6 +293,12 @@ func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want)
 	}
 	looked := map[string]bool{}
 	var gated []string
+	known := d.gatedSeen.at(now)
+	for k := range known {
+		looked[k] = true
+		gated = append(gated, k)
+	}
+	dropGated(cands, known, now)
 	for round := 1; ; round++ {
 		var keys []string
 		for _, cs := range cands {
@@ -277,6 +319,7 @@ func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want)
 					gated = append(gated, k)
 				}
 			}
+			d.gatedSeen.learn(nb, now, d.cfg.PollInterval)
 			dropGated(cands, nb, now)
 			if err != nil {
 				return cands, full, nil // fail open: no second read on an unreliable answer

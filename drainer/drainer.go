@@ -101,6 +101,7 @@ type Drainer struct {
 	viewCfg    limits.Config // the runtime config the last claim transaction read
 	lastUpkeep time.Time     // renewal and recovery run at most once per PollInterval
 	headCache  headCache     // queue heads read but not yet claimed
+	gatedSeen  gatedSeen     // rate keys found gated by recent passes (guarded by passMu)
 
 	// Outcome recording is batched: the first dispatch goroutine to find no batch in progress
 	// writes everyone's outcomes queued meanwhile in one transaction (group commit).

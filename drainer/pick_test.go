@@ -94,3 +94,20 @@ func TestRefusalDelay(t *testing.T) {
 		}
 	}
 }
+
+// TestGatedSeen: a key found gated is remembered until its gate ends or the memory runs out,
+// whichever is first, and one not gated at the time is not remembered at all.
+func TestGatedSeen(t *testing.T) {
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	var g gatedSeen
+	g.learn(map[string]time.Time{"long": t0.Add(time.Hour), "short": t0.Add(200 * time.Millisecond), "over": t0}, t0, time.Second)
+	if got := g.at(t0.Add(100 * time.Millisecond)); len(got) != 2 || got["long"] != t0.Add(time.Hour) {
+		t.Errorf("at +100ms: %v, want long and short", got)
+	}
+	if got := g.at(t0.Add(500 * time.Millisecond)); len(got) != 1 || got["long"].IsZero() {
+		t.Errorf("at +500ms: %v, want long only (short's gate ended)", got)
+	}
+	if got := g.at(t0.Add(time.Second)); len(got) != 0 || len(g) != 0 {
+		t.Errorf("at +1s: %v (held %v), want nothing: a poll period of memory at most", got, g)
+	}
+}

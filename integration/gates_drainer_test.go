@@ -326,6 +326,55 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 	}
 }
 
+// TestGateDeepGatedBacklog: with more distinct gated keys at a tenant's head than one pass looks
+// up (40 here, where a pass reaches about 26), the job of an ungated key behind them is still
+// claimed within a few passes, because each pass starts by excluding the keys the last ones
+// found gated. Without that memory every pass looked up the same first keys and the job waited
+// until the gates ended (SPEC §5: a gated key never blocks anyone else; §13.3).
+func TestGateDeepGatedBacklog(t *testing.T) {
+	t.Parallel()
+	addr := memcachedtest.Shared(t)
+	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
+	store := env.App.Gates()
+	mc := memcache.New(addr)
+	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{}}
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "deep-gates",
+		PollInterval: time.Minute}, 10*time.Second)
+	ctx := context.Background()
+	var gatedIDs []int64
+	for range 40 {
+		k, h := gateRateKey(t, mc)
+		if _, err := store.Extend(ctx, h, 3600); err != nil {
+			t.Fatal(err)
+		}
+		gatedIDs = append(gatedIDs, gateAdmitKey(t, env, "deep", k, nil))
+	}
+	kO, _ := gateRateKey(t, mc)
+	free := gateAdmitKey(t, env, "deep", kO, nil)
+	passes := 0
+	for claimed := 0; claimed == 0; {
+		if passes++; passes > 3 {
+			t.Fatalf("the ungated job behind 40 gated keys was not claimed in 3 passes")
+		}
+		p, err := d.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimed = p.Claimed
+	}
+	harness.WaitFor(t, 10*time.Second, "the ungated job to succeed", func() (bool, error) {
+		var s string
+		err := env.DB.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", free).Scan(&s)
+		return s == "succeeded", err
+	})
+	for _, id := range gatedIDs {
+		if n := len(stub.sent(id)); n != 0 {
+			t.Errorf("gated job %d was dispatched %d times", id, n)
+		}
+	}
+	t.Logf("claimed in pass %d", passes)
+}
+
 // gateMuteServer listens on addr, accepts connections and never answers, until the returned stop
 // function (also run at cleanup) closes everything.
 func gateMuteServer(tb testing.TB, addr string) func() {
