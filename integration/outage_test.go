@@ -93,7 +93,7 @@ func TestBrokerOutageScenario9(t *testing.T) {
 	harness.WaitFor(t, 60*time.Second, "the outbox to be published after the outage", func() (bool, error) {
 		return countOutbox(t, env.DB, "published_at = "+outbox.Unpublished) == 0, nil
 	})
-	js := jetStreamAt(t, ns.URL())
+	js := natstest.JetStreamAt(t, ns.URL())
 	installID, err := publisher.InstallationID(ctx, env.DB.DB)
 	if err != nil {
 		t.Fatal(err)

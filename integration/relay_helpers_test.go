@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -92,26 +93,11 @@ func countOutbox(t testing.TB, db *testdb.DB, where string) int64 {
 	return n
 }
 
-// jetStreamAt connects to the broker at url for the rest of the test.
-func jetStreamAt(t testing.TB, url string) jetstream.JetStream {
-	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
-}
-
 // streamMessages returns how many messages the SLUICE stream holds on the broker at url.
 func streamMessages(t testing.TB, url string) uint64 {
 	t.Helper()
 	ctx := context.Background()
-	s, err := jetStreamAt(t, url).Stream(ctx, "SLUICE")
+	s, err := natstest.JetStreamAt(t, url).Stream(ctx, "SLUICE")
 	if err != nil {
 		t.Fatal(err)
 	}

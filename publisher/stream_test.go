@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/integration/natstest"
@@ -77,15 +76,5 @@ func TestPrepareStreamRaisesAShortWindow(t *testing.T) {
 // jetStreamOf starts a broker of the test's own and returns a JetStream client of it.
 func jetStreamOf(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	srv := natstest.Start(t)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return natstest.JetStreamAt(t, natstest.Start(t).URL())
 }

@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/integration/harness"
@@ -136,16 +133,7 @@ func TestDevEmbedsNATS(t *testing.T) {
 		err := d.db.QueryRow("SELECT COUNT(*), COALESCE(SUM(published_at = "+outbox.Unpublished+"), 0) FROM outbox").Scan(&rows, &open)
 		return rows >= 2 && open == 0, err
 	})
-	nc, err := nats.Connect(m[1])
-	if err != nil {
-		t.Fatalf("connect to the embedded server at %s: %v", m[1], err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := js.Stream(context.Background(), "SLUICE")
+	s, err := natstest.JetStreamAt(t, m[1]).Stream(context.Background(), "SLUICE")
 	if err != nil {
 		t.Fatalf("the embedded server has no SLUICE stream: %v", err)
 	}

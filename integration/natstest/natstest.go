@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Server is one test-owned nats-server. Safe for concurrent use.
@@ -178,4 +180,19 @@ func StartWith(tb testing.TB, tune func(*server.Options)) *Server {
 	s.Restart(tb)
 	tb.Cleanup(s.Stop)
 	return s
+}
+
+// JetStreamAt connects a JetStream client to the broker at url for the rest of tb.
+func JetStreamAt(tb testing.TB, url string) jetstream.JetStream {
+	tb.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		tb.Fatalf("natstest: connect to %s: %v", url, err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatalf("natstest: %v", err)
+	}
+	return js
 }
