@@ -23,7 +23,7 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	proxy, viaProxy := dbThroughCutter(t, probe)
+	proxy, viaProxy := dbThroughCutter(t, probe.db)
 	// GET /v1/gates reads the database only when a gate store is configured.
 	gates, err := rategate.New(rategate.Config{Servers: []string{memcachedtest.Shared(t)}, Timeout: time.Second})
 	if err != nil {
@@ -124,7 +124,7 @@ func TestFrontDoorConfigPatchCommitCut(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	proxy, viaProxy := dbThroughCutter(t, probe)
+	proxy, viaProxy := dbThroughCutter(t, probe.db)
 	f := startFrontDoorOn(t, probe, fdOptions{apiDB: viaProxy})
 	var before int
 	if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&before); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/migrations"
 )
 
@@ -70,11 +71,11 @@ func carriesCommit(chunk []byte) bool {
 	return bytes.Contains(chunk, []byte("\x03COMMIT")) || bytes.HasSuffix(chunk, []byte(";COMMIT"))
 }
 
-// dbThroughCutter starts a commitCutter in front of base's database and returns it with a pool
+// dbThroughCutter starts a commitCutter in front of database base and returns it with a pool
 // that connects through it, closed when the test ends.
-func dbThroughCutter(t *testing.T, base *frontDoor) (*commitCutter, *sql.DB) {
+func dbThroughCutter(t *testing.T, base *testdb.DB) (*commitCutter, *sql.DB) {
 	t.Helper()
-	cfg, err := mysql.ParseDSN(base.db.DSN)
+	cfg, err := mysql.ParseDSN(base.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +176,7 @@ func TestFrontDoorOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	proxy, viaProxy := dbThroughCutter(t, probe)
+	proxy, viaProxy := dbThroughCutter(t, probe.db)
 	f := startFrontDoorOn(t, probe, fdOptions{admitDB: viaProxy})
 
 	proxy.armed.Store(true)
@@ -224,7 +225,7 @@ func TestFrontDoorExecutorCallsDatabaseDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	proxy, viaProxy := dbThroughCutter(t, probe)
+	proxy, viaProxy := dbThroughCutter(t, probe.db)
 	f := startFrontDoorOn(t, probe, fdOptions{apiDB: viaProxy})
 
 	admit := func() int64 {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
-	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/drainer"
@@ -25,7 +24,6 @@ import (
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
-	"github.com/sluicehq/sluice/migrations"
 )
 
 // TestGateMemcachedOutage is SPEC §12 invariant 7 with a test-owned memcached: while it is up a
@@ -503,17 +501,7 @@ func TestGateOnceForARetriedOutcome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, clk, t0 := drainerTestDB(t, func(*limits.Config) {})
-	cfg, err := mysql.ParseDSN(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startCommitCutter(t, cfg.Addr)
-	cfg.Addr = proxy.l.Addr().String()
-	viaProxy, err := migrations.Open(ctx, cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { viaProxy.Close() })
+	proxy, viaProxy := dbThroughCutter(t, db)
 	id := queueOneJob(t, db, t0)
 	if _, err := db.ExecContext(ctx, "UPDATE jobs SET rate_key_sha256 = ? WHERE id = ?", gate.RateKeyHash("k"), id); err != nil {
 		t.Fatal(err)
