@@ -73,42 +73,143 @@ type want struct {
 	room   int // jobs the tenant could start now
 }
 
-// passState reads, in one statement, the jobs in flight per tenant and the tenants with queued
-// work. The in-flight count reads the claim index over the in-flight states only, so its cost is
-// bounded by the global cap. The tenants with queued work are found with one index probe per
-// known tenant (the tenants table; every job's tenant has a row there, a foreign key makes
-// sure), so the cost grows with the number of tenants, never with a tenant's backlog. (SELECT
-// DISTINCT over the claim index would be a loose index scan in theory; MariaDB 10.11 reads the
-// whole queued range instead.)
-func (d *Drainer) passState(ctx context.Context) (inFlight map[string]int, total int, withWork []string, err error) {
-	// A correlated scalar subquery with LIMIT 1, not EXISTS: MariaDB 10.11 turns EXISTS into a
-	// semi-join that materialises every queued row (126 ms with 110,000 queued over 65 tenants,
-	// growing with the backlog), while this probes the claim index once per tenant (1.7 ms).
-	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT t.tenant, NULL FROM tenants t WHERE
-		(SELECT 1 FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant LIMIT 1) IS NOT NULL
-		UNION ALL `+inFlightPerTenant)
+// tenantPage is what one read of the tenants index gave a pass: the next tenants with queued
+// work in the pass's ordering, whether the read was full (more tenants with work may follow), and
+// where the next read starts.
+type tenantPage struct {
+	tenants []string
+	full    bool
+	after   tenantKey
+}
+
+// tenantKey is a position in the tenants index of an ordering: (head_at, head_id) for fair and
+// fifo, the name for round_robin. wrapped marks a round_robin read that went past the last name
+// and started again at the first.
+type tenantKey struct {
+	headAt  time.Time
+	headID  int64
+	name    string
+	wrapped bool
+}
+
+// maxTenantPages bounds the tenant reads of one pass. A pass reads further pages only while the
+// tenants it read give fewer eligible jobs than it has free slots (their heads gated, not before
+// a 503's retry, or their tenants at a cap), so tenants stuck behind gates cost at most this many
+// reads a pass; tenants further down wait for the next passes' first pages to clear.
+const maxTenantPages = 4
+
+// tenantsPerPage is how many tenants with work a page holds: the jobs a pass may claim, plus
+// gateSlack so a few gated or capped tenants do not force a second read.
+func (d *Drainer) tenantsPerPage(cfg limits.Config) int {
+	return max(min(cfg.GlobalInFlight, d.cfg.ClaimBatch), 1) + gateSlack
+}
+
+// passState reads, in one round trip, the jobs in flight per tenant and the first page of
+// tenants with queued work in cfg's ordering. The in-flight count reads the claim index over the
+// in-flight states only, so it is bounded by the global cap; the page reads one index of tenants
+// (migrations/0010) for a number of rows bounded by the claim batch. Neither grows with the number
+// of tenants that have work or ever had it, nor with any tenant's backlog.
+func (d *Drainer) passState(ctx context.Context, cfg limits.Config) (inFlight map[string]int, total int, page tenantPage, err error) {
+	q, args := d.tenantsSQL(cfg, tenantKey{}, true)
+	rows, err := d.cfg.DB.QueryContext(ctx, q+` UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM jobs
+		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`, args...)
 	if err != nil {
-		return nil, 0, nil, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
+		return nil, 0, page, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
 	}
 	defer rows.Close()
 	inFlight = map[string]int{}
+	var work []tenantRow
 	for rows.Next() {
-		var t string
+		var r tenantRow
 		var n sql.NullInt64
-		if err := rows.Scan(&t, &n); err != nil {
-			return nil, 0, nil, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
+		if err := rows.Scan(&r.name, &n, &r.headAt, &r.headID); err != nil {
+			return nil, 0, page, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
 		}
 		if !n.Valid {
-			withWork = append(withWork, t)
+			work = append(work, r)
 			continue
 		}
-		inFlight[t] = int(n.Int64)
+		inFlight[r.name] = int(n.Int64)
 		total += int(n.Int64)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, nil, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
+		return nil, 0, page, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
 	}
-	return inFlight, total, withWork, nil
+	return inFlight, total, d.pageOf(cfg, tenantKey{}, work), nil
+}
+
+// nextTenants reads the page of tenants with work that follows prev.
+func (d *Drainer) nextTenants(ctx context.Context, cfg limits.Config, prev tenantPage) (tenantPage, error) {
+	q, args := d.tenantsSQL(cfg, prev.after, false)
+	rows, err := d.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return tenantPage{}, fmt.Errorf("read tenants with queued jobs: %w", err)
+	}
+	defer rows.Close()
+	var work []tenantRow
+	for rows.Next() {
+		var r tenantRow
+		var n sql.NullInt64
+		if err := rows.Scan(&r.name, &n, &r.headAt, &r.headID); err != nil {
+			return tenantPage{}, fmt.Errorf("read tenants with queued jobs: %w", err)
+		}
+		work = append(work, r)
+	}
+	if err := rows.Err(); err != nil {
+		return tenantPage{}, fmt.Errorf("read tenants with queued jobs: %w", err)
+	}
+	return d.pageOf(cfg, prev.after, work), nil
+}
+
+// tenantRow is a row of tenantsSQL.
+type tenantRow struct {
+	name   string
+	headAt sql.NullTime
+	headID sql.NullInt64
+}
+
+// tenantsSQL is the read of the page of tenants with work after from (from the start when
+// first), in cfg's ordering, with the columns of inFlightPerTenant's rows (tenant, NULL) plus the
+// tenant's index position (passState adds the in-flight counts as rows (tenant, count, NULL,
+// NULL)). fair and fifo walk the head index (every tenant's oldest queued job,
+// oldest first); round_robin walks work_tenant by name from the tenant served last to the end,
+// then from the first name up to it.
+func (d *Drainer) tenantsSQL(cfg limits.Config, from tenantKey, first bool) (string, []any) {
+	n := d.tenantsPerPage(cfg)
+	const cols = "SELECT tenant, NULL, head_at, head_id FROM tenants"
+	if cfg.Ordering == limits.RoundRobin {
+		if first {
+			from.name = d.rrLast
+		}
+		if from.wrapped {
+			return "(" + cols + " FORCE INDEX (work_tenant) WHERE work_tenant > ? AND work_tenant <= ? ORDER BY work_tenant LIMIT ?)",
+				[]any{from.name, d.rrLast, n}
+		}
+		return "(" + cols + " FORCE INDEX (work_tenant) WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?)", []any{from.name, n}
+	}
+	if first {
+		return "(" + cols + " FORCE INDEX (head) WHERE head_at IS NOT NULL ORDER BY head_at, head_id LIMIT ?)", []any{n}
+	}
+	// A row constructor comparison is not a range MariaDB seeks to, so the keyset is spelt out.
+	return "(" + cols + ` FORCE INDEX (head) WHERE head_at IS NOT NULL AND (head_at > ? OR (head_at = ? AND head_id > ?))
+		ORDER BY head_at, head_id LIMIT ?)`, []any{from.headAt, from.headAt, from.headID, n}
+}
+
+// pageOf turns the rows of tenantsSQL read from from into a page.
+func (d *Drainer) pageOf(cfg limits.Config, from tenantKey, rows []tenantRow) tenantPage {
+	p := tenantPage{full: len(rows) >= d.tenantsPerPage(cfg), after: from}
+	for _, r := range rows {
+		p.tenants = append(p.tenants, r.name)
+	}
+	if len(rows) > 0 {
+		last := rows[len(rows)-1]
+		p.after = tenantKey{headAt: last.headAt.Time, headID: last.headID.Int64, name: last.name, wrapped: from.wrapped}
+	}
+	if cfg.Ordering == limits.RoundRobin && !p.full && !from.wrapped && d.rrLast != "" {
+		// The names after the tenant served last are done; those up to it are the next page.
+		p.full, p.after = true, tenantKey{wrapped: true}
+	}
+	return p
 }
 
 // wants returns the tenants of withWork below their cap, with how many heads to read for each,
@@ -138,54 +239,79 @@ func (d *Drainer) wants(cfg limits.Config, inFlight map[string]int, total int, w
 	return ws, capped
 }
 
+// maxStatementBytes bounds the text of one heads statement: a pass's reads stay far below the
+// server's packet limit (SPEC §14: no statement of a pass exceeds 64 KiB) whatever the number of
+// tenants read and of gated keys excluded, by splitting the read into several statements.
+const maxStatementBytes = 48 << 10
+
 // heads returns, for each tenant of ws, its oldest eligible queued jobs (at most w.n), leaving
 // out the jobs of the rate keys in excluded (keys found gated earlier in the pass).
 func (d *Drainer) heads(ctx context.Context, now time.Time, ws []want, excluded []string) (map[string][]candidate, error) {
 	out := map[string][]candidate{}
-	if len(ws) == 0 {
-		return out, nil
-	}
 	exclude := ""
 	if len(excluded) > 0 {
 		exclude = " AND (rate_key_sha256 IS NULL OR rate_key_sha256 NOT IN (" + store.Placeholders(len(excluded)) + "))"
 	}
 	var q strings.Builder
-	args := make([]any, 0, len(ws)*(3+len(excluded)))
-	for i, w := range ws {
-		if i > 0 {
-			q.WriteString(" UNION ALL ")
+	var args []any
+	flush := func() error {
+		if q.Len() == 0 {
+			return nil
 		}
+		err := d.readHeads(ctx, q.String(), args, out)
+		q.Reset()
+		args = args[:0]
+		return err
+	}
+	for _, w := range ws {
 		// The claim index is forced and walked in (queued_at, id) order, stopping after LIMIT
 		// rows: without the hint MariaDB may pick tenant_id and sort the whole backlog, and
 		// naming the equality columns in ORDER BY (status is an ENUM) also makes it sort.
-		q.WriteString(`(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs FORCE INDEX (claim)
+		sub := `(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs FORCE INDEX (claim)
 			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)` + exclude + `
-			ORDER BY queued_at, id LIMIT ?)`)
+			ORDER BY queued_at, id LIMIT ?)`
+		if q.Len() > 0 && q.Len()+len(sub)+len(" UNION ALL ") > maxStatementBytes {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+		if q.Len() > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		q.WriteString(sub)
 		args = append(args, w.tenant, now)
 		for _, k := range excluded {
 			args = append(args, k)
 		}
 		args = append(args, w.n)
 	}
-	hr, err := d.cfg.DB.QueryContext(ctx, q.String(), args...)
-	if err != nil {
-		return nil, fmt.Errorf("read queue heads: %w", err)
-	}
-	defer hr.Close()
-	for hr.Next() {
-		var c candidate
-		if err := hr.Scan(&c.id, &c.tenant, &c.rateKey, &c.queuedAt, &c.version); err != nil {
-			return nil, fmt.Errorf("read queue heads: %w", err)
-		}
-		out[c.tenant] = append(out[c.tenant], c)
-	}
-	if err := hr.Err(); err != nil {
-		return nil, fmt.Errorf("read queue heads: %w", err)
+	if err := flush(); err != nil {
+		return nil, err
 	}
 	for _, cs := range out {
 		sort.Slice(cs, func(i, j int) bool { return cs[i].before(cs[j]) })
 	}
 	return out, nil
+}
+
+// readHeads runs one statement of heads and adds its rows to out.
+func (d *Drainer) readHeads(ctx context.Context, q string, args []any, out map[string][]candidate) error {
+	hr, err := d.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("read queue heads: %w", err)
+	}
+	defer hr.Close()
+	for hr.Next() {
+		var c candidate
+		if err := hr.Scan(&c.id, &c.tenant, &c.rateKey, &c.queuedAt, &c.version); err != nil {
+			return fmt.Errorf("read queue heads: %w", err)
+		}
+		out[c.tenant] = append(out[c.tenant], c)
+	}
+	if err := hr.Err(); err != nil {
+		return fmt.Errorf("read queue heads: %w", err)
+	}
+	return nil
 }
 
 // gateSlack is how many extra heads per tenant a pass reads so that a gated key at the head of
@@ -235,20 +361,58 @@ func (g *gatedSeen) learn(nb map[string]time.Time, now time.Time, memory time.Du
 }
 
 // candidates returns, per tenant below its cap, the tenant's oldest eligible queued jobs whose
-// rate key is not gated at now, and whether each may have more. The heads come from the
-// headCache or a read of at least room + gateSlack heads per tenant, and one GetMulti looks up
-// their keys; only a tenant left with fewer candidates than its room, whose read was full (so
-// more may exist), is read again with the gated keys excluded, so a gated key never hides the
-// tenant's other keys. A failing gate store fails open: whatever is not known to be gated is a
-// candidate. No transaction is open while memcached is asked.
-func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int, withWork []string) (map[string][]candidate, map[string]bool, error) {
-	ws, capped := d.wants(cfg, inFlight, total, withWork)
-	// A tenant left waiting at a cap means more than one job is queued: no lone-job probe.
-	d.setProbe(!capped)
-	if len(ws) == 0 {
-		return nil, nil, nil
+// rate key is not gated at now, whether each may have more, and whether tenants with work may
+// remain beyond the pages read. The tenants come from page and, while they give fewer eligible
+// jobs than there are free slots, from the pages after it (at most maxTenantPages in all). The
+// heads come from the headCache or a read of at least room + gateSlack heads per tenant, and one
+// GetMulti looks up their keys; only a tenant left with fewer candidates than its room, whose
+// read was full (so more may exist), is read again with the gated keys excluded, so a gated key
+// never hides the tenant's other keys. A failing gate store fails open: whatever is not known to
+// be gated is a candidate. No transaction is open while memcached is asked.
+func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int, page tenantPage) (map[string][]candidate, map[string]bool, bool, error) {
+	cands, more := map[string][]candidate{}, map[string]bool{}
+	free := min(cfg.GlobalInFlight-total, d.cfg.ClaimBatch)
+	capped := false
+	for pages := 1; ; pages++ {
+		ws, c := d.wants(cfg, inFlight, total, page.tenants)
+		capped = capped || c
+		if len(ws) > 0 {
+			pc, pm, err := d.gatedCandidates(ctx, now, ws)
+			if err != nil {
+				return nil, nil, false, err
+			}
+			for _, w := range ws {
+				cands[w.tenant], more[w.tenant] = pc[w.tenant], pm[w.tenant]
+			}
+		}
+		if !page.full || pages == maxTenantPages || free <= 0 || enough(cfg, cands, inFlight, free) {
+			break
+		}
+		next, err := d.nextTenants(ctx, cfg, page)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		page = next
 	}
-	return d.gatedCandidates(ctx, now, ws)
+	// A tenant left waiting at a cap, or tenants not read, mean more than one job is queued: no
+	// lone-job probe.
+	d.setProbe(!capped && !page.full)
+	return cands, more, page.full, nil
+}
+
+// enough reports whether cands fill free slots with jobs that no unread tenant could go before:
+// under fair, only tenants with nothing in flight count (an unread tenant with nothing in flight
+// goes before a read one with jobs in flight); under fifo and round_robin, every candidate does
+// (pages come in the ordering's own order).
+func enough(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, free int) bool {
+	n := 0
+	for t, cs := range cands {
+		if cfg.Ordering == limits.Fair && inFlight[t] > 0 {
+			continue
+		}
+		n += min(len(cs), max(cfg.TenantCap(t)-inFlight[t], 0))
+	}
+	return n >= free
 }
 
 // firstHeads returns the heads of ws: a tenant's cached ones when it has more than its share of
@@ -394,11 +558,11 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		}
 	}
 	cfg := d.lastConfig()
-	inFlight, total, withWork, err := d.passState(ctx)
+	inFlight, total, page, err := d.passState(ctx, cfg)
 	if err != nil {
 		return nil, false, err
 	}
-	cands, more, err := d.candidates(ctx, now, cfg, inFlight, total, withWork)
+	cands, more, unread, err := d.candidates(ctx, now, cfg, inFlight, total, page)
 	if err != nil || len(cands) == 0 {
 		return nil, false, err
 	}
@@ -467,7 +631,9 @@ func (d *Drainer) claim(ctx context.Context, now time.Time) ([]claimed, bool, er
 		d.setProbe(false)
 	}
 	d.own(ctx, now, out)
-	return out, full, nil
+	// Tenants left unread with slots still free: the next pass goes on at once. Only after a
+	// pass that claimed something, so tenants whose work is all gated never spin the loop.
+	return out, full || (unread && total < cfg.GlobalInFlight), nil
 }
 
 // drained reports whether a pass took every candidate it read and no tenant may have more.

@@ -280,4 +280,36 @@ func checkInvariants(t *testing.T, ctx context.Context, db *sql.DB, step int, co
 			t.Fatalf("step %d: tenant %s has %d in flight, cap 2", step, tenant, n)
 		}
 	}
+	checkTenantQueueState(t, ctx, db, fmt.Sprintf("step %d", step))
+}
+
+// checkTenantQueueState fails unless every tenant's queue state (migrations/0010: queued count
+// and oldest queued job, kept by triggers) equals what its jobs say.
+func checkTenantQueueState(t *testing.T, ctx context.Context, db *sql.DB, when string) {
+	t.Helper()
+	rows, err := db.QueryContext(ctx, `SELECT t.tenant, t.queued, COALESCE(t.head_id, 0), COALESCE(t.head_at, ''),
+		(SELECT COUNT(*) FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued'),
+		COALESCE((SELECT j.id FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued' ORDER BY j.queued_at, j.id LIMIT 1), 0),
+		COALESCE((SELECT j.queued_at FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued' ORDER BY j.queued_at, j.id LIMIT 1), ''),
+		COALESCE(t.work_tenant = t.tenant, 0)
+		FROM tenants t`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var tenant, headAt, wantAt string
+		var queued, want, headID, wantID int64
+		var listed bool
+		if err := rows.Scan(&tenant, &queued, &headID, &headAt, &want, &wantID, &wantAt, &listed); err != nil {
+			t.Fatal(err)
+		}
+		if queued != want || headID != wantID || headAt != wantAt || listed != (want > 0) {
+			t.Fatalf("%s: tenant %q's queue state is queued=%d head=%d@%s listed=%v; its jobs say queued=%d head=%d@%s",
+				when, tenant, queued, headID, headAt, listed, want, wantID, wantAt)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
 }
