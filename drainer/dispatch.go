@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drainer/executor"
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // startDispatch sends c to the executor in a goroutine owned by the Drainer and records the

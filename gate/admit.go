@@ -16,10 +16,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/admitrate"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/migrations"
 )

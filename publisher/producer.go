@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
 

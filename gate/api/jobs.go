@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // maxBatchBody bounds a batch request body: 1,000 jobs of typical size fit many times over,
