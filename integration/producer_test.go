@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/migrations"
@@ -223,7 +224,7 @@ func exampleDatabase(ctx context.Context) (*sql.DB, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	admin, err := migrations.Open(ctx, cfg.FormatDSN())
+	admin, err := store.Open(ctx, cfg.FormatDSN())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -237,7 +238,7 @@ func exampleDatabase(ctx context.Context) (*sql.DB, func(), error) {
 		admin.Close()
 	}
 	cfg.DBName = name
-	db, err := migrations.Open(ctx, cfg.FormatDSN())
+	db, err := store.Open(ctx, cfg.FormatDSN())
 	if err != nil {
 		drop()
 		return nil, nil, err

@@ -162,7 +162,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 	}()
 	var err error
-	if a.db, err = migrations.Open(ctx, opts.MySQLDSN); err != nil {
+	if a.db, err = store.Open(ctx, opts.MySQLDSN); err != nil {
 		return nil, err
 	}
 	current, err := migrations.Current(ctx, a.db)
