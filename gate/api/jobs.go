@@ -167,7 +167,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := gate.ListFilter{Limit: gate.DefaultListLimit}
 	if t := q.Get("tenant"); q.Has("tenant") {
-		if err := gate.ValidTenant("tenant", t); err != nil {
+		if err := job.ValidTenant("tenant", t); err != nil {
 			s.fail(w, r, err)
 			return
 		}
