@@ -23,11 +23,11 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/cmd/sluice/app"
+	"github.com/sluicehq/sluice/drainer/executor/simexec"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
-	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 

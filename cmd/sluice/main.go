@@ -28,9 +28,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/cmd/sluice/app"
+	"github.com/sluicehq/sluice/drainer/executor/simexec"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/store"
-	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/publisher"
 	"github.com/sluicehq/sluice/publisher/devbroker"
