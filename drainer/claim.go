@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 func loadLimits(ctx context.Context, q limits.Querier) (limits.Config, error) {

@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drainer/executor"
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // startDispatch sends c to the executor in a goroutine owned by the Drainer and records the
@@ -228,7 +229,7 @@ func (d *Drainer) outcome(now time.Time, r store.Row, req *outcomeReq) store.Out
 		o := store.Outcome{Status: job.Queued, ErrorCode: string(job.CodeRateLimited),
 			ErrorMessage: "the executor answered 429; the rate key is gated"}
 		if !req.gated {
-			nb := now.Add(time.Duration(min(req.gateRetry, rategateMaxRetry))*time.Second + rategateMargin)
+			nb := now.Add(time.Duration(min(req.gateRetry, rategate.MaxRetryAfter))*time.Second + rategate.Margin)
 			o.NotBefore = &nb
 			o.ErrorMessage = "the executor answered 429; the rate key could not be gated, so the job waits on its own"
 		}
@@ -266,14 +267,6 @@ func refusalDelay(retryAfter, refusal int) time.Duration {
 	return min(delay, time.Minute)
 }
 
-// rategateMaxRetry and rategateMargin mirror rategate.MaxRetryAfter and rategate.Margin for a
-// job held back on its own when its key could not be gated (the drainer does not import the
-// memcached store; the SPEC fixes both numbers).
-const (
-	rategateMaxRetry = 86400
-	rategateMargin   = 5 * time.Second
-)
-
 // gate extends the gate of r's rate key by retryAfter seconds (clamped to SPEC §5's 1..86,400)
 // and reports whether the gate is now in force. A failing gate store is counted, never fatal,
 // and logged at debug level only: the store warns of the outage itself, at most once per 15 s
@@ -282,7 +275,7 @@ func (d *Drainer) gate(ctx context.Context, r store.Row, retryAfter int) bool {
 	if d.cfg.Gates == nil || r.RateKeySHA256 == nil {
 		return false
 	}
-	retryAfter = min(max(retryAfter, 1), rategateMaxRetry)
+	retryAfter = min(max(retryAfter, rategate.MinRetryAfter), rategate.MaxRetryAfter)
 	if _, err := d.cfg.Gates.Extend(ctx, *r.RateKeySHA256, retryAfter); err != nil {
 		if d.cfg.Metrics != nil {
 			d.cfg.Metrics.GateUnavailable.Inc()

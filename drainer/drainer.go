@@ -19,10 +19,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drainer/executor"
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
 

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // The lone-job claim is the pickup path of an idle queue. A pass normally reads the in-flight

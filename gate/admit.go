@@ -1,7 +1,7 @@
 // Package gate is sluice's front door and policy: admission (validation, idempotent replay,
 // the admission rate limit with refund, depth caps, immediate-or-refuse, the rollout mode),
 // batch admission and redrive, reading, listing and cancelling jobs. Its HTTP face is gate/api;
-// the runtime limits it enforces are in gate/limits, the rate-limit counters in gate/ratelimit.
+// the runtime limits it enforces are in gate/limits, the rate-limit counters in gate/admitrate.
 package gate
 
 import (
@@ -16,18 +16,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/admitrate"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
-	"github.com/sluicehq/sluice/gate/ratelimit"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
 
-// RateLimiter is the admission rate limit's counter store (gate/ratelimit over memcached). An
+// RateLimiter is the admission rate limit's counter store (gate/admitrate over memcached). An
 // error means "unknown": admission fails open.
 type RateLimiter interface {
 	// Reserve takes up to n units of tenant's budget of limit per minute at now.
-	Reserve(ctx context.Context, tenant string, n, limit int, now time.Time) (*ratelimit.Reservation, error)
+	Reserve(ctx context.Context, tenant string, n, limit int, now time.Time) (*admitrate.Reservation, error)
 }
 
 // GateLookup reads rate gates (SPEC §5), for queue=false admissions. Implementations fail open:
@@ -73,7 +73,7 @@ type Config struct {
 	JobMetrics *store.Metrics
 	// FailOpenMetrics, if set, counts rate-limiter and gate-lookup failures admission survived.
 	FailOpenMetrics *FailOpenMetrics
-	// RateLimiter enforces admission_rate_per_minute (a *ratelimit.Limiter; a nil one counts as
+	// RateLimiter enforces admission_rate_per_minute (a *admitrate.Limiter; a nil one counts as
 	// none). Default none: the limit is not enforced (and a warning is logged once when it is
 	// configured).
 	RateLimiter RateLimiter
@@ -131,7 +131,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Faults == nil {
 		cfg.Faults = &Faults{}
 	}
-	if l, ok := cfg.RateLimiter.(*ratelimit.Limiter); ok && l == nil {
+	if l, ok := cfg.RateLimiter.(*admitrate.Limiter); ok && l == nil {
 		cfg.RateLimiter = nil // an interface holding a nil pointer is not "none"
 	}
 	if cfg.GlobalDepthRefresh == 0 {
@@ -424,7 +424,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	if err != nil {
 		return nil, unavailable(err)
 	}
-	reservations := map[string]*ratelimit.Reservation{}
+	reservations := map[string]*admitrate.Reservation{}
 	done := false
 	defer func() {
 		if !done {
@@ -487,7 +487,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 // §5: the row is re-read by its id to keep or refund the charge), so a transaction holding one
 // commits in a round trip of its own, as do a batch (see admissionTx) and a test's transaction
 // whose faults go between the inserts and the COMMIT.
-func (a *Admitter) commitWithInsert(tx *admissionTx, reservations map[string]*ratelimit.Reservation) bool {
+func (a *Admitter) commitWithInsert(tx *admissionTx, reservations map[string]*admitrate.Reservation) bool {
 	if f := a.cfg.Faults; f != nil && (f.AfterInsert != nil || f.Commit != nil) {
 		return false
 	}
@@ -717,7 +717,7 @@ func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, cfg 
 // rateLimit reserves one unit per pending item of each tenant (SPEC §5: charged only for
 // admissions that commit; the units of items that end up not admitted are refunded). Items
 // beyond the budget are refused with rate_limited, or, in shadow mode, admitted and marked.
-func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Config, st *state, res map[string]*ratelimit.Reservation) {
+func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Config, st *state, res map[string]*admitrate.Reservation) {
 	limit := cfg.AdmissionRatePerMinute
 	if limit <= 0 || cfg.AdmissionMode == limits.ModeOff {
 		return
@@ -773,7 +773,7 @@ func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Conf
 }
 
 // decide applies the depth caps and immediate-or-refuse to the pending items, in order.
-func (a *Admitter) decide(items []*item, cfg limits.Config, st *state, res map[string]*ratelimit.Reservation) {
+func (a *Admitter) decide(items []*item, cfg limits.Config, st *state, res map[string]*admitrate.Reservation) {
 	refund := func(it *item) {
 		if it.reserved {
 			it.reserved = false
@@ -1042,7 +1042,7 @@ func (a *Admitter) txErr(err error) error {
 // id on another connection and the charges are kept if it exists, refunded if not. An unkeyed
 // request must not be retried blindly (it may create a duplicate); a keyed one may, since its
 // replay returns the one job that exists.
-func (a *Admitter) commitErr(ctx context.Context, err error, items []*item, res map[string]*ratelimit.Reservation) error {
+func (a *Admitter) commitErr(ctx context.Context, err error, items []*item, res map[string]*admitrate.Reservation) error {
 	refundAll := func() {
 		for _, r := range res {
 			r.Refund(ctx, r.Granted())

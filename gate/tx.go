@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"strings"
 
-	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // Tx is what a test's Faults.Commit may do with an admission transaction.

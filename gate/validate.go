@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/gate/job"
@@ -24,34 +23,15 @@ type Request struct {
 
 // Limits on request fields (SPEC §6, issue "front door").
 const (
-	MaxTenantBytes         = 191
+	MaxTenantBytes         = job.MaxTenantBytes
 	MaxRateKeyBytes        = 1024
 	MaxIdempotencyKeyBytes = 255
 )
 
-// ValidTenant returns an invalid_request error unless t is 1-191 bytes of valid UTF-8 without
-// control characters.
-func ValidTenant(field, t string) error {
-	switch {
-	case t == "":
-		return job.Invalid(field, "%s is required", field)
-	case len(t) > MaxTenantBytes:
-		return job.Invalid(field, "%s is %d bytes; at most %d", field, len(t), MaxTenantBytes)
-	case !utf8.ValidString(t):
-		return job.Invalid(field, "%s is not valid UTF-8", field)
-	}
-	for _, r := range t {
-		if unicode.IsControl(r) {
-			return job.Invalid(field, "%s contains a control character", field)
-		}
-	}
-	return nil
-}
-
 // Validate checks r against the static rules and maxPayload; it returns a *job.Error naming the
 // field.
 func (r *Request) Validate(maxPayload int) error {
-	if err := ValidTenant("tenant", r.Tenant); err != nil {
+	if err := job.ValidTenant("tenant", r.Tenant); err != nil {
 		return err
 	}
 	if r.RateKey != nil {

@@ -23,11 +23,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/admitrate"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
-	"github.com/sluicehq/sluice/gate/ratelimit"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -54,7 +54,7 @@ type frontDoor struct {
 	url     string
 	reg     *prometheus.Registry
 	logs    *logBuffer
-	limiter *ratelimit.Limiter
+	limiter *admitrate.Limiter
 	now     *fakeNow
 
 	alpha, beta, star, exec, admin *client.Client
@@ -150,7 +150,7 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	if o.memcached != "" {
 		mc := memcache.New(o.memcached)
 		mc.MaxIdleConns = 64
-		if f.limiter, err = ratelimit.New(ratelimit.Config{Client: mc}); err != nil {
+		if f.limiter, err = admitrate.New(admitrate.Config{Client: mc}); err != nil {
 			t.Fatal(err)
 		}
 		cfg.RateLimiter = f.limiter

@@ -14,9 +14,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
-	"github.com/sluicehq/sluice/migrations"
 )
 
 // commitCutter is a TCP proxy in front of MariaDB that, when armed, forwards the next COMMIT to
@@ -81,7 +80,7 @@ func dbThroughCutter(t *testing.T, base *testdb.DB) (*commitCutter, *sql.DB) {
 	}
 	proxy := startCommitCutter(t, cfg.Addr)
 	cfg.Addr = proxy.l.Addr().String()
-	db, err := migrations.Open(context.Background(), cfg.FormatDSN())
+	db, err := store.Open(context.Background(), cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
-	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
 
@@ -138,7 +138,7 @@ func TestAdmissionLeavesNoOpenTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{})
-	one, err := migrations.Open(ctx, probe.db.DSN)
+	one, err := store.Open(ctx, probe.db.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
-	"github.com/sluicehq/sluice/migrations"
 )
 
 // TestIdleDrainerRoundTrips pins what an idle drainer asks of the database, which is most of
@@ -70,12 +70,12 @@ func (refusingSender) Send(context.Context, executor.Dispatch) executor.Answer {
 func countedPool(t *testing.T, db *testdb.DB) (*sql.DB, *statementLog) {
 	t.Helper()
 	ctx := context.Background()
-	connector, err := migrations.Connector(ctx, db.DSN)
+	connector, err := store.Connector(ctx, db.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := &statementLog{}
-	counted, err := migrations.OpenConnector(ctx, countingConnector{Connector: connector, log: log})
+	counted, err := store.OpenConnector(ctx, countingConnector{Connector: connector, log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,18 +4,18 @@ import (
 	"context"
 	"testing"
 
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
-	"github.com/sluicehq/sluice/migrations"
 )
 
-// TestOpenSetsSessionLimits: every connection migrations.Open makes runs at READ COMMITTED with
+// TestOpenSetsSessionLimits: every connection store.Open makes runs at READ COMMITTED with
 // a 10 s lock wait and, on MariaDB, rolls back a transaction left idle for a minute, so that a
 // process gone silent inside one (a claim holding the claim lock) frees its locks soon.
 func TestOpenSetsSessionLimits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	base := testdb.New(t)
-	db, err := migrations.Open(ctx, base.DSN)
+	db, err := store.Open(ctx, base.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,8 +27,8 @@ func TestOpenSetsSessionLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if isolation != "READ-COMMITTED" || lockWait != 10 || idle != int(migrations.IdleTransactionTimeout.Seconds()) {
+	if isolation != "READ-COMMITTED" || lockWait != 10 || idle != int(store.IdleTransactionTimeout.Seconds()) {
 		t.Errorf("session: isolation %s, lock wait %d s, idle transaction timeout %d s; want READ-COMMITTED, 10, %d",
-			isolation, lockWait, idle, int(migrations.IdleTransactionTimeout.Seconds()))
+			isolation, lockWait, idle, int(store.IdleTransactionTimeout.Seconds()))
 	}
 }

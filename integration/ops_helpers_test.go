@@ -23,12 +23,12 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/cmd/sluice/app"
+	"github.com/sluicehq/sluice/drainer/executor/simexec"
 	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
-	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/integration/testdb"
-	"github.com/sluicehq/sluice/migrations"
 )
 
 // opsEnv is a sluice started by the ops tests with what the shared harness does not expose: a
@@ -199,7 +199,7 @@ func (m *mariadb) start() {
 		}
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		db, err := migrations.Open(pctx, m.DSN(""))
+		db, err := store.Open(pctx, m.DSN(""))
 		if err != nil {
 			return false, err
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/migrations"
@@ -92,7 +93,7 @@ func TestOpsMariaDBRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	m := startMariaDB(t)
-	admin, err := migrations.Open(ctx, m.DSN(""))
+	admin, err := store.Open(ctx, m.DSN(""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestOpsMariaDBRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin.Close()
-	db, err := migrations.Open(ctx, m.DSN("sluice"))
+	db, err := store.Open(ctx, m.DSN("sluice"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestOpsMariaDBRestart(t *testing.T) {
 	}
 
 	// Re-open our own handle: the old one's pool died with the server.
-	check, err := migrations.Open(ctx, m.DSN("sluice"))
+	check, err := store.Open(ctx, m.DSN("sluice"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/drainer/executor/simexec"
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
-	"github.com/sluicehq/sluice/integration/simexec"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 

@@ -12,8 +12,10 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/migrations"
@@ -39,7 +41,7 @@ func dispatchedJob(ctx context.Context, db *sql.DB, tenant, nonce string) (int64
 }
 
 // TestProducerEventsCommitWithTheProducersTransaction: a completion and a release written with
-// publisher.Producer roll back with the producer's own change, and commit with it.
+// gate.Completer and publisher.Producer roll back with the producer's own change, and commit with it.
 func TestProducerEventsCommitWithTheProducersTransaction(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
@@ -58,12 +60,16 @@ func TestProducerEventsCommitWithTheProducersTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	comp, err := gate.NewCompleter(gate.CompleterConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	write := func(tx *sql.Tx) {
 		t.Helper()
 		if _, err := tx.ExecContext(ctx, "UPDATE sandboxes SET state = 'stopped' WHERE id = 1"); err != nil {
 			t.Fatal(err)
 		}
-		j, err := prod.Complete(ctx, tx, id, publisher.Completion{Nonce: "nonce-1", Status: "succeeded"})
+		j, err := comp.Complete(ctx, tx, id, gate.Completion{Nonce: "nonce-1", Status: "succeeded"})
 		if err != nil || j.Status != job.Succeeded {
 			t.Fatalf("complete = %s, %v", j.Status, err)
 		}
@@ -113,7 +119,7 @@ func TestProducerEventsCommitWithTheProducersTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	if _, err := prod.Complete(ctx, tx, id, publisher.Completion{Nonce: "other", Status: "failed"}); job.ErrorCode(err) != job.CodeDispatchVoid {
+	if _, err := comp.Complete(ctx, tx, id, gate.Completion{Nonce: "other", Status: "failed"}); job.ErrorCode(err) != job.CodeDispatchVoid {
 		t.Fatalf("a completion with another nonce = %v, want dispatch_void", err)
 	}
 	if _, err := prod.Release(ctx, tx, ""); job.ErrorCode(err) != job.CodeInvalidRequest {
@@ -193,6 +199,11 @@ func Example_producer() {
 		fmt.Println(err)
 		return
 	}
+	comp, err := gate.NewCompleter(gate.CompleterConfig{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		fmt.Println(err)
@@ -200,7 +211,7 @@ func Example_producer() {
 	}
 	defer func() { _ = tx.Rollback() }()
 	// ... the producer's own writes in tx (its run record, its sandbox table) go here ...
-	j, err := prod.Complete(ctx, tx, id, publisher.Completion{Nonce: "n-1", Status: "succeeded"})
+	j, err := comp.Complete(ctx, tx, id, gate.Completion{Nonce: "n-1", Status: "succeeded"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -223,7 +234,7 @@ func exampleDatabase(ctx context.Context) (*sql.DB, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	admin, err := migrations.Open(ctx, cfg.FormatDSN())
+	admin, err := store.Open(ctx, cfg.FormatDSN())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -237,7 +248,7 @@ func exampleDatabase(ctx context.Context) (*sql.DB, func(), error) {
 		admin.Close()
 	}
 	cfg.DBName = name
-	db, err := migrations.Open(ctx, cfg.FormatDSN())
+	db, err := store.Open(ctx, cfg.FormatDSN())
 	if err != nil {
 		drop()
 		return nil, nil, err

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/natstest"
-	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
@@ -76,7 +76,7 @@ func TestRelayChildProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	db, err := migrations.Open(ctx, dsn)
+	db, err := store.Open(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,16 @@ const Unpublished = "'1000-01-01 00:00:00'"
 // DefaultPrefix is the subject prefix when none is configured.
 const DefaultPrefix = "sluice"
 
+// CheckPrefix returns an error unless prefix can start a subject: no spaces, wildcards or
+// control whitespace, and no leading or trailing '.'. Writers that take a configured prefix
+// check it with this, so that they agree with the relay on what a subject is.
+func CheckPrefix(prefix string) error {
+	if strings.ContainsAny(prefix, " *>\t\r\n") || strings.HasPrefix(prefix, ".") || strings.HasSuffix(prefix, ".") {
+		return fmt.Errorf("%q is not a valid subject prefix", prefix)
+	}
+	return nil
+}
+
 // Subject returns the NATS subject for a poke of kind about tenant: <prefix>.<kind>.<token>,
 // where the token is the unpadded base64url encoding of the tenant's bytes, because tenants may
 // contain '.', '*', '>' or spaces, which subjects cannot.

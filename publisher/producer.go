@@ -5,12 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
-	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/drainer/store"
-	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -19,17 +15,16 @@ import (
 type ProducerConfig struct {
 	// Prefix is the NATS subject prefix; it must match the relay's. Default "sluice".
 	Prefix string
-	// Log receives one line per job transition (SPEC §10). Default: discard.
-	Log *slog.Logger
 }
 
-// Producer is the Go API for producers that share sluice's database: it writes a job's
-// completion or a capacity-release event inside the producer's own transaction, so that the
-// event commits or rolls back together with the producer's change (SPEC §3). Its rows are
-// published by the relay after that transaction commits; nothing is sent before. Safe for
-// concurrent use.
+// Producer is the Go client for producers that share sluice's database and emit
+// capacity-release events (SPEC §3): it writes the event's outbox row inside the producer's own
+// transaction, so that the event commits or rolls back together with the producer's change. The
+// relay publishes the row after that transaction commits; nothing is sent before. It needs only
+// the outbox: recording a job's outcome in the same transaction is gate.Completer's job. Safe
+// for concurrent use.
 type Producer struct {
-	store *store.Store
+	prefix string
 }
 
 // NewProducer returns a Producer, or an "invalid config" error naming the field.
@@ -37,35 +32,10 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = outbox.DefaultPrefix
 	}
-	if strings.ContainsAny(cfg.Prefix, " *>\t\r\n") || strings.HasPrefix(cfg.Prefix, ".") || strings.HasSuffix(cfg.Prefix, ".") {
-		return nil, fmt.Errorf("invalid config: Prefix: %q is not a valid subject prefix", cfg.Prefix)
+	if err := outbox.CheckPrefix(cfg.Prefix); err != nil {
+		return nil, fmt.Errorf("invalid config: Prefix: %w", err)
 	}
-	return &Producer{store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log}}, nil
-}
-
-// Completion is an executor's report of a job's outcome: Nonce is the nonce of the dispatch,
-// Status succeeded, failed or not_started (a start never confirmed: the job is queued again).
-type Completion = store.Completion
-
-// Complete records the outcome of job id in tx, exactly as POST /v1/jobs/{id}/complete does: the
-// terminal state (fenced on the dispatch's nonce) and a release poke, both in tx. It returns the
-// job as tx now sees it. Errors are *job.Error with the API's codes (nonce_invalid,
-// dispatch_void, outcome_conflict, invalid_request), store.ErrNotFound, or a wrapped database
-// error; on any error the caller should roll tx back. It blocks on the job's row lock.
-//
-// Unlike the API's /complete, it counts nothing in sluice_jobs_finished_total or
-// sluice_execution_seconds: only the caller knows whether tx commits, and the producer's process
-// exports no sluice metrics.
-func (p *Producer) Complete(ctx context.Context, tx *sql.Tx, id int64, c Completion) (job.Job, error) {
-	now, err := txNow(ctx, tx)
-	if err != nil {
-		return job.Job{}, err
-	}
-	row, _, err := p.store.Complete(ctx, tx, now, id, c)
-	if err != nil {
-		return row.Job, err
-	}
-	return row.Job, nil
+	return &Producer{prefix: cfg.Prefix}, nil
 }
 
 // Release writes a capacity-release event for tenant in tx (a sandbox stopped, a slot freed
@@ -73,14 +43,18 @@ func (p *Producer) Complete(ctx context.Context, tx *sql.Tx, id int64, c Complet
 // the truth from the database. Errors are *job.Error (invalid_request) for an invalid tenant or
 // a wrapped database error.
 func (p *Producer) Release(ctx context.Context, tx *sql.Tx, tenant string) (int64, error) {
-	if err := gate.ValidTenant("tenant", tenant); err != nil {
+	if err := job.ValidTenant("tenant", tenant); err != nil {
 		return 0, err
 	}
 	now, err := txNow(ctx, tx)
 	if err != nil {
 		return 0, err
 	}
-	return p.store.Release(ctx, tx, now, tenant)
+	ids, err := outbox.Write(ctx, tx, now, outbox.PokeMessage(p.prefix, outbox.Release, tenant, 0))
+	if err != nil {
+		return 0, fmt.Errorf("release for tenant %q: %w", tenant, err)
+	}
+	return ids[0], nil
 }
 
 // txNow reads the database clock inside tx: one timestamp per transaction, the database's, as

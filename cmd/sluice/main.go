@@ -28,8 +28,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/cmd/sluice/app"
+	"github.com/sluicehq/sluice/drainer/executor/simexec"
 	"github.com/sluicehq/sluice/gate/api"
-	"github.com/sluicehq/sluice/integration/simexec"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/publisher"
 	"github.com/sluicehq/sluice/publisher/devbroker"
@@ -296,7 +297,7 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 		*shutdown = append(*shutdown, b.Stop)
 		opts.NATSURL, x.embeddedNATS = b.URL(), true
 	}
-	db, err := migrations.Open(ctx, opts.MySQLDSN)
+	db, err := store.Open(ctx, opts.MySQLDSN)
 	if err != nil {
 		return x, err
 	}
@@ -375,7 +376,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	db, err := migrations.Open(ctx, c.get("mysql-dsn"))
+	db, err := store.Open(ctx, c.get("mysql-dsn"))
 	if err != nil {
 		return err
 	}

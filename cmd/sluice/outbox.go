@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
@@ -45,7 +45,7 @@ func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	db, err := migrations.Open(ctx, c.get("mysql-dsn"))
+	db, err := store.Open(ctx, c.get("mysql-dsn"))
 	if err != nil {
 		return err
 	}

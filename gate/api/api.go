@@ -1,6 +1,6 @@
 // Package api is sluice's HTTP face (SPEC §6): routing, authentication, request decoding and
 // the one table that maps error codes to HTTP statuses. The decisions are gate's and the
-// fenced writes drainer/store's; this package only translates.
+// fenced writes gate/store's; this package only translates.
 package api
 
 import (
@@ -17,12 +17,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
 

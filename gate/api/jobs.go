@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // maxBatchBody bounds a batch request body: 1,000 jobs of typical size fit many times over,
@@ -167,7 +167,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := gate.ListFilter{Limit: gate.DefaultListLimit}
 	if t := q.Get("tenant"); q.Has("tenant") {
-		if err := gate.ValidTenant("tenant", t); err != nil {
+		if err := job.ValidTenant("tenant", t); err != nil {
 			s.fail(w, r, err)
 			return
 		}

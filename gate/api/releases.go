@@ -4,7 +4,7 @@ import (
 	"database/sql"
 	"net/http"
 
-	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/job"
 )
 
 type releaseRequest struct {
@@ -25,7 +25,7 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := gate.ValidTenant("tenant", req.Tenant); err != nil {
+	if err := job.ValidTenant("tenant", req.Tenant); err != nil {
 		s.fail(w, r, err)
 		return
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/migrations"
 )
 
@@ -44,7 +45,7 @@ func New(tb testing.TB) *DB {
 	if err != nil {
 		tb.Fatalf("testdb: SLUICE_TEST_MYSQL_DSN: %v", err)
 	}
-	admin, err := migrations.Open(ctx, cfg.FormatDSN())
+	admin, err := store.Open(ctx, cfg.FormatDSN())
 	if err != nil {
 		tb.Fatalf("testdb: MySQL/MariaDB is not reachable (%v); run deploy/local/setup.sh or set SLUICE_TEST_MYSQL_DSN", err)
 	}
@@ -58,7 +59,7 @@ func New(tb testing.TB) *DB {
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		admin, err := migrations.Open(ctx, cfg.FormatDSN())
+		admin, err := store.Open(ctx, cfg.FormatDSN())
 		if err != nil {
 			tb.Errorf("testdb: drop %s: %v", name, err)
 			return
@@ -71,7 +72,7 @@ func New(tb testing.TB) *DB {
 	dbCfg := cfg.Clone()
 	dbCfg.DBName = name
 	dsn := dbCfg.FormatDSN()
-	db, err := migrations.Open(ctx, dsn)
+	db, err := store.Open(ctx, dsn)
 	if err != nil {
 		tb.Fatalf("testdb: open %s: %v", name, err)
 	}

@@ -23,13 +23,13 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
-	"github.com/sluicehq/sluice/drainer/store"
 	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/admitrate"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
-	"github.com/sluicehq/sluice/gate/ratelimit"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -162,7 +162,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 	}()
 	var err error
-	if a.db, err = migrations.Open(ctx, opts.MySQLDSN); err != nil {
+	if a.db, err = store.Open(ctx, opts.MySQLDSN); err != nil {
 		return nil, err
 	}
 	current, err := migrations.Current(ctx, a.db)
@@ -304,7 +304,7 @@ func (a *App) startAPI(ctx context.Context) error {
 	// store; both fail open, so a missing memcached costs precision, never admissions.
 	var limiter gate.RateLimiter
 	if len(a.opts.Memcached) > 0 {
-		l, err := ratelimit.New(ratelimit.Config{Servers: a.opts.Memcached})
+		l, err := admitrate.New(admitrate.Config{Servers: a.opts.Memcached})
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-package store
+package store_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -16,7 +17,7 @@ func TestFirstQueuedSince(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.New(t)
 	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	if got, err := firstQueuedSince(ctx, db, start); err != nil || got != 0 {
+	if got, err := store.FirstQueuedSince(ctx, db, start); err != nil || got != 0 {
 		t.Fatalf("empty table: %d, %v; want 0", got, err)
 	}
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)", start); err != nil {
@@ -53,7 +54,7 @@ func TestFirstQueuedSince(t *testing.T) {
 		if !want.Valid {
 			want.Int64 = maxID + 1
 		}
-		got, err := firstQueuedSince(ctx, db, cutoff)
+		got, err := store.FirstQueuedSince(ctx, db, cutoff)
 		if err != nil {
 			t.Fatal(err)
 		}

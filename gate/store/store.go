@@ -1,8 +1,11 @@
 // Package store is the fenced SQL of the job lifecycle (SPEC §4): reading job rows and every
-// statement that moves a job between states after admission. The drainer, the executor-facing
-// API (start, complete, cancel) and the producers' publisher all go through it, so that fencing
-// lives in one place: every write names the version and the state(s) its writer expects, and a
-// writer whose condition fails has lost the job and must stop touching it.
+// statement that moves a job between states after admission. Admission, the executor-facing
+// API (start, complete, cancel) and the drainer all go through it, so that fencing lives in one
+// place: every write names the version and the state(s) its writer expects, and a writer whose
+// condition fails has lost the job and must stop touching it.
+//
+// It sits under gate because it is the gate's data layer: the drainer consumes it, never the
+// reverse. It imports only the shared vocabulary (gate/job) and the outbox.
 package store
 
 import (

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/drainer/store"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // LockColumns must stay Columns with NULL for the result and the payload: ScanRow reads both

@@ -1,9 +1,9 @@
-// Package ratelimit is the per-tenant admission rate limit of SPEC §5, kept in memcached: one
+// Package admitrate is the per-tenant admission rate limit of SPEC §5, kept in memcached: one
 // counter per tenant per wall-clock minute. Admission reserves units before it writes and
 // refunds the ones whose write did not commit, so a tenant is charged only for admissions that
 // exist. memcached is a hint store here: when it is unreachable the limiter reports an error and
 // admission fails open.
-package ratelimit
+package admitrate
 
 import (
 	"context"
@@ -47,7 +47,7 @@ type Limiter struct {
 }
 
 // ErrSkipped is returned while the limiter backs off after a memcached error.
-var ErrSkipped = errors.New("ratelimit: memcached recently failed; skipping it")
+var ErrSkipped = errors.New("admitrate: memcached recently failed; skipping it")
 
 // New returns a Limiter, or an "invalid config" error naming the field.
 func New(cfg Config) (*Limiter, error) {
@@ -145,7 +145,7 @@ func (l *Limiter) Reserve(ctx context.Context, tenant string, n, limit int, now 
 	}
 	if err != nil {
 		l.failedAt(now)
-		return nil, fmt.Errorf("ratelimit: reserve %d for tenant: %w", n, err)
+		return nil, fmt.Errorf("admitrate: reserve %d for tenant: %w", n, err)
 	}
 	prev := int(v) - n
 	granted := max(0, min(n, limit-prev))
@@ -165,11 +165,11 @@ func (l *Limiter) Count(tenant string, now time.Time) (int, error) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("ratelimit: read count: %w", err)
+		return 0, fmt.Errorf("admitrate: read count: %w", err)
 	}
 	n, err := strconv.Atoi(string(trimSpace(it.Value)))
 	if err != nil {
-		return 0, fmt.Errorf("ratelimit: count %q: %w", it.Value, err)
+		return 0, fmt.Errorf("admitrate: count %q: %w", it.Value, err)
 	}
 	return n, nil
 }

@@ -13,7 +13,7 @@ import (
 
 // ConnTx is a transaction driven by hand on a connection of its own, so that it can begin
 // inside its first round trip and commit inside its last: several statements go in one
-// multi-statement round trip (migrations.Open enables them), where database/sql's Tx costs a
+// multi-statement round trip (Open enables them), where database/sql's Tx costs a
 // round trip for BEGIN, one per statement and one for COMMIT. database/sql does not know a
 // transaction is open on the connection, so Close rolls back whatever did not commit and throws
 // the connection away if that rollback fails, rather than return it to the pool with a

@@ -3,6 +3,9 @@
 // confirms each start with the job's nonce before "running" it, runs for the payload's sleep_ms
 // and answers with the payload's outcome. It counts starts per job id and the highest
 // concurrency it saw, globally and per tenant, and serves those counters at GET /stats.
+//
+// It sits under drainer/executor, next to the protocol it speaks, because the binary runs it
+// (`sluice dev`, `sluice simexec`) and the binary never imports integration/.
 package simexec
 
 import (
