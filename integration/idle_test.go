@@ -90,12 +90,22 @@ type statementLog struct {
 	stmts []string
 	// before, if set, sees each round trip's statements (as logged) before they are sent.
 	before func(q string)
+	// longest is the longest round trip's text sent so far, as sent; with onlyLongest, it is all that is
+	// kept (a test sending many statements).
+	longest     string
+	onlyLongest bool
 }
 
 func (l *statementLog) add(q string) {
+	raw := q
 	q = strings.Join(strings.Fields(q), " ")
 	l.mu.Lock()
-	l.stmts = append(l.stmts, q)
+	if len(raw) > len(l.longest) {
+		l.longest = raw
+	}
+	if !l.onlyLongest {
+		l.stmts = append(l.stmts, q)
+	}
 	before := l.before
 	l.mu.Unlock()
 	if before != nil {
@@ -111,6 +121,13 @@ func (l *statementLog) beforeSending(f func(q string)) {
 }
 
 func (l *statementLog) reset() { l.take() }
+
+// longestSent returns the longest round trip's text sent so far.
+func (l *statementLog) longestSent() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.longest
+}
 
 func (l *statementLog) take() []string {
 	l.mu.Lock()
