@@ -22,6 +22,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/sluicehq/sluice/drainer/executor"
 )
 
@@ -194,7 +196,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 		// becomes of the dispatch connection: the confirmation must not be abandoned halfway
 		// because the drainer that sent the dispatch died, or the API would record a start the
 		// counters never saw.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), confirmTimeout)
 		err := s.confirm(cctx, d)
 		cancel()
 		if err != nil {
@@ -230,6 +232,10 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 }
 
 // run is the simulated work: it takes sleep_ms, or less if the request is abandoned.
+// confirmTimeout bounds the confirmation of one start, retries included: longer than the database
+// outages the tests cause, shorter than the nonce TTL.
+const confirmTimeout = 30 * time.Second
+
 func (s *Server) run(ctx context.Context, ms int) {
 	if ms <= 0 {
 		return
@@ -265,8 +271,21 @@ func (s *Server) end(d executor.Dispatch, outcome string) {
 	s.stats.Completed[outcome]++
 }
 
+// confirm confirms the start of d. An answer that may have been lost (no answer, or a 503 that
+// says retryable: the database was unreachable or the COMMIT's outcome is unknown) is asked
+// again with the same nonce until ctx ends: SPEC §4 answers a repeated /start of a running job
+// 200 again for this, and giving up would leave a start recorded that the executor never ran.
 func (s *Server) confirm(ctx context.Context, d executor.Dispatch) error {
-	return s.post(ctx, fmt.Sprintf("/v1/jobs/%d/start", d.JobID), map[string]any{"nonce": d.Nonce})
+	b := backoff.WithContext(backoff.NewExponentialBackOff(backoff.WithInitialInterval(20*time.Millisecond),
+		backoff.WithMaxInterval(time.Second), backoff.WithMaxElapsedTime(0)), ctx)
+	return backoff.Retry(func() error {
+		err := s.post(ctx, fmt.Sprintf("/v1/jobs/%d/start", d.JobID), map[string]any{"nonce": d.Nonce})
+		var refused *refusal
+		if errors.As(err, &refused) && !refused.retryable {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, b)
 }
 
 func (s *Server) complete(ctx context.Context, d executor.Dispatch, outcome string) error {
@@ -289,10 +308,23 @@ func (s *Server) post(ctx context.Context, path string, body any) error {
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode != http.StatusOK {
-		return errors.New(path + ": HTTP " + strconv.Itoa(resp.StatusCode) + ": " + strings.TrimSpace(string(msg)))
+		var body struct {
+			Retryable bool `json:"retryable"`
+		}
+		_ = json.Unmarshal(msg, &body)
+		return &refusal{msg: path + ": HTTP " + strconv.Itoa(resp.StatusCode) + ": " + strings.TrimSpace(string(msg)),
+			retryable: resp.StatusCode == http.StatusServiceUnavailable && body.Retryable}
 	}
 	return nil
 }
+
+// refusal is an API answer other than 200; retryable when the API said the call may be repeated.
+type refusal struct {
+	msg       string
+	retryable bool
+}
+
+func (r *refusal) Error() string { return r.msg }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
