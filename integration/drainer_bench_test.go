@@ -141,9 +141,9 @@ func round2(x float64) float64 { return float64(int(x*100+0.5)) / 100 }
 func BenchmarkDrainThroughput(b *testing.B) {
 	for range b.N {
 		all := runtime.GOMAXPROCS(1)
-		one, raw := drainThroughput(b)
+		one, raw := drainThroughput(b, 64, drainJobs)
 		runtime.GOMAXPROCS(all)
-		many, _ := drainThroughput(b)
+		many, _ := drainThroughput(b, 64, drainJobs)
 		r := harness.Percentiles(raw, 50)
 		harness.Emit("drain_throughput", map[string]any{
 			"jobs": drainJobs, "caps": 64, "gomaxprocs": 1, "seconds": round2(one.el.Seconds()),
@@ -162,20 +162,14 @@ type drained struct {
 	peak int64
 }
 
-// drainThroughput drains drainJobs jobs into a fresh database and returns how long it took, the
-// highest in-flight count sampled, and the raw transaction times measured on the same database
-// before the drain.
-func drainThroughput(b *testing.B) (drained, []time.Duration) {
+// drainThroughput drains jobs jobs, spread evenly over tenants tenants, into a fresh database
+// with caps 64 and returns how long it took, the highest in-flight count sampled, and the raw
+// transaction times measured on the same database before the drain.
+func drainThroughput(b *testing.B, tenants, jobs int) (drained, []time.Duration) {
 	ctx := context.Background()
 	db := testdb.New(b)
 	setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
-	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) SELECT CONCAT('t', seq), UTC_TIMESTAMP(6) FROM seq_0_to_63`); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO jobs (tenant, status, queued_at)
-		SELECT CONCAT('t', seq %% 64), 'queued', UTC_TIMESTAMP(6) FROM seq_1_to_%d`, drainJobs)); err != nil {
-		b.Fatal(err)
-	}
+	queueJobs(b, db, tenants, jobs)
 	raw := rawTx(b, db, 300)
 	var peak atomic.Int64
 	stop := make(chan struct{})
@@ -208,7 +202,7 @@ func drainThroughput(b *testing.B) (drained, []time.Duration) {
 	// Wait on the executor's own count (in memory) so that the wait itself does not load the
 	// database, then for the last outcomes to commit.
 	harness.WaitFor(b, 10*time.Minute, "every job to be dispatched", func() (bool, error) {
-		return s.n.Load() >= drainJobs, nil
+		return s.n.Load() >= int64(jobs), nil
 	})
 	harness.WaitFor(b, time.Minute, "the last outcomes to commit", func() (bool, error) {
 		var left int
@@ -224,4 +218,23 @@ func drainThroughput(b *testing.B) (drained, []time.Duration) {
 		b.Errorf("the database held %d jobs in flight at once; cap 64", peak.Load())
 	}
 	return drained{el: el, peak: peak.Load()}, raw
+}
+
+// queueJobs creates tenants tenants (t0, t1, ...) and jobs queued jobs spread evenly over them,
+// in multi-row INSERTs of at most 100,000 rows, the oldest job first in each tenant.
+func queueJobs(tb testing.TB, db *testdb.DB, tenants, jobs int) {
+	tb.Helper()
+	ctx := context.Background()
+	for off := 0; off < tenants; off += 100_000 {
+		if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO tenants (tenant, created_at)
+			SELECT CONCAT('t', seq), UTC_TIMESTAMP(6) FROM seq_%d_to_%d`, off, min(off+100_000, tenants)-1)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for off := 0; off < jobs; off += 100_000 {
+		if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO jobs (tenant, status, queued_at)
+			SELECT CONCAT('t', seq %% %d), 'queued', UTC_TIMESTAMP(6) FROM seq_%d_to_%d`, tenants, off, min(off+100_000, jobs)-1)); err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
