@@ -193,30 +193,8 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 // PATCH /v1/config would.
 func (f *frontDoor) setConfig(t testing.TB, changes map[string]any) {
 	t.Helper()
-	ctx := context.Background()
-	cur, err := limits.Load(ctx, f.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := json.Marshal(cur.Config)
-	var m map[string]any
-	_ = json.Unmarshal(raw, &m)
-	for k, v := range changes {
-		m[k] = v
-	}
-	raw, _ = json.Marshal(m)
-	cfg, err := limits.Decode(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.db.ExecContext(ctx, `INSERT INTO config_versions (version, config, changed_by, changed_at, note)
-		VALUES (?, ?, 'test', UTC_TIMESTAMP(6), 'test')`, cur.Version+1, string(raw)); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.limits.Reload(ctx); err != nil {
+	testdb.PatchLimits(t, f.db, changes)
+	if err := f.limits.Reload(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
