@@ -9,11 +9,8 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -193,30 +190,8 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 // PATCH /v1/config would.
 func (f *frontDoor) setConfig(t testing.TB, changes map[string]any) {
 	t.Helper()
-	ctx := context.Background()
-	cur, err := limits.Load(ctx, f.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := json.Marshal(cur.Config)
-	var m map[string]any
-	_ = json.Unmarshal(raw, &m)
-	for k, v := range changes {
-		m[k] = v
-	}
-	raw, _ = json.Marshal(m)
-	cfg, err := limits.Decode(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.db.ExecContext(ctx, `INSERT INTO config_versions (version, config, changed_by, changed_at, note)
-		VALUES (?, ?, 'test', UTC_TIMESTAMP(6), 'test')`, cur.Version+1, string(raw)); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.limits.Reload(ctx); err != nil {
+	testdb.PatchLimits(t, f.db, changes)
+	if err := f.limits.Reload(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -275,39 +250,6 @@ func uniqueTenant(prefix string) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return prefix + "-" + hex.EncodeToString(b[:])
-}
-
-// startMemcached runs a private memcached on a free loopback port, stopped in t.Cleanup.
-func startMemcached(t testing.TB) (addr string, stop func()) {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	addr = "127.0.0.1:" + strconv.Itoa(port)
-	cmd := exec.Command("/usr/bin/memcached", "-l", "127.0.0.1", "-p", strconv.Itoa(port), "-u", "memcache")
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start memcached: %v", err)
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
-	}
-	t.Cleanup(stop)
-	harness.WaitFor(t, 10*time.Second, "memcached to accept connections", func() (bool, error) {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err != nil {
-			return false, nil
-		}
-		c.Close()
-		return true, nil
-	})
-	return addr, stop
 }
 
 func jobID(t testing.TB, body map[string]any) int64 {

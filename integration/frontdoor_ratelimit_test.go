@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
 
 // TestFrontDoorRateLimit: admission_rate_per_minute refuses the admission over the limit with
@@ -164,8 +165,8 @@ func TestFrontDoorRateLimitRefund(t *testing.T) {
 // counts the failure; the limiter does not pay a timeout per admission.
 func TestFrontDoorRateLimitFailsOpen(t *testing.T) {
 	t.Parallel()
-	addr, stop := startMemcached(t)
-	f := startFrontDoor(t, fdOptions{memcached: addr})
+	mc := memcachedtest.Start(t)
+	f := startFrontDoor(t, fdOptions{memcached: mc.Addr()})
 	ctx := context.Background()
 	f.setConfig(t, map[string]any{"admission_rate_per_minute": 2})
 	tenant := uniqueTenant("open")
@@ -177,7 +178,7 @@ func TestFrontDoorRateLimitFailsOpen(t *testing.T) {
 	if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); client.Code(err) != "rate_limited" {
 		t.Fatalf("over the limit with memcached up: %v", err)
 	}
-	stop()
+	mc.Stop()
 	for i := range 5 {
 		if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); err != nil {
 			t.Fatalf("admission %d with memcached down: %v, want admitted (fail open)", i, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/migrations"
 )
@@ -39,7 +40,7 @@ func getJSON(t *testing.T, url string) (int, map[string]any, string) {
 func TestOpsHealth(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	deadMemcached := freePort(t) // nothing listens there
+	deadMemcached := natstest.FreePort(t) // nothing listens there
 	env := startOps(t, opsOptions{Memcached: []string{"127.0.0.1:" + itoa(deadMemcached)}})
 
 	if code, body, raw := getJSON(t, env.URL+"/healthz"); code != http.StatusOK || body["status"] != "ok" {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -120,17 +119,6 @@ func testLogSink() io.Writer {
 	return io.Discard
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // mariadb is a test-owned MariaDB server on its own port and data directory, which the test
 // may kill (SIGKILL) and restart.
 type mariadb struct {
@@ -150,7 +138,7 @@ func startMariaDB(t *testing.T) *mariadb {
 			t.Fatalf("this test needs %s (MariaDB server): %v; run deploy/local/setup.sh", bin, err)
 		}
 	}
-	m := &mariadb{t: t, dir: t.TempDir(), port: freePort(t)}
+	m := &mariadb{t: t, dir: t.TempDir(), port: natstest.FreePort(t)}
 	install := exec.Command("mariadb-install-db", "--no-defaults", "--datadir="+filepath.Join(m.dir, "data"),
 		"--auth-root-authentication-method=normal", "--skip-test-db", "--user=root")
 	if out, err := install.CombinedOutput(); err != nil {

@@ -56,7 +56,7 @@ func startServe(t *testing.T, bin string) *proc {
 	p.exec = simexec.New(simexec.Config{Secret: []byte(harness.Secret)})
 	execSrv := httptest.NewServer(p.exec.Handler())
 	t.Cleanup(func() { execSrv.Close(); p.exec.Close() })
-	port := freePort(t)
+	port := natstest.FreePort(t)
 	p.url = fmt.Sprintf("http://127.0.0.1:%d", port)
 	p.exec.SetAPI(p.url, harness.ExecutorToken)
 	tokens, _ := json.Marshal([]map[string]any{

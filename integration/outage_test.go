@@ -2,7 +2,6 @@ package integration_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -109,18 +108,5 @@ func TestBrokerOutageScenario9(t *testing.T) {
 // as an operator's PATCH would; drainers read it in their next claim.
 func raiseCaps(t *testing.T, env *harness.Env, global, tenant int) {
 	t.Helper()
-	ctx := context.Background()
-	v, err := limits.Load(ctx, env.DB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v.Config.GlobalInFlight, v.Config.TenantInFlight = global, tenant
-	raw, err := json.Marshal(v.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.DB.ExecContext(ctx, `INSERT INTO config_versions (version, config, changed_by, changed_at, note)
-		VALUES (?, ?, 'test', UTC_TIMESTAMP(6), 'raise caps')`, v.Version+1, string(raw)); err != nil {
-		t.Fatal(err)
-	}
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = global, tenant })
 }

@@ -77,4 +77,3 @@ func passTimes(b *testing.B, tenants, jobs int) ([]time.Duration, float64) {
 	}
 	return out, float64(claimed) / passes
 }
-

@@ -2,8 +2,6 @@ package harness
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,9 +9,9 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/testdb"
 )
 
 // BuildSluice builds cmd/sluice into a temporary directory of tb and returns the binary's path.
@@ -128,22 +126,5 @@ func (p *Proc) Output() string { return p.out.String() }
 // edit from the one in force. Processes pick it up at their next claim (caps) or re-read.
 func (e *Env) SetConfig(tb testing.TB, edit func(*limits.Config)) {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	v, err := limits.Load(ctx, e.DB)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	edit(&v.Config)
-	if err := v.Config.Validate(); err != nil {
-		tb.Fatalf("SetConfig: %v", err)
-	}
-	raw, err := json.Marshal(v.Config)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := e.DB.ExecContext(ctx, `INSERT INTO config_versions (version, config, changed_by, changed_at, note)
-		VALUES (?, ?, 'test', UTC_TIMESTAMP(6), 'set by test')`, v.Version+1, string(raw)); err != nil {
-		tb.Fatalf("SetConfig: %v", err)
-	}
+	testdb.SetLimits(tb, e.DB, edit)
 }

@@ -106,14 +106,19 @@ func (s *Server) String() string { return fmt.Sprintf("memcached %s", s.Addr()) 
 // one; tests that stop memcached Start their own.
 func Shared(tb testing.TB) string {
 	tb.Helper()
-	addr := os.Getenv("SLUICE_TEST_MEMCACHED_ADDR")
-	if addr == "" {
-		addr = "127.0.0.1:11211"
-	}
+	addr := SharedAddr()
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		tb.Fatalf("memcached is not reachable at %s (run deploy/local/setup.sh or set SLUICE_TEST_MEMCACHED_ADDR): %v", addr, err)
 	}
 	c.Close()
 	return addr
+}
+
+// SharedAddr returns the address Shared checks: SLUICE_TEST_MEMCACHED_ADDR, or 127.0.0.1:11211.
+func SharedAddr() string {
+	if addr := os.Getenv("SLUICE_TEST_MEMCACHED_ADDR"); addr != "" {
+		return addr
+	}
+	return "127.0.0.1:11211"
 }

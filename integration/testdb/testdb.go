@@ -1,15 +1,25 @@
 // Package testdb gives each test a freshly migrated MySQL/MariaDB database of its own, created on
 // the server named by SLUICE_TEST_MYSQL_DSN (default root@tcp(127.0.0.1:3306)/) and dropped when
 // the test ends, so tests can run in parallel and leave nothing behind.
+//
+// Migrations run once per schema, not once per test: the first New of a process finds (or
+// creates and migrates) a template database named after a hash of the embedded migrations,
+// sluice_tpl_<hash12>, and every test database is a clone of it (see New). Templates are kept
+// between runs and shared by concurrent test processes; a change to any migration names a new
+// one. Drop old ones by hand (DROP DATABASE sluice_tpl_...) when they pile up.
 package testdb
 
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"os"
+	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +37,9 @@ func ServerDSN() string {
 	return "root@tcp(127.0.0.1:3306)/"
 }
 
+// Prefix begins the name of every database New creates.
+const Prefix = "sluice_t_"
+
 // DB is a test's own database.
 type DB struct {
 	*sql.DB
@@ -36,39 +49,47 @@ type DB struct {
 	Name string
 }
 
-// New creates, migrates and returns a database for tb, dropped in tb.Cleanup.
+// New returns a database for tb with every migration applied, dropped in tb.Cleanup. It is a
+// clone of the process's template (see the package doc): every base table created LIKE the
+// template's, the rows of every table that has rows in the template copied, and the template's
+// foreign keys (which CREATE TABLE ... LIKE does not copy), triggers and views recreated. The
+// installation's install_id is regenerated, so no two test databases share one. Safe for
+// concurrent use; fails tb if the server cannot be reached or the clone fails.
 func New(tb testing.TB) *DB {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg, err := mysql.ParseDSN(ServerDSN())
 	if err != nil {
 		tb.Fatalf("testdb: SLUICE_TEST_MYSQL_DSN: %v", err)
 	}
-	admin, err := store.Open(ctx, cfg.FormatDSN())
+	admin, err := adminDB(ctx)
 	if err != nil {
-		tb.Fatalf("testdb: MySQL/MariaDB is not reachable (%v); run deploy/local/setup.sh or set SLUICE_TEST_MYSQL_DSN", err)
+		tb.Fatalf("testdb: MySQL/MariaDB is not reachable (%v); run `make services` (deploy/local/setup.sh) or set SLUICE_TEST_MYSQL_DSN", err)
 	}
-	defer admin.Close()
+	p, err := templatePlan(ctx, admin)
+	if err != nil {
+		tb.Fatalf("testdb: template: %v", err)
+	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	name := "sluice_t_" + strings.ToLower(hex.EncodeToString(b[:]))
+	name := Prefix + strings.ToLower(hex.EncodeToString(b[:]))
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"); err != nil {
 		tb.Fatalf("testdb: create database: %v", err)
 	}
+	created.add(name)
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		admin, err := store.Open(ctx, cfg.FormatDSN())
-		if err != nil {
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name); err != nil {
 			tb.Errorf("testdb: drop %s: %v", name, err)
 			return
 		}
-		defer admin.Close()
-		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name); err != nil {
-			tb.Errorf("testdb: drop %s: %v", name, err)
-		}
+		created.remove(name)
 	})
+	if err := p.clone(ctx, admin, name); err != nil {
+		tb.Fatalf("testdb: clone %s into %s: %v", p.src, name, err)
+	}
 	dbCfg := cfg.Clone()
 	dbCfg.DBName = name
 	dsn := dbCfg.FormatDSN()
@@ -77,8 +98,161 @@ func New(tb testing.TB) *DB {
 		tb.Fatalf("testdb: open %s: %v", name, err)
 	}
 	tb.Cleanup(func() { db.Close() })
-	if _, err := migrations.Up(ctx, db, nil); err != nil {
-		tb.Fatalf("testdb: migrate %s: %v", name, err)
-	}
 	return &DB{DB: db, DSN: dsn, Name: name}
+}
+
+// Undropped returns the databases New created in this process that are not dropped yet, sorted.
+// After every test of a package has ended it should be empty: a name here is a leak.
+func Undropped() []string { return created.list() }
+
+// created is the set of databases New made and has not dropped yet.
+var created = &nameSet{m: map[string]bool{}}
+
+type nameSet struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (s *nameSet) add(n string)    { s.mu.Lock(); s.m[n] = true; s.mu.Unlock() }
+func (s *nameSet) remove(n string) { s.mu.Lock(); delete(s.m, n); s.mu.Unlock() }
+func (s *nameSet) list() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.m))
+	for n := range s.m {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// admin is the process's pool on the server without a database, shared by every New and
+// cleanup so that each test costs no extra connection set-up. Closed by Close.
+var admin struct {
+	mu  sync.Mutex
+	db  *sql.DB
+	err error
+}
+
+func adminDB(ctx context.Context) (*sql.DB, error) {
+	admin.mu.Lock()
+	defer admin.mu.Unlock()
+	if admin.db != nil {
+		return admin.db, nil
+	}
+	cfg, err := mysql.ParseDSN(ServerDSN())
+	if err != nil {
+		return nil, fmt.Errorf("SLUICE_TEST_MYSQL_DSN: %w", err)
+	}
+	db, err := store.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxIdleConns(4)
+	admin.db = db
+	return db, nil
+}
+
+// Close closes the pool New shares, for a TestMain that checks for leaked goroutines after its
+// tests. A later New opens it again.
+func Close() {
+	admin.mu.Lock()
+	defer admin.mu.Unlock()
+	if admin.db != nil {
+		admin.db.Close()
+		admin.db = nil
+	}
+}
+
+// tpl is the process's template: found or made once.
+var tpl struct {
+	once sync.Once
+	plan *plan
+	err  error
+}
+
+func templatePlan(ctx context.Context, db *sql.DB) (*plan, error) {
+	tpl.once.Do(func() {
+		var name string
+		if name, tpl.err = TemplateName(); tpl.err != nil {
+			return
+		}
+		if tpl.err = ensureTemplate(ctx, db, name); tpl.err != nil {
+			return
+		}
+		tpl.plan, tpl.err = readPlan(ctx, db, name)
+	})
+	return tpl.plan, tpl.err
+}
+
+// TemplateName returns the name of the template database for the embedded migrations:
+// sluice_tpl_ and the first 12 hex digits of a SHA-256 over every migration's version, name and
+// text.
+func TemplateName() (string, error) {
+	all, err := migrations.All()
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, m := range all {
+		fmt.Fprintf(h, "%d\x00%s\x00%d\x00%s\x00", m.Version, m.Name, len(m.SQL), m.SQL)
+	}
+	return "sluice_tpl_" + hex.EncodeToString(h.Sum(nil))[:12], nil
+}
+
+// ensureTemplate makes name a database with every migration applied, unless it already is one.
+// A named lock serialises test processes: the second waits, then finds the template complete. A
+// template is complete when schema_migrations lists every embedded version (Up records each
+// version after its statements, so a process killed mid-way leaves one that is not); an
+// incomplete one is dropped and made again.
+func ensureTemplate(ctx context.Context, db *sql.DB, name string) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	lock := "sluice.testdb." + name
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 120)", lock).Scan(&got); err != nil {
+		return fmt.Errorf("take lock %s: %w", lock, err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return fmt.Errorf("lock %s is held by another process (waited 120 s)", lock)
+	}
+	defer func() { _, _ = conn.ExecContext(context.Background(), "SELECT RELEASE_LOCK(?)", lock) }()
+	cfg, err := mysql.ParseDSN(ServerDSN())
+	if err != nil {
+		return err
+	}
+	cfg.DBName = name
+	var exists int
+	if err := conn.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?", name).Scan(&exists); err != nil {
+		return err
+	}
+	if exists == 1 {
+		tdb, err := store.Open(ctx, cfg.FormatDSN())
+		if err != nil {
+			return err
+		}
+		current, err := migrations.Current(ctx, tdb)
+		tdb.Close()
+		if err == nil && current {
+			return nil
+		}
+		if _, err := conn.ExecContext(ctx, "DROP DATABASE "+name); err != nil {
+			return fmt.Errorf("drop incomplete template: %w", err)
+		}
+	}
+	if _, err := conn.ExecContext(ctx, "CREATE DATABASE "+name+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"); err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	tdb, err := store.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		return err
+	}
+	defer tdb.Close()
+	if _, err := migrations.Up(ctx, tdb, nil); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
 }

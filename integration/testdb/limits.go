@@ -1,0 +1,78 @@
+package testdb
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/limits"
+)
+
+// LimitsDB is what PatchLimits and SetLimits need; *sql.DB and *DB satisfy it.
+type LimitsDB interface {
+	limits.DB
+	limits.Querier
+}
+
+// PatchLimits writes a new runtime config version with changes (limit key: value, as the body
+// of PATCH /v1/config) applied to the version in force, the way an operator's PATCH does
+// (limits.Patch: validated, serialised on config_lock, changed by "test"), and returns the version
+// in force afterwards. Values already in force write nothing; no changes at all is an error. Processes pick the new version
+// up at their next claim (caps) or reload. Fails tb on an invalid change or a database error.
+func PatchLimits(tb testing.TB, db LimitsDB, changes map[string]any) limits.Versioned {
+	tb.Helper()
+	raw := make(map[string]json.RawMessage, len(changes))
+	for k, v := range changes {
+		b, err := json.Marshal(v)
+		if err != nil {
+			tb.Fatalf("testdb: limit %s: %v", k, err)
+		}
+		raw[k] = b
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, _, err := limits.Patch(ctx, db, nil, "test", raw, "set by test")
+	if err != nil {
+		tb.Fatalf("testdb: set limits %v: %v", changes, err)
+	}
+	return v
+}
+
+// SetLimits is PatchLimits with the changes that edit makes to the config in force; if edit
+// changes nothing, nothing is written.
+func SetLimits(tb testing.TB, db LimitsDB, edit func(*limits.Config)) limits.Versioned {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cur, err := limits.Load(ctx, db)
+	if err != nil {
+		tb.Fatalf("testdb: set limits: %v", err)
+	}
+	next := cur.Config
+	edit(&next)
+	before, after := limitMap(tb, cur.Config), limitMap(tb, next)
+	changes := map[string]any{}
+	for k, v := range after {
+		if string(before[k]) != string(v) {
+			changes[k] = v
+		}
+	}
+	if len(changes) == 0 {
+		return cur
+	}
+	return PatchLimits(tb, db, changes)
+}
+
+func limitMap(tb testing.TB, c limits.Config) map[string]json.RawMessage {
+	tb.Helper()
+	raw, err := json.Marshal(c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		tb.Fatal(err)
+	}
+	return m
+}
