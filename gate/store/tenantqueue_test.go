@@ -1,0 +1,182 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/migrations"
+)
+
+// queueState is a tenant's row of migrations/0010: its queued count, its oldest queued job and
+// whether the work_tenant index lists it.
+type queueState struct {
+	queued int
+	headID int64 // 0: none
+	headAt string
+	listed bool
+}
+
+func readQueueState(t *testing.T, db *sql.DB, tenant string) queueState {
+	t.Helper()
+	var s queueState
+	var headID sql.NullInt64
+	var headAt sql.NullString
+	if err := db.QueryRowContext(context.Background(), `SELECT queued, head_id, CAST(head_at AS CHAR), work_tenant IS NOT NULL
+		FROM tenants WHERE tenant = ?`, tenant).Scan(&s.queued, &headID, &headAt, &s.listed); err != nil {
+		t.Fatal(err)
+	}
+	s.headID, s.headAt = headID.Int64, headAt.String
+	return s
+}
+
+// TestTenantQueueState is the conformance test of the triggers of migrations/0010: what each kind
+// of statement that moves a job into or out of queued does to its tenant's queue state, and that
+// statements which do not (an outcome of a job in flight, a rejected admission) leave it alone.
+func TestTenantQueueState(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	want := func(step string, w queueState) {
+		t.Helper()
+		if got := readQueueState(t, db.DB, "acme"); got != w {
+			t.Fatalf("%s: queue state %+v, want %+v", step, got, w)
+		}
+	}
+	const t1, t2, t3 = "2026-01-01 00:00:01.000000", "2026-01-01 00:00:02.000000", "2026-01-01 00:00:03.000000"
+	exec("INSERT INTO tenants (tenant, created_at) VALUES ('acme', UTC_TIMESTAMP(6)), ('other', UTC_TIMESTAMP(6))")
+	want("a new tenant", queueState{})
+
+	// Admission: rows inserted out of (queued_at, id) order; the head is the smallest.
+	exec("INSERT INTO jobs (id, tenant, status, queued_at) VALUES (10, 'acme', 'queued', ?), (11, 'acme', 'queued', ?), (12, 'acme', 'queued', ?)", t2, t1, t3)
+	want("three admitted", queueState{3, 11, t1, true})
+	exec("INSERT INTO jobs (id, tenant, status, queued_at) VALUES (13, 'acme', 'rejected', ?)", t1)
+	want("a rejected admission", queueState{3, 11, t1, true})
+	exec("INSERT INTO jobs (id, tenant, status, queued_at) VALUES (14, 'acme', 'queued', ?)", t1)
+	want("a tie on queued_at goes by id", queueState{4, 11, t1, true})
+
+	// Claim: the head leaves, and the next (queued_at, id) becomes the head; a job that is not
+	// the head leaves the head alone.
+	exec("UPDATE jobs SET status = 'dispatched', version = version + 1 WHERE id IN (11, 12)")
+	want("head and tail claimed", queueState{2, 14, t1, true})
+	exec("UPDATE jobs SET status = 'queued', not_before = ?, refusals = refusals + 1 WHERE id = 14", t3)
+	want("a queued job's other columns change", queueState{2, 14, t1, true})
+
+	// Outcomes of jobs in flight do not touch the tenant.
+	exec("UPDATE jobs SET status = 'running' WHERE id = 12")
+	exec("UPDATE jobs SET status = 'succeeded' WHERE id = 12")
+	want("an outcome", queueState{2, 14, t1, true})
+
+	// Requeue: a job back in queued keeps its queued_at and so may become the head again.
+	exec("UPDATE jobs SET status = 'queued', version = version + 1 WHERE id = 11")
+	want("the old head requeued", queueState{3, 11, t1, true})
+
+	// Cancel, expiry and delete take jobs out; with none left, nothing is listed.
+	exec("UPDATE jobs SET status = 'canceled' WHERE id = 11")
+	exec("UPDATE jobs SET status = 'expired' WHERE id = 14")
+	want("canceled and expired", queueState{1, 10, t2, true})
+	exec("DELETE FROM jobs WHERE id = 10")
+	want("the last queued job deleted", queueState{})
+	exec("DELETE FROM jobs WHERE id = 12")
+	want("a finished job deleted", queueState{})
+	if got := readQueueState(t, db.DB, "other"); got != (queueState{}) {
+		t.Fatalf("another tenant's queue state changed: %+v", got)
+	}
+}
+
+// TestTenantQueueStateLocks: a statement that moves a job into or out of queued holds its
+// tenant's row until it commits (the queue state is exact under concurrency, and a claim waits
+// for an admission of the same tenant), while an outcome of a job in flight does not touch the
+// tenant's row at all, so recording outcomes never waits for admissions.
+func TestTenantQueueStateLocks(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES ('acme', UTC_TIMESTAMP(6))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (id, tenant, status, queued_at) VALUES
+		(1, 'acme', 'queued', UTC_TIMESTAMP(6)), (2, 'acme', 'dispatched', UTC_TIMESTAMP(6))`); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		stmt   string
+		locked bool
+	}{
+		{"a claim", "UPDATE jobs SET status = 'dispatched' WHERE id = 1", true},
+		{"an outcome", "UPDATE jobs SET status = 'succeeded' WHERE id = 2", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if _, err := tx.ExecContext(ctx, c.stmt); err != nil {
+				t.Fatal(err)
+			}
+			var one int
+			err = db.QueryRowContext(ctx, "SELECT 1 FROM tenants WHERE tenant = 'acme' FOR UPDATE NOWAIT").Scan(&one)
+			var me *mysql.MySQLError
+			held := errors.As(err, &me) && (me.Number == 1205 || me.Number == 3572)
+			if err != nil && !held {
+				t.Fatal(err)
+			}
+			if held != c.locked {
+				t.Fatalf("%s: the tenant's row locked %v, want %v", c.stmt, held, c.locked)
+			}
+		})
+	}
+}
+
+// TestTenantQueueStateBackfill: the last statement of migrations/0010 recomputes every tenant's
+// queue state from its jobs, for an installation that had queued jobs before the triggers.
+func TestTenantQueueStateBackfill(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES ('acme', UTC_TIMESTAMP(6))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (id, tenant, status, queued_at) VALUES
+		(5, 'acme', 'queued', '2026-01-01 00:00:02'), (6, 'acme', 'queued', '2026-01-01 00:00:01'),
+		(7, 'acme', 'running', '2026-01-01 00:00:00')`); err != nil {
+		t.Fatal(err)
+	}
+	// As it was before the migration: nothing known.
+	if _, err := db.ExecContext(ctx, `UPDATE tenants SET queued = 0, head_id = NULL, head_at = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backfill string
+	for _, m := range all {
+		if m.Version == 10 {
+			stmts := migrations.Statements(m.SQL)
+			backfill = stmts[len(stmts)-1]
+		}
+	}
+	if !strings.HasPrefix(backfill, "UPDATE tenants t SET") {
+		t.Fatalf("migration 0010's last statement is not the backfill: %.80s", backfill)
+	}
+	start := time.Now()
+	if _, err := db.ExecContext(ctx, backfill); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("backfill took %s", time.Since(start))
+	if got, want := readQueueState(t, db.DB, "acme"), (queueState{2, 6, "2026-01-01 00:00:01.000000", true}); got != want {
+		t.Fatalf("after the backfill: %+v, want %+v", got, want)
+	}
+}
