@@ -30,6 +30,7 @@ import (
 	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/drainer/executor/simexec"
 	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/gate/logq"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/publisher"
@@ -111,13 +112,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+// newLogger returns a long-running process's logger: JSON lines on w at level, through a logq
+// queue and its writer goroutine, so that a sink that stops reading drops lines rather than
+// blocking admissions and claims (SPEC §10). The caller closes the queue with closeLog once
+// everything else has stopped.
+func newLogger(w io.Writer, level string) (*slog.Logger, *logq.Queue, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("log level: want debug, info, warn or error, got %q", level)
+		return nil, nil, fmt.Errorf("log level: want debug, info, warn or error, got %q", level)
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+	q, err := logq.New(logq.Config{Sink: w, Options: &slog.HandlerOptions{Level: l}})
+	if err != nil {
+		return nil, nil, err
+	}
+	return slog.New(q.Handler()), q, nil
 }
+
+// closeLog writes the log lines still queued, waiting at most logq's 2 s bound (SPEC §10). If
+// the sink is stuck the lines are lost, and nothing is said about it: the only place to say it
+// is the sink.
+func closeLog(q *logq.Queue) { _ = q.Close(context.Background()) }
 
 // loadTokens returns the API tokens of SLUICE_TOKENS, or of the file SLUICE_TOKENS_FILE names:
 // nil when neither is set (the API then refuses to start, except under `sluice dev`, which adds
@@ -189,10 +203,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, c.get("log-level"))
+	log, logQueue, err := newLogger(stderr, c.get("log-level"))
 	if err != nil {
 		return err
 	}
+	// Deferred first, so run last: after the App and the dev extras have stopped and logged.
+	defer closeLog(logQueue)
 	useDriverLog(log)
 	if !dev && *roleDrainer && !*roleAPI && !*roleRelay {
 		oneProcForDrainer(log, os.Getenv("GOMAXPROCS"))
@@ -218,7 +234,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		ExecutorURL: c.get("executor-url"), ExecutorSecret: c.get("executor-secret"), UnconfirmedStarts: !confirm,
 		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
 		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,
-		Version: version, Log: log, Memcached: splitList(c.get("memcached")),
+		Version: version, Log: log, LogDropped: logQueue.Dropped, Memcached: splitList(c.get("memcached")),
 	}
 	var shutdown []func()
 	defer func() {
@@ -258,6 +274,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	go func() {
 		<-again
 		log.Warn("second signal: exiting now")
+		closeLog(logQueue) // os.Exit skips the deferred one
 		os.Exit(1)
 	}()
 	return a.Stop(context.Background())
@@ -454,10 +471,11 @@ func simexecCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, c.get("log-level"))
+	log, logQueue, err := newLogger(stderr, c.get("log-level"))
 	if err != nil {
 		return err
 	}
+	defer closeLog(logQueue)
 	confirm, err := c.bool("executor-confirm-start")
 	if err != nil {
 		return err

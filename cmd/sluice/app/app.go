@@ -28,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/logq"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/migrations"
@@ -75,8 +76,13 @@ type Options struct {
 	Grace time.Duration
 	// Version is the build version. Default "dev".
 	Version string
-	// Log receives everything. Default: JSON on stderr.
+	// Log receives everything. Default: JSON on stderr through a logq queue of the App's own,
+	// which Stop closes last.
 	Log *slog.Logger
+	// LogDropped, if set, counts the log lines Log has dropped (logq.Queue.Dropped), exported as
+	// sluice_log_dropped_total. Default: the App's own queue's count when Log is unset, else no
+	// such metric.
+	LogDropped func() uint64
 	// Memcached are the rate-gate servers (SLUICE_MEMCACHED). Default: none, and then no key is
 	// ever gated (the drainer claims as if memcached were down, and /v1/gates answers 503).
 	Memcached []string
@@ -91,6 +97,7 @@ const DefaultListen = "127.0.0.1:7480"
 type App struct {
 	opts      Options
 	log       *slog.Logger
+	ownLog    *logq.Queue // the queue under log when Options.Log was unset; Stop closes it
 	db        *sql.DB
 	clock     *clock.Synced // the database's clock, read once for every component of the process
 	nc        *nats.Conn
@@ -130,8 +137,13 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if opts.Version == "" {
 		opts.Version = "dev"
 	}
+	var ownLog *logq.Queue
 	if opts.Log == nil {
-		opts.Log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+		var err error
+		if ownLog, err = logq.New(logq.Config{Sink: os.Stderr}); err != nil {
+			return nil, err
+		}
+		opts.Log, opts.LogDropped = slog.New(ownLog.Handler()), ownLog.Dropped
 	}
 	ok := false
 	defer func() {
@@ -139,6 +151,9 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		// be by Stop: its caller has nothing left to close it with.
 		if !ok && opts.Listener != nil {
 			_ = opts.Listener.Close()
+		}
+		if !ok && ownLog != nil {
+			_ = ownLog.Close(context.Background())
 		}
 	}()
 	switch {
@@ -153,8 +168,13 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	case opts.API && opts.Tokens == nil:
 		return nil, errors.New("invalid config: tokens (SLUICE_TOKENS or SLUICE_TOKENS_FILE): required to run the API")
 	}
-	a := &App{opts: opts, log: opts.Log, registry: prometheus.NewRegistry()}
+	a := &App{opts: opts, log: opts.Log, ownLog: ownLog, registry: prometheus.NewRegistry()}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if opts.LogDropped != nil {
+		a.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_log_dropped_total",
+			Help: "Log lines dropped because the log sink did not keep up (SPEC §10)."},
+			func() float64 { return float64(opts.LogDropped()) }))
+	}
 	a.ops.init(opts)
 	defer func() {
 		if !ok {
@@ -410,7 +430,8 @@ func (a *App) JobMetrics() *store.Metrics { return a.jobs }
 //  3. stop accepting API requests and finish those in progress (at most 10 s);
 //  4. stop the relay, fast path and config reloads: outbox rows written meanwhile wait for the
 //     next relay, the outbox being durable;
-//  5. drain the NATS connection (flush what is pending, unsubscribe) and close the database.
+//  5. drain the NATS connection (flush what is pending, unsubscribe) and close the database;
+//  6. with Options.Log unset, write the queued log lines, at most 2 s (SPEC §10).
 //
 // Nothing is lost if the process is killed instead at any point: leases and the outbox cover
 // it. Idempotent.
@@ -428,6 +449,9 @@ func (a *App) Stop(ctx context.Context) error {
 		a.loops.Wait()
 		a.closeConns()
 		a.log.Info("sluice stopped")
+		if a.ownLog != nil {
+			_ = a.ownLog.Close(ctx)
+		}
 	})
 	return err
 }
