@@ -51,6 +51,13 @@ type proc struct {
 
 func startServe(t *testing.T, bin string) *proc {
 	t.Helper()
+	return startServeLogTo(t, bin, nil)
+}
+
+// startServeLogTo is startServe with the process's stderr, where it logs, on stderr rather than
+// in p.log (which keeps its stdout); nil means p.log.
+func startServeLogTo(t *testing.T, bin string, stderr *os.File) *proc {
+	t.Helper()
 	p := &proc{t: t, bin: bin, db: testdb.New(t), log: &syncBuffer{}, exited: make(chan struct{})}
 	ns := natstest.Start(t)
 	p.exec = simexec.New(simexec.Config{Secret: []byte(harness.Secret)})
@@ -72,6 +79,9 @@ func startServe(t *testing.T, bin string) *proc {
 	p.cmd = exec.Command(bin, "serve")
 	p.cmd.Env = p.env
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if stderr != nil {
+		p.cmd.Stderr = stderr
+	}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
