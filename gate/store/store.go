@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -264,6 +265,11 @@ func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Fi
 	if err != nil {
 		return nil, err
 	}
+	if len(p.requeued) > 0 {
+		if err := lockInOrder(ctx, tx, items, p.requeued); err != nil {
+			return nil, err
+		}
+	}
 	for i, u := range p.updates {
 		res, err := tx.ExecContext(ctx, u.query, u.args...)
 		if err != nil {
@@ -292,8 +298,14 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 	if err != nil {
 		return nil, err
 	}
-	stmts := make([]string, 0, len(p.updates)+1)
+	stmts := make([]string, 0, len(p.updates)+2)
 	var args []any
+	if len(p.requeued) > 0 {
+		// The caller locked the job rows, in id order (see lockInOrder).
+		q, targs := lockTenantsSQL(p.requeued)
+		stmts = append(stmts, q)
+		args = append(args, targs...)
+	}
 	for _, u := range p.updates {
 		stmts = append(stmts, u.query)
 		args = append(args, u.args...)
@@ -309,7 +321,10 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 	if began && len(affected) > 0 {
 		affected = affected[1:] // START TRANSACTION's own result
 	}
-	if len(affected) != len(stmts) {
+	if len(p.requeued) > 0 && len(affected) > 0 {
+		affected = affected[1:] // the tenant lock's
+	}
+	if len(affected) != len(p.updates)+1 {
 		return nil, fmt.Errorf("finish %d job(s): %d statement results for %d statements", len(items), len(affected), len(stmts))
 	}
 	for i := range p.updates {
@@ -323,10 +338,50 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 
 // finishPlan is the statements that apply a batch of outcomes.
 type finishPlan struct {
-	updates []finishUpdate // one per kind of transition
-	poke    finishUpdate   // the outbox INSERT of every release and enqueue poke
-	to      []job.Status   // the state each job ends in
-	codes   []string       // the error code each job ends with
+	updates  []finishUpdate // one per kind of transition
+	poke     finishUpdate   // the outbox INSERT of every release and enqueue poke
+	to       []job.Status   // the state each job ends in
+	codes    []string       // the error code each job ends with
+	requeued []string       // the tenants of the jobs going back to queued, sorted, once each
+}
+
+// Lock order. The triggers of migration 0010 lock a tenant's row whenever one of its jobs enters
+// or leaves queued, in the order the rows are written. Two transactions moving jobs of the same
+// tenants in different orders (two batches of requeues, a requeue and a claim) would each hold a
+// tenant the other waits for. So every transaction that moves jobs into or out of queued locks
+// first the job rows it writes, in id order, then their tenants' rows, in key order, then writes;
+// an admission locks its tenants first but locks no existing job row, so it waits for nobody who
+// waits for it.
+
+// lockInOrder locks the job rows of items in id order, then the tenants' rows, in key order.
+func lockInOrder(ctx context.Context, tx DB, items []Finishing, tenants []string) error {
+	ids := make([]any, len(items))
+	for i, it := range items {
+		ids[i] = it.Row.ID
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT id FROM jobs WHERE id IN ("+Placeholders(len(ids))+") ORDER BY id FOR UPDATE", ids...)
+	if err != nil {
+		return fmt.Errorf("lock jobs: %w", err)
+	}
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("lock jobs: %w", err)
+	}
+	q, args := lockTenantsSQL(tenants)
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("lock tenants: %w", err)
+	}
+	return nil
+}
+
+// lockTenantsSQL locks the rows of tenants (sorted) in key order. An UPDATE that changes nothing
+// rather than SELECT ... FOR UPDATE, so that it can go in a round trip of statements without
+// result sets (FinishManyConn).
+func lockTenantsSQL(tenants []string) (string, []any) {
+	args := make([]any, len(tenants))
+	for i, t := range tenants {
+		args[i] = t
+	}
+	return "UPDATE tenants SET queued = queued WHERE tenant IN (" + Placeholders(len(tenants)) + ") ORDER BY tenant", args
 }
 
 type finishUpdate struct {
@@ -448,6 +503,14 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 		}
 	}
 	p := finishPlan{to: to, codes: codes}
+	seen := map[string]bool{}
+	for i := range items {
+		if t := items[i].Row.Tenant; to[i] == job.Queued && !seen[t] {
+			seen[t] = true
+			p.requeued = append(p.requeued, t)
+		}
+	}
+	sort.Strings(p.requeued)
 	for _, kind := range order {
 		g := groups[kind]
 		var set strings.Builder
@@ -569,6 +632,20 @@ func (s *Store) Expire(ctx context.Context, tx DB, now, cutoff time.Time, limit 
 	}
 	if len(old) == 0 {
 		return nil, nil
+	}
+	var tenants []string
+	seen := map[string]bool{}
+	for _, r := range old {
+		if !seen[r.Tenant] {
+			seen[r.Tenant] = true
+			tenants = append(tenants, r.Tenant)
+		}
+	}
+	sort.Strings(tenants)
+	// The job rows are locked; their tenants' rows next, in key order (see lockInOrder).
+	lq, largs := lockTenantsSQL(tenants)
+	if _, err := tx.ExecContext(ctx, lq, largs...); err != nil {
+		return nil, fmt.Errorf("expire queued jobs: lock tenants: %w", err)
 	}
 	args := []any{now, ExpiredCode}
 	for _, r := range old {

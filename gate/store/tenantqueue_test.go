@@ -4,12 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/migrations"
 )
@@ -178,5 +181,107 @@ func TestTenantQueueStateBackfill(t *testing.T) {
 	t.Logf("backfill took %s", time.Since(start))
 	if got, want := readQueueState(t, db.DB, "acme"), (queueState{2, 6, "2026-01-01 00:00:01.000000", true}); got != want {
 		t.Fatalf("after the backfill: %+v, want %+v", got, want)
+	}
+}
+
+// TestRequeueBatchesTakeTenantsInOrder: two transactions that requeue jobs of the same two
+// tenants, each naming them in the other's order, do not deadlock. The triggers of migration 0010
+// lock a tenant's row as each job moves back to queued, so without an order, batch A (jobs 1 of
+// t1, 2 of t2) holding t1 and batch B (jobs 3 of t2, 4 of t1) holding t2 would each wait for the
+// other. A third transaction holding job 2 stops batch A after its first row; B runs until it
+// finishes or holds t2; the hold is released and both batches must commit.
+func TestRequeueBatchesTakeTenantsInOrder(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	var rows []store.Row
+	for i, tenant := range []string{"t1", "t2", "t2", "t1"} {
+		rows = append(rows, dispatched(t, db, now, tenant, fmt.Sprintf("n%d", i)))
+	}
+	hold, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback()
+	if _, err := hold.ExecContext(ctx, "SELECT id FROM jobs WHERE id = ? FOR UPDATE", rows[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	st := &store.Store{}
+	requeue := func(rs ...store.Row) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		items := make([]store.Finishing, len(rs))
+		for i, r := range rs {
+			items[i] = store.Finishing{Row: r, Outcome: store.Outcome{Status: job.Queued}}
+		}
+		if _, err := st.FinishMany(ctx, tx, now, items); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	// held reports whether another transaction holds the row q names, without waiting for it.
+	held := func(q string, arg any) func() (bool, error) {
+		return func() (bool, error) {
+			var one int
+			err := db.QueryRowContext(ctx, q+" FOR UPDATE NOWAIT", arg).Scan(&one)
+			var me *mysql.MySQLError
+			if errors.As(err, &me) && (me.Number == 1205 || me.Number == 3572) {
+				return true, nil
+			}
+			return false, err
+		}
+	}
+	errA, errB := make(chan error, 1), make(chan error, 1)
+	go func() { errA <- requeue(rows[0], rows[1]) }()
+	waitUntil(t, "batch A to hold job 1", held("SELECT 1 FROM jobs WHERE id = ?", rows[0].ID))
+	go func() { errB <- requeue(rows[2], rows[3]) }()
+	waitUntil(t, "batch B to finish or hold t2", func() (bool, error) {
+		select {
+		case err := <-errB:
+			errB <- err
+			return true, nil
+		default:
+		}
+		return held("SELECT 1 FROM tenants WHERE tenant = ?", "t2")()
+	})
+	if err := hold.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []struct {
+		name string
+		ch   chan error
+	}{{"A", errA}, {"B", errB}} {
+		if err := <-b.ch; err != nil {
+			t.Errorf("batch %s: %v", b.name, err)
+		}
+	}
+	for _, tenant := range []string{"t1", "t2"} {
+		if got := readQueueState(t, db.DB, tenant); got.queued != 2 {
+			t.Errorf("tenant %s has %d queued, want 2", tenant, got.queued)
+		}
+	}
+}
+
+// waitUntil polls cond until it holds, failing the test after 10 s.
+func waitUntil(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
 	}
 }
