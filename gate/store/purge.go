@@ -11,7 +11,9 @@ import (
 // PurgeSettled deletes up to limit jobs that reached a final state (succeeded, failed, canceled,
 // rejected, lost, expired) before cutoff, oldest first, and returns how many it deleted. Their
 // idempotency keys go with them (SPEC §9 retention_days). Jobs still queued or in flight are
-// never deleted, however old.
+// never deleted, however old. The tenants of the deleted jobs that have no job left lose their
+// tenants row too, so tenants that stopped sending work (or a flood of one-off tenant names) do
+// not stay forever; a tenant that sends again gets a new row at its next admission.
 //
 // No index orders jobs by finished_at, and one would cost every admission an index entry. The
 // delete walks the primary key instead, bounded by the first job queued at or after cutoff:
@@ -22,8 +24,12 @@ func PurgeSettled(ctx context.Context, db DB, cutoff time.Time, limit int) (int6
 	if err != nil || bound == 0 {
 		return 0, err
 	}
-	res, err := db.ExecContext(ctx, `DELETE FROM jobs WHERE id < ? AND settled_status IS NOT NULL
-		AND finished_at < ? ORDER BY id LIMIT ?`, bound, cutoff, limit)
+	const batch = `FROM jobs WHERE id < ? AND settled_status IS NOT NULL AND finished_at < ? ORDER BY id LIMIT ?`
+	tenants, err := batchTenants(ctx, db, "SELECT DISTINCT tenant FROM (SELECT tenant "+batch+") b", bound, cutoff, limit)
+	if err != nil {
+		return 0, err
+	}
+	res, err := db.ExecContext(ctx, "DELETE "+batch, bound, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("purge finished jobs: %w", err)
 	}
@@ -31,7 +37,36 @@ func PurgeSettled(ctx context.Context, db DB, cutoff time.Time, limit int) (int6
 	if err != nil {
 		return 0, fmt.Errorf("purge finished jobs: %w", err)
 	}
+	if len(tenants) > 0 {
+		// The foreign key from jobs makes this fail rather than delete a tenant that an admission
+		// gave a job meanwhile; the next purge tries again.
+		if _, err := db.ExecContext(ctx, `DELETE FROM tenants WHERE tenant IN (`+Placeholders(len(tenants))+`)
+			AND queued = 0 AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = tenants.tenant)`, tenants...); err != nil {
+			return n, fmt.Errorf("purge tenants with no jobs left: %w", err)
+		}
+	}
 	return n, nil
+}
+
+// batchTenants returns the tenants q (one column) lists.
+func batchTenants(ctx context.Context, db DB, q string, args ...any) ([]any, error) {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("purge finished jobs: their tenants: %w", err)
+	}
+	defer rows.Close()
+	var out []any
+	for rows.Next() {
+		var t []byte
+		if err := rows.Scan(&t); err != nil {
+			return nil, fmt.Errorf("purge finished jobs: their tenants: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("purge finished jobs: their tenants: %w", err)
+	}
+	return out, nil
 }
 
 // firstQueuedSince returns an id bound: the jobs below it were queued before cutoff, those from

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"database/sql"
+	"slices"
 	"testing"
 	"time"
 
@@ -67,5 +68,51 @@ func TestFirstQueuedSince(t *testing.T) {
 		if between != 0 || got == 0 {
 			t.Fatalf("cutoff at minute %d: bound %d, first job queued since %d, %d jobs between", m, got, want.Int64, between)
 		}
+	}
+}
+
+// TestPurgeSettledPrunesEmptiedTenants: a purge deletes the tenants row of a tenant whose last
+// job it deleted, and keeps tenants that still have a job (queued, or finished after the cutoff).
+func TestPurgeSettledPrunesEmptiedTenants(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	old := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	cutoff := old.Add(24 * time.Hour)
+	recent := cutoff.Add(time.Hour)
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES
+		('gone', ?), ('waiting', ?), ('recent', ?), ('untouched', ?)`, old, old, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, finished_at) VALUES
+		('gone', 'succeeded', ?, ?), ('gone', 'rejected', ?, ?),
+		('waiting', 'succeeded', ?, ?), ('waiting', 'queued', ?, NULL),
+		('recent', 'succeeded', ?, ?), ('recent', 'failed', ?, ?)`,
+		old, old, old, old, old, old, old, old, old, old, recent); err != nil {
+		t.Fatal(err)
+	}
+	n, err := store.PurgeSettled(ctx, db, cutoff, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 4 {
+		t.Fatalf("purged %d jobs, want 4", n)
+	}
+	rows, err := db.QueryContext(ctx, "SELECT tenant FROM tenants ORDER BY tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var left []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, s)
+	}
+	// untouched has no job and none was purged: a purge looks only at the tenants of its batch.
+	if want := []string{"recent", "untouched", "waiting"}; !slices.Equal(left, want) {
+		t.Fatalf("tenants left %q, want %q", left, want)
 	}
 }
