@@ -84,7 +84,7 @@ func printStatus(w io.Writer, st status.Status) {
 	if st.Config.Stale {
 		stale = " (stale: re-read failing)"
 	}
-	fmt.Fprintf(w, "queue      %d queued, oldest %s, %d in flight\n", st.Queue.Depth, secs(st.Queue.OldestAgeSeconds), st.InFlight)
+	fmt.Fprintf(w, "queue      %d queued, oldest %s, %d in flight, %d tenants with work\n", st.Queue.Depth, secs(st.Queue.OldestAgeSeconds), st.InFlight, st.TenantsWithWork)
 	fmt.Fprintf(w, "outbox     %d unpublished, oldest %s\n", st.Outbox.Unpublished, secs(st.Outbox.OldestUnpublishedAgeSeconds))
 	fmt.Fprintf(w, "broker     %s\n", yes(st.Broker.Connected, "connected", "DISCONNECTED"))
 	fmt.Fprintf(w, "memcached  %s\n", yes(st.Memcached.Reachable, "reachable", "UNREACHABLE (gates fail open)"))
@@ -96,6 +96,8 @@ func printStatus(w io.Writer, st status.Status) {
 	}
 	if len(st.Tenants) == 0 {
 		fmt.Fprintln(tw, "(none)\t\t\t\t")
+	} else if st.TenantsWithWork > len(st.Tenants) {
+		fmt.Fprintf(tw, "(the %d deepest of %d; all at GET /v1/tenants)\t\t\t\t\n", len(st.Tenants), st.TenantsWithWork)
 	}
 	fmt.Fprintln(tw, "\nGATED RATE KEY\tNOT BEFORE\tQUEUED\t\t")
 	for _, g := range st.Gates {
