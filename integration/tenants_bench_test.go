@@ -4,8 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -13,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/migrations"
 )
 
 // timeRuns runs f n times and returns each run's duration.
@@ -104,24 +109,44 @@ func BenchmarkStatusTenants(b *testing.B) {
 }
 
 // BenchmarkStatusDeepTenants is the other shape of the depth comparison: 64 tenants with
-// 100,000 queued jobs each, where COUNT(*) over the claim index reads 6,400,000 entries and
-// SUM(queued) over the depth index 64. It also times the status read there.
+// 100,000 queued jobs each (SLUICE_BENCH_DEEP_JOBS sets another number: the fill runs the jobs
+// triggers once per job, minutes on a loaded machine), where COUNT(*) over the claim index reads
+// every queued job and SUM(queued) over the depth index 64 entries. It also times the status
+// read there.
 func BenchmarkStatusDeepTenants(b *testing.B) {
-	const tenants, each = 64, 100000
+	const tenants = 64
+	each := 100000
+	if v := os.Getenv("SLUICE_BENCH_DEEP_JOBS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("SLUICE_BENCH_DEEP_JOBS=%q: want a positive number", v)
+		}
+		each = n
+	}
 	db := testdb.New(b)
 	ctx := context.Background()
+	// The fill's own pool, without the 30 s read timeout of testdb's: a 10,000-row INSERT with
+	// its triggers outlasts it when the machine is busy.
+	cfg, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.ReadTimeout = 30 * time.Minute
+	fillDB, err := migrations.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fillDB.Close()
 	start := time.Now()
-	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at)
+	if _, err := fillDB.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at)
 		SELECT CONCAT('d', LPAD(seq, 2, '0')), UTC_TIMESTAMP(6) FROM seq_0_to_63`); err != nil {
 		b.Fatal(err)
 	}
-	// 10,000-row statements: the triggers update the tenant's row once per job, so a statement
-	// of 100,000 outlasts the connection's read timeout.
 	const chunk = 10000
 	for t := range tenants {
 		for lo := 0; lo < each; lo += chunk {
-			if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO jobs (tenant, status, queued_at)
-				SELECT 'd%02d', 'queued', UTC_TIMESTAMP(6) - INTERVAL seq MICROSECOND FROM seq_%d_to_%d`, t, lo+1, lo+chunk)); err != nil {
+			if _, err := fillDB.ExecContext(ctx, fmt.Sprintf(`INSERT INTO jobs (tenant, status, queued_at)
+				SELECT 'd%02d', 'queued', UTC_TIMESTAMP(6) - INTERVAL seq MICROSECOND FROM seq_%d_to_%d`, t, lo+1, min(lo+chunk, each))); err != nil {
 				b.Fatal(err)
 			}
 		}
