@@ -121,10 +121,13 @@ func TestOpsMetrics(t *testing.T) {
 	if r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "t24"}); r.Status != http.StatusTooManyRequests {
 		t.Fatalf("admission over the depth cap: HTTP %d %s, want 429", r.Status, r.Raw)
 	}
-	harness.WaitFor(t, 10*time.Second, "the relay to publish everything", func() (bool, error) {
+	// The status gauges come from a read that serves scrapes for up to 2 s (opsmetrics
+	// CacheFor): wait for one taken after the admissions, as well as for the relay.
+	harness.WaitFor(t, 10*time.Second, "the relay to publish everything and the status gauges to show the admissions", func() (bool, error) {
 		m := scrape(t, env.URL)
 		v, ok := metricValue(m, "sluice_outbox_unpublished")
-		return ok && v == 0, nil
+		d, dok := metricValue(m, "sluice_queue_depth")
+		return ok && v == 0 && dok && d == float64(total), nil
 	})
 	m := scrape(t, env.URL)
 	want := map[string]float64{

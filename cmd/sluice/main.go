@@ -54,6 +54,7 @@ Usage:
   sluice gate set|list|clear [flags]                   set, list or clear rate gates
   sluice version                                       print the version
   sluice status [--json] [flags]                       queue, tenants, gates, drainers, outbox (admin token)
+  sluice tenants [--order name|depth] [--cursor C]     every tenant with work, a page at a time (admin token)
   sluice config show|set key=value... --note TEXT|history   runtime config (admin token)
 
 Settings come from flags, SLUICE_* environment variables or a --config file, in that order
@@ -94,6 +95,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "sluice", version)
 	case "status":
 		err = statusCmd(ctx, rest, stdout, stderr)
+	case "tenants":
+		err = tenantsCmd(ctx, rest, stdout, stderr)
 	case "config":
 		err = configCmd(ctx, rest, stdout, stderr)
 	case "help", "-h", "--help":

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/status"
 )
 
@@ -53,5 +54,17 @@ func TestPrintStatus(t *testing.T) {
 	}
 	if strings.Index(out, `"big one"`) > strings.Index(out, "small") {
 		t.Errorf("tenants not in the API's order (deepest first):\n%s", out)
+	}
+}
+
+func TestPrintTenants(t *testing.T) {
+	var b bytes.Buffer
+	printTenants(&b, client.TenantPage{Tenants: []status.TenantRow{{Tenant: "big one", Depth: 5, OldestAgeSeconds: 2.5, Cap: 2, Tier: "default"}},
+		NextCursor: "ZGVwdGg6NTpiaWcgb25l"}, "depth")
+	out := b.String()
+	for _, want := range []string{`"big one"`, "2.5s", "default", "more: sluice tenants --order depth --cursor ZGVwdGg6NTpiaWcgb25l"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("tenants output lacks %q:\n%s", want, out)
+		}
 	}
 }

@@ -84,7 +84,7 @@ func printStatus(w io.Writer, st status.Status) {
 	if st.Config.Stale {
 		stale = " (stale: re-read failing)"
 	}
-	fmt.Fprintf(w, "queue      %d queued, oldest %s, %d in flight\n", st.Queue.Depth, secs(st.Queue.OldestAgeSeconds), st.InFlight)
+	fmt.Fprintf(w, "queue      %d queued, oldest %s, %d in flight, %d tenants with work\n", st.Queue.Depth, secs(st.Queue.OldestAgeSeconds), st.InFlight, st.TenantsWithWork)
 	fmt.Fprintf(w, "outbox     %d unpublished, oldest %s\n", st.Outbox.Unpublished, secs(st.Outbox.OldestUnpublishedAgeSeconds))
 	fmt.Fprintf(w, "broker     %s\n", yes(st.Broker.Connected, "connected", "DISCONNECTED"))
 	fmt.Fprintf(w, "memcached  %s\n", yes(st.Memcached.Reachable, "reachable", "UNREACHABLE (gates fail open)"))
@@ -96,6 +96,8 @@ func printStatus(w io.Writer, st status.Status) {
 	}
 	if len(st.Tenants) == 0 {
 		fmt.Fprintln(tw, "(none)\t\t\t\t")
+	} else if st.TenantsWithWork > len(st.Tenants) {
+		fmt.Fprintf(tw, "(the %d deepest of %d; all at GET /v1/tenants)\t\t\t\t\n", len(st.Tenants), st.TenantsWithWork)
 	}
 	fmt.Fprintln(tw, "\nGATED RATE KEY\tNOT BEFORE\tQUEUED\t\t")
 	for _, g := range st.Gates {
@@ -147,4 +149,48 @@ func isPrint(s string) bool {
 		}
 	}
 	return true
+}
+
+// tenantsCmd is `sluice tenants [--order name|depth] [--limit N] [--cursor C] [--json]`: one
+// page of GET /v1/tenants, every tenant with queued work (admin token).
+func tenantsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice tenants", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print the page as JSON")
+	order := fs.String("order", "name", "name, or depth (deepest first)")
+	limit := fs.Int("limit", 100, "page size (at most 1000)")
+	cursor := fs.String("cursor", "", "the next cursor a previous page printed")
+	token := tokenFlag(fs)
+	c, err := parseSettings(fs, args)
+	if err != nil {
+		return err
+	}
+	cl := client.New(c.get("api-url"), *token)
+	p, err := cl.Tenants(ctx, client.TenantsOptions{Order: *order, Limit: *limit, Cursor: *cursor})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(p)
+	}
+	printTenants(stdout, p, *order)
+	return nil
+}
+
+// printTenants renders a page of tenants as a table, with the command for the next page.
+func printTenants(w io.Writer, p client.TenantPage, order string) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tDEPTH\tOLDEST\tIN FLIGHT\tCAP\tSLOTS\tTIER")
+	for _, t := range p.Tenants {
+		fmt.Fprintf(tw, "%s\t%d\t%.1fs\t%d\t%d\t%d\t%s\n", printable(t.Tenant), t.Depth, t.OldestAgeSeconds, t.InFlight, t.Cap, t.Slots, t.Tier)
+	}
+	if len(p.Tenants) == 0 {
+		fmt.Fprintln(tw, "(none)\t\t\t\t\t\t")
+	}
+	tw.Flush()
+	if p.NextCursor != "" {
+		fmt.Fprintf(w, "more: sluice tenants --order %s --cursor %s\n", order, p.NextCursor)
+	}
 }

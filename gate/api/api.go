@@ -45,8 +45,8 @@ type Config struct {
 	// Components, if set, reports the optional dependencies (NATS, memcached) in /readyz; they
 	// never make the process unready, since sluice works without them.
 	Components func(ctx context.Context) map[string]any
-	// Status serves GET /v1/status. Default: the database part only (broker and memcached
-	// reported down).
+	// Status serves GET /v1/status, and GET /v1/tenants if it implements TenantsReader.
+	// Default: the database part only (broker and memcached reported down).
 	Status StatusReader
 	// Published is called with the outbox rows a start or completion wrote (the fast path).
 	Published func([]outbox.Row)
@@ -110,6 +110,7 @@ var routeList = []string{
 	"GET /metrics",
 	"POST /v1/releases",
 	"GET /v1/status",
+	"GET /v1/tenants",
 	"GET /v1/config",
 	"PATCH /v1/config",
 	"GET /v1/config/history",
@@ -134,6 +135,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("POST /v1/releases", s.auth(s.release, Executor))
 	s.mux.HandleFunc("GET /v1/status", s.auth(s.getStatus, Admin))
+	s.mux.HandleFunc("GET /v1/tenants", s.auth(s.listTenants, Admin))
 	s.mux.HandleFunc("GET /v1/config", s.auth(s.getConfig, Admin))
 	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
 	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))

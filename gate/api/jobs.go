@@ -144,20 +144,33 @@ func decodeBatch(data []byte) ([]gate.Request, []error, error) {
 
 // encodeCursor and decodeCursor make the list cursor opaque: clients pass it back unchanged.
 func encodeCursor(id int64) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("before:" + strconv.FormatInt(id, 10)))
+	return encodeOpaque("before", strconv.FormatInt(id, 10))
 }
 
 func decodeCursor(s string) (int64, error) {
-	raw, err := base64.RawURLEncoding.DecodeString(s)
-	if err == nil {
-		if v, ok := strings.CutPrefix(string(raw), "before:"); ok {
-			if id, err := strconv.ParseInt(v, 10, 64); err == nil && id > 0 {
-				return id, nil
-			}
+	if v, ok := decodeOpaque("before", s); ok {
+		if id, err := strconv.ParseInt(v, 10, 64); err == nil && id > 0 {
+			return id, nil
 		}
 	}
-	return 0, job.Invalid("cursor", "cursor is not one this API returned")
+	return 0, badCursor()
 }
+
+// encodeOpaque makes the cursor "kind:value" opaque; decodeOpaque returns the value of a
+// cursor of that kind. Every paginated endpoint builds its cursors with them.
+func encodeOpaque(kind, value string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(kind + ":" + value))
+}
+
+func decodeOpaque(kind, s string) (string, bool) {
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return "", false
+	}
+	return strings.CutPrefix(string(raw), kind+":")
+}
+
+func badCursor() error { return job.Invalid("cursor", "cursor is not one this API returned") }
 
 var listStatuses = []job.Status{job.Queued, job.Claimed, job.Dispatched, job.Running, job.Succeeded,
 	job.Failed, job.Canceled, job.Rejected, job.Lost, job.Expired}

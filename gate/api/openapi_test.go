@@ -237,6 +237,7 @@ func TestOpenAPIDescribesFailures(t *testing.T) {
 		"GET /metrics":                       {"/metrics", ""},
 		"POST /v1/releases":                  {"/v1/releases", `{"tenant":"acme"}`},
 		"GET /v1/status":                     {"/v1/status", ""},
+		"GET /v1/tenants":                    {"/v1/tenants?order=depth&limit=5", ""},
 		"GET /v1/config":                     {"/v1/config", ""},
 		"PATCH /v1/config":                   {"/v1/config", `{"changes":{"global_in_flight":7}}`},
 		"GET /v1/config/history":             {"/v1/config/history", ""},

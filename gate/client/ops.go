@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strconv"
 
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/status"
@@ -60,4 +62,46 @@ func (c *Client) ConfigHistory(ctx context.Context, limit int) ([]limits.Change,
 	}
 	_, err := c.Do(ctx, http.MethodGet, path, nil, &out)
 	return out.History, err
+}
+
+// TenantsOptions selects a page of GET /v1/tenants; zero values take the API's defaults (order
+// name, limit 100, the first page).
+type TenantsOptions struct {
+	Order  string
+	Limit  int
+	Cursor string
+}
+
+// TenantPage is one page of GET /v1/tenants; NextCursor is empty on the last page.
+type TenantPage struct {
+	Tenants    []status.TenantRow
+	NextCursor string
+}
+
+// Tenants reads one page of GET /v1/tenants (admin): the tenants with queued work.
+func (c *Client) Tenants(ctx context.Context, o TenantsOptions) (TenantPage, error) {
+	q := url.Values{}
+	if o.Order != "" {
+		q.Set("order", o.Order)
+	}
+	if o.Limit > 0 {
+		q.Set("limit", strconv.Itoa(o.Limit))
+	}
+	if o.Cursor != "" {
+		q.Set("cursor", o.Cursor)
+	}
+	path := "/v1/tenants"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var p struct {
+		Tenants    []status.TenantRow `json:"tenants"`
+		NextCursor *string            `json:"next_cursor"`
+	}
+	_, err := c.Do(ctx, http.MethodGet, path, nil, &p)
+	out := TenantPage{Tenants: p.Tenants}
+	if p.NextCursor != nil {
+		out.NextCursor = *p.NextCursor
+	}
+	return out, err
 }

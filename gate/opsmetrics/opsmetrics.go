@@ -1,9 +1,11 @@
 // Package opsmetrics exports the database-derived gauges of SPEC §10 (queue depth and age, in
 // flight, gated keys, the outbox backlog, drainer states, the config version) as a Prometheus
-// collector that reads the status on every scrape, with a deadline. Reading on scrape rather
-// than in a background loop means the figures are never older than the scrape and nothing runs
-// when nobody looks. Per-tenant series exist only for the TopTenants deepest tenants; the rest
-// are summed under tenant="other", so cardinality is bounded whatever the tenants.
+// collector that reads the status on scrape, with a deadline. Reading on scrape rather than in
+// a background loop means nothing runs when nobody looks; a read serves every scrape within
+// CacheFor of it, and scrapes that arrive while a read runs wait for that read rather than
+// start their own, so several scrapers (two Prometheus replicas, a dashboard) cost one read.
+// Per-tenant series exist only for the TopTenants deepest tenants; the rest are summed under
+// tenant="other", so cardinality is bounded whatever the tenants.
 package opsmetrics
 
 import (
@@ -32,6 +34,12 @@ type Config struct {
 	Status Reader
 	// Timeout bounds one read. Default 2 s: a scrape must not hang on a stuck database.
 	Timeout time.Duration
+	// CacheFor is how long a successful read serves later scrapes. Default 2 s: the status
+	// read is bounded but not free, and gauges a scrape interval apart need no fresher figures.
+	// A failed read is never reused.
+	CacheFor time.Duration
+	// Now is the clock the cache is judged by. Default time.Now.
+	Now func() time.Time
 	// TopTenants is how many tenants get their own series. Default 20.
 	TopTenants int
 	// Log receives read failures, at most one line per minute. Default: discard.
@@ -59,6 +67,19 @@ type Collector struct {
 
 	mu       sync.Mutex
 	lastWarn time.Time
+
+	// readMu guards the cached read and the one in progress.
+	readMu  sync.Mutex
+	cached  status.Status
+	readAt  time.Time // when cached was read; zero: nothing cached
+	pending *read     // the read in progress, nil when none
+}
+
+// read is one status read that concurrent scrapes share: done is closed once st and err are set.
+type read struct {
+	done chan struct{}
+	st   status.Status
+	err  error
 }
 
 // New returns a Collector, or an "invalid config" error naming the field. Register it on the
@@ -72,6 +93,12 @@ func New(cfg Config) (*Collector, error) {
 	}
 	if cfg.TopTenants <= 0 {
 		cfg.TopTenants = 20
+	}
+	if cfg.CacheFor <= 0 {
+		cfg.CacheFor = 2 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -153,18 +180,48 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect implements prometheus.Collector: it reads the status within Timeout. When the read
-// fails it reports sluice_status_read_success 0 and only what the process knows without the
-// database (broker, memcached, config), rather than stale figures.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+// status returns the status read within CacheFor, or waits for the read in progress, or reads
+// it (within Timeout) for itself and every scrape that arrives meanwhile. A failed read is
+// returned to the scrapes that waited for it and forgotten.
+func (c *Collector) status() (status.Status, error) {
+	c.readMu.Lock()
+	if !c.readAt.IsZero() && c.cfg.Now().Sub(c.readAt) < c.cfg.CacheFor {
+		st := c.cached
+		c.readMu.Unlock()
+		return st, nil
+	}
+	if p := c.pending; p != nil {
+		c.readMu.Unlock()
+		<-p.done // the read is bounded by Timeout
+		return p.st, p.err
+	}
+	p := &read{done: make(chan struct{})}
+	c.pending = p
+	c.readMu.Unlock()
+
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
-	defer cancel()
+	p.st, p.err = c.cfg.Status.Read(ctx)
+	cancel()
+	c.readMu.Lock()
+	c.pending = nil
+	if p.err == nil {
+		c.cached, c.readAt = p.st, c.cfg.Now()
+	}
+	c.readMu.Unlock()
+	close(p.done)
+	return p.st, p.err
+}
+
+// Collect implements prometheus.Collector: it reads the status (see status for the cache and
+// the shared read). When the read fails it reports sluice_status_read_success 0 and only what
+// the process knows without the database (broker, memcached, config), rather than stale figures.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	g := func(d *prometheus.Desc, v float64, labels ...string) {
 		if !c.omit[c.names[d]] {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 		}
 	}
-	s, err := c.cfg.Status.Read(ctx)
+	s, err := c.status()
 	if err != nil {
 		c.warn(err)
 		g(c.readOK, 0)
@@ -184,17 +241,33 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	g(c.gatedKeys, float64(len(s.Gates)))
 	g(c.outboxUnpublished, float64(s.Outbox.Unpublished))
 	g(c.outboxOldest, s.Outbox.OldestUnpublishedAgeSeconds)
-	var other status.Tenant
+	// The status lists only the deepest tenants (and those in flight), so "other" is the total
+	// less the top tenants, never a sum over every tenant. Its oldest age is the queue's oldest
+	// when no top tenant holds that job, else the oldest among the listed rest (a lower bound:
+	// an exact figure would need a read per scrape that grows with the tenants).
+	var top, rest status.Tenant
+	oldestIsTop := false
 	for i, t := range s.Tenants { // sorted deepest first
 		if i < c.cfg.TopTenants && t.Tenant != OtherTenant {
 			g(c.tenantDepth, float64(t.Depth), t.Tenant)
 			g(c.tenantOldest, t.OldestAgeSeconds, t.Tenant)
 			g(c.tenantInFlight, float64(t.InFlight), t.Tenant)
+			top.Depth += t.Depth
+			top.InFlight += t.InFlight
+			oldestIsTop = oldestIsTop || (t.Depth > 0 && t.OldestAgeSeconds >= s.Queue.OldestAgeSeconds)
 			continue
 		}
-		other.Depth += t.Depth
-		other.InFlight += t.InFlight
-		other.OldestAgeSeconds = max(other.OldestAgeSeconds, t.OldestAgeSeconds)
+		rest.Depth += t.Depth
+		rest.InFlight += t.InFlight
+		rest.OldestAgeSeconds = max(rest.OldestAgeSeconds, t.OldestAgeSeconds)
+	}
+	other := status.Tenant{
+		Depth:            max(s.Queue.Depth-top.Depth, rest.Depth),
+		InFlight:         max(s.InFlight-top.InFlight, rest.InFlight),
+		OldestAgeSeconds: rest.OldestAgeSeconds,
+	}
+	if !oldestIsTop && other.Depth > 0 {
+		other.OldestAgeSeconds = max(other.OldestAgeSeconds, s.Queue.OldestAgeSeconds)
 	}
 	g(c.tenantDepth, float64(other.Depth), OtherTenant)
 	g(c.tenantOldest, other.OldestAgeSeconds, OtherTenant)

@@ -64,13 +64,19 @@ type Config struct {
 	// HeadsPerTenant bounds how many queued jobs per tenant are inspected to decide whether
 	// work is eligible (gated keys at the head hide the rest beyond it). Default 16.
 	HeadsPerTenant int
-	// MaxTenants bounds the tenants inspected for eligibility, the deepest first. Default 500.
+	// MaxTenants is how many tenants' queue heads are inspected for eligibility, those whose
+	// oldest queued job is oldest and below their cap first: a fixed number of sub-selects in
+	// one statement, whatever the number of tenants with work. Default 100.
 	MaxTenants int
+	// ListTenants is how many of the deepest tenants Read lists (SPEC §6: the 100 deepest; all
+	// of them at Tenants). Default 100.
+	ListTenants int
 }
 
 // Reader reads the status. Safe for concurrent use.
 type Reader struct {
-	cfg Config
+	cfg      Config
+	headsSQL string
 }
 
 // New returns a Reader, or an "invalid config" error naming the field.
@@ -91,22 +97,27 @@ func New(cfg Config) (*Reader, error) {
 		cfg.HeadsPerTenant = 16
 	}
 	if cfg.MaxTenants <= 0 {
-		cfg.MaxTenants = 500
+		cfg.MaxTenants = 100
 	}
-	return &Reader{cfg: cfg}, nil
+	if cfg.ListTenants <= 0 {
+		cfg.ListTenants = 100
+	}
+	return &Reader{cfg: cfg, headsSQL: headsSQL(cfg.MaxTenants)}, nil
 }
 
 // Status is the body of GET /v1/status (SPEC §6).
 type Status struct {
-	Queue     Queue     `json:"queue"`
-	InFlight  int       `json:"in_flight"`
-	Tenants   []Tenant  `json:"tenants"`
-	Gates     []Gate    `json:"gates"`
-	Drainers  []Drainer `json:"drainers"`
-	Outbox    Outbox    `json:"outbox"`
-	Broker    Broker    `json:"broker"`
-	Memcached Memcached `json:"memcached"`
-	Config    ConfigRef `json:"config"`
+	Queue    Queue `json:"queue"`
+	InFlight int   `json:"in_flight"`
+	// TenantsWithWork counts the tenants with queued jobs; Tenants lists the deepest of them.
+	TenantsWithWork int       `json:"tenants_with_work"`
+	Tenants         []Tenant  `json:"tenants"`
+	Gates           []Gate    `json:"gates"`
+	Drainers        []Drainer `json:"drainers"`
+	Outbox          Outbox    `json:"outbox"`
+	Broker          Broker    `json:"broker"`
+	Memcached       Memcached `json:"memcached"`
+	Config          ConfigRef `json:"config"`
 	// At is the database time the status was read at.
 	At time.Time `json:"at"`
 }
@@ -118,7 +129,7 @@ type Queue struct {
 }
 
 // Tenant is one tenant with queued or in-flight work. Tenants are sorted by depth, deepest
-// first.
+// first, then by in flight, most first, then by name.
 type Tenant struct {
 	Tenant           string  `json:"tenant"`
 	Depth            int     `json:"depth"`
@@ -184,65 +195,32 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 	if err != nil {
 		return s, err
 	}
-	byTenant := map[string]*Tenant{}
-	tenant := func(t string) *Tenant {
-		if p, ok := byTenant[t]; ok {
-			return p
-		}
-		p := &Tenant{Tenant: t, Cap: cfg.TenantCap(t)}
-		byTenant[t] = p
-		return p
-	}
-	// The claim index (status, tenant, queued_at, id) serves both aggregates without touching rows.
-	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT tenant, COUNT(*), MIN(queued_at) FROM jobs
-		WHERE status = 'queued' GROUP BY tenant`)
+	inFlight, err := r.inFlight(ctx, now, cfg)
 	if err != nil {
-		return s, fmt.Errorf("status: queued per tenant: %w", err)
+		return s, err
 	}
-	var oldest time.Time
-	for rows.Next() {
-		var t string
-		var n int
-		var q time.Time
-		if err := rows.Scan(&t, &n, &q); err != nil {
-			rows.Close()
-			return s, fmt.Errorf("status: queued per tenant: %w", err)
-		}
-		p := tenant(t)
-		p.Depth, p.OldestAgeSeconds = n, age(now, q)
-		s.Queue.Depth += n
-		if oldest.IsZero() || q.Before(oldest) {
-			oldest = q
-		}
+	for _, t := range inFlight {
+		s.InFlight += t.InFlight
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return s, fmt.Errorf("status: queued per tenant: %w", err)
+	if err := r.totals(ctx, now, &s); err != nil {
+		return s, err
 	}
-	if !oldest.IsZero() {
-		s.Queue.OldestAgeSeconds = age(now, oldest)
+	deepest, err := r.deepest(ctx, now, cfg, nil, r.cfg.ListTenants)
+	if err != nil {
+		return s, err
 	}
-	if rows, err = r.cfg.DB.QueryContext(ctx, `SELECT tenant, COUNT(*) FROM jobs
-		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`); err != nil {
-		return s, fmt.Errorf("status: in flight per tenant: %w", err)
+	// The deepest tenants and those with work in flight (as many as the global cap allows),
+	// the deepest ListTenants of them listed.
+	byTenant := make(map[string]Tenant, len(deepest)+len(inFlight))
+	for _, t := range deepest {
+		byTenant[t.Tenant] = t
 	}
-	for rows.Next() {
-		var t string
-		var n int
-		if err := rows.Scan(&t, &n); err != nil {
-			rows.Close()
-			return s, fmt.Errorf("status: in flight per tenant: %w", err)
-		}
-		tenant(t).InFlight = n
-		s.InFlight += n
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return s, fmt.Errorf("status: in flight per tenant: %w", err)
+	for _, t := range inFlight {
+		byTenant[t.Tenant] = t
 	}
 	s.Tenants = make([]Tenant, 0, len(byTenant))
-	for _, p := range byTenant {
-		s.Tenants = append(s.Tenants, *p)
+	for _, t := range byTenant {
+		s.Tenants = append(s.Tenants, t)
 	}
 	sort.Slice(s.Tenants, func(i, j int) bool {
 		a, b := s.Tenants[i], s.Tenants[j]
@@ -254,11 +232,14 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 		}
 		return a.Tenant < b.Tenant
 	})
+	if len(s.Tenants) > r.cfg.ListTenants {
+		s.Tenants = s.Tenants[:r.cfg.ListTenants]
+	}
 	gated, err := r.gates(ctx, now, &s)
 	if err != nil {
 		return s, err
 	}
-	elig, err := r.eligible(ctx, now, cfg, s, gated)
+	elig, err := r.eligible(ctx, now, cfg, s.InFlight, inFlight, gated)
 	if err != nil {
 		return s, err
 	}
@@ -362,49 +343,194 @@ type eligibility struct {
 	ungated bool
 }
 
-// eligible inspects the heads of the deepest tenants' queues, the way a claim does.
-func (r *Reader) eligible(ctx context.Context, now time.Time, cfg limits.Config, s Status, gated map[string]time.Time) (eligibility, error) {
-	var e eligibility
-	var tenants []Tenant
-	for _, t := range s.Tenants {
-		if t.Depth > 0 {
-			tenants = append(tenants, t)
+// inFlight returns each tenant with jobs in flight, with its queue state from its tenants row.
+// The claim index range over the three in-flight states reads as many rows as jobs are in
+// flight, which the global cap bounds.
+func (r *Reader) inFlight(ctx context.Context, now time.Time, cfg limits.Config) ([]Tenant, error) {
+	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT j.tenant, COUNT(*), MAX(t.queued), MAX(t.head_at)
+		FROM jobs j FORCE INDEX (claim) JOIN tenants t ON t.tenant = j.tenant
+		WHERE j.status IN ('claimed','dispatched','running') GROUP BY j.tenant`)
+	if err != nil {
+		return nil, fmt.Errorf("status: in flight per tenant: %w", err)
+	}
+	defer rows.Close()
+	var out []Tenant
+	for rows.Next() {
+		var t Tenant
+		var head sql.NullTime
+		if err := rows.Scan(&t.Tenant, &t.InFlight, &t.Depth, &head); err != nil {
+			return nil, fmt.Errorf("status: in flight per tenant: %w", err)
 		}
-		if len(tenants) >= r.cfg.MaxTenants {
-			break
+		if head.Valid {
+			t.OldestAgeSeconds = age(now, head.Time)
+		}
+		t.Cap = cfg.TenantCap(t.Tenant)
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("status: in flight per tenant: %w", err)
+	}
+	return out, nil
+}
+
+// totals fills the queue depth, the oldest queued age and the count of tenants with work from
+// the tenants rows the jobs triggers keep (migration 0010). Depth and count are one range scan
+// of the depth index over the tenants with work (an index entry per tenant, never a job: with
+// 64 tenants of 100,000 jobs each it reads 64 entries where COUNT(*) over the claim index would
+// read 6,400,000); the oldest age is the first entry of the head index.
+func (r *Reader) totals(ctx context.Context, now time.Time, s *Status) error {
+	var oldest sql.NullTime
+	err := r.cfg.DB.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(queued), 0),
+		(SELECT MIN(head_at) FROM tenants)
+		FROM tenants FORCE INDEX (depth) WHERE queued > 0`).Scan(&s.TenantsWithWork, &s.Queue.Depth, &oldest)
+	if err != nil {
+		return fmt.Errorf("status: queue totals: %w", err)
+	}
+	if oldest.Valid {
+		s.Queue.OldestAgeSeconds = age(now, oldest.Time)
+	}
+	return nil
+}
+
+// maxQueued is above any tenants.queued (INT UNSIGNED): the upper bound of a first page.
+const maxQueued = int64(1) << 32
+
+// deepest returns at most n tenants with queued work in the order (queued DESC, tenant), after
+// the one at key after if set. Each read is a range of the depth index (queued, tenant) that
+// stops after the rows returned: the tail is read backwards (queued DESC, tenant DESC, the
+// order the index serves) and the last depth it reached, of which it may have taken only the
+// names at the end, is read again forwards from its first name.
+func (r *Reader) deepest(ctx context.Context, now time.Time, cfg limits.Config, after *TenantKey, n int) ([]Tenant, error) {
+	var out []Tenant
+	below := maxQueued
+	if after != nil {
+		got, err := r.tenantRows(ctx, now, cfg, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (depth)
+			WHERE queued = ? AND tenant > ? ORDER BY tenant LIMIT ?`, after.Depth, after.Tenant, n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+		below = after.Depth
+	}
+	if len(out) >= n || below <= 1 {
+		return out, nil
+	}
+	want := n - len(out)
+	tail, err := r.tenantRows(ctx, now, cfg, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (depth)
+		WHERE queued > 0 AND queued < ? ORDER BY queued DESC, tenant DESC LIMIT ?`, below, want)
+	if err != nil {
+		return nil, err
+	}
+	if len(tail) == want {
+		// The last depth reached may have more tenants than were read, and the read took the
+		// last names: take its first names instead.
+		last := tail[len(tail)-1].Depth
+		k := 0
+		for len(tail) > 0 && tail[len(tail)-1].Depth == last {
+			tail, k = tail[:len(tail)-1], k+1
+		}
+		first, err := r.tenantRows(ctx, now, cfg, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (depth)
+			WHERE queued = ? ORDER BY tenant LIMIT ?`, last, k)
+		if err != nil {
+			return nil, err
+		}
+		tail = append(tail, first...)
+	}
+	sort.SliceStable(tail, func(i, j int) bool {
+		if tail[i].Depth != tail[j].Depth {
+			return tail[i].Depth > tail[j].Depth
+		}
+		return tail[i].Tenant < tail[j].Tenant
+	})
+	return append(out, tail...), nil
+}
+
+// tenantRows runs q, a read of (tenant, queued, head_at) from tenants.
+func (r *Reader) tenantRows(ctx context.Context, now time.Time, cfg limits.Config, q string, args ...any) ([]Tenant, error) {
+	rows, err := r.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("status: tenants: %w", err)
+	}
+	defer rows.Close()
+	var out []Tenant
+	for rows.Next() {
+		var t Tenant
+		var head sql.NullTime
+		if err := rows.Scan(&t.Tenant, &t.Depth, &head); err != nil {
+			return nil, fmt.Errorf("status: tenants: %w", err)
+		}
+		if head.Valid {
+			t.OldestAgeSeconds = age(now, head.Time)
+		}
+		t.Cap = cfg.TenantCap(t.Tenant)
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("status: tenants: %w", err)
+	}
+	return out, nil
+}
+
+// eligible inspects the queue heads of at most MaxTenants tenants, the way a claim does: the
+// tenants whose oldest queued job is oldest (the head index), those below their cap first.
+// It reads MaxTenants plus the number of tenants in flight (bounded by the global cap) names
+// from the head index, then the heads of the chosen ones in one statement of constant text
+// (headsSQL), whatever the number of tenants with work.
+func (r *Reader) eligible(ctx context.Context, now time.Time, cfg limits.Config, globalInFlight int, inFlight []Tenant, gated map[string]time.Time) (eligibility, error) {
+	var e eligibility
+	busy := make(map[string]int, len(inFlight))
+	for _, t := range inFlight {
+		busy[t.Tenant] = t.InFlight
+	}
+	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT tenant FROM tenants FORCE INDEX (head)
+		WHERE head_at IS NOT NULL ORDER BY head_at, head_id LIMIT ?`, r.cfg.MaxTenants+len(inFlight))
+	if err != nil {
+		return e, fmt.Errorf("status: tenants by oldest head: %w", err)
+	}
+	var free, full []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			rows.Close()
+			return e, fmt.Errorf("status: tenants by oldest head: %w", err)
+		}
+		if busy[t] < cfg.TenantCap(t) {
+			free = append(free, t)
+		} else {
+			full = append(full, t)
 		}
 	}
-	if len(tenants) == 0 {
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return e, fmt.Errorf("status: tenants by oldest head: %w", err)
+	}
+	chosen := append(free, full...)
+	if len(chosen) == 0 {
 		return e, nil
 	}
-	var q strings.Builder
-	args := make([]any, 0, 2*len(tenants))
-	for i, t := range tenants {
-		if i > 0 {
-			q.WriteString(" UNION ALL ")
-		}
-		// The claim index is forced, as in the drainer's own head read: without the hint MariaDB
-		// may pick another index and sort a tenant's whole backlog.
-		q.WriteString(`(SELECT tenant, rate_key_sha256, queued_at, not_before FROM jobs FORCE INDEX (claim)
-			WHERE status = 'queued' AND tenant = ? ORDER BY queued_at, id LIMIT ?)`)
-		args = append(args, t.Tenant, r.cfg.HeadsPerTenant)
+	if len(chosen) > r.cfg.MaxTenants {
+		chosen = chosen[:r.cfg.MaxTenants]
 	}
-	rows, err := r.cfg.DB.QueryContext(ctx, q.String(), args...)
+	args := make([]any, 0, 2*r.cfg.MaxTenants)
+	for i := range r.cfg.MaxTenants {
+		var t any // NULL: an empty slot, "tenant = NULL" matches nothing
+		if i < len(chosen) {
+			t = chosen[i]
+		}
+		args = append(args, t, r.cfg.HeadsPerTenant)
+	}
+	hr, err := r.cfg.DB.QueryContext(ctx, r.headsSQL, args...)
 	if err != nil {
 		return e, fmt.Errorf("status: queue heads: %w", err)
 	}
-	defer rows.Close()
-	inFlight := map[string]int{}
-	for _, t := range s.Tenants {
-		inFlight[t.Tenant] = t.InFlight
-	}
-	globalRoom := s.InFlight < cfg.GlobalInFlight
-	for rows.Next() {
+	defer hr.Close()
+	globalRoom := globalInFlight < cfg.GlobalInFlight
+	for hr.Next() {
 		var t string
 		var key sql.NullString
 		var queuedAt time.Time
 		var notBefore sql.NullTime
-		if err := rows.Scan(&t, &key, &queuedAt, &notBefore); err != nil {
+		if err := hr.Scan(&t, &key, &queuedAt, &notBefore); err != nil {
 			return e, fmt.Errorf("status: queue heads: %w", err)
 		}
 		if key.Valid {
@@ -416,7 +542,7 @@ func (r *Reader) eligible(ctx context.Context, now time.Time, cfg limits.Config,
 			continue
 		}
 		e.ungated = true
-		if !globalRoom || inFlight[t] >= cfg.TenantCap(t) {
+		if !globalRoom || busy[t] >= cfg.TenantCap(t) {
 			continue
 		}
 		since := queuedAt
@@ -427,7 +553,27 @@ func (r *Reader) eligible(ctx context.Context, now time.Time, cfg limits.Config,
 			e.startable, e.since = true, since
 		}
 	}
-	return e, rows.Err()
+	if err := hr.Err(); err != nil {
+		return e, fmt.Errorf("status: queue heads: %w", err)
+	}
+	return e, nil
+}
+
+// headsSQL returns the queue-heads read of eligible: slots sub-selects, each the first
+// (tenant, LIMIT) queued jobs of one tenant on the claim index, joined by UNION ALL. Its text
+// depends on slots only, never on how many tenants have work; unused slots are bound to NULL.
+func headsSQL(slots int) string {
+	var q strings.Builder
+	for i := range slots {
+		if i > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		// The claim index is forced, as in the drainer's own head read: without the hint MariaDB
+		// may pick another index and sort a tenant's whole backlog.
+		q.WriteString(`(SELECT tenant, rate_key_sha256, queued_at, not_before FROM jobs FORCE INDEX (claim)
+			WHERE status = 'queued' AND tenant = ? ORDER BY queued_at, id LIMIT ?)`)
+	}
+	return q.String()
 }
 
 // drainers fills s.Drainers, deriving each state at read time (SPEC §6).

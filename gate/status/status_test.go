@@ -2,6 +2,8 @@ package status_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -215,5 +217,80 @@ func TestStatusFigures(t *testing.T) {
 	}
 	if s.Config.Version != 3 || s.Config.Stale || !s.Broker.Connected || s.Memcached.Reachable {
 		t.Errorf("config %+v broker %+v memcached %+v", s.Config, s.Broker, s.Memcached)
+	}
+}
+
+// TestDeepestTenants: Read lists the ListTenants deepest tenants (ties by name) from the
+// tenants rows, counts every tenant with work, and ReadTenants pages through all of them in
+// either order, each page continuing after the previous one's last key.
+func TestDeepestTenants(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	depths := map[string]int{"a": 3, "b": 3, "c": 3, "d": 2, "e": 1, "f": 1}
+	for tenant, n := range depths {
+		for i := range n {
+			f.job(tenant, "queued", time.Duration(10+i)*time.Second, nil, nil)
+		}
+	}
+	f.job("e", "running", time.Minute, nil, nil)
+	f.job("idle", "succeeded", time.Minute, nil, nil)
+	r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now), ListTenants: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := r.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.TenantsWithWork != 6 || s.Queue.Depth != 13 || s.Queue.OldestAgeSeconds != 12 || s.InFlight != 1 {
+		t.Errorf("tenants with work %d, queue %+v, in flight %d; want 6, depth 13, oldest 12 s, 1", s.TenantsWithWork, s.Queue, s.InFlight)
+	}
+	if len(s.Tenants) != 2 || s.Tenants[0].Tenant != "a" || s.Tenants[1].Tenant != "b" || s.Tenants[0].Depth != 3 || s.Tenants[0].OldestAgeSeconds != 12 {
+		t.Errorf("tenants %+v, want a then b (depth 3, oldest 12 s)", s.Tenants)
+	}
+	for _, tc := range []struct {
+		order string
+		limit int
+		want  [][]string
+	}{
+		{status.ByDepth, 2, [][]string{{"a", "b"}, {"c", "d"}, {"e", "f"}}},
+		{status.ByDepth, 4, [][]string{{"a", "b", "c", "d"}, {"e", "f"}}},
+		{status.ByDepth, 1, [][]string{{"a"}, {"b"}, {"c"}, {"d"}, {"e"}, {"f"}}},
+		{status.ByName, 4, [][]string{{"a", "b", "c", "d"}, {"e", "f"}}},
+		{"", 6, [][]string{{"a", "b", "c", "d", "e", "f"}}},
+	} {
+		var after *status.TenantKey
+		var got [][]string
+		for range 10 {
+			p, err := r.ReadTenants(ctx, status.TenantsQuery{Order: tc.order, After: after, Limit: tc.limit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, row := range p.Tenants {
+				names = append(names, row.Tenant)
+				if row.Depth != depths[row.Tenant] || row.Tier != status.DefaultTier || row.Cap != 2 {
+					t.Errorf("%s: row %+v, want depth %d, cap 2, tier default", tc.order, row, depths[row.Tenant])
+				}
+				if want := 0; row.Tenant == "e" {
+					if row.InFlight != 1 {
+						t.Errorf("tenant e in flight %d, want 1", row.InFlight)
+					}
+				} else if row.InFlight != want {
+					t.Errorf("tenant %s in flight %d, want 0", row.Tenant, row.InFlight)
+				}
+			}
+			got = append(got, names)
+			if after = p.Next; after == nil {
+				break
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("order %q limit %d: pages %v, want %v", tc.order, tc.limit, got, tc.want)
+		}
+	}
+	if _, err := r.ReadTenants(ctx, status.TenantsQuery{Order: "size", Limit: 1}); !errors.Is(err, status.ErrOrder) {
+		t.Errorf("order size: %v, want ErrOrder", err)
 	}
 }

@@ -1,0 +1,116 @@
+package status
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Tenant orders of ReadTenants (GET /v1/tenants?order=).
+const (
+	// ByName lists tenants by name, ascending (bytewise). The default.
+	ByName = "name"
+	// ByDepth lists tenants deepest first, ties by name.
+	ByDepth = "depth"
+)
+
+// TenantKey is a tenant's place in a listing: the key a page continues after. Depth is used
+// only by ByDepth.
+type TenantKey struct {
+	Depth  int64
+	Tenant string
+}
+
+// TenantsQuery asks for one page of tenants with work.
+type TenantsQuery struct {
+	// Order is ByName or ByDepth. Empty: ByName.
+	Order string
+	// After, if set, is the key of the last tenant of the previous page: the page starts after
+	// it, so rows that change meanwhile never shift a page by an offset.
+	After *TenantKey
+	// Limit is the page size, 1 or more. Required.
+	Limit int
+}
+
+// TenantRow is one tenant of a listing (SPEC §6 GET /v1/tenants).
+type TenantRow struct {
+	Tenant           string  `json:"tenant"`
+	Depth            int     `json:"depth"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	InFlight         int     `json:"in_flight"`
+	Cap              int     `json:"cap"`
+	// Slots held by the tenant; slots are not implemented yet, so always 0.
+	Slots int `json:"slots"`
+	// Tier is the tenant's tier; "default" until tiers exist.
+	Tier string `json:"tier"`
+}
+
+// TenantPage is one page of tenants; Next is nil on the last page.
+type TenantPage struct {
+	Tenants []TenantRow
+	Next    *TenantKey
+}
+
+// DefaultTier is the tier of every tenant until tiers exist (SPEC §5a).
+const DefaultTier = "default"
+
+// ErrOrder is returned by ReadTenants for an order other than ByName and ByDepth.
+var ErrOrder = errors.New("status: unknown tenant order")
+
+// ReadTenants returns one page of the tenants with queued work, in q.Order. It reads at most
+// q.Limit+1 rows of the tenants table from an index (work_tenant for ByName, depth for ByDepth)
+// plus the in-flight counts (bounded by the global cap), whatever the number of tenants. Safe
+// for concurrent use.
+func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, error) {
+	var page TenantPage
+	if q.Limit < 1 {
+		return page, fmt.Errorf("status: tenants: limit %d, want 1 or more", q.Limit)
+	}
+	now, err := r.cfg.Clock.Now(ctx)
+	if err != nil {
+		return page, err
+	}
+	var st Status
+	lc, err := r.config(ctx, &st)
+	if err != nil {
+		return page, err
+	}
+	var rows []Tenant
+	switch q.Order {
+	case ByName, "":
+		after := ""
+		if q.After != nil {
+			after = q.After.Tenant
+		}
+		// work_tenant is the name while the tenant has queued work, else NULL: the range skips
+		// idle tenants without reading them.
+		rows, err = r.tenantRows(ctx, now, lc, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (work_tenant)
+			WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?`, after, q.Limit+1)
+	case ByDepth:
+		rows, err = r.deepest(ctx, now, lc, q.After, q.Limit+1)
+	default:
+		return page, fmt.Errorf("%w: %q", ErrOrder, q.Order)
+	}
+	if err != nil {
+		return page, err
+	}
+	if len(rows) > q.Limit {
+		rows = rows[:q.Limit]
+		last := rows[len(rows)-1]
+		page.Next = &TenantKey{Depth: int64(last.Depth), Tenant: last.Tenant}
+	}
+	inFlight, err := r.inFlight(ctx, now, lc)
+	if err != nil {
+		return page, err
+	}
+	busy := make(map[string]int, len(inFlight))
+	for _, t := range inFlight {
+		busy[t.Tenant] = t.InFlight
+	}
+	page.Tenants = make([]TenantRow, 0, len(rows))
+	for _, t := range rows {
+		page.Tenants = append(page.Tenants, TenantRow{Tenant: t.Tenant, Depth: t.Depth,
+			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: DefaultTier})
+	}
+	return page, nil
+}
