@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -90,16 +91,37 @@ type statementLog struct {
 	stmts []string
 	// before, if set, sees each round trip's statements (as logged) before they are sent.
 	before func(q string)
-	// longest is the longest round trip's text sent so far, as sent; with onlyLongest, it is all that is
-	// kept (a test sending many statements).
+	// longest is the longest round trip's text sent so far, as sent; with onlyLongest, it and
+	// the sizes below are all that is kept (a test sending many statements).
 	longest     string
 	onlyLongest bool
+	// n counts round trips; maxSent is the largest round trip once the driver interpolated its
+	// arguments (an estimate: a value counts its text and two quotes).
+	n, maxSent int
 }
 
-func (l *statementLog) add(q string) {
+func (l *statementLog) add(q string) { l.addSent(q, nil) }
+
+// addSent logs q, sent with args.
+func (l *statementLog) addSent(q string, args []driver.NamedValue) {
 	raw := q
+	sent := len(raw)
+	for _, a := range args {
+		switch v := a.Value.(type) {
+		case string:
+			sent += len(v) + 2
+		case []byte:
+			sent += len(v) + 2
+		case nil:
+			sent += len("NULL")
+		default:
+			sent += len(fmt.Sprint(v)) + 2
+		}
+	}
 	q = strings.Join(strings.Fields(q), " ")
 	l.mu.Lock()
+	l.n++
+	l.maxSent = max(l.maxSent, sent)
 	if len(raw) > len(l.longest) {
 		l.longest = raw
 	}
@@ -127,6 +149,16 @@ func (l *statementLog) longestSent() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.longest
+}
+
+// sizes returns the round trips logged, the longest one's text length and the largest one sent
+// with its arguments, and starts counting again.
+func (l *statementLog) sizes() (n, maxText, maxSent int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n, maxText, maxSent = l.n, len(l.longest), l.maxSent
+	l.n, l.longest, l.maxSent = 0, "", 0
+	return n, maxText, maxSent
 }
 
 func (l *statementLog) take() []string {
@@ -175,12 +207,12 @@ func (c countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt
 }
 
 func (c countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	c.log.add(q)
+	c.log.addSent(q, args)
 	return c.conn.(driver.QueryerContext).QueryContext(ctx, q, args)
 }
 
 func (c countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	c.log.add(q)
+	c.log.addSent(q, args)
 	return c.conn.(driver.ExecerContext).ExecContext(ctx, q, args)
 }
 

@@ -3,10 +3,8 @@ package integration_test
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/opsmetrics"
 	"github.com/sluicehq/sluice/gate/status"
-	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -158,97 +155,6 @@ func TestStatusManyTenants(t *testing.T) {
 	}
 }
 
-// sizeLog records the size of the statements a database handle sends (idle_test.go's
-// statementLog records their text): the text, and its size once the
-// driver interpolates the arguments (an estimate: strings count their length and quotes).
-type sizeLog struct {
-	mu      sync.Mutex
-	n       int
-	maxText int
-	maxSent int
-	longest string
-}
-
-func (l *sizeLog) record(q string, args []driver.NamedValue) {
-	sent := len(q)
-	for _, a := range args {
-		switch v := a.Value.(type) {
-		case string:
-			sent += len(v) + 2
-		case []byte:
-			sent += len(v) + 2
-		case nil:
-			sent += len("NULL")
-		default:
-			sent += len(fmt.Sprint(v)) + 2
-		}
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.n++
-	if len(q) > l.maxText {
-		l.maxText, l.longest = len(q), q
-	}
-	l.maxSent = max(l.maxSent, sent)
-}
-
-func (l *sizeLog) reset() (n, maxText, maxSent int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n, maxText, maxSent = l.n, l.maxText, l.maxSent
-	l.n, l.maxText, l.maxSent = 0, 0, 0
-	return n, maxText, maxSent
-}
-
-// sizingConnector wraps a driver connector so that every statement its connections send
-// passes through log.
-type sizingConnector struct {
-	driver.Connector
-	log *sizeLog
-}
-
-func (c sizingConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.Connector.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return sizingConn{Conn: conn, log: c.log}, nil
-}
-
-type sizingConn struct {
-	driver.Conn
-	log *sizeLog
-}
-
-func (c sizingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	c.log.record(q, args)
-	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
-}
-
-func (c sizingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	c.log.record(q, args)
-	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
-}
-
-func (c sizingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	c.log.record(q, nil)
-	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
-}
-
-func (c sizingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
-}
-
-func (c sizingConn) CheckNamedValue(nv *driver.NamedValue) error {
-	return c.Conn.(driver.NamedValueChecker).CheckNamedValue(nv)
-}
-
-func (c sizingConn) ResetSession(ctx context.Context) error {
-	return c.Conn.(driver.SessionResetter).ResetSession(ctx)
-}
-
-func (c sizingConn) IsValid() bool { return c.Conn.(driver.Validator).IsValid() }
-
 // TestStatusStatementSize: no statement the status read, a scrape or a full page of
 // GET /v1/tenants sends exceeds 64 KiB, and the longest statement text is the same with 50
 // tenants with work as with 5,000: nothing is built per tenant.
@@ -256,23 +162,15 @@ func TestStatusStatementSize(t *testing.T) {
 	t.Parallel()
 	tdb := testdb.New(t)
 	ctx := context.Background()
-	conn, err := store.Connector(ctx, tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := &sizeLog{}
-	db, err := store.OpenConnector(ctx, sizingConnector{Connector: conn, log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db, log := countedPool(t, tdb)
+	log.onlyLongest = true
 	r, err := status.New(status.Config{DB: db})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reads := func(tenants int) (maxText int) {
 		t.Helper()
-		log.reset()
+		log.sizes()
 		s, err := r.Read(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -286,7 +184,7 @@ func TestStatusStatementSize(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		n, maxText, maxSent := log.reset()
+		n, maxText, maxSent := log.sizes()
 		if n < 8 || maxText == 0 {
 			t.Fatalf("%d statements logged (longest %d bytes): the log does not see the reads", n, maxText)
 		}
@@ -300,6 +198,6 @@ func TestStatusStatementSize(t *testing.T) {
 	few := reads(50)
 	addTenants(t, tdb.DB, "s", 50, 4950)
 	if many := reads(5000); many != few {
-		t.Errorf("longest statement text %d bytes with 5,000 tenants, %d with 50: it grows with the tenants:\n%.500s", many, few, log.longest)
+		t.Errorf("longest statement text %d bytes with 5,000 tenants, %d with 50: it grows with the tenants", many, few)
 	}
 }
