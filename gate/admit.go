@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/admitrate"
+	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
@@ -80,9 +81,11 @@ type Config struct {
 	// Gates lets queue=false admissions refuse a gated rate key (scope rate_key). Default none:
 	// keys are treated as not gated.
 	Gates GateLookup
-	// Now is the wall clock of rate-limit windows and gate instants (both live in memcached,
-	// which has no clock of its own). Default time.Now.
-	Now func() time.Time
+	// Clock is the admission's one clock besides the database's: it dates rate-limit windows
+	// and gate instants (both live in memcached, which has no clock of its own), the global
+	// depth estimate's refresh and the pacing of fail-open log lines. Job times are the
+	// database's (UTC_TIMESTAMP(6), read with the admission state). Default clock.Host.
+	Clock clock.Clock
 	// GlobalDepthRefresh is how long a counted global queued depth may stand in for a new
 	// count while it is well below the cap (see depthEstimate). Default 250 ms; negative counts
 	// on every admission.
@@ -125,8 +128,8 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.TxAttempts <= 0 {
 		cfg.TxAttempts = 3
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Host{}
 	}
 	if cfg.Faults == nil {
 		cfg.Faults = &Faults{}
@@ -323,7 +326,9 @@ func (a *Admitter) newItem(caller string, req Request, cfg limits.Config) *item 
 // shared marks a combiner group (see errGroupLocked).
 func (a *Admitter) run(ctx context.Context, items []*item, cfg limits.Config, shared bool) error {
 	if cfg.AdmissionMode != limits.ModeOff {
-		a.lookupGates(ctx, items)
+		if err := a.lookupGates(ctx, items); err != nil {
+			return err
+		}
 	}
 	var rows []outbox.Row
 	var err error
@@ -343,10 +348,11 @@ func (a *Admitter) run(ctx context.Context, items []*item, cfg limits.Config, sh
 }
 
 // lookupGates reads, before the transaction, the gates of queue=false items' rate keys: a
-// memcached round trip must not be made while holding a tenant's lock.
-func (a *Admitter) lookupGates(ctx context.Context, items []*item) {
+// memcached round trip must not be made while holding a tenant's lock. Its only error is the
+// clock's.
+func (a *Admitter) lookupGates(ctx context.Context, items []*item) error {
 	if a.cfg.Gates == nil {
-		return
+		return nil
 	}
 	var hashes []string
 	for _, it := range items {
@@ -355,16 +361,19 @@ func (a *Admitter) lookupGates(ctx context.Context, items []*item) {
 		}
 	}
 	if len(hashes) == 0 {
-		return
+		return nil
 	}
 	gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	gated, err := a.cfg.Gates.NotBefore(gctx, hashes)
+	gated, gerr := a.cfg.Gates.NotBefore(gctx, hashes)
+	now, err := a.cfg.Clock.Now(ctx)
 	if err != nil {
-		a.cfg.FailOpenMetrics.gateLookupFailed()
-		a.failOpen("rate gate lookup failed; treating keys as not gated", err)
+		return unavailable(err)
 	}
-	now := a.cfg.Now()
+	if gerr != nil {
+		a.cfg.FailOpenMetrics.gateLookupFailed()
+		a.failOpen("rate gate lookup failed; treating keys as not gated", gerr, now)
+	}
 	for _, it := range items {
 		if it.invalid != nil || it.hash == nil || it.req.Queue == nil || *it.req.Queue {
 			continue
@@ -373,13 +382,13 @@ func (a *Admitter) lookupGates(ctx context.Context, items []*item) {
 			it.gatedFor = int((nb.Sub(now) + time.Second - 1) / time.Second)
 		}
 	}
+	return nil
 }
 
 // failOpen logs a limiter-side failure at most once per 15 s (SPEC §5: fails open, counts it,
-// logs sparingly).
-func (a *Admitter) failOpen(msg string, err error) {
+// logs sparingly). now is the admission's reading of Config.Clock.
+func (a *Admitter) failOpen(msg string, err error, now time.Time) {
 	a.logMu.Lock()
-	now := time.Now()
 	if now.Sub(a.lastFailOpen) < 15*time.Second {
 		a.logMu.Unlock()
 		return
@@ -416,6 +425,12 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	if len(live) == 0 {
 		return nil, nil
 	}
+	// The transaction's one reading of Config.Clock, taken before its statements run (see
+	// depthEstimate.counted).
+	wall, err := a.cfg.Clock.Now(ctx)
+	if err != nil {
+		return nil, unavailable(err)
+	}
 	var stmts *stmtCache
 	if len(live) > maxGroup {
 		stmts = a.stmts // a batch (see admissionTx)
@@ -434,7 +449,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 		}
 		tx.close()
 	}()
-	st, err := a.read(ctx, tx, live, cfg, shared)
+	st, err := a.read(ctx, tx, live, cfg, shared, wall)
 	if err != nil {
 		if shared && (lockBusy(err) || syntaxError(err)) {
 			return nil, errGroupLocked
@@ -444,7 +459,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	if err := a.replays(ctx, tx.db(), live, cfg, st); err != nil {
 		return nil, a.txErr(err)
 	}
-	a.rateLimit(ctx, live, cfg, st, reservations)
+	a.rateLimit(ctx, live, cfg, st, reservations, wall)
 	if f := a.cfg.Faults.AfterReserve; f != nil {
 		if err := f(ctx); err != nil {
 			return nil, a.txErr(err)
@@ -516,7 +531,7 @@ const inFlightStates = "('claimed','dispatched','running')"
 // optimised, before the lock wait, and TestFrontDoorIdempotency's 50 racers then hit a
 // duplicate key. Under READ COMMITTED each later statement of the round trip reads after the
 // lock is held.
-func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg limits.Config, shared bool) (*state, error) {
+func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg limits.Config, shared bool, started time.Time) (*state, error) {
 	st := &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{},
 		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
 	seen := map[string]bool{}
@@ -549,7 +564,6 @@ func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg
 	for _, it := range items {
 		immediate = immediate || (it.req.Queue != nil && !*it.req.Queue)
 	}
-	started := a.cfg.Now()
 	est, fresh := a.depth.estimate(started, a.cfg.GlobalDepthRefresh)
 	countGlobal := immediate || !fresh || est+len(items)+depthMargin(cfg.GlobalQueueDepth) >= cfg.GlobalQueueDepth
 	globalSQL, globalArg := "(SELECT ?)", any(int64(est))
@@ -717,7 +731,7 @@ func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, cfg 
 // rateLimit reserves one unit per pending item of each tenant (SPEC §5: charged only for
 // admissions that commit; the units of items that end up not admitted are refunded). Items
 // beyond the budget are refused with rate_limited, or, in shadow mode, admitted and marked.
-func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Config, st *state, res map[string]*admitrate.Reservation) {
+func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Config, st *state, res map[string]*admitrate.Reservation, now time.Time) {
 	limit := cfg.AdmissionRatePerMinute
 	if limit <= 0 || cfg.AdmissionMode == limits.ModeOff {
 		return
@@ -743,7 +757,6 @@ func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Conf
 		}
 		byTenant[it.req.Tenant] = append(byTenant[it.req.Tenant], it)
 	}
-	now := a.cfg.Now()
 	for _, t := range order {
 		its := byTenant[t]
 		rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
@@ -751,7 +764,7 @@ func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Conf
 		cancel()
 		if err != nil {
 			a.cfg.FailOpenMetrics.limiterFailed()
-			a.failOpen("admission rate limiter unavailable; admitting without it (fail open)", err)
+			a.failOpen("admission rate limiter unavailable; admitting without it (fail open)", err, now)
 			continue
 		}
 		res[t] = r
