@@ -5,7 +5,6 @@
 package gate
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -181,38 +180,6 @@ type ItemResult struct {
 
 // MaxBatch is the most jobs one batch may admit (SPEC §6).
 const MaxBatch = 1000
-
-// item is one admission being decided. The fields below "decided" are reset by every
-// transaction attempt.
-type item struct {
-	req      Request
-	invalid  error   // validation or scope failure, decided before any transaction
-	hash     *string // rate key SHA-256 hex
-	fp       []byte
-	retryOf  *int64 // a redrive
-	noRate   bool   // exempt from the admission rate limit (redrive: an operator's action)
-	caller   string
-	gatedFor int // seconds the rate key stays gated (queue=false), 0 if not gated
-
-	// decided
-	res      Result
-	err      error
-	insert   bool
-	scope    string // depth cap that refused it: a rejected row
-	reserved bool   // holds one unit of its tenant's rate reservation
-	dupOf    *item  // an earlier item of the same batch with the same idempotency key
-	id       int64
-	outboxID int64 // its enqueue poke's row; 0 when a later job of its tenant carries the poke
-}
-
-func (it *item) reset() {
-	it.res, it.err, it.insert, it.scope, it.reserved, it.dupOf, it.id, it.outboxID =
-		Result{}, nil, false, "", false, nil, 0, 0
-}
-
-func (it *item) pending() bool {
-	return it.invalid == nil && it.err == nil && !it.insert && !it.res.Replayed && it.dupOf == nil
-}
 
 // Admit admits req for caller. mayActFor, if set, refuses a tenant the caller may not act for
 // with forbidden, once the request is valid (SPEC §5: validation comes before the rest). It
@@ -398,22 +365,6 @@ func (a *Admitter) failOpen(msg string, err error, now time.Time) {
 	a.cfg.Log.Warn(msg, "error", err)
 }
 
-// state is what one admission transaction reads under its tenants' locks.
-type state struct {
-	now            time.Time
-	tenantDepth    map[string]int
-	tenantInFlight map[string]int
-	globalDepth    int
-	globalInFlight int
-	// startingNow counts the queue=false jobs this transaction admitted: each was promised a
-	// global slot, so the next one's "could be claimed now" counts them as in flight.
-	startingNow int
-	keyed       map[string]*store.Row // by tenant+"\x00"+idempotency key
-	redriven    map[int64]*store.Row  // retry_of → the job an earlier redrive created
-}
-
-func keyOf(tenant, key string) string { return tenant + "\x00" + key }
-
 func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config, shared bool) (rows []outbox.Row, err error) {
 	var live []*item
 	for _, it := range items {
@@ -456,16 +407,20 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 		}
 		return nil, a.txErr(err)
 	}
-	if err := a.replays(ctx, tx.db(), live, cfg, st); err != nil {
+	replays(live, cfg, st)
+	if err := replayPositions(ctx, tx.db(), live); err != nil {
 		return nil, a.txErr(err)
 	}
-	a.rateLimit(ctx, live, cfg, st, reservations, wall)
+	a.reserve(ctx, rateCharges(live, cfg), cfg, st, reservations, wall)
 	if f := a.cfg.Faults.AfterReserve; f != nil {
 		if err := f(ctx); err != nil {
 			return nil, a.txErr(err)
 		}
 	}
-	a.decide(live, cfg, st, reservations)
+	for t, n := range decide(live, cfg, st) {
+		reservations[t].Refund(context.Background(), n)
+	}
+	a.logShadowed(live)
 	withInsert := a.commitWithInsert(tx, reservations)
 	if err := a.insert(ctx, tx, live, st, !shared, withInsert); err != nil {
 		if withInsert && ConnectionLost(err) {
@@ -493,6 +448,69 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	rows = a.finish(ctx, live, st)
 	a.depth.admitted(len(rows))
 	return rows, nil
+}
+
+// replayPositions reads the queue position of each replayed job still queued.
+func replayPositions(ctx context.Context, tx store.DB, items []*item) error {
+	for _, it := range items {
+		if it.invalid != nil || !it.res.Replayed {
+			continue
+		}
+		j, err := store.WithPosition(ctx, tx, it.res.Job)
+		if err != nil {
+			return err
+		}
+		it.res.Job = j
+	}
+	return nil
+}
+
+// reserve takes the rate-limit units of charges (rateCharges) and records each tenant's grant
+// in st.rate for decide; reservations keeps them for refunds. A tenant whose reservation fails
+// is admitted without the limit (SPEC §5: fails open, counted, logged sparingly).
+func (a *Admitter) reserve(ctx context.Context, charges []rateCharge, cfg limits.Config, st *state, reservations map[string]*admitrate.Reservation, now time.Time) {
+	if len(charges) == 0 {
+		return
+	}
+	if a.cfg.RateLimiter == nil {
+		a.logMu.Lock()
+		warn := !a.warnedNoRL
+		a.warnedNoRL = true
+		a.logMu.Unlock()
+		if warn {
+			a.cfg.Log.Warn("admission_rate_per_minute is set but this process has no rate limiter (memcached); not enforced")
+		}
+		return
+	}
+	for _, c := range charges {
+		rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		r, err := a.cfg.RateLimiter.Reserve(rctx, c.tenant, c.n, cfg.AdmissionRatePerMinute, now)
+		cancel()
+		if err != nil {
+			a.cfg.FailOpenMetrics.limiterFailed()
+			a.failOpen("admission rate limiter unavailable; admitting without it (fail open)", err, now)
+			continue
+		}
+		reservations[c.tenant] = r
+		st.rate[c.tenant] = rateGrant{granted: r.Granted(), retryAfter: r.RetryAfter}
+	}
+}
+
+// logShadowed logs the refusals shadow mode let through (SPEC §5: recorded, not refused).
+func (a *Admitter) logShadowed(items []*item) {
+	for _, it := range items {
+		if it.shadow.rate {
+			a.cfg.Log.Warn("admission rate limit would refuse (shadow mode)", "tenant", it.req.Tenant)
+		}
+	}
+	for _, it := range items {
+		if it.shadow.scope != "" {
+			a.cfg.Log.Warn("depth cap would refuse admission (shadow mode)", "tenant", it.req.Tenant, "scope", it.shadow.scope)
+		}
+		if it.shadow.immediate {
+			a.cfg.Log.Warn("immediate-or-refuse would refuse admission (shadow mode)", "tenant", it.req.Tenant)
+		}
+	}
 }
 
 // commitWithInsert says whether the COMMIT goes in the inserts' round trip, which saves an
@@ -532,8 +550,7 @@ const inFlightStates = "('claimed','dispatched','running')"
 // duplicate key. Under READ COMMITTED each later statement of the round trip reads after the
 // lock is held.
 func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg limits.Config, shared bool, started time.Time) (*state, error) {
-	st := &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{},
-		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
+	st := newState()
 	seen := map[string]bool{}
 	var tenants []string
 	for _, it := range items {
@@ -668,224 +685,6 @@ func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg
 		}
 	}
 	return st, res.Close()
-}
-
-// replays decides the items whose idempotency key already names a job (or an earlier item of
-// the same batch), and redrives already done. A replay answers like the admission it repeats,
-// capacity headers included (SPEC §5), with the tenant's cap and in-flight count as they are now.
-func (a *Admitter) replays(ctx context.Context, tx store.DB, items []*item, cfg limits.Config, st *state) error {
-	replayed := func(j job.Job) Result {
-		r := Result{Job: j, Replayed: true}
-		if cfg.AdmissionMode != limits.ModeOff {
-			r.Decision, r.Limit, r.InFlight = Admitted, cfg.TenantCap(j.Tenant), st.tenantInFlight[j.Tenant]
-		}
-		return r
-	}
-	inBatch := map[string]*item{}
-	for _, it := range items {
-		if it.retryOf != nil {
-			if r, ok := st.redriven[*it.retryOf]; ok {
-				j, err := store.WithPosition(ctx, tx, r.Job)
-				if err != nil {
-					return err
-				}
-				it.res = replayed(j)
-			}
-			continue
-		}
-		if it.req.IdempotencyKey == nil {
-			continue
-		}
-		k := keyOf(it.req.Tenant, *it.req.IdempotencyKey)
-		if r, ok := st.keyed[k]; ok {
-			switch {
-			case r.Caller != it.caller:
-				it.err = job.Errorf(job.CodeForbidden, "the idempotency key belongs to another caller")
-			case !bytes.Equal(r.RequestSHA256, it.fp):
-				it.err = &job.Error{Code: job.CodeIdempotencyConflict,
-					Message: "the idempotency key was used with a different request",
-					Detail:  map[string]any{"id": r.ID}}
-			default:
-				j, err := store.WithPosition(ctx, tx, r.Job)
-				if err != nil {
-					return err
-				}
-				it.res = replayed(j)
-			}
-			continue
-		}
-		if first, ok := inBatch[k]; ok {
-			if first.caller != it.caller || !bytes.Equal(first.fp, it.fp) {
-				it.err = &job.Error{Code: job.CodeIdempotencyConflict,
-					Message: "the idempotency key was used with a different request earlier in this batch"}
-			} else {
-				it.dupOf = first
-			}
-			continue
-		}
-		inBatch[k] = it
-	}
-	return nil
-}
-
-// rateLimit reserves one unit per pending item of each tenant (SPEC §5: charged only for
-// admissions that commit; the units of items that end up not admitted are refunded). Items
-// beyond the budget are refused with rate_limited, or, in shadow mode, admitted and marked.
-func (a *Admitter) rateLimit(ctx context.Context, items []*item, cfg limits.Config, st *state, res map[string]*admitrate.Reservation, now time.Time) {
-	limit := cfg.AdmissionRatePerMinute
-	if limit <= 0 || cfg.AdmissionMode == limits.ModeOff {
-		return
-	}
-	if a.cfg.RateLimiter == nil {
-		a.logMu.Lock()
-		warn := !a.warnedNoRL
-		a.warnedNoRL = true
-		a.logMu.Unlock()
-		if warn {
-			a.cfg.Log.Warn("admission_rate_per_minute is set but this process has no rate limiter (memcached); not enforced")
-		}
-		return
-	}
-	byTenant := map[string][]*item{}
-	var order []string
-	for _, it := range items {
-		if !it.pending() || it.noRate {
-			continue
-		}
-		if _, ok := byTenant[it.req.Tenant]; !ok {
-			order = append(order, it.req.Tenant)
-		}
-		byTenant[it.req.Tenant] = append(byTenant[it.req.Tenant], it)
-	}
-	for _, t := range order {
-		its := byTenant[t]
-		rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		r, err := a.cfg.RateLimiter.Reserve(rctx, t, len(its), limit, now)
-		cancel()
-		if err != nil {
-			a.cfg.FailOpenMetrics.limiterFailed()
-			a.failOpen("admission rate limiter unavailable; admitting without it (fail open)", err, now)
-			continue
-		}
-		res[t] = r
-		for i, it := range its {
-			if i < r.Granted() {
-				it.reserved = true
-				continue
-			}
-			if cfg.AdmissionMode == limits.ModeEnforce {
-				it.err = &job.Error{Code: job.CodeRateLimited, Message: "the tenant's admission rate limit is spent",
-					Detail: map[string]any{"retry_after": r.RetryAfter, "limit_per_minute": limit}}
-				it.res = Result{Decision: Refused, Limit: cfg.TenantCap(t), InFlight: st.tenantInFlight[t]}
-			} else {
-				it.res.Decision = ShadowRefused
-				a.cfg.Log.Warn("admission rate limit would refuse (shadow mode)", "tenant", t)
-			}
-		}
-	}
-}
-
-// decide applies the depth caps and immediate-or-refuse to the pending items, in order.
-func (a *Admitter) decide(items []*item, cfg limits.Config, st *state, res map[string]*admitrate.Reservation) {
-	refund := func(it *item) {
-		if it.reserved {
-			it.reserved = false
-			res[it.req.Tenant].Refund(context.Background(), 1)
-		}
-	}
-	off := cfg.AdmissionMode == limits.ModeOff
-	for _, it := range items {
-		if !it.pending() {
-			continue
-		}
-		t := it.req.Tenant
-		it.res.Limit, it.res.InFlight = cfg.TenantCap(t), st.tenantInFlight[t]
-		shadow := it.res.Decision == ShadowRefused
-		scope := ""
-		switch {
-		case off:
-		case st.tenantDepth[t] >= cfg.TenantQueueDepth:
-			scope = "tenant"
-		case st.globalDepth >= cfg.GlobalQueueDepth:
-			scope = "global"
-		}
-		if scope != "" {
-			if cfg.AdmissionMode == limits.ModeEnforce {
-				it.scope, it.insert = scope, true
-				it.res.Decision = Refused
-				refund(it)
-				continue
-			}
-			shadow = true
-			a.cfg.Log.Warn("depth cap would refuse admission (shadow mode)", "tenant", t, "scope", scope)
-		}
-		if !off && it.req.Queue != nil && !*it.req.Queue {
-			if err := immediate(cfg, t, st, it.gatedFor); err != nil {
-				if cfg.AdmissionMode == limits.ModeEnforce {
-					it.err = err
-					it.res.Decision = Refused
-					refund(it)
-					continue
-				}
-				shadow = true
-				a.cfg.Log.Warn("immediate-or-refuse would refuse admission (shadow mode)", "tenant", t)
-			}
-			st.startingNow++
-		}
-		switch {
-		case off:
-			it.res.Decision = ""
-		case shadow:
-			it.res.Decision = ShadowRefused
-		default:
-			it.res.Decision = Admitted
-		}
-		it.insert = true
-		st.tenantDepth[t]++
-		st.globalDepth++
-		pos := int64(st.tenantDepth[t])
-		it.res.Job.Position = &pos
-	}
-}
-
-// immediate decides a queue=false admission (SPEC §5): admitted only if the job could be
-// claimed now. Of several reasons to refuse, the one with the longest wait is reported: 120 s
-// while a cap is 0 (paused), the remaining gate time for a gated key, else
-// min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the fullest scope.
-func immediate(cfg limits.Config, tenant string, st *state, gatedFor int) error {
-	type reason struct {
-		scope  string
-		after  int
-		paused bool
-	}
-	var reasons []reason
-	tenantCap := cfg.TenantCap(tenant)
-	if tenantCap == 0 {
-		reasons = append(reasons, reason{"tenant", 120, true})
-	}
-	if cfg.GlobalInFlight == 0 {
-		reasons = append(reasons, reason{"global", 120, true})
-	}
-	if gatedFor > 0 {
-		reasons = append(reasons, reason{"rate_key", gatedFor, false})
-	}
-	if d := st.tenantDepth[tenant]; d > 0 || st.tenantInFlight[tenant] >= tenantCap {
-		reasons = append(reasons, reason{"tenant", min(30, 5*(d+1)), false})
-	}
-	if st.globalInFlight+st.startingNow >= cfg.GlobalInFlight {
-		reasons = append(reasons, reason{"global", min(30, 5*(st.globalDepth+1)), false})
-	}
-	if len(reasons) == 0 {
-		return nil
-	}
-	worst := reasons[0]
-	for _, r := range reasons[1:] {
-		if r.after > worst.after {
-			worst = r
-		}
-	}
-	return &job.Error{Code: job.CodeCapacityExceeded, Message: "no capacity to start the job now",
-		Detail: map[string]any{"scope": worst.scope, "retry_after": worst.after, "paused": worst.paused}}
 }
 
 // insertChunk bounds the rows of one INSERT, well under max_allowed_packet for any payloads a
@@ -1029,11 +828,6 @@ func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbo
 		}
 	}
 	return rows
-}
-
-func depthError(it *item) error {
-	return &job.Error{Code: job.CodeQueueFull, Message: "the " + it.scope + " queue is full",
-		Detail: map[string]any{"scope": it.scope, "id": it.id, "retry_after": 30}}
 }
 
 // txErr turns a database failure inside an admission transaction into the API's error: the
