@@ -115,9 +115,6 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Host{}
 	}
-	if cfg.Faults == nil {
-		cfg.Faults = &Faults{}
-	}
 	if l, ok := cfg.RateLimiter.(*admitrate.Limiter); ok && l == nil {
 		cfg.RateLimiter = nil // an interface holding a nil pointer is not "none"
 	}

@@ -23,11 +23,11 @@ const insertChunk = 250
 // coalesces the pokes of one tenant into one pass anyway, so a thousand pokes for one batch
 // would be a thousand outbox rows and publishes that wake nothing more. A combiner group is
 // several requests: each of its admissions keeps its own poke.
-func (a *Admitter) insert(ctx context.Context, tx *admissionTx, items []*item, st *state, perTenant, commit bool) error {
+func (a *Admitter) insert(ctx context.Context, tx txConn, items []*item, st *state, perTenant, commit bool) error {
 	w := a.insertStatements(items, st, perTenant)
 	if len(w.chunks) == 0 {
 		if commit {
-			return tx.Commit()
+			return tx.commit(ctx)
 		}
 		return nil
 	}

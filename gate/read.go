@@ -33,7 +33,7 @@ const inFlightStates = "('claimed','dispatched','running')"
 // optimised, before the lock wait, and TestFrontDoorIdempotency's 50 racers then hit a
 // duplicate key. Under READ COMMITTED each later statement of the round trip reads after the
 // lock is held.
-func (a *Admitter) read(ctx context.Context, tx *admissionTx, items []*item, cfg limits.Config, shared bool, started time.Time) (*state, error) {
+func (a *Admitter) read(ctx context.Context, tx txConn, items []*item, cfg limits.Config, shared bool, started time.Time) (*state, error) {
 	q := a.readQuery(items, cfg, shared, started)
 	res, err := tx.query(ctx, q.stmts, q.args)
 	if err != nil {

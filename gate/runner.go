@@ -110,10 +110,11 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	if len(live) > maxGroup {
 		stmts = a.stmts // a batch (see admissionTx)
 	}
-	tx, err := beginAdmission(ctx, a.cfg.DB, stmts)
+	atx, err := beginAdmission(ctx, a.cfg.DB, stmts)
 	if err != nil {
 		return nil, unavailable(err)
 	}
+	tx := a.withFaults(atx)
 	reservations := map[string]*admitrate.Reservation{}
 	done := false
 	defer func() {
@@ -136,8 +137,8 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 		return nil, a.txErr(err)
 	}
 	a.reserve(ctx, rateCharges(live, cfg), cfg, st, reservations, wall)
-	if f := a.cfg.Faults.AfterReserve; f != nil {
-		if err := f(ctx); err != nil {
+	if f := a.cfg.Faults; f != nil && f.AfterReserve != nil {
+		if err := f.AfterReserve(ctx); err != nil {
 			return nil, a.txErr(err)
 		}
 	}
@@ -154,16 +155,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 		return nil, a.txErr(err)
 	}
 	if !withInsert {
-		if f := a.cfg.Faults.AfterInsert; f != nil {
-			if err := f(ctx); err != nil {
-				return nil, a.txErr(err)
-			}
-		}
-		commit := tx.Commit
-		if f := a.cfg.Faults.Commit; f != nil {
-			commit = func() error { return f(ctx, tx) }
-		}
-		if err := commit(); err != nil {
+		if err := tx.commit(ctx); err != nil {
 			done = true // the transaction is over either way
 			return nil, a.commitErr(ctx, err, live, reservations)
 		}

@@ -9,16 +9,10 @@ import (
 	"github.com/sluicehq/sluice/gate/store"
 )
 
-// Tx is what a test's Faults.Commit may do with an admission transaction.
-type Tx interface {
-	Commit() error
-	Rollback() error
-}
-
 // admissionTx is one admission transaction. Usually a store.ConnTx, so that it costs two round
 // trips instead of six: the first begins the transaction, takes the tenant locks and reads the
 // state, the second writes every row, learns all their ids and commits (a third commits when
-// Admitter.commitWithInsert says the COMMIT must go alone).
+// Admitter.commitWithInsert says the COMMIT must go alone). It is the runner's txConn.
 //
 // A batch is the exception: it begins with database/sql and inserts through server-side
 // prepared statements (stmts), because the server parses a 250-row INSERT sent as text for
@@ -104,6 +98,8 @@ func (t *admissionTx) exec(ctx context.Context, stmts []string, args [][]any, co
 	return res.AllLastInsertIds(), nil
 }
 
+func (t *admissionTx) commit(context.Context) error { return t.Commit() }
+
 // Commit commits the transaction.
 func (t *admissionTx) Commit() error {
 	if t.tx != nil {
@@ -134,11 +130,8 @@ func (t *admissionTx) close() {
 // some pickup latency). The price: if the connection breaks in that round trip, the new rows'
 // ids are unknown as well as the outcome. Only a rate-limit reservation needs them then (SPEC
 // §5: the row is re-read by its id to keep or refund the charge), so a transaction holding one
-// commits in a round trip of its own, as do a batch (see admissionTx) and a test's transaction
-// whose faults go between the inserts and the COMMIT.
-func (a *Admitter) commitWithInsert(tx *admissionTx, reservations map[string]*admitrate.Reservation) bool {
-	if f := a.cfg.Faults; f != nil && (f.AfterInsert != nil || f.Commit != nil) {
-		return false
-	}
+// commits in a round trip of its own, as does a batch (see admissionTx). A test's Faults do
+// not change this (see faultyTx).
+func (a *Admitter) commitWithInsert(tx txConn, reservations map[string]*admitrate.Reservation) bool {
 	return len(reservations) == 0 && tx.canCommitWithExec()
 }
