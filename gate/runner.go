@@ -89,6 +89,9 @@ func (a *Admitter) failOpen(msg string, err error, now time.Time) {
 	a.cfg.Log.Warn(msg, "error", err)
 }
 
+// attempt is one try at items' transaction: read the state under the tenant locks, decide
+// (decide.go), take and settle the rate-limit reservations, write and commit. It returns the
+// outbox rows of the committed pokes.
 func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config, shared bool) (rows []outbox.Row, err error) {
 	var live []*item
 	for _, it := range items {
@@ -146,24 +149,31 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 		reservations[t].Refund(context.Background(), n)
 	}
 	a.logShadowed(live)
-	withInsert := a.commitWithInsert(tx, reservations)
-	if err := a.insert(ctx, tx, live, st, !shared, withInsert); err != nil {
-		if withInsert && ConnectionLost(err) {
-			done = true // the COMMIT may have run
-			return nil, a.commitErr(ctx, err, live, reservations)
-		}
-		return nil, a.txErr(err)
+	if done, err = a.write(ctx, tx, live, st, shared, reservations); err != nil {
+		return nil, err
 	}
-	if !withInsert {
-		if err := tx.commit(ctx); err != nil {
-			done = true // the transaction is over either way
-			return nil, a.commitErr(ctx, err, live, reservations)
-		}
-	}
-	done = true
 	rows = a.finish(ctx, live, st)
 	a.depth.admitted(len(rows))
 	return rows, nil
+}
+
+// write inserts the decided rows and commits, the COMMIT in the inserts' round trip or in one
+// of its own (commitWithInsert). settled reports whether the reservations are settled: the
+// transaction committed, or its COMMIT failed and commitErr kept or refunded them.
+func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *state, shared bool, reservations map[string]*admitrate.Reservation) (settled bool, err error) {
+	withInsert := a.commitWithInsert(tx, reservations)
+	if err := a.insert(ctx, tx, items, st, !shared, withInsert); err != nil {
+		if withInsert && ConnectionLost(err) {
+			return true, a.commitErr(ctx, err, items, reservations) // the COMMIT may have run
+		}
+		return false, a.txErr(err)
+	}
+	if !withInsert {
+		if err := tx.commit(ctx); err != nil {
+			return true, a.commitErr(ctx, err, items, reservations) // the transaction is over either way
+		}
+	}
+	return true, nil
 }
 
 // replayPositions reads the queue position of each replayed job still queued.
