@@ -79,7 +79,7 @@ type state struct {
 	keyed       map[string]*store.Row // by tenant+"\x00"+idempotency key
 	redriven    map[int64]*store.Row  // retry_of → the job an earlier redrive created
 	// rate holds each tenant's rate-limit reservation; a tenant without one is not limited
-	// (no limit, no limiter, or the limiter failed: fail open).
+	// (no limit, no limiter, or the limiter failed: fail open). Nil until the first one.
 	rate map[string]rateGrant
 }
 
@@ -91,7 +91,7 @@ type rateGrant struct {
 
 func newState() *state {
 	return &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{},
-		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}, rate: map[string]rateGrant{}}
+		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
 }
 
 func keyOf(tenant, key string) string { return tenant + "\x00" + key }
@@ -185,9 +185,8 @@ func rateCharges(items []*item, cfg limits.Config) []rateCharge {
 // (and, for queue=false, in the global in-flight count) for the items after it. In shadow mode
 // a refusal is recorded (it.shadow, Decision shadow-refused) and the item admitted; in off mode
 // nothing is checked. It returns the units of each tenant's reservation held by items it
-// refused, which the runner refunds.
+// refused (nil if none), which the runner refunds.
 func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int) {
-	refund = map[string]int{}
 	limitRate(items, cfg, st)
 	off := cfg.AdmissionMode == limits.ModeOff
 	enforce := cfg.AdmissionMode == limits.ModeEnforce
@@ -195,6 +194,9 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 		it.res.Decision = Refused
 		if it.reserved {
 			it.reserved = false
+			if refund == nil {
+				refund = map[string]int{}
+			}
 			refund[it.req.Tenant]++
 		}
 	}

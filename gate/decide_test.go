@@ -271,6 +271,7 @@ func TestDecide(t *testing.T) {
 				c.cfg(&cfg)
 			}
 			st := newState()
+			st.rate = map[string]rateGrant{}
 			st.now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 			if c.st != nil {
 				c.st(st)
@@ -287,9 +288,6 @@ func TestDecide(t *testing.T) {
 			}
 			if !reflect.DeepEqual(got, c.want) {
 				t.Errorf("decisions\n got %q\nwant %q", got, c.want)
-			}
-			if c.refund == nil {
-				c.refund = map[string]int{}
 			}
 			if !reflect.DeepEqual(refund, c.refund) {
 				t.Errorf("refunds %v, want %v", refund, c.refund)
@@ -308,6 +306,7 @@ func TestDecideHeaders(t *testing.T) {
 	cfg.TenantInFlightOverrides = map[string]int{"a": 5}
 	cfg.AdmissionRatePerMinute = 1
 	st := newState()
+	st.rate = map[string]rateGrant{}
 	st.tenantInFlight["a"] = 3
 	st.rate["a"] = rateGrant{granted: 1, retryAfter: 2}
 	items := []*item{newTestItem("a"), newTestItem("a")}
@@ -328,6 +327,7 @@ func TestRateCharges(t *testing.T) {
 	cfg := limits.Default()
 	cfg.AdmissionRatePerMinute = 10
 	st := newState()
+	st.rate = map[string]rateGrant{}
 	st.keyed[keyOf("a", "k")] = existing("a", "k", "alpha", "")
 	items := []*item{newTestItem("b"), newTestItem("a", keyed("k")), newTestItem("a"), newTestItem("b"),
 		newTestItem("c", invalid()), newTestItem("c", redrive(1)), newTestItem("a")}

@@ -92,7 +92,7 @@ func (a *Admitter) insertStatements(items []*item, st *state, perTenant bool) wr
 				q.WriteString(",")
 			}
 			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?)")
-			rowArgs = append(rowArgs, jobRow(it, st)...)
+			rowArgs = appendJobRow(rowArgs, it, st)
 			if it.scope == "" && (!perTenant || lastOf[it.req.Tenant] == start+i) {
 				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: it.req.Tenant, Offset: i})
 				c.pokes = append(c.pokes, it)
@@ -110,8 +110,8 @@ func (a *Admitter) insertStatements(items []*item, st *state, perTenant bool) wr
 	return w
 }
 
-// jobRow is the values of it's jobs row: queued, or rejected by a depth cap.
-func jobRow(it *item, st *state) []any {
+// appendJobRow appends the values of it's jobs row to args: queued, or rejected by a depth cap.
+func appendJobRow(args []any, it *item, st *state) []any {
 	var rateKey, payload, idem, fp, finished, code, msg, retryOf any
 	if it.hash != nil {
 		rateKey = *it.hash
@@ -133,6 +133,6 @@ func jobRow(it *item, st *state) []any {
 			idem, fp = *it.req.IdempotencyKey, it.fp
 		}
 	}
-	return []any{it.req.Tenant, rateKey, payload, string(status), it.caller, idem, fp,
-		st.now, finished, code, msg, retryOf}
+	return append(args, it.req.Tenant, rateKey, payload, string(status), it.caller, idem, fp,
+		st.now, finished, code, msg, retryOf)
 }

@@ -218,6 +218,9 @@ func (a *Admitter) reserve(ctx context.Context, charges []rateCharge, cfg limits
 			continue
 		}
 		reservations[c.tenant] = r
+		if st.rate == nil {
+			st.rate = map[string]rateGrant{}
+		}
 		st.rate[c.tenant] = rateGrant{granted: r.Granted(), retryAfter: r.RetryAfter}
 	}
 }
