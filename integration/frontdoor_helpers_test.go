@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/gate/admitrate"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/harness"
@@ -86,6 +87,11 @@ func (f *fakeNow) Now() time.Time {
 	return f.t
 }
 
+// fakeClock is a fakeNow as the admission's clock.Clock.
+type fakeClock struct{ *fakeNow }
+
+func (c fakeClock) Now(context.Context) (time.Time, error) { return c.fakeNow.Now(), nil }
+
 // logBuffer collects the JSON log lines of a test. Safe for concurrent use.
 type logBuffer struct {
 	mu  sync.Mutex
@@ -132,7 +138,7 @@ func startFrontDoor(t testing.TB, o fdOptions) *frontDoor {
 func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	t.Helper()
 	f := &frontDoor{db: base.db, reg: prometheus.NewRegistry(), logs: &logBuffer{},
-		now: &fakeNow{t: time.Now().UTC()}}
+		now: &fakeNow{t: clock.Trunc(time.Now())}}
 	log := slog.New(slog.NewJSONHandler(io.MultiWriter(f.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	f.limits = limits.NewCache(f.db, log)
 	failOpen, err := gate.NewFailOpenMetrics(f.reg)
@@ -140,7 +146,7 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 		t.Fatal(err)
 	}
 	cfg := gate.Config{DB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
-		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Now: f.now.Now, Lanes: o.lanes}
+		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Clock: fakeClock{f.now}, Lanes: o.lanes}
 	if o.admitDB != nil {
 		cfg.DB = o.admitDB
 	}

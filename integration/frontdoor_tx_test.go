@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/store"
@@ -127,6 +129,81 @@ func TestAdmissionRoundTrips(t *testing.T) {
 	}
 	if n, err := f.limiter.Count(limited, f.now.Now()); err != nil || n != 1 {
 		t.Errorf("the limited tenant's admission was charged %d times (%v), want 1", n, err)
+	}
+}
+
+// TestAdmissionFaultsKeepRoundTrips: fault hooks sit around the runner's round trips and never
+// change them: an admission with Faults set takes the same two round trips as in production,
+// the inserts and COMMIT in one, and a fault in that round trip answers as production would
+// when the connection breaks there: outcome_unknown, not retryable for an unkeyed request, the
+// job committed or not as the server left it.
+func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	probe := startFrontDoor(t, fdOptions{}) // only for its database
+	counted, log := countedPool(t, probe.db)
+	var fault atomic.Value
+	fault.Store("")
+	var afterInsert atomic.Int32
+	faults := &gate.Faults{
+		AfterInsert: func(context.Context) error {
+			afterInsert.Add(1)
+			return nil
+		},
+		Commit: func(_ context.Context, tx gate.Tx) error {
+			switch fault.Load() {
+			case "commit-lost": // the server committed, the answer was lost
+				if err := tx.Commit(); err != nil {
+					return err
+				}
+				return mysql.ErrInvalidConn
+			case "commit-rolled-back": // the connection broke before the server committed
+				_ = tx.Rollback()
+				return mysql.ErrInvalidConn
+			}
+			return tx.Commit()
+		},
+	}
+	f := startFrontDoorOn(t, probe, fdOptions{admitDB: counted, faults: faults})
+	for _, c := range []struct {
+		fault  string
+		status int
+		jobs   int
+	}{
+		{"", 202, 1},
+		{"commit-lost", 503, 1},
+		{"commit-rolled-back", 503, 0},
+	} {
+		fault.Store(c.fault)
+		tenant := uniqueTenant("faulted")
+		log.reset()
+		afterInsert.Store(0)
+		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": tenant})
+		trips := log.take()
+		fault.Store("")
+		if r.Status != c.status || (c.status == 503 && (r.Body["error_code"] != "outcome_unknown" || r.Body["retryable"] != false)) {
+			t.Errorf("fault %q: HTTP %d %s, want %d (outcome_unknown, not retryable, on 503)", c.fault, r.Status, r.Raw, c.status)
+		}
+		if afterInsert.Load() != 1 {
+			t.Errorf("fault %q: AfterInsert ran %d times, want 1", c.fault, afterInsert.Load())
+		}
+		// The read, then the inserts with COMMIT; where the fault rolls back instead, the
+		// ROLLBACK goes in place of that round trip.
+		last, what := "INSERT INTO jobs", "the inserts' ending with COMMIT"
+		if c.fault == "commit-rolled-back" {
+			last, what = "ROLLBACK", "ROLLBACK"
+		}
+		if len(trips) != 2 || !strings.HasPrefix(trips[1], last) || (c.fault != "commit-rolled-back" && !strings.HasSuffix(trips[1], "COMMIT")) {
+			t.Errorf("fault %q: %d round trips, want 2, the second %s:\n%s",
+				c.fault, len(trips), what, strings.Join(trips, "\n---\n"))
+		}
+		var jobs int
+		if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE tenant = ?", tenant).Scan(&jobs); err != nil {
+			t.Fatal(err)
+		}
+		if jobs != c.jobs {
+			t.Errorf("fault %q: %d jobs, want %d", c.fault, jobs, c.jobs)
+		}
 	}
 }
 

@@ -17,6 +17,13 @@ type Clock interface {
 	Now(ctx context.Context) (time.Time, error)
 }
 
+// Host is this host's clock, for times that no database keeps: rate-limit windows and gate
+// instants in memcached, refresh periods, log pacing. Safe for concurrent use.
+type Host struct{}
+
+// Now returns this host's time; it never fails.
+func (Host) Now(context.Context) (time.Time, error) { return Trunc(time.Now()), nil }
+
 // DB is the database server's clock. Safe for concurrent use.
 type DB struct {
 	DB *sql.DB

@@ -1,0 +1,333 @@
+package gate
+
+import (
+	"bytes"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// The decision core: admission's rules of SPEC §5 as functions of the request items, the
+// runtime configuration and the state one transaction read under its tenants' locks. They do
+// no I/O and read no clock (the database's time comes in the state), so that each rule is
+// tested on its own (decide_test.go). The runner (runner.go) reads the state, takes the
+// rate-limit reservations, writes what the core decided and settles the reservations; the
+// core runs in the order of SPEC §5's checks:
+//
+//  1. replays: items whose idempotency key names a job or an earlier item, and redrives done;
+//  2. rateCharges: what the pending items ask of each tenant's admission rate limit, which the
+//     runner reserves into state.rate;
+//  3. decide: the rate limit, the depth caps and immediate-or-refuse, item after item, each
+//     seeing the earlier items' effect on the depths and free slots.
+//
+// Validation (and the producer's tenant scope) came before: an item with invalid set is never
+// decided.
+
+// item is one admission being decided. The fields below "decided" are reset by every
+// transaction attempt.
+type item struct {
+	req      Request
+	invalid  error   // validation or scope failure, decided before any transaction
+	hash     *string // rate key SHA-256 hex
+	fp       []byte
+	retryOf  *int64 // a redrive
+	noRate   bool   // exempt from the admission rate limit (redrive: an operator's action)
+	caller   string
+	gatedFor int // seconds the rate key stays gated (queue=false), 0 if not gated
+
+	// decided
+	res      Result
+	err      error
+	insert   bool
+	scope    string // depth cap that refused it: a rejected row
+	reserved bool   // holds one unit of its tenant's rate reservation
+	dupOf    *item  // an earlier item of the same batch with the same idempotency key
+	shadow   shadowed
+	id       int64
+	outboxID int64 // its enqueue poke's row; 0 when a later job of its tenant carries the poke
+}
+
+// shadowed records the refusals shadow mode let through, for the runner to log.
+type shadowed struct {
+	rate      bool
+	scope     string // depth cap
+	immediate bool
+}
+
+func (it *item) reset() {
+	it.res, it.err, it.insert, it.scope, it.reserved, it.dupOf, it.shadow, it.id, it.outboxID =
+		Result{}, nil, false, "", false, nil, shadowed{}, 0, 0
+}
+
+func (it *item) pending() bool {
+	return it.invalid == nil && it.err == nil && !it.insert && !it.res.Replayed && it.dupOf == nil
+}
+
+// state is what one admission transaction reads under its tenants' locks, plus the rate-limit
+// reservations taken after that read.
+type state struct {
+	now            time.Time // the database's UTC_TIMESTAMP(6)
+	tenantDepth    map[string]int
+	tenantInFlight map[string]int
+	globalDepth    int
+	globalInFlight int
+	// startingNow counts the queue=false jobs this transaction admitted: each was promised a
+	// global slot, so the next one's "could be claimed now" counts them as in flight.
+	startingNow int
+	keyed       map[string]*store.Row // by tenant+"\x00"+idempotency key
+	redriven    map[int64]*store.Row  // retry_of → the job an earlier redrive created
+	// rate holds each tenant's rate-limit reservation; a tenant without one is not limited
+	// (no limit, no limiter, or the limiter failed: fail open). Nil until the first one.
+	rate map[string]rateGrant
+}
+
+// rateGrant is the outcome of one tenant's rate-limit reservation.
+type rateGrant struct {
+	granted    int // units granted, to the tenant's first pending items
+	retryAfter int // seconds until the budget has room, for the refused ones
+}
+
+func newState() *state {
+	return &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{},
+		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
+}
+
+func keyOf(tenant, key string) string { return tenant + "\x00" + key }
+
+// replays decides the items whose idempotency key already names a job (or an earlier item of
+// the same batch), and redrives already done. A replay answers like the admission it repeats,
+// capacity headers included (SPEC §5), with the tenant's cap and in-flight count as they are
+// now. The replayed job carries no position: the runner reads it (replayPositions).
+func replays(items []*item, cfg limits.Config, st *state) {
+	replayed := func(j job.Job) Result {
+		r := Result{Job: j, Replayed: true}
+		if cfg.AdmissionMode != limits.ModeOff {
+			r.Decision, r.Limit, r.InFlight = Admitted, cfg.TenantCap(j.Tenant), st.tenantInFlight[j.Tenant]
+		}
+		return r
+	}
+	inBatch := map[string]*item{}
+	for _, it := range items {
+		if it.invalid != nil {
+			continue
+		}
+		if it.retryOf != nil {
+			if r, ok := st.redriven[*it.retryOf]; ok {
+				it.res = replayed(r.Job)
+			}
+			continue
+		}
+		if it.req.IdempotencyKey == nil {
+			continue
+		}
+		k := keyOf(it.req.Tenant, *it.req.IdempotencyKey)
+		if r, ok := st.keyed[k]; ok {
+			switch {
+			case r.Caller != it.caller:
+				it.err = job.Errorf(job.CodeForbidden, "the idempotency key belongs to another caller")
+			case !bytes.Equal(r.RequestSHA256, it.fp):
+				it.err = &job.Error{Code: job.CodeIdempotencyConflict,
+					Message: "the idempotency key was used with a different request",
+					Detail:  map[string]any{"id": r.ID}}
+			default:
+				it.res = replayed(r.Job)
+			}
+			continue
+		}
+		if first, ok := inBatch[k]; ok {
+			if first.caller != it.caller || !bytes.Equal(first.fp, it.fp) {
+				it.err = &job.Error{Code: job.CodeIdempotencyConflict,
+					Message: "the idempotency key was used with a different request earlier in this batch"}
+			} else {
+				it.dupOf = first
+			}
+			continue
+		}
+		inBatch[k] = it
+	}
+}
+
+// rateCharge is how many units of its admission rate limit a tenant's pending items ask for.
+type rateCharge struct {
+	tenant string
+	n      int
+}
+
+// rateCharges returns, in order of first appearance, the units each tenant's pending items
+// need: one per item (SPEC §5: charged only for admissions that commit; decide refunds the
+// units of items it does not admit). Redrives are exempt. Nothing is charged while the limit
+// is off (0) or the rollout mode is off.
+func rateCharges(items []*item, cfg limits.Config) []rateCharge {
+	if cfg.AdmissionRatePerMinute <= 0 || cfg.AdmissionMode == limits.ModeOff {
+		return nil
+	}
+	var out []rateCharge
+	at := map[string]int{}
+	for _, it := range items {
+		if !it.pending() || it.noRate {
+			continue
+		}
+		i, ok := at[it.req.Tenant]
+		if !ok {
+			i = len(out)
+			at[it.req.Tenant] = i
+			out = append(out, rateCharge{tenant: it.req.Tenant})
+		}
+		out[i].n++
+	}
+	return out
+}
+
+// decide applies the admission rate limit (st.rate), the depth caps and immediate-or-refuse to
+// the pending items, in order: an admitted item counts in its tenant's and the global depth
+// (and, for queue=false, in the global in-flight count) for the items after it. In shadow mode
+// a refusal is recorded (it.shadow, Decision shadow-refused) and the item admitted; in off mode
+// nothing is checked. It returns the units of each tenant's reservation held by items it
+// refused (nil if none), which the runner refunds.
+func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int) {
+	limitRate(items, cfg, st)
+	off := cfg.AdmissionMode == limits.ModeOff
+	enforce := cfg.AdmissionMode == limits.ModeEnforce
+	refuse := func(it *item) {
+		it.res.Decision = Refused
+		if it.reserved {
+			it.reserved = false
+			if refund == nil {
+				refund = map[string]int{}
+			}
+			refund[it.req.Tenant]++
+		}
+	}
+	for _, it := range items {
+		if !it.pending() {
+			continue
+		}
+		t := it.req.Tenant
+		it.res.Limit, it.res.InFlight = cfg.TenantCap(t), st.tenantInFlight[t]
+		shadow := it.res.Decision == ShadowRefused
+		if scope := depthScope(cfg, t, st); scope != "" && !off {
+			if enforce {
+				it.scope, it.insert = scope, true
+				refuse(it)
+				continue
+			}
+			shadow, it.shadow.scope = true, scope
+		}
+		if !off && it.req.Queue != nil && !*it.req.Queue {
+			if err := immediate(cfg, t, st, it.gatedFor); err != nil {
+				if enforce {
+					it.err = err
+					refuse(it)
+					continue
+				}
+				shadow, it.shadow.immediate = true, true
+			}
+			st.startingNow++
+		}
+		switch {
+		case off:
+			it.res.Decision = ""
+		case shadow:
+			it.res.Decision = ShadowRefused
+		default:
+			it.res.Decision = Admitted
+		}
+		it.insert = true
+		st.tenantDepth[t]++
+		st.globalDepth++
+		pos := int64(st.tenantDepth[t])
+		it.res.Job.Position = &pos
+	}
+	return refund
+}
+
+// limitRate gives each tenant's pending items the units of its reservation in order; the items
+// beyond them are refused with rate_limited, or, in shadow mode, marked and let through.
+func limitRate(items []*item, cfg limits.Config, st *state) {
+	if cfg.AdmissionRatePerMinute <= 0 || cfg.AdmissionMode == limits.ModeOff {
+		return
+	}
+	used := map[string]int{}
+	for _, it := range items {
+		if !it.pending() || it.noRate {
+			continue
+		}
+		t := it.req.Tenant
+		g, ok := st.rate[t]
+		if !ok {
+			continue
+		}
+		if used[t] < g.granted {
+			used[t]++
+			it.reserved = true
+			continue
+		}
+		if cfg.AdmissionMode == limits.ModeEnforce {
+			it.err = &job.Error{Code: job.CodeRateLimited, Message: "the tenant's admission rate limit is spent",
+				Detail: map[string]any{"retry_after": g.retryAfter, "limit_per_minute": cfg.AdmissionRatePerMinute}}
+			it.res = Result{Decision: Refused, Limit: cfg.TenantCap(t), InFlight: st.tenantInFlight[t]}
+		} else {
+			it.res.Decision = ShadowRefused
+			it.shadow.rate = true
+		}
+	}
+}
+
+// depthScope names the depth cap (SPEC §5) an admission for tenant would exceed: "tenant",
+// "global" or "".
+func depthScope(cfg limits.Config, tenant string, st *state) string {
+	switch {
+	case st.tenantDepth[tenant] >= cfg.TenantQueueDepth:
+		return "tenant"
+	case st.globalDepth >= cfg.GlobalQueueDepth:
+		return "global"
+	}
+	return ""
+}
+
+// immediate decides a queue=false admission (SPEC §5): admitted only if the job could be
+// claimed now. Of several reasons to refuse, the one with the longest wait is reported: 120 s
+// while a cap is 0 (paused), the remaining gate time for a gated key, else
+// min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the fullest scope.
+func immediate(cfg limits.Config, tenant string, st *state, gatedFor int) error {
+	type reason struct {
+		scope  string
+		after  int
+		paused bool
+	}
+	var reasons []reason
+	tenantCap := cfg.TenantCap(tenant)
+	if tenantCap == 0 {
+		reasons = append(reasons, reason{"tenant", 120, true})
+	}
+	if cfg.GlobalInFlight == 0 {
+		reasons = append(reasons, reason{"global", 120, true})
+	}
+	if gatedFor > 0 {
+		reasons = append(reasons, reason{"rate_key", gatedFor, false})
+	}
+	if d := st.tenantDepth[tenant]; d > 0 || st.tenantInFlight[tenant] >= tenantCap {
+		reasons = append(reasons, reason{"tenant", min(30, 5*(d+1)), false})
+	}
+	if st.globalInFlight+st.startingNow >= cfg.GlobalInFlight {
+		reasons = append(reasons, reason{"global", min(30, 5*(st.globalDepth+1)), false})
+	}
+	if len(reasons) == 0 {
+		return nil
+	}
+	worst := reasons[0]
+	for _, r := range reasons[1:] {
+		if r.after > worst.after {
+			worst = r
+		}
+	}
+	return &job.Error{Code: job.CodeCapacityExceeded, Message: "no capacity to start the job now",
+		Detail: map[string]any{"scope": worst.scope, "retry_after": worst.after, "paused": worst.paused}}
+}
+
+func depthError(it *item) error {
+	return &job.Error{Code: job.CodeQueueFull, Message: "the " + it.scope + " queue is full",
+		Detail: map[string]any{"scope": it.scope, "id": it.id, "retry_after": 30}}
+}

@@ -1,0 +1,339 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/admitrate"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// run decides and writes items in one transaction, retried as a whole on deadlock.
+// shared marks a combiner group (see errGroupLocked).
+func (a *Admitter) run(ctx context.Context, items []*item, cfg limits.Config, shared bool) error {
+	if cfg.AdmissionMode != limits.ModeOff {
+		if err := a.lookupGates(ctx, items); err != nil {
+			return err
+		}
+	}
+	var rows []outbox.Row
+	var err error
+	for attempt := 1; ; attempt++ {
+		rows, err = a.attempt(ctx, items, cfg, shared)
+		if err == nil || !retryable(err) || attempt >= a.cfg.TxAttempts {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if len(rows) > 0 && a.cfg.Published != nil {
+		a.cfg.Published(rows)
+	}
+	return nil
+}
+
+// lookupGates reads, before the transaction, the gates of queue=false items' rate keys: a
+// memcached round trip must not be made while holding a tenant's lock. Its only error is the
+// clock's.
+func (a *Admitter) lookupGates(ctx context.Context, items []*item) error {
+	if a.cfg.Gates == nil {
+		return nil
+	}
+	var hashes []string
+	for _, it := range items {
+		if it.invalid == nil && it.hash != nil && it.req.Queue != nil && !*it.req.Queue {
+			hashes = append(hashes, *it.hash)
+		}
+	}
+	if len(hashes) == 0 {
+		return nil
+	}
+	gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	gated, gerr := a.cfg.Gates.NotBefore(gctx, hashes)
+	now, err := a.cfg.Clock.Now(ctx)
+	if err != nil {
+		return unavailable(err)
+	}
+	if gerr != nil {
+		a.cfg.FailOpenMetrics.gateLookupFailed()
+		a.failOpen("rate gate lookup failed; treating keys as not gated", gerr, now)
+	}
+	for _, it := range items {
+		if it.invalid != nil || it.hash == nil || it.req.Queue == nil || *it.req.Queue {
+			continue
+		}
+		if nb, ok := gated[*it.hash]; ok && nb.After(now) {
+			it.gatedFor = int((nb.Sub(now) + time.Second - 1) / time.Second)
+		}
+	}
+	return nil
+}
+
+// failOpen logs a limiter-side failure at most once per 15 s (SPEC §5: fails open, counts it,
+// logs sparingly). now is the admission's reading of Config.Clock.
+func (a *Admitter) failOpen(msg string, err error, now time.Time) {
+	a.logMu.Lock()
+	if now.Sub(a.lastFailOpen) < 15*time.Second {
+		a.logMu.Unlock()
+		return
+	}
+	a.lastFailOpen = now
+	a.logMu.Unlock()
+	a.cfg.Log.Warn(msg, "error", err)
+}
+
+// attempt is one try at items' transaction: read the state under the tenant locks, decide
+// (decide.go), take and settle the rate-limit reservations, write and commit. It returns the
+// outbox rows of the committed pokes.
+func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config, shared bool) (rows []outbox.Row, err error) {
+	var live []*item
+	for _, it := range items {
+		it.reset()
+		if it.invalid == nil {
+			live = append(live, it)
+		}
+	}
+	if len(live) == 0 {
+		return nil, nil
+	}
+	// The transaction's one reading of Config.Clock, taken before its statements run (see
+	// depthEstimate.counted).
+	wall, err := a.cfg.Clock.Now(ctx)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	var stmts *stmtCache
+	if len(live) > maxGroup {
+		stmts = a.stmts // a batch (see admissionTx)
+	}
+	atx, err := beginAdmission(ctx, a.cfg.DB, stmts)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	tx := a.withFaults(atx)
+	reservations := map[string]*admitrate.Reservation{}
+	done := false
+	defer func() {
+		if !done {
+			for _, r := range reservations {
+				r.Refund(ctx, r.Granted())
+			}
+		}
+		tx.close()
+	}()
+	st, err := a.read(ctx, tx, live, cfg, shared, wall)
+	if err != nil {
+		if shared && (lockBusy(err) || syntaxError(err)) {
+			return nil, errGroupLocked
+		}
+		return nil, a.txErr(err)
+	}
+	replays(live, cfg, st)
+	if err := replayPositions(ctx, tx.db(), live); err != nil {
+		return nil, a.txErr(err)
+	}
+	a.reserve(ctx, rateCharges(live, cfg), cfg, st, reservations, wall)
+	if f := a.cfg.Faults; f != nil && f.AfterReserve != nil {
+		if err := f.AfterReserve(ctx); err != nil {
+			return nil, a.txErr(err)
+		}
+	}
+	for t, n := range decide(live, cfg, st) {
+		reservations[t].Refund(context.Background(), n)
+	}
+	a.logShadowed(live)
+	if done, err = a.write(ctx, tx, live, st, shared, reservations); err != nil {
+		return nil, err
+	}
+	rows = a.finish(ctx, live, st)
+	a.depth.admitted(len(rows))
+	return rows, nil
+}
+
+// write inserts the decided rows and commits, the COMMIT in the inserts' round trip or in one
+// of its own (commitWithInsert). settled reports whether the reservations are settled: the
+// transaction committed, or its COMMIT failed and commitErr kept or refunded them.
+func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *state, shared bool, reservations map[string]*admitrate.Reservation) (settled bool, err error) {
+	withInsert := a.commitWithInsert(tx, reservations)
+	if err := a.insert(ctx, tx, items, st, !shared, withInsert); err != nil {
+		if withInsert && ConnectionLost(err) {
+			return true, a.commitErr(ctx, err, items, reservations) // the COMMIT may have run
+		}
+		return false, a.txErr(err)
+	}
+	if !withInsert {
+		if err := tx.commit(ctx); err != nil {
+			return true, a.commitErr(ctx, err, items, reservations) // the transaction is over either way
+		}
+	}
+	return true, nil
+}
+
+// replayPositions reads the queue position of each replayed job still queued.
+func replayPositions(ctx context.Context, tx store.DB, items []*item) error {
+	for _, it := range items {
+		if it.invalid != nil || !it.res.Replayed {
+			continue
+		}
+		j, err := store.WithPosition(ctx, tx, it.res.Job)
+		if err != nil {
+			return err
+		}
+		it.res.Job = j
+	}
+	return nil
+}
+
+// reserve takes the rate-limit units of charges (rateCharges) and records each tenant's grant
+// in st.rate for decide; reservations keeps them for refunds. A tenant whose reservation fails
+// is admitted without the limit (SPEC §5: fails open, counted, logged sparingly).
+func (a *Admitter) reserve(ctx context.Context, charges []rateCharge, cfg limits.Config, st *state, reservations map[string]*admitrate.Reservation, now time.Time) {
+	if len(charges) == 0 {
+		return
+	}
+	if a.cfg.RateLimiter == nil {
+		a.logMu.Lock()
+		warn := !a.warnedNoRL
+		a.warnedNoRL = true
+		a.logMu.Unlock()
+		if warn {
+			a.cfg.Log.Warn("admission_rate_per_minute is set but this process has no rate limiter (memcached); not enforced")
+		}
+		return
+	}
+	for _, c := range charges {
+		rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		r, err := a.cfg.RateLimiter.Reserve(rctx, c.tenant, c.n, cfg.AdmissionRatePerMinute, now)
+		cancel()
+		if err != nil {
+			a.cfg.FailOpenMetrics.limiterFailed()
+			a.failOpen("admission rate limiter unavailable; admitting without it (fail open)", err, now)
+			continue
+		}
+		reservations[c.tenant] = r
+		if st.rate == nil {
+			st.rate = map[string]rateGrant{}
+		}
+		st.rate[c.tenant] = rateGrant{granted: r.Granted(), retryAfter: r.RetryAfter}
+	}
+}
+
+// logShadowed logs the refusals shadow mode let through (SPEC §5: recorded, not refused).
+func (a *Admitter) logShadowed(items []*item) {
+	for _, it := range items {
+		if it.shadow.rate {
+			a.cfg.Log.Warn("admission rate limit would refuse (shadow mode)", "tenant", it.req.Tenant)
+		}
+	}
+	for _, it := range items {
+		if it.shadow.scope != "" {
+			a.cfg.Log.Warn("depth cap would refuse admission (shadow mode)", "tenant", it.req.Tenant, "scope", it.shadow.scope)
+		}
+		if it.shadow.immediate {
+			a.cfg.Log.Warn("immediate-or-refuse would refuse admission (shadow mode)", "tenant", it.req.Tenant)
+		}
+	}
+}
+
+// finish builds the results of a committed transaction, logs and returns its outbox rows.
+func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbox.Row {
+	var rows []outbox.Row
+	for _, it := range items {
+		switch {
+		case it.dupOf != nil:
+			if it.dupOf.err != nil || it.dupOf.scope != "" {
+				it.err = it.dupOf.err
+				if it.dupOf.scope != "" {
+					it.err = depthError(it.dupOf)
+				}
+			} else {
+				it.res = it.dupOf.res
+				it.res.Replayed = true
+			}
+		case !it.insert:
+		case it.scope != "":
+			a.cfg.Log.Warn("depth cap refused admission", "tenant", it.req.Tenant, "scope", it.scope, "job_id", it.id)
+			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Rejected, 0, st.now, string(job.CodeQueueFull))
+			a.store.Metrics.Finished(job.Rejected, nil, st.now)
+			it.err = depthError(it)
+		default:
+			it.res.Job.ID, it.res.Job.Tenant, it.res.Job.Status, it.res.Job.QueuedAt = it.id, it.req.Tenant, job.Queued, st.now
+			it.res.Job.RateKeySHA256, it.res.Job.RetryOf = it.hash, it.retryOf
+			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Queued, 0, st.now, "")
+			if it.outboxID != 0 {
+				msg := outbox.PokeMessage(a.cfg.Prefix, outbox.Enqueue, it.req.Tenant, it.id)
+				rows = append(rows, outbox.Row{ID: it.outboxID, Subject: msg.Subject, Payload: msg.Payload, CreatedAt: st.now})
+			}
+		}
+	}
+	return rows
+}
+
+// txErr turns a database failure inside an admission transaction into the API's error: the
+// database unreachable or the connection lost before COMMIT is "unavailable, retryable"
+// (nothing was written); anything else stays an internal error for the log.
+func (a *Admitter) txErr(err error) error {
+	var je *job.Error
+	if errors.As(err, &je) {
+		return err
+	}
+	if ConnectionLost(err) {
+		return unavailable(err)
+	}
+	return err
+}
+
+// commitErr classifies a failed COMMIT and settles the rate-limit reservations. If the
+// connection broke during COMMIT its outcome is unknown: the first inserted row is re-read by
+// id on another connection and the charges are kept if it exists, refunded if not. An unkeyed
+// request must not be retried blindly (it may create a duplicate); a keyed one may, since its
+// replay returns the one job that exists.
+func (a *Admitter) commitErr(ctx context.Context, err error, items []*item, res map[string]*admitrate.Reservation) error {
+	refundAll := func() {
+		for _, r := range res {
+			r.Refund(ctx, r.Granted())
+		}
+	}
+	if !ConnectionLost(err) {
+		refundAll()
+		return fmt.Errorf("commit admission: %w", err)
+	}
+	var first int64
+	keyed := true
+	for _, it := range items {
+		if it.insert && first == 0 {
+			first = it.id
+		}
+		if it.req.IdempotencyKey == nil && it.retryOf == nil {
+			keyed = false
+		}
+	}
+	exists := "unknown"
+	if first != 0 {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, gerr := store.Get(rctx, a.cfg.DB, first, false)
+		cancel()
+		switch {
+		case gerr == nil:
+			exists = "yes"
+		case errors.Is(gerr, store.ErrNotFound):
+			exists = "no"
+			refundAll()
+		}
+	}
+	a.cfg.Log.Warn("admission commit outcome unknown", "job_id", first, "row_found_on_reread", exists, "error", err)
+	detail := map[string]any{"retryable": keyed}
+	if first != 0 && len(items) == 1 {
+		detail["id"] = first
+	}
+	return &job.Error{Code: job.CodeOutcomeUnknown, Err: err,
+		Message: "the database connection broke during commit; the job may or may not exist",
+		Detail:  detail}
+}
