@@ -266,6 +266,10 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 	}
 	if opts.Drainer {
+		if executor.PlainHTTPToRemote(opts.ExecutorURL) {
+			a.log.Warn("the executor URL is plain http:// to a host that is not loopback: signed payloads and nonces cross the network unencrypted; use https://",
+				"executor_url", opts.ExecutorURL)
+		}
 		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
 		metrics := drainer.NewMetrics(a.registry)
 		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
