@@ -40,7 +40,9 @@ type Config struct {
 	Clock clock.Clock
 	// Gatherer serves /metrics. Default: an empty registry.
 	Gatherer prometheus.Gatherer
-	// Ready reports readiness for /readyz. Default: always ready.
+	// Ready reports readiness for /readyz. Default: always ready. /readyz shows anyone only the
+	// reason word of a *NotReadyError it returns (ReadyReasonUnknown for any other error) and
+	// logs the error itself.
 	Ready func(ctx context.Context) error
 	// Components, if set, reports the optional dependencies (NATS, memcached) in /readyz; they
 	// never make the process unready, since sluice works without them.
@@ -345,7 +347,7 @@ func pathID(r *http.Request) (int64, error) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	body := map[string]any{"status": "ready"}
+	body := map[string]any{"status": "ready", "ready": true}
 	if s.cfg.Components != nil {
 		for k, v := range s.cfg.Components(r.Context()) {
 			body[k] = v
@@ -353,7 +355,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(r.Context()); err != nil {
-			body["status"], body["error_code"], body["message"] = "unavailable", job.CodeUnavailable, err.Error()
+			// No token is needed here: the answer names a reason word, the error goes to the log.
+			NotReadyBody(body, err)
+			s.cfg.Log.Warn("not ready", "reason", body["reason"], "error", err)
 			writeJSON(w, http.StatusServiceUnavailable, body)
 			return
 		}

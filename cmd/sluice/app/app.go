@@ -387,19 +387,20 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 }
 
 // ready is /readyz: the database reachable and its schema current, and the process not
-// stopping (so a load balancer stops sending it work while it drains).
+// stopping (so a load balancer stops sending it work while it drains). Its errors are
+// *api.NotReadyError: /readyz shows only their reason word and logs the rest.
 func (a *App) ready(ctx context.Context) error {
 	if a.ops.stopping.Load() {
-		return errors.New("shutting down")
+		return api.NotReady(api.ReadyReasonStopping, errors.New("shutting down"))
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	current, err := migrations.Current(ctx, a.db)
 	if err != nil {
-		return fmt.Errorf("database: %w", err)
+		return api.NotReady(api.ReadyReasonDatabase, fmt.Errorf("database: %w", err))
 	}
 	if !current {
-		return errors.New("database schema is not current")
+		return api.NotReady(api.ReadyReasonMigrations, errors.New("database schema is not current"))
 	}
 	return nil
 }
