@@ -57,13 +57,22 @@ type Config struct {
 	// Gates is the rate-gate store behind /v1/gates and the gate field of /complete. Default:
 	// none (those endpoints answer 503 unavailable, /complete ignores its gate).
 	Gates *rategate.Store
+	// FailedAuthPerMinute is how many failed authentications one source address (an IPv4
+	// address, an IPv6 /64) may make per minute; past it, its requests that fail to
+	// authenticate answer 429 rate_limited with Retry-After instead of 401. Requests with a
+	// valid token are never limited. Default DefaultFailedAuthPerMinute; negative: no limit.
+	FailedAuthPerMinute int
+	// FailedAuthSources bounds how many source addresses the limit remembers; the one that
+	// failed least recently is forgotten first. Default DefaultFailedAuthSources.
+	FailedAuthSources int
 }
 
 // Server serves the API. Safe for concurrent use.
 type Server struct {
-	cfg   Config
-	store *store.Store
-	mux   *http.ServeMux
+	cfg       Config
+	store     *store.Store
+	mux       *http.ServeMux
+	authFails *authLimiter // nil: no limit
 }
 
 // New returns a Server, or an "invalid config" error naming the field.
@@ -87,7 +96,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, store: cfg.Admitter.Store(), mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, store: cfg.Admitter.Store(), mux: http.NewServeMux(),
+		authFails: newAuthLimiter(cfg.FailedAuthPerMinute, cfg.FailedAuthSources, nil)}
 	s.routes()
 	return s, nil
 }
@@ -196,6 +206,12 @@ func (s *Server) auth(h http.HandlerFunc, roles ...Role) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		c, ok := s.cfg.Tokens.Authenticate(r)
 		if !ok {
+			if wait, limited := s.authFails.fail(sourceOf(r)); limited {
+				s.fail(w, r, &job.Error{Code: job.CodeRateLimited,
+					Message: "too many failed authentications from this address; retry later with a valid token",
+					Detail:  map[string]any{"retry_after": wait}})
+				return
+			}
 			s.fail(w, r, job.Errorf(job.CodeUnauthorized, "a valid bearer token is required"))
 			return
 		}
