@@ -65,6 +65,27 @@ type Config struct {
 	// FailedAuthSources bounds how many source addresses the limit remembers; the one that
 	// failed least recently is forgotten first. Default DefaultFailedAuthSources.
 	FailedAuthSources int
+	// MaxRequests bounds the requests in progress at once, other than the executor's
+	// callbacks (/start, /complete) and the probes (/healthz, /readyz), which are never
+	// counted: past it a request answers 503 busy with Retry-After at once, so that slow or
+	// hostile callers holding requests open can never take the capacity that the executor
+	// needs to report starts and outcomes. Default DefaultMaxRequests; negative: no bound.
+	MaxRequests int
+}
+
+// DefaultMaxRequests is Config.MaxRequests' default: well below a process's connection bound
+// (cmd/sluice/app's DefaultMaxConns), so that the executor's callbacks keep connections and
+// goroutines of their own however many other requests are held open.
+const DefaultMaxRequests = 512
+
+// unbounded are the routes Config.MaxRequests never counts: the executor's callbacks, which
+// must get through for jobs to finish, and the probes, so that a load balancer does not take a
+// busy process for a dead one.
+var unbounded = map[string]bool{
+	"POST /v1/jobs/{id}/start":    true,
+	"POST /v1/jobs/{id}/complete": true,
+	"GET /healthz":                true,
+	"GET /readyz":                 true,
 }
 
 // Server serves the API. Safe for concurrent use.
@@ -72,7 +93,8 @@ type Server struct {
 	cfg       Config
 	store     *store.Store
 	mux       *http.ServeMux
-	authFails *authLimiter // nil: no limit
+	authFails *authLimiter  // nil: no limit
+	requests  chan struct{} // a slot per request in progress that MaxRequests counts; nil: no bound
 }
 
 // New returns a Server, or an "invalid config" error naming the field.
@@ -98,6 +120,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, store: cfg.Admitter.Store(), mux: http.NewServeMux(),
 		authFails: newAuthLimiter(cfg.FailedAuthPerMinute, cfg.FailedAuthSources, nil)}
+	if cfg.MaxRequests == 0 {
+		cfg.MaxRequests = DefaultMaxRequests
+	}
+	if cfg.MaxRequests > 0 {
+		s.requests = make(chan struct{}, cfg.MaxRequests)
+	}
 	s.routes()
 	return s, nil
 }
@@ -159,9 +187,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// path and hide the mux's own 405. The mux's answers for a miss are plain text, so they
 	// are rewritten as JSON errors; its redirects to a cleaned path pass through. A matched
 	// request goes through the mux's ServeHTTP, since only that sets its path values.
-	if h, pattern := s.mux.Handler(r); pattern == "" {
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
 		h.ServeHTTP(&routeMiss{ResponseWriter: w, s: s, r: r}, r)
 		return
+	}
+	if s.requests != nil && !unbounded[pattern] {
+		select {
+		case s.requests <- struct{}{}:
+			defer func() { <-s.requests }()
+		default:
+			s.fail(w, r, &job.Error{Code: job.CodeBusy, Message: "too many requests in progress; retry shortly",
+				Detail: map[string]any{"retry_after": 1, "retryable": true}})
+			return
+		}
 	}
 	s.mux.ServeHTTP(w, r)
 }
@@ -246,6 +285,7 @@ var statusOf = map[job.Code]int{
 	job.CodeIdempotencyConflict: http.StatusConflict,
 	job.CodeNotCancelable:       http.StatusConflict,
 	job.CodeNotRedrivable:       http.StatusConflict,
+	job.CodeBusy:                http.StatusServiceUnavailable,
 	job.CodeNonceInvalid:        http.StatusConflict,
 	job.CodeNonceExpired:        http.StatusConflict,
 	job.CodeNonceUsed:           http.StatusConflict,

@@ -88,6 +88,13 @@ type Options struct {
 	Memcached []string
 	// GateTimeout bounds each memcached round trip of the gate store. Default 50 ms.
 	GateTimeout time.Duration
+	// MaxConns bounds the connections open at once on the listener; past it, new ones wait to
+	// be accepted. Default DefaultMaxConns; negative: no bound.
+	MaxConns int
+	// MaxRequests bounds the API requests in progress at once other than the executor's
+	// callbacks and the probes (api.Config.MaxRequests); keep it well below MaxConns. Default
+	// api.DefaultMaxRequests.
+	MaxRequests int
 }
 
 // DefaultListen is the API's listen address when Options.Listen is empty (SPEC §9).
@@ -359,7 +366,7 @@ func (a *App) startAPI(ctx context.Context) error {
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
 		Gatherer: a.registry, Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
-		Clock: a.clock})
+		Clock: a.clock, MaxRequests: a.opts.MaxRequests})
 	if err != nil {
 		return err
 	}
@@ -375,7 +382,12 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 			return fmt.Errorf("listen on %s: %w", a.opts.Listen, err)
 		}
 	}
-	a.httpSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	maxConns := a.opts.MaxConns
+	if maxConns == 0 {
+		maxConns = DefaultMaxConns
+	}
+	a.listener = newLimitListener(a.listener, maxConns)
+	a.httpSrv = newHTTPServer(h)
 	a.serveWG.Add(1)
 	go func() {
 		defer a.serveWG.Done()
