@@ -71,7 +71,15 @@ type Config struct {
 	// hostile callers holding requests open can never take the capacity that the executor
 	// needs to report starts and outcomes. Default DefaultMaxRequests; negative: no bound.
 	MaxRequests int
+	// MaxBatches bounds the POST /v1/jobs:batch requests in progress at once: each holds up to
+	// 32 MiB of body and about twice that while it is decoded. Past it a batch answers 503 busy
+	// with Retry-After before its body is read. Default DefaultMaxBatches; negative: no bound.
+	MaxBatches int
 }
+
+// DefaultMaxBatches is Config.MaxBatches' default: four batches of the largest size hold about
+// 256 MiB at most.
+const DefaultMaxBatches = 4
 
 // DefaultMaxRequests is Config.MaxRequests' default: well below a process's connection bound
 // (cmd/sluice/app's DefaultMaxConns), so that the executor's callbacks keep connections and
@@ -95,6 +103,7 @@ type Server struct {
 	mux       *http.ServeMux
 	authFails *authLimiter  // nil: no limit
 	requests  chan struct{} // a slot per request in progress that MaxRequests counts; nil: no bound
+	batches   chan struct{} // a slot per batch in progress (MaxBatches); nil: no bound
 }
 
 // New returns a Server, or an "invalid config" error naming the field.
@@ -125,6 +134,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxRequests > 0 {
 		s.requests = make(chan struct{}, cfg.MaxRequests)
+	}
+	if cfg.MaxBatches == 0 {
+		cfg.MaxBatches = DefaultMaxBatches
+	}
+	if cfg.MaxBatches > 0 {
+		s.batches = make(chan struct{}, cfg.MaxBatches)
 	}
 	s.routes()
 	return s, nil
@@ -192,17 +207,36 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.ServeHTTP(&routeMiss{ResponseWriter: w, s: s, r: r}, r)
 		return
 	}
-	if s.requests != nil && !unbounded[pattern] {
-		select {
-		case s.requests <- struct{}{}:
-			defer func() { <-s.requests }()
-		default:
-			s.fail(w, r, &job.Error{Code: job.CodeBusy, Message: "too many requests in progress; retry shortly",
-				Detail: map[string]any{"retry_after": 1, "retryable": true}})
+	if !unbounded[pattern] {
+		if !s.acquire(w, r, s.requests, "too many requests in progress; retry shortly") {
 			return
 		}
+		defer release(s.requests)
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// acquire takes a slot of sem (nil: no bound) without waiting, or answers 503 busy with
+// Retry-After 1 and message and reports false.
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request, sem chan struct{}, message string) bool {
+	if sem == nil {
+		return true
+	}
+	select {
+	case sem <- struct{}{}:
+		return true
+	default:
+		s.fail(w, r, &job.Error{Code: job.CodeBusy, Message: message,
+			Detail: map[string]any{"retry_after": 1, "retryable": true}})
+		return false
+	}
+}
+
+// release gives back a slot that acquire took.
+func release(sem chan struct{}) {
+	if sem != nil {
+		<-sem
+	}
 }
 
 // routeMiss turns the mux's 404 and 405 into the SPEC §6 error body, keeping the Allow header
