@@ -2,8 +2,10 @@ package gate
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
@@ -13,6 +15,15 @@ import (
 const (
 	DefaultListLimit = 50
 	MaxListLimit     = 1000
+	// MaxListResultBytes bounds the results of one page: a page ends early, with a cursor,
+	// before the job whose result would take it past this, so that 1,000 jobs with results of
+	// up to max_payload_bytes each never make one answer of hundreds of MiB. The first job of a
+	// page is always returned.
+	MaxListResultBytes = 8 << 20
+	// ListStatementTimeout bounds each statement of a listing on the server (MariaDB's
+	// max_statement_time, MySQL's MAX_EXECUTION_TIME): producers can list, and a listing that
+	// an index cannot serve must not run on after its caller has given up.
+	ListStatementTimeout = 5 * time.Second
 )
 
 // ListFilter selects jobs for List.
@@ -30,7 +41,12 @@ type ListFilter struct {
 
 // List returns jobs matching f, newest (highest id) first, and the cursor of the next page (0
 // when this page is the last). The cursor is an id bound, so rows inserted meanwhile (which get
-// higher ids) never shift a later page. Queued jobs carry their position.
+// higher ids) never shift a later page. Queued jobs carry their position. A page holds fewer
+// than f.Limit jobs, with a cursor, when their results would pass MaxListResultBytes.
+//
+// It takes two round trips: the page's ids and result sizes, then those jobs' columns as
+// ListColumns (never the payload). Each statement runs at most ListStatementTimeout on the
+// server, and ctx (the request's, which ends when the client goes away) cancels it from here.
 func (a *Admitter) List(ctx context.Context, f ListFilter) ([]job.Job, int64, error) {
 	if f.Limit <= 0 {
 		f.Limit = DefaultListLimit
@@ -66,18 +82,26 @@ func (a *Admitter) List(ctx context.Context, f ListFilter) ([]job.Job, int64, er
 		where = append(where, "id < ?")
 		args = append(args, f.Before)
 	}
-	q := "SELECT " + store.Columns + from
+	q := "SELECT id, COALESCE(LENGTH(result), 0)" + from
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	q += " ORDER BY id DESC LIMIT ?"
 	args = append(args, f.Limit+1)
-	rows, err := a.cfg.DB.QueryContext(ctx, q, args...)
+	ids, next, err := a.listPage(ctx, q, args, f.Limit)
 	if err != nil {
-		return nil, 0, a.readErr(fmt.Errorf("list jobs: %w", err))
+		return nil, 0, err
+	}
+	out := []job.Job{}
+	if len(ids) == 0 {
+		return out, 0, nil
+	}
+	rows, err := a.listQuery(ctx, "SELECT "+store.ListColumns+" FROM jobs WHERE id IN ("+
+		store.Placeholders(len(ids))+") ORDER BY id DESC", ids)
+	if err != nil {
+		return nil, 0, err
 	}
 	defer rows.Close()
-	out := []job.Job{}
 	for rows.Next() {
 		r, err := store.ScanRow(rows)
 		if err != nil {
@@ -86,17 +110,77 @@ func (a *Admitter) List(ctx context.Context, f ListFilter) ([]job.Job, int64, er
 		out = append(out, r.Job)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, a.readErr(fmt.Errorf("list jobs: %w", err))
-	}
-	var next int64
-	if len(out) > f.Limit {
-		out = out[:f.Limit]
-		next = out[len(out)-1].ID
+		return nil, 0, a.listErr(fmt.Errorf("list jobs: %w", err))
 	}
 	if err := a.positions(ctx, out); err != nil {
-		return nil, 0, a.readErr(err)
+		return nil, 0, a.listErr(err)
 	}
 	return out, next, nil
+}
+
+// listPage runs q, which selects the ids and result sizes of up to limit+1 jobs, newest first,
+// and returns the ids of the page (at most limit of them, their results within
+// MaxListResultBytes but at least one) and the cursor of the next page, 0 if there is none.
+func (a *Admitter) listPage(ctx context.Context, q string, args []any, limit int) ([]any, int64, error) {
+	rows, err := a.listQuery(ctx, q, args)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rows.Close()
+	var ids []any
+	var next, last int64
+	total := 0
+	for rows.Next() {
+		var id int64
+		var size int
+		if err := rows.Scan(&id, &size); err != nil {
+			return nil, 0, fmt.Errorf("list jobs: %w", err)
+		}
+		if len(ids) == limit || (len(ids) > 0 && total+size > MaxListResultBytes) {
+			next = last
+			break
+		}
+		ids, last, total = append(ids, id), id, total+size
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, a.listErr(fmt.Errorf("list jobs: %w", err))
+	}
+	return ids, next, nil
+}
+
+// listQuery runs a listing statement under ListStatementTimeout: MariaDB's SET STATEMENT
+// max_statement_time first, and MySQL's MAX_EXECUTION_TIME hint (SELECTs only) when the server
+// does not know SET STATEMENT.
+func (a *Admitter) listQuery(ctx context.Context, q string, args []any) (*sql.Rows, error) {
+	rows, err := a.cfg.DB.QueryContext(ctx, listStatement(q, true), args...)
+	if syntaxError(err) {
+		rows, err = a.cfg.DB.QueryContext(ctx, listStatement(q, false), args...)
+	}
+	if err != nil {
+		return nil, a.listErr(fmt.Errorf("list jobs: %w", err))
+	}
+	return rows, nil
+}
+
+// listStatement returns the SELECT q bounded by ListStatementTimeout, in MariaDB's form or
+// MySQL's.
+func listStatement(q string, mariaDB bool) string {
+	if mariaDB {
+		return fmt.Sprintf("SET STATEMENT max_statement_time = %g FOR %s", ListStatementTimeout.Seconds(), q)
+	}
+	rest, _ := strings.CutPrefix(q, "SELECT ")
+	return fmt.Sprintf("SELECT /*+ MAX_EXECUTION_TIME(%d) */ %s", ListStatementTimeout.Milliseconds(), rest)
+}
+
+// listErr is readErr, and a statement stopped by ListStatementTimeout (MariaDB 1969, MySQL
+// 3024) is 503 unavailable, retryable, with a hint to narrow the listing.
+func (a *Admitter) listErr(err error) error {
+	if serverErr(err, 1969, 3024) {
+		return &job.Error{Code: job.CodeUnavailable, Err: err,
+			Message: fmt.Sprintf("listing took longer than %s; narrow it (tenant, status) or retry", ListStatementTimeout),
+			Detail:  map[string]any{"retryable": true}}
+	}
+	return a.readErr(err)
 }
 
 // positions fills in the position of the queued jobs among jobs with one query: the tenants'
@@ -119,10 +203,10 @@ func (a *Admitter) positions(ctx context.Context, jobs []job.Job) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := a.cfg.DB.QueryContext(ctx, `SELECT id, pos FROM (SELECT id,
+	rows, err := a.listQuery(ctx, `SELECT id, pos FROM (SELECT id,
 		ROW_NUMBER() OVER (PARTITION BY tenant ORDER BY queued_at, id) AS pos
 		FROM jobs WHERE status = 'queued' AND tenant IN (`+store.Placeholders(len(tenants))+`)) q
-		WHERE id IN (`+store.Placeholders(len(ids))+`)`, append(tenants, ids...)...)
+		WHERE id IN (`+store.Placeholders(len(ids))+`)`, append(tenants, ids...))
 	if err != nil {
 		return fmt.Errorf("job positions: %w", err)
 	}

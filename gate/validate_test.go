@@ -3,6 +3,7 @@ package gate
 import (
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/gate/job"
@@ -36,8 +37,8 @@ func FuzzDecodeRequest(f *testing.F) {
 			}
 			return
 		}
-		if req.Tenant == "" || len(req.Tenant) > MaxTenantBytes || !utf8.ValidString(req.Tenant) ||
-			strings.ContainsFunc(req.Tenant, func(r rune) bool { return r < 0x20 || (r >= 0x7f && r < 0xa0) }) {
+		if req.Tenant == "" || req.Tenant == "*" || len(req.Tenant) > MaxTenantBytes || !utf8.ValidString(req.Tenant) ||
+			strings.ContainsFunc(req.Tenant, func(r rune) bool { return r < 0x20 || (r >= 0x7f && r < 0xa0) || unicode.Is(unicode.Cf, r) }) {
 			t.Fatalf("accepted tenant %q", req.Tenant)
 		}
 		if req.RateKey != nil && (len(*req.RateKey) == 0 || len(*req.RateKey) > MaxRateKeyBytes) {

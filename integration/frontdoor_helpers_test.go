@@ -33,11 +33,11 @@ import (
 // Front-door tokens: two producers with disjoint tenants, one for every tenant, an executor and
 // an admin.
 const (
-	fdAlphaToken = "alpha-producer-token-0001" // tenants acme, globex
-	fdBetaToken  = "beta-producer-token-0002"  // tenant initech
-	fdStarToken  = "star-producer-token-0003"  // every tenant
-	fdExecToken  = "executor-token-0004"
-	fdAdminToken = "admin-token-0005"
+	fdAlphaToken = "alpha-producer-token-0001-abcdefghij" // tenants acme, globex
+	fdBetaToken  = "beta-producer-token-0002-abcdefghijk" // tenant initech
+	fdStarToken  = "star-producer-token-0003-abcdefghijk" // every tenant
+	fdExecToken  = "executor-token-0004-abcdefghijklmnopq"
+	fdAdminToken = "admin-token-0005-abcdefghijklmnopqrst"
 )
 
 // frontDoor is the admission API over a test's own database: the same gate.Admitter and

@@ -146,15 +146,15 @@ func TestDevEmbedsNATS(t *testing.T) {
 // token, which the built-in executor uses for its starts.
 func TestDevWithConfiguredTokens(t *testing.T) {
 	d := startDev(t, map[string]string{
-		"SLUICE_TOKENS": `[{"name":"portal","token":"portal-token","role":"producer","tenants":["acme"]}]`,
+		"SLUICE_TOKENS": `[{"name":"portal","token":"portal-token-0123456789abcdef012345","role":"producer","tenants":["acme"]}]`,
 	})
-	j := d.runJob("portal-token", "acme", nil)
+	j := d.runJob("portal-token-0123456789abcdef012345", "acme", nil)
 	// The dev token is still an admin: it reads the producer's job and lists every tenant's.
 	if _, err := client.New(d.API, "dev").Job(context.Background(), j.ID); err != nil {
 		t.Fatalf("the dev token cannot read the producer's job: %v", err)
 	}
 	d.runJob("dev", "globex", nil)
-	if _, _, err := client.New(d.API, "portal-token").Admit(context.Background(), client.AdmitRequest{Tenant: "globex"}); client.Code(err) != job.CodeForbidden {
+	if _, _, err := client.New(d.API, "portal-token-0123456789abcdef012345").Admit(context.Background(), client.AdmitRequest{Tenant: "globex"}); client.Code(err) != job.CodeForbidden {
 		t.Errorf("the producer token admitted for a tenant it does not hold: %v", err)
 	}
 }
@@ -191,7 +191,7 @@ func TestDevTokenCollision(t *testing.T) {
 		name, tokens string
 		ok           bool
 	}{
-		{"producer", `[{"name":"portal","token":"portal-token","role":"producer","tenants":["*"]}]`, true},
+		{"producer", `[{"name":"portal","token":"portal-token-0123456789abcdef012345","role":"producer","tenants":["*"]}]`, true},
 		{"the dev token itself", `[{"name":"dev","token":"dev","role":"admin"}]`, true},
 		{"the dev value as another admin", `[{"name":"ops","token":"dev","role":"admin"}]`, true},
 		{"the dev value as a producer", `[{"name":"portal","token":"dev","role":"producer","tenants":["*"]}]`, false},

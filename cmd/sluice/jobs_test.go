@@ -24,7 +24,7 @@ func TestJobsCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks, _ := api.NewTokens([]api.Token{{Name: "ops", Token: "ops-token", Role: api.Admin}})
+	toks, _ := api.NewTokens([]api.Token{{Name: "ops", Token: "ops-token-0123456789abcdef0123456789", Role: api.Admin}})
 	srv, err := api.New(api.Config{DB: db.DB, Admitter: adm, Limits: lim, Tokens: toks})
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +41,7 @@ func TestJobsCommand(t *testing.T) {
 	}
 	sluice := func(args ...string) (string, int) {
 		var out, errOut bytes.Buffer
-		code := run(append(args, "--api-url", hs.URL, "--token", "ops-token"), &out, &errOut)
+		code := run(append(args, "--api-url", hs.URL, "--token", "ops-token-0123456789abcdef0123456789"), &out, &errOut)
 		return out.String() + errOut.String(), code
 	}
 	out, code := sluice("jobs", "list", "--tenant", "acme")

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -168,7 +169,7 @@ func loadTokens(c *config, withDev bool) (*api.Tokens, error) {
 
 // devToken is the admin token `sluice dev` always accepts (SPEC §9): its banner names it, and its
 // simulated executor calls /start and /complete with it.
-var devToken = api.Token{Name: "dev", Token: "dev", Role: api.Admin}
+var devToken = api.Token{Name: "dev", Token: "dev", Role: api.Admin, Builtin: true}
 
 // withDevToken returns list with the dev admin token added, so that configured tokens (a
 // producer's, to try them out) work next to it rather than instead of it. A configured admin
@@ -177,9 +178,12 @@ var devToken = api.Token{Name: "dev", Token: "dev", Role: api.Admin}
 // second caller named dev would be indistinguishable from it in logs and config history.
 func withDevToken(list []api.Token) ([]api.Token, error) {
 	have := false
-	for _, t := range list {
+	list = slices.Clone(list) // the caller's list is left as it was
+	for i, t := range list {
 		switch {
 		case t.Token == devToken.Token && t.Role == api.Admin:
+			// It stands for the dev token, which alone may be shorter than api.MinTokenLength.
+			list[i].Builtin = true
 			have = true
 		case t.Token == devToken.Token || t.Name == devToken.Name:
 			return nil, fmt.Errorf("tokens: the configured token %q (role %q) uses the name or token %q, which `sluice dev` keeps for its own admin token: rename it, or use `sluice serve`",
@@ -189,7 +193,7 @@ func withDevToken(list []api.Token) ([]api.Token, error) {
 	if have {
 		return list, nil
 	}
-	return append(list[:len(list):len(list)], devToken), nil
+	return append(list, devToken), nil
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev bool) error {

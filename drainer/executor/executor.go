@@ -12,8 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -98,7 +101,9 @@ type Client struct {
 	// Secret signs every request body. Required.
 	Secret []byte
 	// HTTP is the client to use. Default: a client with keep-alive connections and no overall
-	// timeout (Send bounds each request by its context).
+	// timeout (Send bounds each request by its context). Send never follows a redirect, whatever
+	// this client's CheckRedirect says: a 307 or 308 would re-send the signed body, payload and
+	// nonce to whatever host the answer names.
 	HTTP *http.Client
 }
 
@@ -107,7 +112,29 @@ func NewClient(url string, secret []byte) *Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = 256
 	tr.MaxIdleConnsPerHost = 256
-	return &Client{URL: url, Secret: secret, HTTP: &http.Client{Transport: tr}}
+	return &Client{URL: url, Secret: secret, HTTP: &http.Client{Transport: tr, CheckRedirect: noRedirect}}
+}
+
+// noRedirect is a CheckRedirect that hands the redirect answer itself back to the caller, which
+// then classifies it as any other unexpected status (Unknown).
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// PlainHTTPToRemote reports whether rawURL sends dispatches unencrypted (http://) to a host
+// other than a loopback address or localhost: the signed payload and the nonce then cross the
+// network in clear text. A URL that does not parse reports false (validation is elsewhere).
+func PlainHTTPToRemote(rawURL string) bool {
+	u, err := url.Parse(rawURL)
+	if err != nil || !strings.EqualFold(u.Scheme, "http") {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
+		return false
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return false
+	}
+	return true
 }
 
 // maxAnswer bounds how much of an answer is read.
@@ -126,7 +153,15 @@ func (c *Client) Send(ctx context.Context, d Dispatch) Answer {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HeaderJobID, strconv.FormatInt(d.JobID, 10))
 	req.Header.Set(HeaderSignature, Sign(c.Secret, raw))
-	resp, err := c.HTTP.Do(req)
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	// A shallow copy (the transport and its connections are shared), so that a caller's client
+	// is left as it was and still never follows a redirect here.
+	cp := *hc
+	cp.CheckRedirect = noRedirect
+	resp, err := cp.Do(req)
 	if err != nil {
 		return Answer{Kind: Unknown, Err: fmt.Errorf("dispatch job %d: %w", d.JobID, err)}
 	}
@@ -162,6 +197,9 @@ func Classify(status int, retryAfter string, data []byte) Answer {
 		a.Kind = RateLimited
 	case status == http.StatusServiceUnavailable:
 		a.Kind = Refused
+	case status >= 300 && status < 400:
+		// Redirects are never followed (see Client.HTTP): the answer is an error like any other.
+		a.Kind, a.Err = Unknown, errors.New("executor answered HTTP "+strconv.Itoa(status)+", a redirect, which is not followed")
 	default:
 		a.Kind, a.Err = Unknown, errors.New("executor answered HTTP "+strconv.Itoa(status))
 	}

@@ -1,8 +1,11 @@
 package executor
 
 import (
+	"context"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -41,6 +44,8 @@ func TestClassify(t *testing.T) {
 		{503, "", ``, Refused, 0},
 		{500, "", `{"status":"succeeded"}`, Unknown, 0},
 		{409, "", ``, Unknown, 0},
+		{307, "", ``, Unknown, 0},
+		{308, "", `{"status":"succeeded"}`, Unknown, 0},
 	}
 	for _, c := range cases {
 		a := Classify(c.status, c.retryAfter, []byte(c.body))
@@ -63,5 +68,56 @@ func TestParseRetryAfter(t *testing.T) {
 	future := time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat)
 	if got := parseRetryAfter(future); got < 85 || got > 91 {
 		t.Errorf("HTTP date 90 s ahead: got %d", got)
+	}
+}
+
+// TestSendDoesNotFollowRedirects: a 307 or 308 would re-send the signed body, its payload and
+// nonce to whatever host the answer names. Send must stop at the redirect and call it Unknown,
+// whichever client it was given.
+func TestSendDoesNotFollowRedirects(t *testing.T) {
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"succeeded"}`))
+	}))
+	t.Cleanup(other.Close)
+	for _, code := range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect, http.StatusFound} {
+		exec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, other.URL+"/steal", code)
+		}))
+		t.Cleanup(exec.Close)
+		for name, c := range map[string]*Client{
+			"NewClient":      NewClient(exec.URL, []byte("secret")),
+			"a plain client": {URL: exec.URL, Secret: []byte("secret"), HTTP: &http.Client{}},
+		} {
+			a := c.Send(context.Background(), Dispatch{JobID: 7, Tenant: "acme", Nonce: "n"})
+			if a.Kind != Unknown || a.HTTPStatus != code || a.Err == nil {
+				t.Errorf("%s, HTTP %d: kind %d status %d err %v, want Unknown with status %d", name, code, a.Kind, a.HTTPStatus, a.Err, code)
+			}
+		}
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Fatalf("the redirect target received %d dispatches, want 0", n)
+	}
+}
+
+func TestPlainHTTPToRemote(t *testing.T) {
+	cases := map[string]bool{
+		"http://executor.example.com/dispatch": true,
+		"http://10.0.0.5:8080/dispatch":        true,
+		"HTTP://[2001:db8::1]/d":               true,
+		"https://executor.example.com/d":       false,
+		"http://127.0.0.1:9000/dispatch":       false,
+		"http://127.8.0.1/dispatch":            false,
+		"http://[::1]:9000/dispatch":           false,
+		"http://localhost:9000/dispatch":       false,
+		"http://exec.localhost/dispatch":       false,
+		"::not a url":                          false,
+	}
+	for u, want := range cases {
+		if got := PlainHTTPToRemote(u); got != want {
+			t.Errorf("PlainHTTPToRemote(%q) = %v, want %v", u, got, want)
+		}
 	}
 }

@@ -40,7 +40,9 @@ type Config struct {
 	Clock clock.Clock
 	// Gatherer serves /metrics. Default: an empty registry.
 	Gatherer prometheus.Gatherer
-	// Ready reports readiness for /readyz. Default: always ready.
+	// Ready reports readiness for /readyz. Default: always ready. /readyz shows anyone only the
+	// reason word of a *NotReadyError it returns (ReadyReasonUnknown for any other error) and
+	// logs the error itself.
 	Ready func(ctx context.Context) error
 	// Components, if set, reports the optional dependencies (NATS, memcached) in /readyz; they
 	// never make the process unready, since sluice works without them.
@@ -55,13 +57,53 @@ type Config struct {
 	// Gates is the rate-gate store behind /v1/gates and the gate field of /complete. Default:
 	// none (those endpoints answer 503 unavailable, /complete ignores its gate).
 	Gates *rategate.Store
+	// FailedAuthPerMinute is how many failed authentications one source address (an IPv4
+	// address, an IPv6 /64) may make per minute; past it, its requests that fail to
+	// authenticate answer 429 rate_limited with Retry-After instead of 401. Requests with a
+	// valid token are never limited. Default DefaultFailedAuthPerMinute; negative: no limit.
+	FailedAuthPerMinute int
+	// FailedAuthSources bounds how many source addresses the limit remembers; the one that
+	// failed least recently is forgotten first. Default DefaultFailedAuthSources.
+	FailedAuthSources int
+	// MaxRequests bounds the requests in progress at once, other than the executor's
+	// callbacks (/start, /complete) and the probes (/healthz, /readyz), which are never
+	// counted: past it a request answers 503 busy with Retry-After at once, so that slow or
+	// hostile callers holding requests open can never take the capacity that the executor
+	// needs to report starts and outcomes. Default DefaultMaxRequests; negative: no bound.
+	MaxRequests int
+	// MaxBatches bounds the POST /v1/jobs:batch requests in progress at once: each holds up to
+	// 32 MiB of body and about twice that while it is decoded. Past it a batch answers 503 busy
+	// with Retry-After before its body is read. Default DefaultMaxBatches; negative: no bound.
+	MaxBatches int
+}
+
+// DefaultMaxBatches is Config.MaxBatches' default: four batches of the largest size hold about
+// 256 MiB at most.
+const DefaultMaxBatches = 4
+
+// DefaultMaxRequests is Config.MaxRequests' default: well below a process's connection bound
+// (cmd/sluice/app's DefaultMaxConns), so that the executor's callbacks keep connections and
+// goroutines of their own however many other requests are held open.
+const DefaultMaxRequests = 512
+
+// unbounded are the routes Config.MaxRequests never counts: the executor's callbacks, which
+// must get through for jobs to finish, and the probes, so that a load balancer does not take a
+// busy process for a dead one.
+var unbounded = map[string]bool{
+	"POST /v1/jobs/{id}/start":    true,
+	"POST /v1/jobs/{id}/complete": true,
+	"GET /healthz":                true,
+	"GET /readyz":                 true,
 }
 
 // Server serves the API. Safe for concurrent use.
 type Server struct {
-	cfg   Config
-	store *store.Store
-	mux   *http.ServeMux
+	cfg       Config
+	store     *store.Store
+	mux       *http.ServeMux
+	authFails *authLimiter  // nil: no limit
+	requests  chan struct{} // a slot per request in progress that MaxRequests counts; nil: no bound
+	batches   chan struct{} // a slot per batch in progress (MaxBatches); nil: no bound
 }
 
 // New returns a Server, or an "invalid config" error naming the field.
@@ -85,7 +127,20 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, store: cfg.Admitter.Store(), mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, store: cfg.Admitter.Store(), mux: http.NewServeMux(),
+		authFails: newAuthLimiter(cfg.FailedAuthPerMinute, cfg.FailedAuthSources, nil)}
+	if cfg.MaxRequests == 0 {
+		cfg.MaxRequests = DefaultMaxRequests
+	}
+	if cfg.MaxRequests > 0 {
+		s.requests = make(chan struct{}, cfg.MaxRequests)
+	}
+	if cfg.MaxBatches == 0 {
+		cfg.MaxBatches = DefaultMaxBatches
+	}
+	if cfg.MaxBatches > 0 {
+		s.batches = make(chan struct{}, cfg.MaxBatches)
+	}
 	s.routes()
 	return s, nil
 }
@@ -149,11 +204,41 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// path and hide the mux's own 405. The mux's answers for a miss are plain text, so they
 	// are rewritten as JSON errors; its redirects to a cleaned path pass through. A matched
 	// request goes through the mux's ServeHTTP, since only that sets its path values.
-	if h, pattern := s.mux.Handler(r); pattern == "" {
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
 		h.ServeHTTP(&routeMiss{ResponseWriter: w, s: s, r: r}, r)
 		return
 	}
+	if !unbounded[pattern] {
+		if !s.acquire(w, r, s.requests, "too many requests in progress; retry shortly") {
+			return
+		}
+		defer release(s.requests)
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// acquire takes a slot of sem (nil: no bound) without waiting, or answers 503 busy with
+// Retry-After 1 and message and reports false.
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request, sem chan struct{}, message string) bool {
+	if sem == nil {
+		return true
+	}
+	select {
+	case sem <- struct{}{}:
+		return true
+	default:
+		s.fail(w, r, &job.Error{Code: job.CodeBusy, Message: message,
+			Detail: map[string]any{"retry_after": 1, "retryable": true}})
+		return false
+	}
+}
+
+// release gives back a slot that acquire took.
+func release(sem chan struct{}) {
+	if sem != nil {
+		<-sem
+	}
 }
 
 // routeMiss turns the mux's 404 and 405 into the SPEC §6 error body, keeping the Allow header
@@ -196,6 +281,12 @@ func (s *Server) auth(h http.HandlerFunc, roles ...Role) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		c, ok := s.cfg.Tokens.Authenticate(r)
 		if !ok {
+			if wait, limited := s.authFails.fail(sourceOf(r)); limited {
+				s.fail(w, r, &job.Error{Code: job.CodeRateLimited,
+					Message: "too many failed authentications from this address; retry later with a valid token",
+					Detail:  map[string]any{"retry_after": wait}})
+				return
+			}
 			s.fail(w, r, job.Errorf(job.CodeUnauthorized, "a valid bearer token is required"))
 			return
 		}
@@ -230,6 +321,7 @@ var statusOf = map[job.Code]int{
 	job.CodeIdempotencyConflict: http.StatusConflict,
 	job.CodeNotCancelable:       http.StatusConflict,
 	job.CodeNotRedrivable:       http.StatusConflict,
+	job.CodeBusy:                http.StatusServiceUnavailable,
 	job.CodeNonceInvalid:        http.StatusConflict,
 	job.CodeNonceExpired:        http.StatusConflict,
 	job.CodeNonceUsed:           http.StatusConflict,
@@ -347,7 +439,7 @@ func pathID(r *http.Request) (int64, error) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	body := map[string]any{"status": "ready"}
+	body := map[string]any{"status": "ready", "ready": true}
 	if s.cfg.Components != nil {
 		for k, v := range s.cfg.Components(r.Context()) {
 			body[k] = v
@@ -355,7 +447,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(r.Context()); err != nil {
-			body["status"], body["error_code"], body["message"] = "unavailable", job.CodeUnavailable, err.Error()
+			// No token is needed here: the answer names a reason word, the error goes to the log.
+			NotReadyBody(body, err)
+			s.cfg.Log.Warn("not ready", "reason", body["reason"], "error", err)
 			writeJSON(w, http.StatusServiceUnavailable, body)
 			return
 		}

@@ -26,7 +26,15 @@ type Token struct {
 	Token   string   `json:"token"`
 	Role    Role     `json:"role"`
 	Tenants []string `json:"tenants"`
+	// Builtin marks a token sluice itself configures rather than an operator: `sluice dev`'s
+	// `dev` admin token, the one exception to MinTokenLength (SPEC §9). Never read from
+	// configuration.
+	Builtin bool `json:"-"`
 }
+
+// MinTokenLength is the shortest configured token, in bytes (SPEC §9): long enough that
+// guessing one is hopeless, whatever the rate of attempts.
+const MinTokenLength = 32
 
 // Caller is the authenticated caller of a request.
 type Caller struct {
@@ -70,12 +78,20 @@ func DecodeTokens(raw []byte) ([]Token, error) {
 func NewTokens(list []Token) (*Tokens, error) {
 	t := &Tokens{}
 	seen := map[string]bool{}
+	names := map[string]int{}
 	for i, tok := range list {
+		first, dupName := names[tok.Name]
 		switch {
 		case tok.Name == "":
 			return nil, fmt.Errorf("tokens[%d]: name is required", i)
-		case len(tok.Token) < 3:
-			return nil, fmt.Errorf("tokens[%d] (%s): token is missing or too short", i, tok.Name)
+		case dupName:
+			// The name is the caller in logs, audit events and config history: two callers with
+			// one name could not be told apart there.
+			return nil, fmt.Errorf("tokens[%d] (%s): the name is already used by tokens[%d]; names must be unique", i, tok.Name, first)
+		case tok.Token == "":
+			return nil, fmt.Errorf("tokens[%d] (%s): token is missing", i, tok.Name)
+		case len(tok.Token) < MinTokenLength && !tok.Builtin:
+			return nil, fmt.Errorf("tokens[%d] (%s): token is %d characters; at least %d are required (e.g. `openssl rand -hex 24`)", i, tok.Name, len(tok.Token), MinTokenLength)
 		case tok.Role != Producer && tok.Role != Executor && tok.Role != Admin:
 			return nil, fmt.Errorf("tokens[%d] (%s): role must be producer, executor or admin, got %q", i, tok.Name, tok.Role)
 		case tok.Role == Producer && len(tok.Tenants) == 0:
@@ -84,6 +100,7 @@ func NewTokens(list []Token) (*Tokens, error) {
 			return nil, fmt.Errorf("tokens[%d] (%s): token is used twice", i, tok.Name)
 		}
 		seen[tok.Token] = true
+		names[tok.Name] = i
 		t.entries = append(t.entries, tokenEntry{hash: sha256.Sum256([]byte(tok.Token)),
 			caller: Caller{Name: tok.Name, Role: tok.Role, Tenants: tok.Tenants}})
 	}

@@ -24,7 +24,7 @@ var wildcard = regexp.MustCompile(`\{[^}]*\}`)
 func normalize(route string) string { return wildcard.ReplaceAllString(route, "{}") }
 
 // testAdminToken is the one token testServer accepts.
-const testAdminToken = "test-admin-token"
+const testAdminToken = "test-admin-token-0123456789abcdef"
 
 // testServer returns a server whose database and gate store cannot be reached: nothing listens
 // on port 1, so a handler that reaches either fails at once (sql.Open and rategate.New do not

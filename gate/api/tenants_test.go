@@ -14,7 +14,7 @@ import (
 func TestTenantsRequests(t *testing.T) {
 	s := testServer(t)
 	prod, err := NewTokens([]Token{{Name: "admin", Token: testAdminToken, Role: Admin},
-		{Name: "p", Token: "producer-token", Role: Producer, Tenants: []string{"*"}}})
+		{Name: "p", Token: "producer-token-0123456789abcdefghijkl", Role: Producer, Tenants: []string{"*"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestTenantsRequests(t *testing.T) {
 		code, field  string
 	}{
 		{"", "", 401, "unauthorized", ""},
-		{"producer-token", "", 403, "forbidden", ""},
+		{"producer-token-0123456789abcdefghijkl", "", 403, "forbidden", ""},
 		{testAdminToken, "?order=size", 400, "invalid_request", "order"},
 		{testAdminToken, "?limit=0", 400, "invalid_request", "limit"},
 		{testAdminToken, "?limit=1001", 400, "invalid_request", "limit"},

@@ -117,6 +117,9 @@ const (
 	CodeInternal            Code = "internal"
 	CodeMethodNotAllowed    Code = "method_not_allowed"
 	CodeNotRedrivable       Code = "not_redrivable"
+	// CodeBusy: the API is at its bound of requests in progress (or of batches); retry after
+	// Retry-After. Nothing was read or written.
+	CodeBusy Code = "busy"
 )
 
 // Error is an application error with a stable code. The HTTP edge maps Code to a status; Detail

@@ -59,6 +59,15 @@ const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_a
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
 	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals`
 
+// ListColumns is Columns with only what a job's JSON shows (job.Job, the result included) read
+// from the row, and NULL or zero in place of the rest, for ScanRow: a listing of up to 1,000 jobs
+// must not read back up to 256 KiB of payload each, nor the nonce and idempotency columns it
+// never returns.
+const ListColumns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
+	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, NULL,
+	0, NULL, NULL, NULL, NULL, '',
+	NULL, NULL, NULL, NULL, 0`
+
 // LockColumns is Columns with NULL in place of the result and the payload, for ScanRow: what a
 // transition needs of the rows it locks, without reading back up to 256 KiB of payload a job.
 const LockColumns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,

@@ -27,9 +27,9 @@ import (
 
 // Tokens used by every harness.
 const (
-	ProducerToken = "producer-token"
-	ExecutorToken = "executor-token"
-	AdminToken    = "admin-token"
+	ProducerToken = "producer-token-0123456789abcdef0123"
+	ExecutorToken = "executor-token-0123456789abcdef0123"
+	AdminToken    = "admin-token-0123456789abcdef0123456"
 	Secret        = "test-secret"
 )
 

@@ -88,6 +88,13 @@ type Options struct {
 	Memcached []string
 	// GateTimeout bounds each memcached round trip of the gate store. Default 50 ms.
 	GateTimeout time.Duration
+	// MaxConns bounds the connections open at once on the listener; past it, new ones wait to
+	// be accepted. Default DefaultMaxConns; negative: no bound.
+	MaxConns int
+	// MaxRequests bounds the API requests in progress at once other than the executor's
+	// callbacks and the probes (api.Config.MaxRequests); keep it well below MaxConns. Default
+	// api.DefaultMaxRequests.
+	MaxRequests int
 }
 
 // DefaultListen is the API's listen address when Options.Listen is empty (SPEC §9).
@@ -266,6 +273,10 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 	}
 	if opts.Drainer {
+		if executor.PlainHTTPToRemote(opts.ExecutorURL) {
+			a.log.Warn("the executor URL is plain http:// to a host that is not loopback: signed payloads and nonces cross the network unencrypted; use https://",
+				"executor_url", opts.ExecutorURL)
+		}
 		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
 		metrics := drainer.NewMetrics(a.registry)
 		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
@@ -355,7 +366,7 @@ func (a *App) startAPI(ctx context.Context) error {
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
 		Gatherer: a.registry, Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
-		Clock: a.clock})
+		Clock: a.clock, MaxRequests: a.opts.MaxRequests})
 	if err != nil {
 		return err
 	}
@@ -371,7 +382,12 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 			return fmt.Errorf("listen on %s: %w", a.opts.Listen, err)
 		}
 	}
-	a.httpSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	maxConns := a.opts.MaxConns
+	if maxConns == 0 {
+		maxConns = DefaultMaxConns
+	}
+	a.listener = newLimitListener(a.listener, maxConns)
+	a.httpSrv = newHTTPServer(h)
 	a.serveWG.Add(1)
 	go func() {
 		defer a.serveWG.Done()
@@ -383,19 +399,20 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 }
 
 // ready is /readyz: the database reachable and its schema current, and the process not
-// stopping (so a load balancer stops sending it work while it drains).
+// stopping (so a load balancer stops sending it work while it drains). Its errors are
+// *api.NotReadyError: /readyz shows only their reason word and logs the rest.
 func (a *App) ready(ctx context.Context) error {
 	if a.ops.stopping.Load() {
-		return errors.New("shutting down")
+		return api.NotReady(api.ReadyReasonStopping, errors.New("shutting down"))
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	current, err := migrations.Current(ctx, a.db)
 	if err != nil {
-		return fmt.Errorf("database: %w", err)
+		return api.NotReady(api.ReadyReasonDatabase, fmt.Errorf("database: %w", err))
 	}
 	if !current {
-		return errors.New("database schema is not current")
+		return api.NotReady(api.ReadyReasonMigrations, errors.New("database schema is not current"))
 	}
 	return nil
 }

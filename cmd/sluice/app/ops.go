@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/opsmetrics"
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/publisher"
@@ -98,10 +99,12 @@ func (a *App) startOpsServer(ctx context.Context) error {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		body := a.components(r.Context())
-		body["status"] = "ready"
+		body["status"], body["ready"] = "ready", true
 		code := http.StatusOK
 		if err := a.ready(r.Context()); err != nil {
-			body["status"], body["error_code"], body["message"] = "unavailable", "unavailable", err.Error()
+			// As the API's /readyz: a reason word for anyone, the error for the log.
+			api.NotReadyBody(body, err)
+			a.log.Warn("not ready", "reason", body["reason"], "error", err)
 			code = http.StatusServiceUnavailable
 		}
 		writeOpsJSON(w, code, body)

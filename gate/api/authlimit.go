@@ -1,0 +1,119 @@
+package api
+
+import (
+	"container/list"
+	"math"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Defaults of the failed-authentication limit (Config.FailedAuthPerMinute, FailedAuthSources).
+const (
+	// DefaultFailedAuthPerMinute is how many failed authentications a source address may make
+	// per minute, in a burst or spread out, before its failing requests answer 429.
+	DefaultFailedAuthPerMinute = 20
+	// DefaultFailedAuthSources bounds the source addresses remembered: about 100 bytes each.
+	DefaultFailedAuthSources = 10000
+)
+
+// authLimiter is a token bucket per source address that only failed authentications draw
+// from: a source that fails more than perMinute times a minute is refused (429 rate_limited)
+// until its bucket refills, one failure's worth every minute/perMinute. A request with a valid
+// token never touches it, so a client sharing an address (a NAT, a proxy) with a guesser keeps
+// working. At most maxSources addresses are remembered; when a new one arrives at the bound,
+// the one that failed least recently is forgotten (it would have had a full bucket the soonest).
+// Safe for concurrent use.
+type authLimiter struct {
+	perMinute  int
+	maxSources int
+	now        func() time.Time
+
+	mu      sync.Mutex
+	sources map[string]*list.Element // of *authBucket, most recently failing at the front
+	order   *list.List
+}
+
+type authBucket struct {
+	source string
+	tokens float64 // failures still allowed, refilled continuously up to perMinute
+	at     time.Time
+}
+
+// newAuthLimiter returns a limiter, or nil (no limit) when perMinute is negative.
+func newAuthLimiter(perMinute, maxSources int, now func() time.Time) *authLimiter {
+	if perMinute < 0 {
+		return nil
+	}
+	if perMinute == 0 {
+		perMinute = DefaultFailedAuthPerMinute
+	}
+	if maxSources <= 0 {
+		maxSources = DefaultFailedAuthSources
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &authLimiter{perMinute: perMinute, maxSources: maxSources, now: now,
+		sources: map[string]*list.Element{}, order: list.New()}
+}
+
+// fail records a failed authentication from source. It reports whether the failure is over the
+// limit and, if so, how many seconds remain until the source may fail again (at least 1).
+func (l *authLimiter) fail(source string) (retryAfter int, limited bool) {
+	if l == nil {
+		return 0, false
+	}
+	now := l.now()
+	rate := float64(l.perMinute) / time.Minute.Seconds() // failures per second
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b *authBucket
+	if e, ok := l.sources[source]; ok {
+		b = e.Value.(*authBucket)
+		if d := now.Sub(b.at).Seconds(); d > 0 {
+			b.tokens = math.Min(float64(l.perMinute), b.tokens+d*rate)
+		}
+		b.at = now
+		l.order.MoveToFront(e)
+	} else {
+		for l.order.Len() >= l.maxSources {
+			oldest := l.order.Back()
+			delete(l.sources, oldest.Value.(*authBucket).source)
+			l.order.Remove(oldest)
+		}
+		b = &authBucket{source: source, tokens: float64(l.perMinute), at: now}
+		l.sources[source] = l.order.PushFront(b)
+	}
+	if b.tokens >= 1 {
+		b.tokens--
+		return 0, false
+	}
+	return max(1, int(math.Ceil((1-b.tokens)/rate))), true
+}
+
+// len returns how many sources are remembered (for tests).
+func (l *authLimiter) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.order.Len()
+}
+
+// sourceOf is the address a request's failures are counted against: the peer's IP (behind a
+// proxy, the proxy's: failing requests through it then share one bucket), an IPv6 address by
+// its /64, since one host commonly holds a whole /64.
+func sourceOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return host
+	}
+	if ip.To4() == nil {
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return ip.String()
+}
