@@ -69,6 +69,7 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 		{http.MethodPost, "/v1/releases", "/v1/releases", fdExecToken, map[string]any{"tenant": "acme"}},
 		{http.MethodGet, "/v1/gates", "/v1/gates", fdAdminToken, nil},
 		{http.MethodGet, "/v1/status", "/v1/status", fdAdminToken, nil},
+		{http.MethodGet, "/v1/tenants", "/v1/tenants?order=depth", fdAdminToken, nil},
 		{http.MethodGet, "/v1/config", "/v1/config", fdAdminToken, nil},
 		{http.MethodPatch, "/v1/config", "/v1/config", fdAdminToken, map[string]any{"changes": map[string]any{"global_in_flight": 7}}},
 		{http.MethodGet, "/v1/config/history", "/v1/config/history", fdAdminToken, nil},
