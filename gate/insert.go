@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
 
@@ -83,7 +84,7 @@ func (a *Admitter) insertStatements(items []*item, st *state, perTenant bool) wr
 		chunk := ins[start:min(len(ins), start+insertChunk)]
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
-			request_sha256, queued_at, finished_at, error_code, error_message, retry_of) VALUES `)
+			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, queue_counted) VALUES `)
 		c := written{jobs: chunk, stmt: len(w.stmts)}
 		var pokes []outbox.NewPoke
 		rowArgs := make([]any, 0, 12*len(chunk))
@@ -91,7 +92,7 @@ func (a *Admitter) insertStatements(items []*item, st *state, perTenant bool) wr
 			if i > 0 {
 				q.WriteString(",")
 			}
-			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?)")
+			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,1)")
 			rowArgs = appendJobRow(rowArgs, it, st)
 			if it.scope == "" && (!perTenant || lastOf[it.req.Tenant] == start+i) {
 				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: it.req.Tenant, Offset: i})
@@ -107,7 +108,55 @@ func (a *Admitter) insertStatements(items []*item, st *state, perTenant bool) wr
 		}
 		w.chunks = append(w.chunks, c)
 	}
+	if q, args := queueCountSQL(ins, st); q != "" {
+		// Last, so that the insert ids of the statements before it keep their indexes.
+		w.stmts = append(w.stmts, q)
+		w.args = append(w.args, args)
+	}
 	return w
+}
+
+// queueCountSQL is the UPDATE that adds the queued jobs among ins to their tenants' queue state
+// (migration 0010: queued count, oldest queued job), or "" if none is queued. The rows are
+// inserted with queue_counted = 1, so the insert trigger leaves them to it (migration 0011): one
+// statement per transaction instead of one per row. The tenants' rows are locked already (read
+// locks them first). Every job of a transaction is queued at st.now, so the head changes only
+// for a tenant that had none, or whose head is newer than st.now (the database clock stepped
+// back); then it is read again from the claim index.
+func queueCountSQL(ins []*item, st *state) (string, []any) {
+	counts := map[string]int{}
+	var tenants []string
+	for _, it := range ins {
+		if it.scope != "" {
+			continue // rejected: never queued
+		}
+		if counts[it.req.Tenant] == 0 {
+			tenants = append(tenants, it.req.Tenant)
+		}
+		counts[it.req.Tenant]++
+	}
+	if len(tenants) == 0 {
+		return "", nil
+	}
+	var q strings.Builder
+	args := make([]any, 0, 3*len(tenants)+2)
+	q.WriteString("UPDATE tenants SET queued = queued + CASE tenant")
+	for _, t := range tenants {
+		q.WriteString(" WHEN ? THEN ?")
+		args = append(args, t, counts[t])
+	}
+	// MariaDB assigns left to right: head_at's condition still sees the old head_at, so it
+	// holds exactly when head_id's did, and its lookup sees the new head_id.
+	q.WriteString(` END,
+		head_id = IF(head_id IS NULL OR head_at > ?, (SELECT j.id FROM jobs j FORCE INDEX (claim)
+			WHERE j.status = 'queued' AND j.tenant = tenants.tenant ORDER BY j.queued_at, j.id LIMIT 1), head_id),
+		head_at = IF(head_at IS NULL OR head_at > ?, (SELECT j.queued_at FROM jobs j WHERE j.id = tenants.head_id), head_at)
+		WHERE tenant IN (` + store.Placeholders(len(tenants)) + ")")
+	args = append(args, st.now, st.now)
+	for _, t := range tenants {
+		args = append(args, t)
+	}
+	return q.String(), args
 }
 
 // appendJobRow appends the values of it's jobs row to args: queued, or rejected by a depth cap.
