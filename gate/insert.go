@@ -84,7 +84,7 @@ func (a *Admitter) insertStatements(items []*item, st *state, perTenant bool) wr
 		chunk := ins[start:min(len(ins), start+insertChunk)]
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
-			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, queue_counted) VALUES `)
+			request_sha256, queued_at, finished_at, error_code, error_message, retry_of) VALUES `)
 		c := written{jobs: chunk, stmt: len(w.stmts)}
 		var pokes []outbox.NewPoke
 		rowArgs := make([]any, 0, 12*len(chunk))
@@ -92,7 +92,7 @@ func (a *Admitter) insertStatements(items []*item, st *state, perTenant bool) wr
 			if i > 0 {
 				q.WriteString(",")
 			}
-			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,1)")
+			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?)")
 			rowArgs = appendJobRow(rowArgs, it, st)
 			if it.scope == "" && (!perTenant || lastOf[it.req.Tenant] == start+i) {
 				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: it.req.Tenant, Offset: i})
@@ -117,10 +117,9 @@ func (a *Admitter) insertStatements(items []*item, st *state, perTenant bool) wr
 }
 
 // queueCountSQL is the UPDATE that adds the queued jobs among ins to their tenants' queue state
-// (migration 0010: queued count, oldest queued job), or "" if none is queued. The rows are
-// inserted with queue_counted = 1, so the insert trigger leaves them to it (migration 0011): one
-// statement per transaction instead of one per row. The tenants' rows are locked already (read
-// locks them first). Every job of a transaction is queued at st.now, so the head changes only
+// (migration 0010: queued count, oldest queued job), or "" if none is queued: one statement per
+// transaction, where an insert trigger cost every row (migration 0011). Admission is the only
+// code that inserts queued jobs. The tenants' rows are locked already (read locks them first). Every job of a transaction is queued at st.now, so the head changes only
 // for a tenant that had none, or whose head is newer than st.now (the database clock stepped
 // back); then it is read again from the claim index.
 func queueCountSQL(ins []*item, st *state) (string, []any) {

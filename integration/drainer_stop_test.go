@@ -210,6 +210,7 @@ func queueOneJob(t *testing.T, db *testdb.DB, at time.Time) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	db.RecountQueues(t, "acme")
 	id, err := res.LastInsertId()
 	if err != nil {
 		t.Fatal(err)

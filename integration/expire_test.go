@@ -54,6 +54,7 @@ func TestQueuedJobsExpire(t *testing.T) {
 		if _, err := db.ExecContext(ctx, q, args...); err != nil {
 			t.Fatal(err)
 		}
+		db.RecountQueues(t, tenant)
 	}
 	const old = 1100 // more than two expiring transactions' worth
 	insert(old-100, "acme", "queued", t0.Add(-2*time.Minute))

@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -239,6 +240,9 @@ func (f *frontDoor) fillQueued(t testing.TB, tenant string, n int, status string
 			t.Fatal(err)
 		}
 		n -= k
+	}
+	if err := store.RecountQueues(context.Background(), f.db, tenant); err != nil {
+		t.Fatal(err)
 	}
 }
 

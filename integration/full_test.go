@@ -30,6 +30,7 @@ func TestFullDrainerSkipsItsClaim(t *testing.T) {
 		SELECT 't', 'queued', UTC_TIMESTAMP(6) FROM seq_1_to_3`); err != nil {
 		t.Fatal(err)
 	}
+	db.RecountQueues(t, "t")
 	counted, log := countedPool(t, db)
 	clk := clock.NewFake(time.Now())
 	exec := newHeldSender()

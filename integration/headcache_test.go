@@ -46,6 +46,7 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND FROM seq_1_to_20`); err != nil {
 		t.Fatal(err)
 	}
+	db.RecountQueues(t, "a")
 	var first int64
 	if err := db.QueryRowContext(ctx, "SELECT MIN(id) FROM jobs").Scan(&first); err != nil {
 		t.Fatal(err)
@@ -91,6 +92,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND, CONCAT('"job ', seq, '"') FROM seq_1_to_20`); err != nil {
 		t.Fatal(err)
 	}
+	db.RecountQueues(t, "a")
 	var first int64
 	if err := db.QueryRowContext(ctx, "SELECT MIN(id) FROM jobs").Scan(&first); err != nil {
 		t.Fatal(err)

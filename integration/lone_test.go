@@ -93,6 +93,9 @@ func testLoneJobClaim(t *testing.T, poked bool) {
 			t.Fatalf("%s: %v", q, err)
 		}
 		id, _ := r.LastInsertId()
+		if strings.HasPrefix(q, "INSERT INTO jobs") {
+			db.RecountQueues(t) // a raw insert; admission counts its own
+		}
 		return id
 	}
 	pass := func(want int) {
@@ -181,6 +184,7 @@ func TestPokedLoneClaimRoundTrips(t *testing.T) {
 		if _, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('a', 'queued', UTC_TIMESTAMP(6))"); err != nil {
 			t.Fatal(err)
 		}
+		db.RecountQueues(t, "a")
 		log.reset()
 		if poked {
 			d.Poke()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/status"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -47,6 +48,9 @@ func BenchmarkOpsStatusRead(b *testing.B) {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			b.Fatal(err)
 		}
+	}
+	if err := store.RecountQueues(ctx, db); err != nil {
+		b.Fatal(err)
 	}
 	b.ResetTimer()
 	var full time.Duration

@@ -152,6 +152,9 @@ func BenchmarkStatusDeepTenants(b *testing.B) {
 		}
 	}
 	fill := time.Since(start)
+	if err := store.RecountQueues(ctx, fillDB); err != nil {
+		b.Fatal(err)
+	}
 	r, err := status.New(status.Config{DB: db.DB})
 	if err != nil {
 		b.Fatal(err)

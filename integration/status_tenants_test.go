@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/opsmetrics"
 	"github.com/sluicehq/sluice/gate/status"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -41,6 +42,9 @@ func addTenants(tb testing.TB, db *sql.DB, prefix string, first, n int) {
 		if _, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES "+jrows, jobs...); err != nil {
 			tb.Fatalf("insert jobs: %v", err)
 		}
+	}
+	if err := store.RecountQueues(ctx, db); err != nil {
+		tb.Fatal(err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/status"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -61,6 +62,10 @@ func (f *fixture) job(tenant, status string, age time.Duration, rateKey any, not
 	f.exec(`INSERT INTO tenants (tenant, created_at) VALUES (?, ?) ON DUPLICATE KEY UPDATE tenant = tenant`, tenant, f.now)
 	f.exec(`INSERT INTO jobs (tenant, rate_key_sha256, status, queued_at, not_before) VALUES (?, ?, ?, ?, ?)`,
 		tenant, rateKey, status, f.now.Add(-age), notBefore)
+	// A raw insert: admission counts the jobs it inserts into their tenant's queue state.
+	if err := store.RecountQueues(context.Background(), f.db, tenant); err != nil {
+		f.t.Fatal(err)
+	}
 }
 
 func (f *fixture) read(gates status.Gates) status.Status {

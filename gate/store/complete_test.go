@@ -43,6 +43,9 @@ func queuedAt(t *testing.T, db *testdb.DB, tenant string, at time.Time) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := store.RecountQueues(ctx, db, tenant); err != nil {
+		t.Fatal(err)
+	}
 	id, _ := res.LastInsertId()
 	return id
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // LimitsDB is what PatchLimits and SetLimits need; *sql.DB and *DB satisfy it.
@@ -75,4 +76,14 @@ func limitMap(tb testing.TB, c limits.Config) map[string]json.RawMessage {
 		tb.Fatal(err)
 	}
 	return m
+}
+
+// RecountQueues recounts the queue state of tenants (every tenant when none is named:
+// store.RecountQueues), for a test that inserted queued jobs itself: admission counts the jobs it
+// inserts, a raw INSERT does not, and no claim sees a job its tenant's state does not count.
+func (d *DB) RecountQueues(tb testing.TB, tenants ...string) {
+	tb.Helper()
+	if err := store.RecountQueues(context.Background(), d.DB, tenants...); err != nil {
+		tb.Fatal(err)
+	}
 }
