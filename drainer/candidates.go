@@ -21,7 +21,7 @@ type want struct {
 // wants returns the tenants of withWork below their cap, with how many heads to read for each,
 // and whether a tenant with work was left out at a cap. A tenant at its cap is skipped without
 // reading its backlog.
-func (d *Drainer) wants(cfg limits.Config, inFlight map[string]int, total int, withWork []string) (ws []want, capped bool) {
+func (cl *claimer) wants(cfg limits.Config, inFlight map[string]int, total int, withWork []string) (ws []want, capped bool) {
 	free := cfg.GlobalInFlight - total
 	if free <= 0 {
 		return nil, len(withWork) > 0
@@ -32,12 +32,12 @@ func (d *Drainer) wants(cfg limits.Config, inFlight map[string]int, total int, w
 			capped = true
 			continue
 		}
-		ws = append(ws, want{tenant: t, room: min(room, free, d.cfg.ClaimBatch)})
+		ws = append(ws, want{tenant: t, room: min(room, free, cl.cfg.ClaimBatch)})
 	}
 	// A pass reads each tenant's fair share of the free slots, not each tenant's full room: with
 	// 64 tenants and 64 free slots that is 1 head each instead of 64. A tenant whose share runs
-	// out while it may have more stops the pass early (see claim), and the next pass goes on.
-	share := (min(free, d.cfg.ClaimBatch) + len(ws) - 1) / max(len(ws), 1)
+	// out while it may have more stops the pass early (see choose), and the next pass goes on.
+	share := (min(free, cl.cfg.ClaimBatch) + len(ws) - 1) / max(len(ws), 1)
 	for i := range ws {
 		ws[i].room = min(ws[i].room, max(share, 1))
 		ws[i].n = ws[i].room + gateSlack
@@ -52,7 +52,7 @@ const maxStatementBytes = 48 << 10
 
 // heads returns, for each tenant of ws, its oldest eligible queued jobs (at most w.n), leaving
 // out the jobs of the rate keys in excluded (keys found gated earlier in the pass).
-func (d *Drainer) heads(ctx context.Context, now time.Time, ws []want, excluded []string) (map[string][]candidate, error) {
+func (cl *claimer) heads(ctx context.Context, now time.Time, ws []want, excluded []string) (map[string][]candidate, error) {
 	out := map[string][]candidate{}
 	exclude := ""
 	if len(excluded) > 0 {
@@ -64,7 +64,7 @@ func (d *Drainer) heads(ctx context.Context, now time.Time, ws []want, excluded 
 		if q.Len() == 0 {
 			return nil
 		}
-		err := d.readHeads(ctx, q.String(), args, out)
+		err := cl.readHeads(ctx, q.String(), args, out)
 		q.Reset()
 		args = args[:0]
 		return err
@@ -101,8 +101,8 @@ func (d *Drainer) heads(ctx context.Context, now time.Time, ws []want, excluded 
 }
 
 // readHeads runs one statement of heads and adds its rows to out.
-func (d *Drainer) readHeads(ctx context.Context, q string, args []any, out map[string][]candidate) error {
-	hr, err := d.cfg.DB.QueryContext(ctx, q, args...)
+func (cl *claimer) readHeads(ctx context.Context, q string, args []any, out map[string][]candidate) error {
+	hr, err := cl.cfg.DB.QueryContext(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("read queue heads: %w", err)
 	}
@@ -175,15 +175,15 @@ func (g *gatedSeen) learn(nb map[string]time.Time, now time.Time, memory time.Du
 // read was full (so more may exist), is read again with the gated keys excluded, so a gated key
 // never hides the tenant's other keys. A failing gate store fails open: whatever is not known to
 // be gated is a candidate. No transaction is open while memcached is asked.
-func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int, page tenantPage) (map[string][]candidate, map[string]bool, bool, error) {
+func (cl *claimer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int, page tenantPage) (map[string][]candidate, map[string]bool, bool, error) {
 	cands, more := map[string][]candidate{}, map[string]bool{}
-	free := min(cfg.GlobalInFlight-total, d.cfg.ClaimBatch)
+	free := min(cfg.GlobalInFlight-total, cl.cfg.ClaimBatch)
 	capped := false
 	for pages := 1; ; pages++ {
-		ws, c := d.wants(cfg, inFlight, total, page.tenants)
+		ws, c := cl.wants(cfg, inFlight, total, page.tenants)
 		capped = capped || c
 		if len(ws) > 0 {
-			pc, pm, err := d.gatedCandidates(ctx, now, ws)
+			pc, pm, err := cl.gatedCandidates(ctx, now, ws)
 			if err != nil {
 				return nil, nil, false, err
 			}
@@ -194,7 +194,7 @@ func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Conf
 		if !page.full || pages == maxTenantPages || free <= 0 || enough(cfg, cands, inFlight, free) {
 			break
 		}
-		next, err := d.nextTenants(ctx, cfg, page)
+		next, err := cl.nextTenants(ctx, cfg, page)
 		if err != nil {
 			return nil, nil, false, err
 		}
@@ -202,7 +202,7 @@ func (d *Drainer) candidates(ctx context.Context, now time.Time, cfg limits.Conf
 	}
 	// A tenant left waiting at a cap, or tenants not read, mean more than one job is queued: no
 	// lone-job probe.
-	d.setProbe(!capped && !page.full)
+	cl.probe = !capped && !page.full
 	return cands, more, page.full, nil
 }
 
@@ -224,21 +224,21 @@ func enough(cfg limits.Config, cands map[string][]candidate, inFlight map[string
 // firstHeads returns the heads of ws: a tenant's cached ones when it has more than its share of
 // this pass (see headCache), else read, headsPerRead at least, and the full reads cached. full
 // reports, per tenant, whether more queued jobs exist beyond the heads returned.
-func (d *Drainer) firstHeads(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
+func (cl *claimer) firstHeads(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
 	cands := map[string][]candidate{}
 	full := map[string]bool{}
 	var miss []want
 	for _, w := range ws {
 		// More cached heads than the tenant's share: the pass ends at a tenant's last known
-		// head (see claim), and that should not happen on a cached one.
-		if cs := d.headCache.take(w.tenant); len(cs) > w.room {
+		// head (see choose), and that should not happen on a cached one.
+		if cs := cl.headCache.take(w.tenant); len(cs) > w.room {
 			cands[w.tenant], full[w.tenant] = cs, true
 			continue
 		}
 		w.n = max(w.n, headsPerRead)
 		miss = append(miss, w)
 	}
-	read, err := d.heads(ctx, now, miss, nil)
+	read, err := cl.heads(ctx, now, miss, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -246,9 +246,9 @@ func (d *Drainer) firstHeads(ctx context.Context, now time.Time, ws []want) (map
 		cs := read[w.tenant]
 		cands[w.tenant], full[w.tenant] = cs, len(cs) >= w.n
 		if full[w.tenant] {
-			d.headCache.keep(w.tenant, cs)
+			cl.headCache.keep(w.tenant, cs)
 		} else {
-			d.headCache.invalidate(w.tenant)
+			cl.headCache.invalidate(w.tenant)
 		}
 	}
 	return cands, full, nil
@@ -256,14 +256,14 @@ func (d *Drainer) firstHeads(ctx context.Context, now time.Time, ws []want) (map
 
 // gatedCandidates returns the heads of ws without those of gated rate keys, re-reading tenants
 // whose heads were all gated, and whether each tenant may have more eligible jobs than returned.
-func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
-	cands, full, err := d.firstHeads(ctx, now, ws)
-	if err != nil || d.cfg.Gates == nil {
+func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
+	cands, full, err := cl.firstHeads(ctx, now, ws)
+	if err != nil || cl.cfg.Gates == nil {
 		return cands, full, err
 	}
 	looked := map[string]bool{}
 	var gated []string
-	known := d.gatedSeen.at(now)
+	known := cl.gatedSeen.at(now)
 	for k := range known {
 		looked[k] = true
 		gated = append(gated, k)
@@ -280,16 +280,16 @@ func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want)
 			}
 		}
 		if len(keys) > 0 {
-			nb, err := d.cfg.Gates.NotBefore(ctx, keys)
-			if err != nil && d.cfg.Metrics != nil {
-				d.cfg.Metrics.GateUnavailable.Inc()
+			nb, err := cl.cfg.Gates.NotBefore(ctx, keys)
+			if err != nil && cl.cfg.Metrics != nil {
+				cl.cfg.Metrics.GateUnavailable.Inc()
 			}
 			for _, k := range keys {
 				if t, ok := nb[k]; ok && t.After(now) {
 					gated = append(gated, k)
 				}
 			}
-			d.gatedSeen.learn(nb, now, d.cfg.PollInterval)
+			cl.gatedSeen.learn(nb, now, cl.cfg.PollInterval)
 			dropGated(cands, nb, now)
 			if err != nil {
 				return cands, full, nil // fail open: no second read on an unreliable answer
@@ -307,7 +307,7 @@ func (d *Drainer) gatedCandidates(ctx context.Context, now time.Time, ws []want)
 		if len(again) == 0 {
 			return cands, full, nil
 		}
-		more, err := d.heads(ctx, now, again, gated)
+		more, err := cl.heads(ctx, now, again, gated)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -2,7 +2,9 @@ package drainer
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/base64"
 	"fmt"
 	"strings"
 	"time"
@@ -11,11 +13,6 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
-
-func loadLimits(ctx context.Context, q limits.Querier) (limits.Config, error) {
-	v, err := limits.Load(ctx, q)
-	return v.Config, err
-}
 
 // candidate is a queued job that a pass may claim.
 type candidate struct {
@@ -75,23 +72,6 @@ func decodeClaimConfig(raw sql.NullString) (limits.Config, error) {
 	return limits.Decode([]byte(raw.String))
 }
 
-// lastConfig returns the runtime configuration the last claim transaction read (the defaults
-// before the first).
-func (d *Drainer) lastConfig() limits.Config {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.viewed {
-		return limits.Default()
-	}
-	return d.viewCfg
-}
-
-func (d *Drainer) remember(cfg limits.Config) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.viewCfg, d.viewed = cfg, true
-}
-
 // lockAndCount takes the claim lock of tx, reading the runtime configuration in force, and
 // counts the jobs in flight per tenant, in the transaction's first round trip.
 func lockAndCount(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, inFlight map[string]int, total int, err error) {
@@ -145,12 +125,12 @@ type claimUpdate struct {
 	stamp  time.Time
 }
 
-func (d *Drainer) claimUpdate(now time.Time, cfg limits.Config, chosen []candidate) (claimUpdate, error) {
+func (cl *claimer) claimUpdate(now time.Time, cfg limits.Config, chosen []candidate) (claimUpdate, error) {
 	nonces := make([]string, len(chosen))
 	var cases, fence strings.Builder
 	args := make([]any, 0, 16+4*len(chosen))
 	var started any
-	if d.cfg.UnconfirmedStarts {
+	if cl.cfg.UnconfirmedStarts {
 		started = now
 	}
 	// A pass's clock reading may predate the admission of a job it found (the job committed
@@ -167,7 +147,7 @@ func (d *Drainer) claimUpdate(now time.Time, cfg limits.Config, chosen []candida
 	if started != nil {
 		started = stamp
 	}
-	args = append(args, stamp, stamp, started, now.Add(cfg.Lease()), d.cfg.ID, now.Add(cfg.NonceTTL()))
+	args = append(args, stamp, stamp, started, now.Add(cfg.Lease()), cl.cfg.ID, now.Add(cfg.NonceTTL()))
 	for i, c := range chosen {
 		n, err := newNonce()
 		if err != nil {
@@ -222,8 +202,8 @@ func (u claimUpdate) claimed(chosen []candidate, got map[int64]bool, cfg limits.
 // claim's nonces, and commits, in one round trip. The read sees the transaction's own UPDATE,
 // so a job canceled or taken meanwhile is not counted as claimed. Payloads are read after the
 // commit (loadPayloads): the claim lock is held until COMMIT, and other drainers wait for it.
-func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg limits.Config, chosen []candidate) ([]claimed, error) {
-	u, err := d.claimUpdate(now, cfg, chosen)
+func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg limits.Config, chosen []candidate) ([]claimed, error) {
+	u, err := cl.claimUpdate(now, cfg, chosen)
 	if err != nil {
 		return nil, err
 	}
@@ -266,14 +246,14 @@ func (d *Drainer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time
 }
 
 // loadPayloads reads the payloads and attempt counts of jobs this drainer claimed.
-func (d *Drainer) loadPayloads(ctx context.Context, cs []claimed) error {
+func (cl *claimer) loadPayloads(ctx context.Context, cs []claimed) error {
 	ids := make([]int64, len(cs))
 	byID := map[int64]int{}
 	for i, c := range cs {
 		ids[i] = c.row.ID
 		byID[c.row.ID] = i
 	}
-	rows, err := d.cfg.DB.QueryContext(ctx, "SELECT id, payload, attempt, dispatch_failures FROM jobs WHERE id IN ("+store.Placeholders(len(ids))+")", int64Args(ids)...)
+	rows, err := cl.cfg.DB.QueryContext(ctx, "SELECT id, payload, attempt, dispatch_failures FROM jobs WHERE id IN ("+store.Placeholders(len(ids))+")", int64Args(ids)...)
 	if err != nil {
 		return fmt.Errorf("read claimed payloads: %w", err)
 	}
@@ -291,6 +271,14 @@ func (d *Drainer) loadPayloads(ctx context.Context, cs []claimed) error {
 	return rows.Err()
 }
 
+func newNonce() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("mint nonce: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
 // claimCommitTimeout bounds the claim's last round trip once it no longer follows the
 // drainer's context: its UPDATE may wait for row locks up to innodb_lock_wait_timeout (10 s).
 const claimCommitTimeout = 15 * time.Second
@@ -298,18 +286,18 @@ const claimCommitTimeout = 15 * time.Second
 // handBackIfStopping hands jobs this pass claimed back to the queue, unsent, when ctx was
 // cancelled meanwhile (the drainer is stopping: SPEC §11, claimed jobs not yet sent go back to
 // queued), and reports whether it did.
-func (d *Drainer) handBackIfStopping(ctx context.Context, now time.Time, cs []claimed) bool {
+func (cl *claimer) handBackIfStopping(ctx context.Context, now time.Time, cs []claimed) bool {
 	if ctx.Err() == nil {
 		return false
 	}
-	d.releaseUnsent(ctx, now, cs, "the drainer stopped before sending it")
+	cl.releaseUnsent(ctx, now, cs, "the drainer stopped before sending it")
 	return true
 }
 
 // releaseUnsent returns claimed jobs that were never sent to queued, fenced on the claim, with
 // why as their error message. It runs whether or not ctx was cancelled: a stopping drainer is the
 // usual reason to call it. If the database refuses, lease recovery takes the jobs later.
-func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed, why string) {
+func (cl *claimer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed, why string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCommitTimeout)
 	defer cancel()
 	items := make([]store.Finishing, len(cs))
@@ -317,20 +305,21 @@ func (d *Drainer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed
 		items[i] = store.Finishing{Row: c.row, Outcome: store.Outcome{Status: job.Queued,
 			ErrorCode: "dispatch_error", ErrorMessage: why}}
 	}
-	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		_, err := d.store.FinishMany(ctx, tx, now, items)
+	err := inTx(ctx, cl.cfg.DB, func(tx *sql.Tx) error {
+		_, err := cl.store.FinishMany(ctx, tx, now, items)
 		return err
 	})
 	for _, c := range cs {
-		d.headCache.invalidate(c.row.Tenant)
+		cl.headCache.invalidate(c.row.Tenant)
 	}
 	if err != nil {
-		d.cfg.Log.Warn("could not hand back claimed jobs that were never sent; lease recovery will", "jobs", len(cs), "error", err)
+		cl.cfg.Log.Warn("could not hand back claimed jobs that were never sent; lease recovery will", "jobs", len(cs), "error", err)
 	}
 }
 
-func (d *Drainer) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := d.cfg.DB.BeginTx(ctx, nil)
+// inTx runs fn in a transaction of db, and commits it unless fn fails.
+func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}

@@ -7,7 +7,7 @@ import (
 )
 
 // pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may.
-func (d *Drainer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) string {
+func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) string {
 	var tenants []string
 	for t, cs := range cands {
 		if len(cs) > 0 && inFlight[t] < cfg.TenantCap(t) {
@@ -21,12 +21,12 @@ func (d *Drainer) pick(cfg limits.Config, cands map[string][]candidate, inFlight
 	case limits.RoundRobin:
 		sort.Strings(tenants) // the other orderings need no sort: job ids break every tie
 		for _, t := range tenants {
-			if t > d.rrLast {
-				d.rrLast = t
+			if t > cl.rrLast {
+				cl.rrLast = t
 				return t
 			}
 		}
-		d.rrLast = tenants[0]
+		cl.rrLast = tenants[0]
 		return tenants[0]
 	case limits.FIFO:
 		best := tenants[0]

@@ -36,8 +36,8 @@ const maxTenantPages = 4
 
 // tenantsPerPage is how many tenants with work a page holds: the jobs a pass may claim, plus
 // gateSlack so a few gated or capped tenants do not force a second read.
-func (d *Drainer) tenantsPerPage(cfg limits.Config) int {
-	return max(min(cfg.GlobalInFlight, d.cfg.ClaimBatch), 1) + gateSlack
+func (cl *claimer) tenantsPerPage(cfg limits.Config) int {
+	return max(min(cfg.GlobalInFlight, cl.cfg.ClaimBatch), 1) + gateSlack
 }
 
 // passState reads, in one round trip, the jobs in flight per tenant and the first page of
@@ -45,9 +45,9 @@ func (d *Drainer) tenantsPerPage(cfg limits.Config) int {
 // in-flight states only, so it is bounded by the global cap; the page reads one index of tenants
 // (migrations/0010) for a number of rows bounded by the claim batch. Neither grows with the number
 // of tenants that have work or ever had it, nor with any tenant's backlog.
-func (d *Drainer) passState(ctx context.Context, cfg limits.Config) (inFlight map[string]int, total int, page tenantPage, err error) {
-	q, args := d.tenantsSQL(cfg, tenantKey{}, true)
-	rows, err := d.cfg.DB.QueryContext(ctx, q+` UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM jobs
+func (cl *claimer) passState(ctx context.Context, cfg limits.Config) (inFlight map[string]int, total int, page tenantPage, err error) {
+	q, args := cl.tenantsSQL(cfg, tenantKey{}, true)
+	rows, err := cl.cfg.DB.QueryContext(ctx, q+` UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM jobs
 		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`, args...)
 	if err != nil {
 		return nil, 0, page, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
@@ -71,13 +71,13 @@ func (d *Drainer) passState(ctx context.Context, cfg limits.Config) (inFlight ma
 	if err := rows.Err(); err != nil {
 		return nil, 0, page, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
 	}
-	return inFlight, total, d.pageOf(cfg, tenantKey{}, work), nil
+	return inFlight, total, cl.pageOf(cfg, tenantKey{}, work), nil
 }
 
 // nextTenants reads the page of tenants with work that follows prev.
-func (d *Drainer) nextTenants(ctx context.Context, cfg limits.Config, prev tenantPage) (tenantPage, error) {
-	q, args := d.tenantsSQL(cfg, prev.after, false)
-	rows, err := d.cfg.DB.QueryContext(ctx, q, args...)
+func (cl *claimer) nextTenants(ctx context.Context, cfg limits.Config, prev tenantPage) (tenantPage, error) {
+	q, args := cl.tenantsSQL(cfg, prev.after, false)
+	rows, err := cl.cfg.DB.QueryContext(ctx, q, args...)
 	if err != nil {
 		return tenantPage{}, fmt.Errorf("read tenants with queued jobs: %w", err)
 	}
@@ -94,7 +94,7 @@ func (d *Drainer) nextTenants(ctx context.Context, cfg limits.Config, prev tenan
 	if err := rows.Err(); err != nil {
 		return tenantPage{}, fmt.Errorf("read tenants with queued jobs: %w", err)
 	}
-	return d.pageOf(cfg, prev.after, work), nil
+	return cl.pageOf(cfg, prev.after, work), nil
 }
 
 // tenantRow is a row of tenantsSQL.
@@ -110,16 +110,16 @@ type tenantRow struct {
 // NULL)). fair and fifo walk the head index (every tenant's oldest queued job,
 // oldest first); round_robin walks work_tenant by name from the tenant served last to the end,
 // then from the first name up to it.
-func (d *Drainer) tenantsSQL(cfg limits.Config, from tenantKey, first bool) (string, []any) {
-	n := d.tenantsPerPage(cfg)
+func (cl *claimer) tenantsSQL(cfg limits.Config, from tenantKey, first bool) (string, []any) {
+	n := cl.tenantsPerPage(cfg)
 	const cols = "SELECT tenant, NULL, head_at, head_id FROM tenants"
 	if cfg.Ordering == limits.RoundRobin {
 		if first {
-			from.name = d.rrLast
+			from.name = cl.rrLast
 		}
 		if from.wrapped {
 			return "(" + cols + " FORCE INDEX (work_tenant) WHERE work_tenant > ? AND work_tenant <= ? ORDER BY work_tenant LIMIT ?)",
-				[]any{from.name, d.rrLast, n}
+				[]any{from.name, cl.rrLast, n}
 		}
 		return "(" + cols + " FORCE INDEX (work_tenant) WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?)", []any{from.name, n}
 	}
@@ -132,8 +132,8 @@ func (d *Drainer) tenantsSQL(cfg limits.Config, from tenantKey, first bool) (str
 }
 
 // pageOf turns the rows of tenantsSQL read from from into a page.
-func (d *Drainer) pageOf(cfg limits.Config, from tenantKey, rows []tenantRow) tenantPage {
-	p := tenantPage{full: len(rows) >= d.tenantsPerPage(cfg), after: from}
+func (cl *claimer) pageOf(cfg limits.Config, from tenantKey, rows []tenantRow) tenantPage {
+	p := tenantPage{full: len(rows) >= cl.tenantsPerPage(cfg), after: from}
 	for _, r := range rows {
 		p.tenants = append(p.tenants, r.name)
 	}
@@ -141,7 +141,7 @@ func (d *Drainer) pageOf(cfg limits.Config, from tenantKey, rows []tenantRow) te
 		last := rows[len(rows)-1]
 		p.after = tenantKey{headAt: last.headAt.Time, headID: last.headID.Int64, name: last.name, wrapped: from.wrapped}
 	}
-	if cfg.Ordering == limits.RoundRobin && !p.full && !from.wrapped && d.rrLast != "" {
+	if cfg.Ordering == limits.RoundRobin && !p.full && !from.wrapped && cl.rrLast != "" {
 		// The names after the tenant served last are done; those up to it are the next page.
 		p.full, p.after = true, tenantKey{wrapped: true}
 	}
