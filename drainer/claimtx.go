@@ -271,6 +271,7 @@ func (cl *claimer) loadPayloads(ctx context.Context, cs []claimed) error {
 	return rows.Err()
 }
 
+// newNonce mints the random nonce of one dispatch (SPEC §4, start confirmation).
 func newNonce() (string, error) {
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
