@@ -2,116 +2,151 @@ package drainer
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/drainer/executor"
-	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
-// startDispatch sends c to the executor in a goroutine owned by the Drainer and records the
-// answer. The job is already committed as dispatched: nothing is sent before that commit.
-func (d *Drainer) startDispatch(c claimed) {
-	d.dispatches.Add(1)
-	d.unanswered.Add(1)
+// dispatcher sends claimed jobs to the executor, one goroutine each, and deals with the answers:
+// it gates the rate key an answer asks for, records a 202 itself (leaseToWall) and hands every
+// other answer to the completer, then lets go of the job (leases.release) and wakes a pass when
+// a slot was freed. The pass calls start; Stop calls wait and cancel. RunOnce is one dispatch,
+// synchronously. It owns the dispatch goroutines, the context they run under and the count of
+// answers outstanding; all of it is safe for concurrent use without a lock.
+type dispatcher struct {
+	cfg      *Config
+	leases   *leaseKeeper
+	complete completer
+	wake     func()
+
+	work       context.Context // dispatches run under it; canceled by cancel (Stop, after the grace)
+	cancelWork context.CancelFunc
+	running    sync.WaitGroup
+	// unanswered counts the dispatches sent whose answer has not yet been recorded and acted on
+	// (asynchronous executors' jobs leave it at the 202). Bar the moment between an outcome's
+	// commit and its decrement, which is followed by a wake, those jobs are in flight in the
+	// database whatever else is; when they alone fill the global cap no claim can start anything
+	// (see claimer.RunOnce).
+	unanswered atomic.Int64
+}
+
+func newDispatcher(cfg *Config, leases *leaseKeeper, complete completer, wake func()) *dispatcher {
+	work, cancel := context.WithCancel(context.Background())
+	return &dispatcher{cfg: cfg, leases: leases, complete: complete, wake: wake, work: work, cancelWork: cancel}
+}
+
+// start sends c to the executor in a goroutine owned by the dispatcher and records the answer.
+// The job is already committed as dispatched: nothing is sent before that commit.
+func (s *dispatcher) start(c claimed) {
+	s.running.Add(1)
+	s.unanswered.Add(1)
 	go func() {
-		defer d.dispatches.Done()
-		ctx, cancel := context.WithTimeout(d.work, c.wall)
-		defer cancel()
-		deadline := *c.row.DispatchedAt
-		deadline = deadline.Add(c.wall)
-		ans := d.cfg.Executor.Send(ctx, executor.Dispatch{
-			JobID:         c.row.ID,
-			Tenant:        c.row.Tenant,
-			RateKeySHA256: c.row.RateKeySHA256,
-			Payload:       c.row.Payload,
-			Nonce:         c.nonce,
-			Deadline:      deadline,
-			Version:       c.row.Version,
-			Attempt:       c.row.Attempt,
-		})
-		// Record with a context of its own: a canceled dispatch must still record its outcome.
-		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer rcancel()
-		err := d.recordRetrying(rctx, c, ans)
-		if err != nil {
-			d.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
-		}
-		// A recorded outcome ends this drainer's hold on the job, and so does a recorded 202,
-		// whose lease now runs to the wall; an unrecorded answer stops the renewal, so that
-		// recovery takes the job when its lease runs out.
-		d.forget(c)
-		freed := err == nil && ans.Kind != executor.Accepted
-		d.unanswered.Add(-1) // before the wake, so that the pass it starts counts the slot free
-		if freed {
-			d.Wake() // capacity freed: claim the next job now, not at the next poll
-		}
-		if d.cfg.Recorded != nil {
-			d.cfg.Recorded(c.row.ID)
-		}
+		defer s.running.Done()
+		s.answer(c)
 	}()
 }
 
-// forget drops c from the jobs this drainer holds (and renews), unless a later claim of the same
-// job replaced it.
-func (d *Drainer) forget(c claimed) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if v, ok := d.held[c.row.ID]; ok && v == c.row.Version {
-		delete(d.held, c.row.ID)
+// RunOnce sends c and deals with the answer, as start's goroutine does, and returns when done.
+func (s *dispatcher) RunOnce(c claimed) {
+	s.unanswered.Add(1)
+	s.answer(c)
+}
+
+// answer sends c, records the answer and lets go of the job; it ends one unanswered dispatch.
+func (s *dispatcher) answer(c claimed) {
+	ctx, cancel := context.WithTimeout(s.work, c.wall)
+	defer cancel()
+	deadline := *c.row.DispatchedAt
+	deadline = deadline.Add(c.wall)
+	ans := s.cfg.Executor.Send(ctx, executor.Dispatch{
+		JobID:         c.row.ID,
+		Tenant:        c.row.Tenant,
+		RateKeySHA256: c.row.RateKeySHA256,
+		Payload:       c.row.Payload,
+		Nonce:         c.nonce,
+		Deadline:      deadline,
+		Version:       c.row.Version,
+		Attempt:       c.row.Attempt,
+	})
+	// Record with a context of its own: a canceled dispatch must still record its outcome.
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rcancel()
+	err := s.recordRetrying(rctx, c, ans)
+	if err != nil {
+		s.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
+	}
+	// A recorded outcome ends this drainer's hold on the job, and so does a recorded 202,
+	// whose lease now runs to the wall; an unrecorded answer stops the renewal, so that
+	// recovery takes the job when its lease runs out.
+	s.leases.release(c)
+	freed := err == nil && ans.Kind != executor.Accepted
+	s.unanswered.Add(-1) // before the wake, so that the pass it starts counts the slot free
+	if freed {
+		s.wake() // capacity freed: claim the next job now, not at the next poll
+	}
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.Recorded(c.row.ID)
 	}
 }
 
-// outcomeReq is one dispatch answer waiting to be recorded.
-type outcomeReq struct {
-	c         claimed
-	ans       executor.Answer
-	gateRetry int  // the gate the answer asked for, in seconds (0: none)
-	gated     bool // the gate store took that gate
-	done      chan error
+// wait waits for the dispatches under way to be answered and recorded, up to ctx's end; then it
+// cancels the rest (their answers are recorded as unknown outcomes) and waits for their records.
+func (s *dispatcher) wait(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		s.running.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.cancelWork()
+		<-done
+	}
 }
 
-// maxOutcomeBatch bounds the outcomes written in one transaction.
-const maxOutcomeBatch = 256
+// cancel cancels every dispatch still under way. Idempotent.
+func (s *dispatcher) cancel() { s.cancelWork() }
 
 // record applies an executor's answer, whose gate gateAnswer took (gateRetry, gated), to the job
-// it was dispatched as (SPEC §8), fenced on the claimed version: if recovery or an executor's
-// /complete got there first, the write is refused (startDispatch then lets go of the job, as
-// after any recorded outcome). Answers arriving together are written together: the first caller
-// to find no batch in progress becomes the writer and records everything queued until the queue
-// is empty (group commit), so a thousand outcomes do not cost a thousand commits.
-func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer, gateRetry int, gated bool) error {
+// it was dispatched as (SPEC §8): a 202 here (leaseToWall), anything else through the completer.
+func (s *dispatcher) record(ctx context.Context, c claimed, ans executor.Answer, gateRetry int, gated bool) error {
 	if ans.Kind == executor.Accepted {
-		return d.leaseToWall(ctx, c)
+		return s.leaseToWall(ctx, c)
 	}
-	req := &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated, done: make(chan error, 1)}
-	d.recMu.Lock()
-	d.recQueue = append(d.recQueue, req)
-	if d.recBusy {
-		d.recMu.Unlock()
-		return <-req.done
-	}
-	d.recBusy = true
-	for {
-		batch := d.recQueue
-		if len(batch) > maxOutcomeBatch {
-			batch = batch[:maxOutcomeBatch]
+	return s.complete.record(ctx, &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated})
+}
+
+// recordRetrying records ans (record), retrying failed attempts (a database restart, a
+// dropped connection) with backoff until ctx ends (RunOnce gives it 30 s). An outcome
+// that is never recorded is left to lease recovery, which cannot know it and so marks a started
+// job lost; retrying carries a job through a database outage shorter than its lease (10 s by
+// default) to its real outcome. Retrying is safe: every attempt is fenced on the claimed
+// version, so an attempt whose COMMIT did land makes the next one a no-op ("moved on").
+func (s *dispatcher) recordRetrying(ctx context.Context, c claimed, ans executor.Answer) error {
+	gateRetry, gated := s.gateAnswer(ctx, c, ans)
+	wait := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := s.record(ctx, c, ans, gateRetry, gated)
+		if err == nil {
+			if attempt > 1 {
+				s.cfg.Log.Info("dispatch outcome recorded after retries", "job_id", c.row.ID, "attempts", attempt)
+			}
+			return nil
 		}
-		d.recQueue = d.recQueue[len(batch):]
-		d.recMu.Unlock()
-		err := d.recordBatch(ctx, batch)
-		for _, r := range batch {
-			r.done <- err
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
 		}
-		d.recMu.Lock()
-		if len(d.recQueue) == 0 {
-			d.recBusy = false
-			d.recMu.Unlock()
-			return <-req.done
-		}
+		wait = min(2*wait, time.Second)
 	}
 }
 
@@ -120,7 +155,7 @@ func (d *Drainer) record(ctx context.Context, c claimed, ans executor.Answer, ga
 // answer, before the outcome is written and outside any transaction: the key's other jobs must
 // stop being claimed whatever happens to this one, and a retried write must not push the gate
 // later than now + R + 5 s from the answer (SPEC §5).
-func (d *Drainer) gateAnswer(ctx context.Context, c claimed, ans executor.Answer) (gateRetry int, gated bool) {
+func (s *dispatcher) gateAnswer(ctx context.Context, c claimed, ans executor.Answer) (gateRetry int, gated bool) {
 	if ans.Gate != nil {
 		gateRetry = ans.Gate.RetryAfter
 	}
@@ -129,7 +164,7 @@ func (d *Drainer) gateAnswer(ctx context.Context, c claimed, ans executor.Answer
 		gateRetry = max(gateRetry, ans.RetryAfter, 1)
 	}
 	if gateRetry > 0 {
-		gated = d.gate(ctx, c.row, gateRetry)
+		gated = s.gate(ctx, c.row, gateRetry)
 	}
 	return gateRetry, gated
 }
@@ -139,8 +174,8 @@ func (d *Drainer) gateAnswer(ctx context.Context, c claimed, ans executor.Answer
 // dispatched or running until complete or wall). Its lease runs to the wall at once; recovery
 // takes it only then, and this drainer stops renewing it. Fenced: if the job moved on (an early
 // /complete), there is nothing to hold.
-func (d *Drainer) leaseToWall(ctx context.Context, c claimed) error {
-	_, err := d.cfg.DB.ExecContext(ctx, `UPDATE jobs SET lease_until = ?
+func (s *dispatcher) leaseToWall(ctx context.Context, c claimed) error {
+	_, err := s.cfg.DB.ExecContext(ctx, `UPDATE jobs SET lease_until = ?
 		WHERE id = ? AND version = ? AND status IN ('dispatched','running')`,
 		c.row.DispatchedAt.Add(c.wall), c.row.ID, c.row.Version)
 	if err != nil {
@@ -149,138 +184,20 @@ func (d *Drainer) leaseToWall(ctx context.Context, c claimed) error {
 	return nil
 }
 
-// recordBatch writes the outcomes of batch in one transaction of three round trips
-// (store.ConnTx): one begins it and locks the jobs, one applies the outcomes and writes their
-// pokes, one commits.
-func (d *Drainer) recordBatch(ctx context.Context, batch []*outcomeReq) error {
-	now, err := d.cfg.Clock.Now(ctx)
-	if err != nil {
-		return err
-	}
-	tx, err := store.BeginConnTx(ctx, d.cfg.DB)
-	if err != nil {
-		return fmt.Errorf("begin outcomes: %w", err)
-	}
-	defer tx.Close()
-	ids := make([]int64, len(batch))
-	for i, r := range batch {
-		ids[i] = r.c.row.ID
-	}
-	res, err := tx.Query(ctx, []string{"SELECT " + store.LockColumns + " FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE"}, int64Args(ids)...)
-	if err != nil {
-		return fmt.Errorf("lock dispatched jobs: %w", err)
-	}
-	current := map[int64]store.Row{}
-	err = res.EachRow(func(r store.Row) { current[r.ID] = r })
-	if err = errors.Join(err, res.Close()); err != nil {
-		return fmt.Errorf("lock dispatched jobs: %w", err)
-	}
-	var items []store.Finishing
-	for _, req := range batch {
-		r, ok := current[req.c.row.ID]
-		if !ok || r.Version != req.c.row.Version || !r.Status.InFlight() {
-			d.cfg.Log.Warn("dispatch outcome ignored: the job moved on", "job_id", req.c.row.ID,
-				"claimed_version", req.c.row.Version, "version", r.Version, "status", r.Status)
-			continue
-		}
-		items = append(items, store.Finishing{Row: r, Outcome: d.outcome(now, r, req)})
-	}
-	if len(items) == 0 {
-		return nil
-	}
-	to, err := d.store.FinishManyConn(ctx, tx, now, items)
-	if err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit %d outcome(s): %w", len(items), err)
-	}
-	for i, it := range items {
-		if to[i] == job.Queued {
-			d.headCache.invalidate(it.Row.Tenant) // it keeps its place ahead of the cached heads
-		}
-	}
-	for i, it := range items {
-		d.store.Metrics.Finished(to[i], it.Row.DispatchedAt, now)
-	}
-	return nil
-}
-
-// outcome maps an executor's answer to the job's next state (the SPEC §8 table).
-func (d *Drainer) outcome(now time.Time, r store.Row, req *outcomeReq) store.Outcome {
-	ans := req.ans
-	// A 429 or a 503 is the executor saying it did not start the job, which holds when starts
-	// are not confirmed too (the job is then still dispatched, never running). Only an answer
-	// that says nothing (an error, a timeout) needs a confirmation to prove the job never started.
-	refusedUnstarted := r.Status != job.Running
-	neverStarted := refusedUnstarted && !d.cfg.UnconfirmedStarts
-	switch ans.Kind {
-	case executor.Done:
-		return store.Outcome{Status: job.Status(ans.Status), ErrorCode: ans.ErrorCode, ErrorMessage: ans.ErrorMessage, Result: ans.Result,
-			Reported: true}
-	case executor.RateLimited:
-		if !refusedUnstarted {
-			return store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited), ErrorMessage: "the executor answered 429 after the start"}
-		}
-		// The gate holds the job back, so clearing the gate releases it too. Only when the gate
-		// could not be written (no store, memcached down, no rate key) does the job get a
-		// not-before of its own, so that it at least does not hit the quota again at once. A 429
-		// never spends the dispatch budget: an hourly limit must be waited out.
-		o := store.Outcome{Status: job.Queued, ErrorCode: string(job.CodeRateLimited),
-			ErrorMessage: "the executor answered 429; the rate key is gated"}
-		if !req.gated {
-			nb := now.Add(time.Duration(min(req.gateRetry, rategate.MaxRetryAfter))*time.Second + rategate.Margin)
-			o.NotBefore = &nb
-			o.ErrorMessage = "the executor answered 429; the rate key could not be gated, so the job waits on its own"
-		}
-		return o
-	case executor.Refused:
-		if !refusedUnstarted {
-			return store.Outcome{Status: job.Failed, ErrorCode: "executor_refused", ErrorMessage: "the executor answered 503 after the start"}
-		}
-		nb := now.Add(refusalDelay(ans.RetryAfter, r.Refusals+1))
-		return store.Outcome{Status: job.Queued, NotBefore: &nb, CountRefusal: true, ErrorCode: "executor_refused",
-			ErrorMessage: "the executor answered 503"}
-	default:
-		msg := "the dispatch's outcome is unknown"
-		if ans.Err != nil {
-			msg = ans.Err.Error()
-		}
-		if neverStarted {
-			return store.Outcome{Status: job.Queued, CountFailure: true, Budget: req.c.budget, ErrorCode: "dispatch_error", ErrorMessage: msg}
-		}
-		return store.Outcome{Status: job.Lost, ErrorCode: "outcome_unknown", ErrorMessage: msg}
-	}
-}
-
-// refusalDelay is how long a job refused with 503 for the refusal-th time waits: the executor's
-// Retry-After, else 1 s doubling with each refusal up to 60 s (SPEC §8). Refusals, not attempts:
-// a job claimed again after 429s or dispatch errors has not been refused more often.
-func refusalDelay(retryAfter, refusal int) time.Duration {
-	if retryAfter > 0 {
-		return time.Duration(retryAfter) * time.Second
-	}
-	delay := time.Second
-	for i := 1; i < refusal && delay < time.Minute; i++ {
-		delay *= 2
-	}
-	return min(delay, time.Minute)
-}
-
 // gate extends the gate of r's rate key by retryAfter seconds (clamped to SPEC §5's 1..86,400)
 // and reports whether the gate is now in force. A failing gate store is counted, never fatal,
 // and logged at debug level only: the store warns of the outage itself, at most once per 15 s
 // (SPEC §5), where a line per 429 would flood the log while memcached is down.
-func (d *Drainer) gate(ctx context.Context, r store.Row, retryAfter int) bool {
-	if d.cfg.Gates == nil || r.RateKeySHA256 == nil {
+func (s *dispatcher) gate(ctx context.Context, r store.Row, retryAfter int) bool {
+	if s.cfg.Gates == nil || r.RateKeySHA256 == nil {
 		return false
 	}
 	retryAfter = min(max(retryAfter, rategate.MinRetryAfter), rategate.MaxRetryAfter)
-	if _, err := d.cfg.Gates.Extend(ctx, *r.RateKeySHA256, retryAfter); err != nil {
-		if d.cfg.Metrics != nil {
-			d.cfg.Metrics.GateUnavailable.Inc()
+	if _, err := s.cfg.Gates.Extend(ctx, *r.RateKeySHA256, retryAfter); err != nil {
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.GateUnavailable.Inc()
 		}
-		d.cfg.Log.Debug("could not gate rate key; the job waits on its own not-before", "rate_key_sha256", *r.RateKeySHA256, "retry_after", retryAfter, "error", err)
+		s.cfg.Log.Debug("could not gate rate key; the job waits on its own not-before", "rate_key_sha256", *r.RateKeySHA256, "retry_after", retryAfter, "error", err)
 		return false
 	}
 	return true

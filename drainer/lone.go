@@ -32,18 +32,6 @@ type loneJob struct {
 	failures  int
 }
 
-func (d *Drainer) probing() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.probe
-}
-
-func (d *Drainer) setProbe(on bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.probe = on
-}
-
 // loneProbeSQL reads at most two queued jobs, with what a lone job's dispatch needs.
 const loneProbeSQL = `SELECT id, tenant, rate_key_sha256, queued_at, version,
 	not_before, payload, attempt, dispatch_failures FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT 2`
@@ -81,10 +69,10 @@ func scanLone(rows *sql.Rows) ([]loneJob, error) {
 // queued, so the probe goes in the claim transaction's first round trip, under the claim lock,
 // instead of a round trip of its own before it; without a poke (the poll of an idle queue)
 // the probe alone, outside any transaction, is the cheaper guess.
-func (d *Drainer) claimLone(ctx context.Context, now time.Time, poked bool) (out []claimed, handled bool, err error) {
+func (cl *claimer) claimLone(ctx context.Context, now time.Time, poked bool) (out []claimed, handled bool, err error) {
 	// The transaction begins at its first Query, so a probe on its connection before that runs
 	// outside any transaction.
-	tx, err := store.BeginConnTx(ctx, d.cfg.DB)
+	tx, err := store.BeginConnTx(ctx, cl.cfg.DB)
 	if err != nil {
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}
@@ -97,7 +85,7 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time, poked bool) (out
 		if cfg, inFlight, total, found, err = lockCountAndProbe(ctx, tx, true); err != nil {
 			return nil, false, err
 		}
-		d.remember(cfg)
+		cl.config.set(cfg)
 	} else if found, err = probeLone(ctx, tx.Conn()); err != nil {
 		return nil, false, err
 	}
@@ -105,11 +93,11 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time, poked bool) (out
 	case len(found) == 0:
 		return nil, true, nil
 	case len(found) > 1:
-		d.setProbe(false)
+		cl.probe = false
 		return nil, false, nil
 	}
 	j := found[0]
-	if (j.notBefore.Valid && j.notBefore.Time.After(now)) || (j.rateKey.Valid && d.cfg.Gates != nil) {
+	if (j.notBefore.Valid && j.notBefore.Time.After(now)) || (j.rateKey.Valid && cl.cfg.Gates != nil) {
 		return nil, false, nil
 	}
 	if !poked {
@@ -118,21 +106,21 @@ func (d *Drainer) claimLone(ctx context.Context, now time.Time, poked bool) (out
 		if cfg, inFlight, total, err = lockAndCount(ctx, tx); err != nil {
 			return nil, false, err
 		}
-		d.remember(cfg)
+		cl.config.set(cfg)
 	}
 	if total >= cfg.GlobalInFlight || inFlight[j.tenant] >= cfg.TenantCap(j.tenant) {
 		return nil, true, nil // at a cap: no ordering could start anything now
 	}
 	// If the commit's answer is lost, the job may be claimed: lease recovery requeues it.
-	if out, err = d.claimAndCommit(ctx, tx, now, cfg, []candidate{j.candidate}); err != nil || len(out) == 0 {
+	if out, err = cl.claimAndCommit(ctx, tx, now, cfg, []candidate{j.candidate}); err != nil || len(out) == 0 {
 		return nil, false, err // none: taken or canceled meanwhile, let the normal pass look
 	}
-	if d.handBackIfStopping(ctx, now, out) {
+	if cl.handBackIfStopping(ctx, now, out) {
 		return nil, true, nil
 	}
 	// The claim counted the attempt.
 	out[0].row.Payload, out[0].row.Attempt, out[0].row.DispatchFailures = j.payload, j.attempt+1, j.failures
-	d.rrLast = j.tenant
-	d.own(ctx, now, out)
+	cl.rrLast = j.tenant
+	cl.own(ctx, now, out)
 	return out, true, nil
 }

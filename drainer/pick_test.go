@@ -12,7 +12,7 @@ func cand(id int64, tenant string, at int) candidate {
 }
 
 // pickAll runs pick as claim does, until no tenant may go, and returns the ids in order.
-func pickAll(d *Drainer, cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, free int) []int64 {
+func pickAll(d *claimer, cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, free int) []int64 {
 	var out []int64
 	for len(out) < free {
 		t := d.pick(cfg, cands, inFlight)
@@ -52,7 +52,7 @@ func TestPickOrdering(t *testing.T) {
 	}
 	for _, c := range cases {
 		cfg.Ordering = c.ordering
-		d := &Drainer{}
+		d := &claimer{}
 		got := pickAll(d, cfg, backlog(), c.inFlight, len(c.want)+5)
 		if len(got) != len(c.want) {
 			t.Errorf("%s from %v: picked %v, want %v", c.ordering, c.inFlight, got, c.want)
@@ -70,7 +70,7 @@ func TestPickOrdering(t *testing.T) {
 func TestPickHonoursOverrides(t *testing.T) {
 	cfg := limits.Default()
 	cfg.TenantInFlightOverrides = map[string]int{"A": 0}
-	d := &Drainer{}
+	d := &claimer{}
 	got := pickAll(d, cfg, map[string][]candidate{"A": {cand(1, "A", 1)}, "B": {cand(2, "B", 2)}}, map[string]int{}, 4)
 	if len(got) != 1 || got[0] != 2 {
 		t.Errorf("picked %v; a tenant overridden to cap 0 must get nothing", got)

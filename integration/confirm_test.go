@@ -202,7 +202,7 @@ func TestStartConfirmation(t *testing.T) {
 	})
 }
 
-// answerInTurn queues one job for a drainer (cfg with its DB, Executor, Clock and Recorded filled
+// answerInTurn queues one job for a drainer (cfg with its DB, Executor, Clock and Observer filled
 // in) whose executor gives answers in turn, one a pass, and calls check after each is recorded,
 // with the fake clock's time when the pass began. Between answers the clock moves a minute, past
 // any not-before the answer set.
@@ -213,7 +213,7 @@ func answerInTurn(t *testing.T, cfg drainer.Config, answers []executor.Answer,
 	db := testdb.New(t)
 	clk := clock.NewFake(time.Now())
 	recorded := make(chan int64, len(answers))
-	cfg.DB, cfg.Clock, cfg.Recorded = db.DB, clk, func(id int64) { recorded <- id }
+	cfg.DB, cfg.Clock, cfg.Observer = db.DB, clk, drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}
 	cfg.Executor = &scriptedSender{answer: func(n int) executor.Answer { return answers[n-1] }}
 	d := newTestDrainer(t, cfg, 10*time.Second)
 	t0, _ := clk.Now(ctx)
@@ -304,7 +304,7 @@ func TestExecutorErrorFieldsStored(t *testing.T) {
 	}}
 	recorded := make(chan int64, 4)
 	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, ID: "noisy",
-		Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	ctx := context.Background()
 	noisy := env.Admit(t, "noisy", nil)
 	later := env.Admit(t, "later", nil)
@@ -364,7 +364,7 @@ func newNotStartedEnv(t *testing.T) *notStartedEnv {
 		}},
 		recorded: make(chan int64, 16)}
 	e.d = newTestDrainer(t, drainer.Config{DB: e.DB.DB, Executor: e.stub, ID: "not-started",
-		Recorded: func(id int64) { e.recorded <- id }}, 10*time.Second)
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { e.recorded <- id }}}, 10*time.Second)
 	return e
 }
 
@@ -451,7 +451,7 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 	}}
 	recorded := make(chan int64, 4)
 	d1 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-gone",
-		Recorded: func(id int64) { recorded <- id }}, 100*time.Millisecond)
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 100*time.Millisecond)
 	reported := env.Admit(t, "later", nil)
 	recovered := env.Admit(t, "later", nil)
 	if p, err := d1.RunOnce(ctx); err != nil || p.Claimed != 2 {
@@ -503,7 +503,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 	s := newHeldSender()
 	recorded := make(chan int64, 8)
 	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-ends",
-		Recorded: func(id int64) { recorded <- id }}, 100*time.Millisecond)
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 100*time.Millisecond)
 	dispatch := func(tenant string, start bool) (int64, string) {
 		t.Helper()
 		id := env.Admit(t, tenant, nil)

@@ -67,7 +67,7 @@ func claimLatency(b *testing.B, db *testdb.DB, n int) []time.Duration {
 	ctx := context.Background()
 	recorded := make(chan int64, 1)
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "bench",
-		Recorded: func(id int64) { recorded <- id }})
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -68,7 +68,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	recorded := make(chan int64, 1)
 	sender := &scriptedSender{answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Accepted, HTTPStatus: 202} }}
 	first, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "sender",
-		Recorded: func(id int64) { recorded <- id }})
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -510,7 +510,7 @@ func TestGateOnceForARetriedOutcome(t *testing.T) {
 	sender := newHeldSender()
 	recorded := make(chan int64, 2)
 	d := newTestDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, Gates: gates, ID: "retried",
-		Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
 		t.Fatalf("pass: %+v, %v; want one claim", p, err)
 	}

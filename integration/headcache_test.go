@@ -38,7 +38,7 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 	// The clock stands still, so only the first pass runs the upkeep, which drops the cache: that
 	// pass runs on the empty queue, and the two that follow keep what they read.
 	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "cache", Clock: clock.NewFake(time.Now()),
-		Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
 		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
 	}
@@ -84,7 +84,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	sender := &scriptedSender{answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Done, Status: "succeeded"} }}
 	recorded := make(chan int64, 8)
 	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "taken", Clock: clock.NewFake(time.Now()),
-		Recorded: func(id int64) { recorded <- id }}, 10*time.Second)
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 { // the upkeep's pass, on the empty queue
 		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
 	}

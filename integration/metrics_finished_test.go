@@ -59,7 +59,7 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	// App's job collectors, as the App's drainer role does.
 	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "metrics",
 		Metrics: drainer.NewMetrics(env.App.Registry()), JobMetrics: env.App.JobMetrics(),
-		Recorded: func(id int64) { recorded <- id }}, 100*time.Millisecond)
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 100*time.Millisecond)
 
 	want := map[string]float64{"succeeded": 0, "failed": 0, "canceled": 0, "rejected": 0, "lost": 0, "expired": 0}
 	check := func(step string, dispatches, executions float64) {

@@ -75,7 +75,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 	var drainers []*drainer.Drainer
 	for i := 0; i < 3; i++ {
 		d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &propSender{idx: i, out: out}, Clock: fake,
-			ID: fmt.Sprintf("d%d", i), Recorded: func(id int64) { recorded <- id }})
+			ID: fmt.Sprintf("d%d", i), Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}})
 		if err != nil {
 			t.Fatal(err)
 		}

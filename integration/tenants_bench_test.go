@@ -52,7 +52,7 @@ func passTimes(b *testing.B, tenants, jobs int) ([]time.Duration, float64) {
 	queueJobs(b, db, tenants, jobs)
 	var recorded atomic.Int64
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "bench",
-		Recorded: func(int64) { recorded.Add(1) }})
+		Observer: drainer.ObserverFuncs{OnRecorded: func(int64) { recorded.Add(1) }}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,0 +1,333 @@
+package drainer
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// want is how many queue heads a pass reads for one tenant.
+type want struct {
+	tenant string
+	n      int // heads to read: room plus gateSlack
+	room   int // jobs the tenant could start now
+}
+
+// wants returns the tenants of withWork below their cap, with how many heads to read for each,
+// and whether a tenant with work was left out at a cap. A tenant at its cap is skipped without
+// reading its backlog.
+func (cl *claimer) wants(cfg limits.Config, inFlight map[string]int, total int, withWork []string) (ws []want, capped bool) {
+	free := cfg.GlobalInFlight - total
+	if free <= 0 {
+		return nil, len(withWork) > 0
+	}
+	for _, t := range withWork {
+		room := cfg.TenantCap(t) - inFlight[t]
+		if room <= 0 {
+			capped = true
+			continue
+		}
+		ws = append(ws, want{tenant: t, room: min(room, free, cl.cfg.ClaimBatch)})
+	}
+	// A pass reads each tenant's fair share of the free slots, not each tenant's full room: with
+	// 64 tenants and 64 free slots that is 1 head each instead of 64. A tenant whose share runs
+	// out while it may have more stops the pass early (see choose), and the next pass goes on.
+	share := (min(free, cl.cfg.ClaimBatch) + len(ws) - 1) / max(len(ws), 1)
+	for i := range ws {
+		ws[i].room = min(ws[i].room, max(share, 1))
+		ws[i].n = ws[i].room + gateSlack
+	}
+	return ws, capped
+}
+
+// maxStatementBytes bounds the text of one heads statement: a pass's reads stay far below the
+// server's packet limit (SPEC §14: no statement of a pass exceeds 64 KiB) whatever the number of
+// tenants read and of gated keys excluded, by splitting the read into several statements.
+const maxStatementBytes = 48 << 10
+
+// heads returns, for each tenant of ws, its oldest eligible queued jobs (at most w.n), leaving
+// out the jobs of the rate keys in excluded (keys found gated earlier in the pass).
+func (cl *claimer) heads(ctx context.Context, now time.Time, ws []want, excluded []string) (map[string][]candidate, error) {
+	out := map[string][]candidate{}
+	exclude := ""
+	if len(excluded) > 0 {
+		exclude = " AND (rate_key_sha256 IS NULL OR rate_key_sha256 NOT IN (" + store.Placeholders(len(excluded)) + "))"
+	}
+	var q strings.Builder
+	var args []any
+	flush := func() error {
+		if q.Len() == 0 {
+			return nil
+		}
+		err := cl.readHeads(ctx, q.String(), args, out)
+		q.Reset()
+		args = args[:0]
+		return err
+	}
+	for _, w := range ws {
+		// The claim index is forced and walked in (queued_at, id) order, stopping after LIMIT
+		// rows: without the hint MariaDB may pick tenant_id and sort the whole backlog, and
+		// naming the equality columns in ORDER BY (status is an ENUM) also makes it sort.
+		sub := `(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs FORCE INDEX (claim)
+			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)` + exclude + `
+			ORDER BY queued_at, id LIMIT ?)`
+		if q.Len() > 0 && q.Len()+len(sub)+len(" UNION ALL ") > maxStatementBytes {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+		if q.Len() > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		q.WriteString(sub)
+		args = append(args, w.tenant, now)
+		for _, k := range excluded {
+			args = append(args, k)
+		}
+		args = append(args, w.n)
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	for _, cs := range out {
+		sort.Slice(cs, func(i, j int) bool { return cs[i].before(cs[j]) })
+	}
+	return out, nil
+}
+
+// readHeads runs one statement of heads and adds its rows to out.
+func (cl *claimer) readHeads(ctx context.Context, q string, args []any, out map[string][]candidate) error {
+	hr, err := cl.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("read queue heads: %w", err)
+	}
+	defer hr.Close()
+	for hr.Next() {
+		var c candidate
+		if err := hr.Scan(&c.id, &c.tenant, &c.rateKey, &c.queuedAt, &c.version); err != nil {
+			return fmt.Errorf("read queue heads: %w", err)
+		}
+		out[c.tenant] = append(out[c.tenant], c)
+	}
+	if err := hr.Err(); err != nil {
+		return fmt.Errorf("read queue heads: %w", err)
+	}
+	return nil
+}
+
+// gateSlack is how many extra heads per tenant a pass reads so that a gated key at the head of
+// a tenant's queue usually costs no second read.
+const gateSlack = 4
+
+// gateRounds bounds the gate lookups of one pass. A tenant whose heads are all of gated keys is
+// read again without those keys, and the keys of the new heads are looked up in turn; each round
+// excludes every key found gated so far, so only a tenant with more than about
+// gateRounds × (room + gateSlack) distinct gated keys at its head can still wait a pass. The
+// keys found gated are remembered for a poll period (gatedSeen), so the next pass starts by
+// excluding them and goes deeper: a tenant's ungated job behind many gated keys waits a few
+// passes, not until the gates end.
+const gateRounds = 4
+
+// gatedSeen remembers the rate keys recent passes found gated, each until its gate ends or a
+// poll period has passed, whichever is first: a gate cleared by an operator is noticed within a
+// poll period.
+type gatedSeen map[string]gatedUntil
+
+type gatedUntil struct{ notBefore, forget time.Time }
+
+// at returns the keys known to be gated at now, with their not-before instants, and forgets
+// the rest.
+func (g *gatedSeen) at(now time.Time) map[string]time.Time {
+	out := map[string]time.Time{}
+	for k, u := range *g {
+		if !now.Before(u.forget) || !u.notBefore.After(now) {
+			delete(*g, k)
+			continue
+		}
+		out[k] = u.notBefore
+	}
+	return out
+}
+
+// learn remembers the keys of nb gated at now, for at most memory.
+func (g *gatedSeen) learn(nb map[string]time.Time, now time.Time, memory time.Duration) {
+	if *g == nil {
+		*g = gatedSeen{}
+	}
+	for k, t := range nb {
+		if t.After(now) {
+			(*g)[k] = gatedUntil{notBefore: t, forget: now.Add(memory)}
+		}
+	}
+}
+
+// candidates returns, per tenant below its cap, the tenant's oldest eligible queued jobs whose
+// rate key is not gated at now, whether each may have more, and whether tenants with work may
+// remain beyond the pages read. The tenants come from page and, while they give fewer eligible
+// jobs than there are free slots, from the pages after it (at most maxTenantPages in all). The
+// heads come from the headCache or a read of at least room + gateSlack heads per tenant, and one
+// GetMulti looks up their keys; only a tenant left with fewer candidates than its room, whose
+// read was full (so more may exist), is read again with the gated keys excluded, so a gated key
+// never hides the tenant's other keys. A failing gate store fails open: whatever is not known to
+// be gated is a candidate. No transaction is open while memcached is asked.
+func (cl *claimer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int, page tenantPage) (map[string][]candidate, map[string]bool, bool, error) {
+	cands, more := map[string][]candidate{}, map[string]bool{}
+	free := min(cfg.GlobalInFlight-total, cl.cfg.ClaimBatch)
+	capped := false
+	for pages := 1; ; pages++ {
+		ws, c := cl.wants(cfg, inFlight, total, page.tenants)
+		capped = capped || c
+		if len(ws) > 0 {
+			pc, pm, err := cl.gatedCandidates(ctx, now, ws)
+			if err != nil {
+				return nil, nil, false, err
+			}
+			for _, w := range ws {
+				cands[w.tenant], more[w.tenant] = pc[w.tenant], pm[w.tenant]
+			}
+		}
+		if !page.full || pages == maxTenantPages || free <= 0 || enough(cfg, cands, inFlight, free) {
+			break
+		}
+		next, err := cl.nextTenants(ctx, cfg, page)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		page = next
+	}
+	// A tenant left waiting at a cap, or tenants not read, mean more than one job is queued: no
+	// lone-job probe.
+	cl.probe = !capped && !page.full
+	return cands, more, page.full, nil
+}
+
+// enough reports whether cands fill free slots with jobs that no unread tenant could go before:
+// under fair, only tenants with nothing in flight count (an unread tenant with nothing in flight
+// goes before a read one with jobs in flight); under fifo and round_robin, every candidate does
+// (pages come in the ordering's own order).
+func enough(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, free int) bool {
+	n := 0
+	for t, cs := range cands {
+		if cfg.Ordering == limits.Fair && inFlight[t] > 0 {
+			continue
+		}
+		n += min(len(cs), max(cfg.TenantCap(t)-inFlight[t], 0))
+	}
+	return n >= free
+}
+
+// firstHeads returns the heads of ws: a tenant's cached ones when it has more than its share of
+// this pass (see headCache), else read, headsPerRead at least, and the full reads cached. full
+// reports, per tenant, whether more queued jobs exist beyond the heads returned.
+func (cl *claimer) firstHeads(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
+	cands := map[string][]candidate{}
+	full := map[string]bool{}
+	var miss []want
+	for _, w := range ws {
+		// More cached heads than the tenant's share: the pass ends at a tenant's last known
+		// head (see choose), and that should not happen on a cached one.
+		if cs := cl.headCache.take(w.tenant); len(cs) > w.room {
+			cands[w.tenant], full[w.tenant] = cs, true
+			continue
+		}
+		w.n = max(w.n, headsPerRead)
+		miss = append(miss, w)
+	}
+	read, err := cl.heads(ctx, now, miss, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, w := range miss {
+		cs := read[w.tenant]
+		cands[w.tenant], full[w.tenant] = cs, len(cs) >= w.n
+		if full[w.tenant] {
+			cl.headCache.keep(w.tenant, cs)
+		} else {
+			cl.headCache.invalidate(w.tenant)
+		}
+	}
+	return cands, full, nil
+}
+
+// gatedCandidates returns the heads of ws without those of gated rate keys, re-reading tenants
+// whose heads were all gated, and whether each tenant may have more eligible jobs than returned.
+func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
+	cands, full, err := cl.firstHeads(ctx, now, ws)
+	if err != nil || cl.cfg.Gates == nil {
+		return cands, full, err
+	}
+	looked := map[string]bool{}
+	var gated []string
+	known := cl.gatedSeen.at(now)
+	for k := range known {
+		looked[k] = true
+		gated = append(gated, k)
+	}
+	dropGated(cands, known, now)
+	for round := 1; ; round++ {
+		var keys []string
+		for _, cs := range cands {
+			for _, c := range cs {
+				if c.rateKey.Valid && !looked[c.rateKey.String] {
+					looked[c.rateKey.String] = true
+					keys = append(keys, c.rateKey.String)
+				}
+			}
+		}
+		if len(keys) > 0 {
+			nb, err := cl.cfg.Gates.NotBefore(ctx, keys)
+			if err != nil && cl.cfg.Metrics != nil {
+				cl.cfg.Metrics.GateUnavailable.Inc()
+			}
+			for _, k := range keys {
+				if t, ok := nb[k]; ok && t.After(now) {
+					gated = append(gated, k)
+				}
+			}
+			cl.gatedSeen.learn(nb, now, cl.cfg.PollInterval)
+			dropGated(cands, nb, now)
+			if err != nil {
+				return cands, full, nil // fail open: no second read on an unreliable answer
+			}
+		}
+		if round == gateRounds || len(gated) == 0 {
+			return cands, full, nil
+		}
+		var again []want
+		for _, w := range ws {
+			if len(cands[w.tenant]) < w.room && full[w.tenant] {
+				again = append(again, w)
+			}
+		}
+		if len(again) == 0 {
+			return cands, full, nil
+		}
+		more, err := cl.heads(ctx, now, again, gated)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, w := range again {
+			cands[w.tenant] = more[w.tenant]
+			full[w.tenant] = len(more[w.tenant]) >= w.n
+		}
+	}
+}
+
+// dropGated removes from cands the jobs whose rate key is gated at now according to gates.
+func dropGated(cands map[string][]candidate, gates map[string]time.Time, now time.Time) {
+	for t, cs := range cands {
+		kept := cs[:0]
+		for _, c := range cs {
+			if nb, ok := gates[c.rateKey.String]; c.rateKey.Valid && ok && nb.After(now) {
+				continue
+			}
+			kept = append(kept, c)
+		}
+		cands[t] = kept
+	}
+}

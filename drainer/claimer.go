@@ -1,0 +1,183 @@
+package drainer
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// claimer chooses and claims queued jobs: the tenant pages and candidate reads (tenants.go,
+// candidates.go), the gate lookups, the claim transaction (claimtx.go) and the lone-job fast path
+// (lone.go). RunOnce is one claim; the Drainer's pass calls it, and nothing else does, so the
+// state it owns needs no lock: the round_robin position, the lone-job probe flag and the gated
+// keys seen lately. poked is the exception: Poke sets it from any goroutine.
+//
+// It reads the Drainer's Config and never writes it; it writes the runtime config each claim
+// transaction reads to config, hands the jobs it claims to leases (which renews them until their
+// outcomes are recorded), and keeps the queue heads it read but did not claim in heads.
+type claimer struct {
+	cfg        *Config
+	store      *store.Store
+	config     *configView
+	headCache  *headCache
+	leases     *leaseKeeper
+	unanswered func() int64 // dispatches sent and not yet answered (dispatcher)
+
+	poked     atomic.Bool // a Poke since the last claim
+	probe     bool        // the last pass left the queue empty: the next one probes for a lone job
+	rrLast    string      // round_robin: the tenant served last
+	gatedSeen gatedSeen   // rate keys found gated by recent passes
+}
+
+// RunOnce picks and claims jobs in one transaction, and commits them as dispatched (claim and
+// dispatch are one transaction, so "claimed" is never visible and a job still claimed was never
+// sent).
+//
+// Locking: the transaction runs at READ COMMITTED and first locks the single claim_lock row
+// FOR UPDATE, so claims from every drainer are serialised. Inside, each statement reads the
+// latest committed data: the caps (the newest runtime config row, read in the same statement as
+// the lock) and the in-flight counts, which no concurrent claim can raise while the lock is held
+// (completions can only lower them). The chosen jobs are moved by one UPDATE fenced on each id,
+// version and the queued state, so a job canceled or taken since the candidate read is skipped.
+// Hence no claim ever puts more jobs in flight than the caps as read in its own transaction.
+// Candidate reads and the gate lookup happen before the transaction, so it never waits on
+// memcached or scans a backlog, and the lock is held for four short statements.
+func (cl *claimer) RunOnce(ctx context.Context, now time.Time) ([]claimed, bool, error) {
+	// Every answer that frees a slot wakes a pass, and answers come in batches, so without this
+	// about every other pass of a full drainer would read the in-flight counts only to find no
+	// room (half the passes of BenchmarkDrainThroughput did). A raised cap still starts claims:
+	// while jobs are held the upkeep re-reads the config and wakes a pass when it changed.
+	if n := cl.unanswered(); n > 0 && n >= int64(cl.config.get().GlobalInFlight) {
+		return nil, false, nil
+	}
+	// The caps the last claim saw are good enough to choose candidates (the claim re-reads them
+	// under the lock); the in-flight counts are read fresh, since completions elsewhere (other
+	// drainers, asynchronous executors) free capacity this process did not see.
+	poked := cl.poked.Swap(false)
+	if cl.probe {
+		out, handled, err := cl.claimLone(ctx, now, poked)
+		if err != nil || handled {
+			return out, false, err
+		}
+	}
+	cfg := cl.config.get()
+	inFlight, total, page, err := cl.passState(ctx, cfg)
+	if err != nil {
+		return nil, false, err
+	}
+	cands, more, unread, err := cl.candidates(ctx, now, cfg, inFlight, total, page)
+	if err != nil || len(cands) == 0 {
+		return nil, false, err
+	}
+	return cl.claimCandidates(ctx, now, cands, more, unread)
+}
+
+// claimCandidates runs the claim transaction over cands (see RunOnce), and reports the jobs it
+// claimed and whether the next pass should follow at once. more and unread are candidates'
+// answers: per tenant, whether it may have more jobs than read, and whether tenants were left
+// unread.
+func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map[string][]candidate, more map[string]bool, unread bool) ([]claimed, bool, error) {
+	// Three round trips: one begins the transaction, takes the claim lock (reading the config)
+	// and counts in flight; one claims and commits (store.ConnTx); one reads the payloads.
+	tx, err := store.BeginConnTx(ctx, cl.cfg.DB)
+	if err != nil {
+		return nil, false, fmt.Errorf("begin claim: %w", err)
+	}
+	defer tx.Close()
+	cfg, inFlight, total, err := lockAndCount(ctx, tx)
+	if err != nil {
+		return nil, false, err
+	}
+	cl.config.set(cfg)
+	chosen, full, total := cl.choose(cfg, cands, more, inFlight, total)
+	if len(chosen) == 0 {
+		return nil, false, nil
+	}
+	out, err := cl.claimAndCommit(ctx, tx, now, cfg, chosen)
+	if err != nil {
+		cl.headCache.reset() // the claimed jobs may be queued again
+		// If the COMMIT's outcome is unknown the jobs may be dispatched under our id without
+		// being sent: their leases expire and recovery requeues them. Nothing is sent here.
+		return nil, false, err
+	}
+	got := make(map[int64]bool, len(out))
+	for _, c := range out {
+		got[c.row.ID] = true
+	}
+	cl.headCache.claimed(chosen, got)
+	if len(out) == 0 || cl.handBackIfStopping(ctx, now, out) {
+		return nil, false, nil
+	}
+	if err := cl.loadPayloads(ctx, out); err != nil {
+		// Committed but unreadable: nothing was sent, so hand the jobs back at once rather than
+		// leave them to lease recovery, which (with unconfirmed starts) would call them lost.
+		cl.releaseUnsent(ctx, now, out, "the claimed job could not be read back; it was never sent")
+		return nil, false, err
+	}
+	// Probing for a lone job is worth its round trip only when this pass left nothing behind
+	// (candidates already turned it off if a tenant waits at a cap).
+	if full || len(out) < len(chosen) || !drained(cands, more) {
+		cl.probe = false
+	}
+	cl.own(ctx, now, out)
+	// Tenants left unread with slots still free: the next pass goes on at once. Only after a
+	// pass that claimed something, so tenants whose work is all gated never spin the loop.
+	return out, full || (unread && total < cfg.GlobalInFlight), nil
+}
+
+// choose takes candidates from cands in cfg's ordering while the caps allow, up to ClaimBatch,
+// counting each in inFlight and total (both as read under the claim lock). It returns them,
+// whether the pass stopped with capacity possibly left (full), and the new total. cands loses
+// the jobs chosen.
+func (cl *claimer) choose(cfg limits.Config, cands map[string][]candidate, more map[string]bool, inFlight map[string]int, total int) ([]candidate, bool, int) {
+	var chosen []candidate
+	full := false
+	for total < cfg.GlobalInFlight {
+		if len(chosen) >= cl.cfg.ClaimBatch {
+			full = true
+			break
+		}
+		t := cl.pick(cfg, cands, inFlight)
+		if t == "" {
+			break
+		}
+		if len(cands[t]) == 1 && more[t] {
+			// The tenant's last read head: it may have more that should go before other
+			// tenants' jobs, so after this one the pass ends and the next reads again.
+			full = true
+			chosen = append(chosen, cands[t][0])
+			break
+		}
+		chosen = append(chosen, cands[t][0])
+		cands[t] = cands[t][1:]
+		inFlight[t]++
+		total++
+	}
+	return chosen, full, total
+}
+
+// drained reports whether a pass took every candidate it read and no tenant may have more.
+func drained(cands map[string][]candidate, more map[string]bool) bool {
+	for t, cs := range cands {
+		if len(cs) > 0 || more[t] {
+			return false
+		}
+	}
+	return true
+}
+
+// own records jobs this drainer committed as dispatched: it holds them (renews their leases)
+// until their outcomes are recorded.
+func (cl *claimer) own(ctx context.Context, now time.Time, out []claimed) {
+	cl.leases.hold(out)
+	for _, c := range out {
+		cl.store.LogTransition(ctx, store.Row{Job: job.Job{ID: c.row.ID, Tenant: c.row.Tenant, Status: job.Queued, QueuedAt: c.row.QueuedAt}},
+			job.Dispatched, c.row.Version, now, "")
+		cl.store.Metrics.Dispatched(c.row.QueuedAt, *c.row.DispatchedAt)
+	}
+}

@@ -1,0 +1,213 @@
+package drainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// completer records executors' answers (all but 202, which the dispatcher records itself) on
+// the jobs they were dispatched as (SPEC §8), fenced on the claimed version: if recovery or an
+// executor's /complete got there first, the write is refused, and record returns nil (the
+// dispatcher then lets go of the job, as after any recorded outcome). record blocks until the
+// outcome is committed or has failed; it is safe for concurrent use, one call per dispatch
+// goroutine. Config.OutcomeBatch chooses the implementation: batchCompleter (the default) or
+// inlineCompleter (OutcomeBatch 1).
+type completer interface {
+	record(ctx context.Context, req *outcomeReq) error
+}
+
+// outcomeReq is one dispatch answer waiting to be recorded.
+type outcomeReq struct {
+	c         claimed
+	ans       executor.Answer
+	gateRetry int        // the gate the answer asked for, in seconds (0: none)
+	gated     bool       // the gate store took that gate
+	done      chan error // batchCompleter: the batch writer's answer
+}
+
+// maxOutcomeBatch is Config.OutcomeBatch's default: the outcomes written in one transaction.
+const maxOutcomeBatch = 256
+
+// inlineCompleter writes each outcome in a transaction of its own, from the dispatch goroutine
+// that got the answer. It owns no state.
+type inlineCompleter struct{ w *outcomeWriter }
+
+func (c inlineCompleter) record(ctx context.Context, req *outcomeReq) error {
+	return c.w.write(ctx, []*outcomeReq{req})
+}
+
+// batchCompleter writes answers arriving together in one transaction (group commit): the first
+// caller to find no batch in progress becomes the writer and records everything queued, at most
+// max outcomes a transaction, until the queue is empty, so a thousand outcomes do not cost a
+// thousand commits. mu guards queue and busy.
+type batchCompleter struct {
+	w   *outcomeWriter
+	max int
+
+	mu    sync.Mutex
+	queue []*outcomeReq
+	busy  bool // a writer is draining queue
+}
+
+func (b *batchCompleter) record(ctx context.Context, req *outcomeReq) error {
+	req.done = make(chan error, 1)
+	b.mu.Lock()
+	b.queue = append(b.queue, req)
+	if b.busy {
+		b.mu.Unlock()
+		return <-req.done
+	}
+	b.busy = true
+	for {
+		batch := b.queue
+		if len(batch) > b.max {
+			batch = batch[:b.max]
+		}
+		b.queue = b.queue[len(batch):]
+		b.mu.Unlock()
+		err := b.w.write(ctx, batch)
+		for _, r := range batch {
+			r.done <- err
+		}
+		b.mu.Lock()
+		if len(b.queue) == 0 {
+			b.busy = false
+			b.mu.Unlock()
+			return <-req.done
+		}
+	}
+}
+
+// outcomeWriter writes a batch of outcomes in one transaction, for either completer. It owns no
+// state: it reads the Drainer's Config and drops from heads the tenants of jobs it requeues.
+type outcomeWriter struct {
+	cfg   *Config
+	store *store.Store
+	heads *headCache
+}
+
+// write writes the outcomes of batch in one transaction of three round trips
+// (store.ConnTx): one begins it and locks the jobs, one applies the outcomes and writes their
+// pokes, one commits.
+func (w *outcomeWriter) write(ctx context.Context, batch []*outcomeReq) error {
+	now, err := w.cfg.Clock.Now(ctx)
+	if err != nil {
+		return err
+	}
+	tx, err := store.BeginConnTx(ctx, w.cfg.DB)
+	if err != nil {
+		return fmt.Errorf("begin outcomes: %w", err)
+	}
+	defer tx.Close()
+	ids := make([]int64, len(batch))
+	for i, r := range batch {
+		ids[i] = r.c.row.ID
+	}
+	res, err := tx.Query(ctx, []string{"SELECT " + store.LockColumns + " FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE"}, int64Args(ids)...)
+	if err != nil {
+		return fmt.Errorf("lock dispatched jobs: %w", err)
+	}
+	current := map[int64]store.Row{}
+	err = res.EachRow(func(r store.Row) { current[r.ID] = r })
+	if err = errors.Join(err, res.Close()); err != nil {
+		return fmt.Errorf("lock dispatched jobs: %w", err)
+	}
+	var items []store.Finishing
+	for _, req := range batch {
+		r, ok := current[req.c.row.ID]
+		if !ok || r.Version != req.c.row.Version || !r.Status.InFlight() {
+			w.cfg.Log.Warn("dispatch outcome ignored: the job moved on", "job_id", req.c.row.ID,
+				"claimed_version", req.c.row.Version, "version", r.Version, "status", r.Status)
+			continue
+		}
+		items = append(items, store.Finishing{Row: r, Outcome: w.outcome(now, r, req)})
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	to, err := w.store.FinishManyConn(ctx, tx, now, items)
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit %d outcome(s): %w", len(items), err)
+	}
+	for i, it := range items {
+		if to[i] == job.Queued {
+			w.heads.invalidate(it.Row.Tenant) // it keeps its place ahead of the cached heads
+		}
+	}
+	for i, it := range items {
+		w.store.Metrics.Finished(to[i], it.Row.DispatchedAt, now)
+	}
+	return nil
+}
+
+// outcome maps an executor's answer to the job's next state (the SPEC §8 table).
+func (w *outcomeWriter) outcome(now time.Time, r store.Row, req *outcomeReq) store.Outcome {
+	ans := req.ans
+	// A 429 or a 503 is the executor saying it did not start the job, which holds when starts
+	// are not confirmed too (the job is then still dispatched, never running). Only an answer
+	// that says nothing (an error, a timeout) needs a confirmation to prove the job never started.
+	refusedUnstarted := r.Status != job.Running
+	neverStarted := refusedUnstarted && !w.cfg.UnconfirmedStarts
+	switch ans.Kind {
+	case executor.Done:
+		return store.Outcome{Status: job.Status(ans.Status), ErrorCode: ans.ErrorCode, ErrorMessage: ans.ErrorMessage, Result: ans.Result,
+			Reported: true}
+	case executor.RateLimited:
+		if !refusedUnstarted {
+			return store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited), ErrorMessage: "the executor answered 429 after the start"}
+		}
+		// The gate holds the job back, so clearing the gate releases it too. Only when the gate
+		// could not be written (no store, memcached down, no rate key) does the job get a
+		// not-before of its own, so that it at least does not hit the quota again at once. A 429
+		// never spends the dispatch budget: an hourly limit must be waited out.
+		o := store.Outcome{Status: job.Queued, ErrorCode: string(job.CodeRateLimited),
+			ErrorMessage: "the executor answered 429; the rate key is gated"}
+		if !req.gated {
+			nb := now.Add(time.Duration(min(req.gateRetry, rategate.MaxRetryAfter))*time.Second + rategate.Margin)
+			o.NotBefore = &nb
+			o.ErrorMessage = "the executor answered 429; the rate key could not be gated, so the job waits on its own"
+		}
+		return o
+	case executor.Refused:
+		if !refusedUnstarted {
+			return store.Outcome{Status: job.Failed, ErrorCode: "executor_refused", ErrorMessage: "the executor answered 503 after the start"}
+		}
+		nb := now.Add(refusalDelay(ans.RetryAfter, r.Refusals+1))
+		return store.Outcome{Status: job.Queued, NotBefore: &nb, CountRefusal: true, ErrorCode: "executor_refused",
+			ErrorMessage: "the executor answered 503"}
+	default:
+		msg := "the dispatch's outcome is unknown"
+		if ans.Err != nil {
+			msg = ans.Err.Error()
+		}
+		if neverStarted {
+			return store.Outcome{Status: job.Queued, CountFailure: true, Budget: req.c.budget, ErrorCode: "dispatch_error", ErrorMessage: msg}
+		}
+		return store.Outcome{Status: job.Lost, ErrorCode: "outcome_unknown", ErrorMessage: msg}
+	}
+}
+
+// refusalDelay is how long a job refused with 503 for the refusal-th time waits: the executor's
+// Retry-After, else 1 s doubling with each refusal up to 60 s (SPEC §8). Refusals, not attempts:
+// a job claimed again after 429s or dispatch errors has not been refused more often.
+func refusalDelay(retryAfter, refusal int) time.Duration {
+	if retryAfter > 0 {
+		return time.Duration(retryAfter) * time.Second
+	}
+	delay := time.Second
+	for i := 1; i < refusal && delay < time.Minute; i++ {
+		delay *= 2
+	}
+	return min(delay, time.Minute)
+}
