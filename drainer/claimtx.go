@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/base64"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -219,13 +220,24 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 	// then hands them back (handBackIfStopping).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCommitTimeout)
 	defer cancel()
-	res, err := tx.QueryCommit(cctx, []string{u.query,
+	// The lock order of every transaction that moves jobs into or out of queued (gate/store,
+	// lockInOrder): the job rows by id, then their tenants' rows by key, which the UPDATE's
+	// triggers would otherwise take row by row in its own order.
+	lockTenants, tenantArgs := store.LockTenantsSQL(tenantsOf(chosen))
+	args := append(int64Args(ids), tenantArgs...)
+	args = append(append(args, u.args...), int64Args(ids)...)
+	res, err := tx.QueryCommit(cctx, []string{
+		"SELECT id FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE",
+		lockTenants, u.query,
 		"SELECT id, nonce_sha256 FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ")"},
-		append(u.args, int64Args(ids)...)...)
+		args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}
 	defer res.Close()
+	if _, err := res.Next(); err != nil { // the job rows' lock
+		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
+	}
 	rows, err := res.Next()
 	if err != nil {
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
@@ -243,6 +255,20 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}
 	return u.claimed(chosen, got, cfg), nil
+}
+
+// tenantsOf returns the tenants of cs, sorted, once each.
+func tenantsOf(cs []candidate) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, c := range cs {
+		if !seen[c.tenant] {
+			seen[c.tenant] = true
+			out = append(out, c.tenant)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // loadPayloads reads the payloads and attempt counts of jobs this drainer claimed.

@@ -311,7 +311,7 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 	var args []any
 	if len(p.requeued) > 0 {
 		// The caller locked the job rows, in id order (see lockInOrder).
-		q, targs := lockTenantsSQL(p.requeued)
+		q, targs := LockTenantsSQL(p.requeued)
 		stmts = append(stmts, q)
 		args = append(args, targs...)
 	}
@@ -375,7 +375,7 @@ func lockInOrder(ctx context.Context, tx DB, items []Finishing, tenants []string
 	if err := rows.Close(); err != nil {
 		return fmt.Errorf("lock jobs: %w", err)
 	}
-	q, args := lockTenantsSQL(tenants)
+	q, args := LockTenantsSQL(tenants)
 	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 		return fmt.Errorf("lock tenants: %w", err)
 	}
@@ -385,7 +385,7 @@ func lockInOrder(ctx context.Context, tx DB, items []Finishing, tenants []string
 // lockTenantsSQL locks the rows of tenants (sorted) in key order. An UPDATE that changes nothing
 // rather than SELECT ... FOR UPDATE, so that it can go in a round trip of statements without
 // result sets (FinishManyConn).
-func lockTenantsSQL(tenants []string) (string, []any) {
+func LockTenantsSQL(tenants []string) (string, []any) {
 	args := make([]any, len(tenants))
 	for i, t := range tenants {
 		args[i] = t
@@ -652,7 +652,7 @@ func (s *Store) Expire(ctx context.Context, tx DB, now, cutoff time.Time, limit 
 	}
 	sort.Strings(tenants)
 	// The job rows are locked; their tenants' rows next, in key order (see lockInOrder).
-	lq, largs := lockTenantsSQL(tenants)
+	lq, largs := LockTenantsSQL(tenants)
 	if _, err := tx.ExecContext(ctx, lq, largs...); err != nil {
 		return nil, fmt.Errorf("expire queued jobs: lock tenants: %w", err)
 	}
