@@ -129,21 +129,7 @@ type App struct {
 
 // Start connects and starts the roles in opts. The returned App runs until Stop.
 func Start(ctx context.Context, opts Options) (*App, error) {
-	if !opts.API && !opts.Relay && !opts.Drainer {
-		opts.API, opts.Relay, opts.Drainer = true, true, true
-	}
-	if opts.Listen == "" {
-		opts.Listen = DefaultListen
-	}
-	if opts.Prefix == "" {
-		opts.Prefix = outbox.DefaultPrefix
-	}
-	if opts.Grace <= 0 {
-		opts.Grace = 30 * time.Second
-	}
-	if opts.Version == "" {
-		opts.Version = "dev"
-	}
+	opts.setDefaults()
 	var ownLog *logq.Queue
 	if opts.Log == nil {
 		var err error
@@ -163,17 +149,8 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			_ = ownLog.Close(context.Background())
 		}
 	}()
-	switch {
-	case opts.MySQLDSN == "":
-		return nil, errors.New("invalid config: MySQL DSN: required")
-	case opts.NATSURL == "":
-		return nil, errors.New("invalid config: NATS URL: required")
-	case opts.Drainer && opts.ExecutorURL == "":
-		return nil, errors.New("invalid config: executor URL (SLUICE_EXECUTOR_URL): required to run the drainer")
-	case opts.ExecutorURL != "" && opts.ExecutorSecret == "":
-		return nil, errors.New("invalid config: executor secret (SLUICE_EXECUTOR_SECRET): required with an executor URL")
-	case opts.API && opts.Tokens == nil:
-		return nil, errors.New("invalid config: tokens (SLUICE_TOKENS or SLUICE_TOKENS_FILE): required to run the API")
+	if err := opts.check(); err != nil {
+		return nil, err
 	}
 	a := &App{opts: opts, log: opts.Log, ownLog: ownLog, registry: prometheus.NewRegistry()}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -188,6 +165,100 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			a.closeConns()
 		}
 	}()
+	js, err := a.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	installID, err := publisher.InstallationID(ctx, a.db)
+	if err != nil {
+		return nil, err
+	}
+	relayMetrics := publisher.NewRelayMetrics(a.registry)
+	a.registry.MustRegister(publisher.NewOutboxCollector(a.db, nil, a.log))
+	if opts.Relay {
+		if err := a.startRelay(js, installID, relayMetrics); err != nil {
+			return nil, err
+		}
+	}
+	if opts.API {
+		if a.fast, err = publisher.NewFastPath(publisher.FastPathConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
+			Log: a.log, Metrics: relayMetrics, Clock: a.clock}); err != nil {
+			return nil, err
+		}
+	}
+	if err := a.startGates(); err != nil {
+		return nil, err
+	}
+	if opts.API || opts.Drainer {
+		// Jobs end in both roles (the API's /complete, cancels and rejected admissions; the
+		// drainer's outcomes, recoveries and expiries), and a registry takes a name once.
+		if a.jobs, err = store.NewMetrics(a.registry); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Drainer {
+		if err := a.startDrainer(); err != nil {
+			return nil, err
+		}
+	}
+	if err := a.startStatus(); err != nil {
+		return nil, err
+	}
+	if opts.API {
+		if err := a.startAPI(ctx); err != nil {
+			return nil, err
+		}
+	} else if err := a.startOpsServer(ctx); err != nil {
+		return nil, err
+	}
+	a.runLoops()
+	ok = true
+	a.log.Info("sluice started", "api", opts.API, "relay", opts.Relay, "drainer", opts.Drainer, "listen", a.Addr(), "version", opts.Version)
+	return a, nil
+}
+
+// setDefaults fills in the options left unset: every role, the default listener, prefix, grace
+// and version.
+func (opts *Options) setDefaults() {
+	if !opts.API && !opts.Relay && !opts.Drainer {
+		opts.API, opts.Relay, opts.Drainer = true, true, true
+	}
+	if opts.Listen == "" {
+		opts.Listen = DefaultListen
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = outbox.DefaultPrefix
+	}
+	if opts.Grace <= 0 {
+		opts.Grace = 30 * time.Second
+	}
+	if opts.Version == "" {
+		opts.Version = "dev"
+	}
+}
+
+// check refuses options a process cannot start with, naming the setting.
+func (opts *Options) check() error {
+	switch {
+	case opts.MySQLDSN == "":
+		return errors.New("invalid config: MySQL DSN: required")
+	case opts.NATSURL == "":
+		return errors.New("invalid config: NATS URL: required")
+	case opts.Drainer && opts.ExecutorURL == "":
+		return errors.New("invalid config: executor URL (SLUICE_EXECUTOR_URL): required to run the drainer")
+	case opts.ExecutorURL != "" && opts.ExecutorSecret == "":
+		return errors.New("invalid config: executor secret (SLUICE_EXECUTOR_SECRET): required with an executor URL")
+	case opts.API && opts.Tokens == nil:
+		return errors.New("invalid config: tokens (SLUICE_TOKENS or SLUICE_TOKENS_FILE): required to run the API")
+	}
+	return nil
+}
+
+// connect opens the database (whose schema must be current), the runtime config and NATS, and
+// prepares the JetStream stream when asked to; it returns the JetStream client (nil in core NATS
+// mode).
+func (a *App) connect(ctx context.Context) (jetstream.JetStream, error) {
+	opts := a.opts
 	var err error
 	if a.db, err = store.Open(ctx, opts.MySQLDSN); err != nil {
 		return nil, err
@@ -228,81 +299,66 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			}
 		}
 	}
-	installID, err := publisher.InstallationID(ctx, a.db)
-	if err != nil {
-		return nil, err
+	return js, nil
+}
+
+// startRelay builds the relay role: the relay, and the purgers of published outbox rows and of
+// finished jobs.
+func (a *App) startRelay(js jetstream.JetStream, installID string, relayMetrics *publisher.RelayMetrics) error {
+	var err error
+	if a.relay, err = publisher.NewRelay(publisher.RelayConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
+		Log: a.log, Metrics: relayMetrics, Clock: a.clock}); err != nil {
+		return err
 	}
-	relayMetrics := publisher.NewRelayMetrics(a.registry)
-	a.registry.MustRegister(publisher.NewOutboxCollector(a.db, nil, a.log))
-	if opts.Relay {
-		if a.relay, err = publisher.NewRelay(publisher.RelayConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
-			Log: a.log, Metrics: relayMetrics, Clock: a.clock}); err != nil {
-			return nil, err
-		}
-		if a.purger, err = publisher.NewPurger(publisher.PurgerConfig{DB: a.db, Log: a.log, Retention: func() time.Duration {
-			return time.Duration(a.limits.Current().Config.OutboxRetentionDays) * 24 * time.Hour
+	if a.purger, err = publisher.NewPurger(publisher.PurgerConfig{DB: a.db, Log: a.log, Retention: func() time.Duration {
+		return time.Duration(a.limits.Current().Config.OutboxRetentionDays) * 24 * time.Hour
+	}}); err != nil {
+		return err
+	}
+	// Finished jobs are purged by the same housekeeping role: one relay process per
+	// installation at least, whatever runs the drainers.
+	if a.jobPurger, err = publisher.NewPurger(publisher.PurgerConfig{DB: a.db, Log: a.log, Rows: "finished jobs",
+		Purge: func(ctx context.Context, db *sql.DB, cutoff time.Time, limit int) (int64, error) {
+			return store.PurgeSettled(ctx, db, cutoff, limit)
+		},
+		Retention: func() time.Duration {
+			return time.Duration(a.limits.Current().Config.RetentionDays) * 24 * time.Hour
 		}}); err != nil {
-			return nil, err
-		}
-		// Finished jobs are purged by the same housekeeping role: one relay process per
-		// installation at least, whatever runs the drainers.
-		if a.jobPurger, err = publisher.NewPurger(publisher.PurgerConfig{DB: a.db, Log: a.log, Rows: "finished jobs",
-			Purge: func(ctx context.Context, db *sql.DB, cutoff time.Time, limit int) (int64, error) {
-				return store.PurgeSettled(ctx, db, cutoff, limit)
-			},
-			Retention: func() time.Duration {
-				return time.Duration(a.limits.Current().Config.RetentionDays) * 24 * time.Hour
-			}}); err != nil {
-			return nil, err
-		}
+		return err
 	}
-	if opts.API {
-		if a.fast, err = publisher.NewFastPath(publisher.FastPathConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
-			Log: a.log, Metrics: relayMetrics, Clock: a.clock}); err != nil {
-			return nil, err
-		}
+
+	return nil
+}
+
+// startDrainer builds the drainer role and subscribes it to the pokes.
+func (a *App) startDrainer() error {
+	opts := a.opts
+	var err error
+	if executor.PlainHTTPToRemote(opts.ExecutorURL) {
+		a.log.Warn("the executor URL is plain http:// to a host that is not loopback: signed payloads and nonces cross the network unencrypted; use https://",
+			"executor_url", opts.ExecutorURL)
 	}
-	if err := a.startGates(); err != nil {
-		return nil, err
+	sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
+	metrics := drainer.NewMetrics(a.registry)
+	if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
+		Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
+		Log: a.log, Metrics: metrics, JobMetrics: a.jobs, BuildVersion: opts.Version, Clock: a.clock}); err != nil {
+		return err
 	}
-	if opts.API || opts.Drainer {
-		// Jobs end in both roles (the API's /complete, cancels and rejected admissions; the
-		// drainer's outcomes, recoveries and expiries), and a registry takes a name once.
-		if a.jobs, err = store.NewMetrics(a.registry); err != nil {
-			return nil, err
-		}
+	// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
+	// pass, which coalesces with any pass already pending.
+	if _, err := a.nc.QueueSubscribe(opts.Prefix+".>", "sluice-drainers", func(*nats.Msg) {
+		metrics.Pokes.Inc()
+		a.drainer.Poke()
+	}); err != nil {
+		return fmt.Errorf("subscribe to pokes: %w", err)
 	}
-	if opts.Drainer {
-		if executor.PlainHTTPToRemote(opts.ExecutorURL) {
-			a.log.Warn("the executor URL is plain http:// to a host that is not loopback: signed payloads and nonces cross the network unencrypted; use https://",
-				"executor_url", opts.ExecutorURL)
-		}
-		sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
-		metrics := drainer.NewMetrics(a.registry)
-		if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
-			Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
-			Log: a.log, Metrics: metrics, JobMetrics: a.jobs, BuildVersion: opts.Version, Clock: a.clock}); err != nil {
-			return nil, err
-		}
-		// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
-		// pass, which coalesces with any pass already pending.
-		if _, err := a.nc.QueueSubscribe(opts.Prefix+".>", "sluice-drainers", func(*nats.Msg) {
-			metrics.Pokes.Inc()
-			a.drainer.Poke()
-		}); err != nil {
-			return nil, fmt.Errorf("subscribe to pokes: %w", err)
-		}
-	}
-	if err := a.startStatus(); err != nil {
-		return nil, err
-	}
-	if opts.API {
-		if err := a.startAPI(ctx); err != nil {
-			return nil, err
-		}
-	} else if err := a.startOpsServer(ctx); err != nil {
-		return nil, err
-	}
+
+	return nil
+}
+
+// runLoops starts the background loops of the roles this process runs; Stop ends them.
+func (a *App) runLoops() {
 	loopCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.goLoop(func() { a.limits.Run(loopCtx) })
@@ -317,9 +373,6 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if a.drainer != nil {
 		a.startClaiming()
 	}
-	ok = true
-	a.log.Info("sluice started", "api", opts.API, "relay", opts.Relay, "drainer", opts.Drainer, "listen", a.Addr(), "version", opts.Version)
-	return a, nil
 }
 
 func (a *App) goLoop(f func()) {
