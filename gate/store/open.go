@@ -72,7 +72,7 @@ func Connector(ctx context.Context, dsn string) (driver.Connector, error) {
 	//
 	// On MariaDB, a transaction left idle is also rolled back after IdleTransactionTimeout, so
 	// that a process that stops talking inside one (its host cut off from the network, or
-	// frozen) gives up its row locks within a minute instead of when the server notices the dead
+	// frozen) gives up its row locks within seconds instead of when the server notices the dead
 	// connection, hours later with the default wait_timeout. It matters most for the claim lock:
 	// while it is held every drainer's claim waits. No sluice transaction sits idle for more than
 	// a few round trips. MySQL has no such variable and goes without.
@@ -104,8 +104,12 @@ func Connector(ctx context.Context, dsn string) (driver.Connector, error) {
 }
 
 // IdleTransactionTimeout is how long MariaDB lets a sluice connection sit idle inside a
-// transaction before it rolls the transaction back (see Connector).
-const IdleTransactionTimeout = time.Minute
+// transaction before it rolls the transaction back (see Connector). The longest a sluice
+// transaction waits on something else is the relay's, open while JetStream acknowledges its
+// batch (publisher's AckTimeout, 5 s); twice that. A minute was too long: a drainer frozen
+// while it held the claim lock stalled every drainer's claims for that minute
+// (TestDrainerFrozenPastLease failed once so, its rescuer waiting 30 s).
+const IdleTransactionTimeout = 10 * time.Second
 
 func tryConnect(ctx context.Context, connector driver.Connector) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
