@@ -2,11 +2,8 @@ package integration_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/job"
@@ -55,15 +52,7 @@ func TestClaimAndRequeueTakeTenantsInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := func(q string, arg any) func() (bool, error) {
-		return func() (bool, error) {
-			var one int
-			err := db.QueryRowContext(ctx, q+" FOR UPDATE NOWAIT", arg).Scan(&one)
-			var me *mysql.MySQLError
-			if errors.As(err, &me) && (me.Number == 1205 || me.Number == 3572) {
-				return true, nil
-			}
-			return false, err
-		}
+		return func() (bool, error) { return db.HeldElsewhere(ctx, q, arg) }
 	}
 
 	requeued := make(chan error, 1)

@@ -5,11 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/go-sql-driver/mysql"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
@@ -232,17 +231,8 @@ func TestRequeueBatchesTakeTenantsInOrder(t *testing.T) {
 		}
 		return tx.Commit()
 	}
-	// held reports whether another transaction holds the row q names, without waiting for it.
 	held := func(q string, arg any) func() (bool, error) {
-		return func() (bool, error) {
-			var one int
-			err := db.QueryRowContext(ctx, q+" FOR UPDATE NOWAIT", arg).Scan(&one)
-			var me *mysql.MySQLError
-			if errors.As(err, &me) && (me.Number == 1205 || me.Number == 3572) {
-				return true, nil
-			}
-			return false, err
-		}
+		return func() (bool, error) { return db.HeldElsewhere(ctx, q, arg) }
 	}
 	errA, errB := make(chan error, 1), make(chan error, 1)
 	go func() { errA <- requeue(rows[0], rows[1]) }()

@@ -3,8 +3,11 @@ package testdb
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
@@ -86,4 +89,17 @@ func (d *DB) RecountQueues(tb testing.TB, tenants ...string) {
 	if err := store.RecountQueues(context.Background(), d.DB, tenants...); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// HeldElsewhere reports whether another transaction holds the row that q (a SELECT of one row,
+// without a locking clause) reads, without waiting for it: for a test that waits until a
+// transaction it started has reached a lock.
+func (d *DB) HeldElsewhere(ctx context.Context, q string, args ...any) (bool, error) {
+	var one int
+	err := d.QueryRowContext(ctx, q+" FOR UPDATE NOWAIT", args...).Scan(&one)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && (me.Number == 1205 || me.Number == 3572) {
+		return true, nil
+	}
+	return false, err
 }
