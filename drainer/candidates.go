@@ -194,16 +194,43 @@ func (cl *claimer) candidates(ctx context.Context, now time.Time, cfg limits.Con
 		if !page.full || pages == maxTenantPages || free <= 0 || enough(cfg, cands, inFlight, free) {
 			break
 		}
-		next, err := cl.nextTenants(ctx, cfg, page)
+		from := page
+		if pages == 1 && cl.resume != nil && after(cfg, *cl.resume, page.after) {
+			// The last pass read this far without finding enough: go on from there, so tenants
+			// behind more than maxTenantPages pages of gated or capped ones are reached in a
+			// few passes rather than when the gates end.
+			from.after = *cl.resume
+		}
+		next, err := cl.nextTenants(ctx, cfg, from)
 		if err != nil {
 			return nil, nil, false, err
 		}
 		page = next
 	}
+	switch {
+	case !page.full:
+		cl.resume = nil // read to the last tenant with work
+	case !enough(cfg, cands, inFlight, free):
+		cl.resume = &page.after
+	}
 	// A tenant left waiting at a cap, or tenants not read, mean more than one job is queued: no
 	// lone-job probe.
 	cl.probe = !capped && !page.full
 	return cands, more, page.full, nil
+}
+
+// after reports whether position a comes after b in cfg's ordering of the tenants index.
+func after(cfg limits.Config, a, b tenantKey) bool {
+	if cfg.Ordering == limits.RoundRobin {
+		if a.wrapped != b.wrapped {
+			return a.wrapped
+		}
+		return a.name > b.name
+	}
+	if !a.headAt.Equal(b.headAt) {
+		return a.headAt.After(b.headAt)
+	}
+	return a.headID > b.headID
 }
 
 // enough reports whether cands fill free slots with jobs that no unread tenant could go before:

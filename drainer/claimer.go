@@ -32,6 +32,9 @@ type claimer struct {
 	probe     bool        // the last pass left the queue empty: the next one probes for a lone job
 	rrLast    string      // round_robin: the tenant served last
 	gatedSeen gatedSeen   // rate keys found gated by recent passes
+	// resume is where the last pass's tenant pages ran out while they still gave too few
+	// eligible jobs (see candidates); nil once a pass has read to the last tenant with work.
+	resume *tenantKey
 }
 
 // RunOnce picks and claims jobs in one transaction, and commits them as dispatched (claim and

@@ -31,7 +31,8 @@ type tenantKey struct {
 // maxTenantPages bounds the tenant reads of one pass. A pass reads further pages only while the
 // tenants it read give fewer eligible jobs than it has free slots (their heads gated, not before
 // a 503's retry, or their tenants at a cap), so tenants stuck behind gates cost at most this many
-// reads a pass; tenants further down wait for the next passes' first pages to clear.
+// reads a pass. A pass that ran out of pages so leaves its position (claimer.resume), and the
+// next one goes on from there after its first page, until a pass reads to the last tenant.
 const maxTenantPages = 4
 
 // tenantsPerPage is how many tenants with work a page holds: the jobs a pass may claim, plus
