@@ -65,6 +65,10 @@ type Config struct {
 	// FailedAuthSources bounds how many source addresses the limit remembers; the one that
 	// failed least recently is forgotten first. Default DefaultFailedAuthSources.
 	FailedAuthSources int
+	// ReleasesPerMinute is how many capacity-release events (POST /v1/releases) one caller may
+	// write per minute; past it they answer 429 rate_limited with Retry-After and write nothing.
+	// Default DefaultReleasesPerMinute; negative: no limit.
+	ReleasesPerMinute int
 	// MaxRequests bounds the requests in progress at once, other than the executor's
 	// callbacks (/start, /complete) and the probes (/healthz, /readyz), which are never
 	// counted: past it a request answers 503 busy with Retry-After at once, so that slow or
@@ -101,9 +105,10 @@ type Server struct {
 	cfg       Config
 	store     *store.Store
 	mux       *http.ServeMux
-	authFails *authLimiter  // nil: no limit
-	requests  chan struct{} // a slot per request in progress that MaxRequests counts; nil: no bound
-	batches   chan struct{} // a slot per batch in progress (MaxBatches); nil: no bound
+	authFails *bucketLimiter
+	releases  *bucketLimiter // nil: no limit  // nil: no limit
+	requests  chan struct{}  // a slot per request in progress that MaxRequests counts; nil: no bound
+	batches   chan struct{}  // a slot per batch in progress (MaxBatches); nil: no bound
 }
 
 // New returns a Server, or an "invalid config" error naming the field.
@@ -128,7 +133,12 @@ func New(cfg Config) (*Server, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, store: cfg.Admitter.Store(), mux: http.NewServeMux(),
-		authFails: newAuthLimiter(cfg.FailedAuthPerMinute, cfg.FailedAuthSources, nil)}
+		authFails: newBucketLimiter(cfg.FailedAuthPerMinute, cfg.FailedAuthSources, nil)}
+	releasesPerMinute := cfg.ReleasesPerMinute
+	if releasesPerMinute == 0 {
+		releasesPerMinute = DefaultReleasesPerMinute
+	}
+	s.releases = newBucketLimiter(releasesPerMinute, releaseCallers, nil)
 	if cfg.MaxRequests == 0 {
 		cfg.MaxRequests = DefaultMaxRequests
 	}
@@ -281,7 +291,7 @@ func (s *Server) auth(h http.HandlerFunc, roles ...Role) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		c, ok := s.cfg.Tokens.Authenticate(r)
 		if !ok {
-			if wait, limited := s.authFails.fail(sourceOf(r)); limited {
+			if wait, limited := s.authFails.take(sourceOf(r)); limited {
 				s.fail(w, r, &job.Error{Code: job.CodeRateLimited,
 					Message: "too many failed authentications from this address; retry later with a valid token",
 					Detail:  map[string]any{"retry_after": wait}})

@@ -70,7 +70,7 @@ func TestFailedAuthLimited(t *testing.T) {
 	}
 	s := testServer(t)
 	clk := &fakeNow{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-	s.authFails = newAuthLimiter(s.cfg.FailedAuthPerMinute, s.cfg.FailedAuthSources, clk.now)
+	s.authFails = newBucketLimiter(s.cfg.FailedAuthPerMinute, s.cfg.FailedAuthSources, clk.now)
 	do := func(addr, token string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest("GET", "/v1/status", nil)
 		req.RemoteAddr = addr
@@ -131,23 +131,23 @@ func TestFailedAuthLimited(t *testing.T) {
 // TestFailedAuthSourcesBounded: the limit remembers at most FailedAuthSources addresses,
 // forgetting the least recently failing one first.
 func TestFailedAuthSourcesBounded(t *testing.T) {
-	l := newAuthLimiter(2, 3, func() time.Time { return time.Unix(0, 0) })
+	l := newBucketLimiter(2, 3, func() time.Time { return time.Unix(0, 0) })
 	for _, src := range []string{"a", "a", "b", "c", "d"} {
-		l.fail(src)
+		l.take(src)
 	}
 	if l.len() != 3 {
 		t.Fatalf("%d sources remembered, want 3", l.len())
 	}
-	if _, limited := l.fail("a"); limited {
+	if _, limited := l.take("a"); limited {
 		t.Error("the least recently failing source was not the one forgotten")
 	}
-	if _, limited := l.fail("d"); limited {
+	if _, limited := l.take("d"); limited {
 		t.Error("d's second failure is limited, want its bucket of 2")
 	}
-	if _, limited := l.fail("d"); !limited {
+	if _, limited := l.take("d"); !limited {
 		t.Error("d's third failure is not limited")
 	}
-	if newAuthLimiter(-1, 0, nil) != nil {
+	if newBucketLimiter(-1, 0, nil) != nil {
 		t.Error("a negative limit should turn limiting off")
 	}
 }
@@ -160,7 +160,7 @@ func TestOpenAPIDescribesAuthLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := testServer(t)
-	s.authFails = newAuthLimiter(1, 0, nil)
+	s.authFails = newBucketLimiter(1, 0, nil)
 	samples := map[string]string{"GET /healthz": "/healthz", "GET /readyz": "/readyz", "GET /metrics": "/metrics"}
 	for _, route := range s.Routes() {
 		method, path, _ := strings.Cut(route, " ")
@@ -183,5 +183,53 @@ func TestOpenAPIDescribesAuthLimit(t *testing.T) {
 		if err := spec.CheckAnswer(method, path, w.Code, w.Body.Bytes()); err != nil {
 			t.Errorf("%s: %v", route, err)
 		}
+	}
+}
+
+// TestReleasesLimited: past its allowance a caller's POST /v1/releases answers 429 rate_limited
+// with Retry-After and reaches nothing behind it (testServer's database is unreachable, so a call
+// that got there answers 503); another caller keeps its own allowance, and time refills it.
+func TestReleasesLimited(t *testing.T) {
+	spec, err := ParseSpec(OpenAPI())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := testServer(t)
+	const execA, execB = "executor-a-token-0123456789abcdefgh", "executor-b-token-0123456789abcdefgh"
+	toks, err := NewTokens([]Token{{Name: "admin", Token: testAdminToken, Role: Admin},
+		{Name: "exec-a", Token: execA, Role: Executor}, {Name: "exec-b", Token: execB, Role: Executor}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cfg.Tokens = toks
+	clk := &fakeNow{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	s.releases = newBucketLimiter(3, releaseCallers, clk.now) // 3 a minute: one every 20 s
+	do := func(token string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/v1/releases", strings.NewReader(`{"tenant": "acme"}`))
+		req.Header.Set("Authorization", "Bearer "+token)
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, req)
+		return w
+	}
+	for i := range 3 {
+		if w := do(execA); w.Code != http.StatusServiceUnavailable {
+			t.Fatalf("release %d: HTTP %d %s, want 503 (within the allowance, the unreachable database answers)", i+1, w.Code, w.Body)
+		}
+	}
+	w := do(execA)
+	var body map[string]any
+	_ = json.Unmarshal(w.Body.Bytes(), &body)
+	if w.Code != http.StatusTooManyRequests || body["error_code"] != "rate_limited" || w.Header().Get("Retry-After") != "20" {
+		t.Fatalf("release 4: HTTP %d %s Retry-After %q, want 429 rate_limited, Retry-After 20", w.Code, w.Body, w.Header().Get("Retry-After"))
+	}
+	if err := spec.CheckAnswer("POST", "/v1/releases", w.Code, w.Body.Bytes()); err != nil {
+		t.Error(err)
+	}
+	if w := do(execB); w.Code != http.StatusServiceUnavailable {
+		t.Errorf("another caller: HTTP %d, want 503", w.Code)
+	}
+	clk.add(20 * time.Second)
+	if w := do(execA); w.Code != http.StatusServiceUnavailable {
+		t.Errorf("20 s later: HTTP %d, want 503", w.Code)
 	}
 }

@@ -29,6 +29,14 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	// A release is a poke, and one caller's runaway loop must not fill the outbox: beyond the
+	// caller's allowance the call writes nothing and says when to come back.
+	if wait, limited := s.releases.take(callerOf(r).Name); limited {
+		s.fail(w, r, &job.Error{Code: job.CodeRateLimited,
+			Message: "too many release events from this caller; retry later",
+			Detail:  map[string]any{"retry_after": wait}})
+		return
+	}
 	var id int64
 	err = s.inTx(r.Context(), func(tx *sql.Tx) error {
 		now, err := s.cfg.Clock.Now(r.Context())

@@ -18,31 +18,42 @@ const (
 	DefaultFailedAuthSources = 10000
 )
 
-// authLimiter is a token bucket per source address that only failed authentications draw
-// from: a source that fails more than perMinute times a minute is refused (429 rate_limited)
-// until its bucket refills, one failure's worth every minute/perMinute. A request with a valid
-// token never touches it, so a client sharing an address (a NAT, a proxy) with a guesser keeps
-// working. At most maxSources addresses are remembered; when a new one arrives at the bound,
-// the one that failed least recently is forgotten (it would have had a full bucket the soonest).
-// Safe for concurrent use.
-type authLimiter struct {
+// Defaults of the release limit (Config.ReleasesPerMinute).
+const (
+	// DefaultReleasesPerMinute is how many capacity-release events (POST /v1/releases) one
+	// caller may write per minute, in a burst or spread out: 100 a second, far above what an
+	// executor frees, while a runaway one cannot fill the outbox.
+	DefaultReleasesPerMinute = 6000
+	// releaseCallers bounds the callers remembered; tokens are few, so it is rarely reached.
+	releaseCallers = 1000
+)
+
+// bucketLimiter is a token bucket per key (a source address, a caller): a key that draws more
+// than perMinute times a minute is refused until its bucket refills, one draw's worth every
+// minute/perMinute. The failed-authentication limit keys it by source address and draws only on
+// a failure, so a request with a valid token never touches it and a client sharing an address
+// (a NAT, a proxy) with a guesser keeps working; the release limit keys it by caller. At most
+// maxSources keys are remembered; when a new one arrives at the bound, the one that drew least
+// recently is forgotten (it would have had a full bucket the soonest). Safe for concurrent use.
+type bucketLimiter struct {
 	perMinute  int
 	maxSources int
 	now        func() time.Time
 
 	mu      sync.Mutex
-	sources map[string]*list.Element // of *authBucket, most recently failing at the front
+	sources map[string]*list.Element // of *bucket, most recently failing at the front
 	order   *list.List
 }
 
-type authBucket struct {
+type bucket struct {
 	source string
 	tokens float64 // failures still allowed, refilled continuously up to perMinute
 	at     time.Time
 }
 
-// newAuthLimiter returns a limiter, or nil (no limit) when perMinute is negative.
-func newAuthLimiter(perMinute, maxSources int, now func() time.Time) *authLimiter {
+// newBucketLimiter returns a limiter, or nil (no limit) when perMinute is negative; perMinute 0
+// means DefaultFailedAuthPerMinute.
+func newBucketLimiter(perMinute, maxSources int, now func() time.Time) *bucketLimiter {
 	if perMinute < 0 {
 		return nil
 	}
@@ -55,23 +66,23 @@ func newAuthLimiter(perMinute, maxSources int, now func() time.Time) *authLimite
 	if now == nil {
 		now = time.Now
 	}
-	return &authLimiter{perMinute: perMinute, maxSources: maxSources, now: now,
+	return &bucketLimiter{perMinute: perMinute, maxSources: maxSources, now: now,
 		sources: map[string]*list.Element{}, order: list.New()}
 }
 
-// fail records a failed authentication from source. It reports whether the failure is over the
-// limit and, if so, how many seconds remain until the source may fail again (at least 1).
-func (l *authLimiter) fail(source string) (retryAfter int, limited bool) {
+// take draws one from source's bucket. It reports whether the draw is over the limit and, if
+// so, how many seconds remain until the source may draw again (at least 1).
+func (l *bucketLimiter) take(source string) (retryAfter int, limited bool) {
 	if l == nil {
 		return 0, false
 	}
 	now := l.now()
-	rate := float64(l.perMinute) / time.Minute.Seconds() // failures per second
+	rate := float64(l.perMinute) / time.Minute.Seconds() // draws per second
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var b *authBucket
+	var b *bucket
 	if e, ok := l.sources[source]; ok {
-		b = e.Value.(*authBucket)
+		b = e.Value.(*bucket)
 		if d := now.Sub(b.at).Seconds(); d > 0 {
 			b.tokens = math.Min(float64(l.perMinute), b.tokens+d*rate)
 		}
@@ -80,10 +91,10 @@ func (l *authLimiter) fail(source string) (retryAfter int, limited bool) {
 	} else {
 		for l.order.Len() >= l.maxSources {
 			oldest := l.order.Back()
-			delete(l.sources, oldest.Value.(*authBucket).source)
+			delete(l.sources, oldest.Value.(*bucket).source)
 			l.order.Remove(oldest)
 		}
-		b = &authBucket{source: source, tokens: float64(l.perMinute), at: now}
+		b = &bucket{source: source, tokens: float64(l.perMinute), at: now}
 		l.sources[source] = l.order.PushFront(b)
 	}
 	if b.tokens >= 1 {
@@ -94,7 +105,7 @@ func (l *authLimiter) fail(source string) (retryAfter int, limited bool) {
 }
 
 // len returns how many sources are remembered (for tests).
-func (l *authLimiter) len() int {
+func (l *bucketLimiter) len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.order.Len()
