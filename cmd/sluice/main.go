@@ -237,7 +237,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		return err
 	}
 	opts := app.Options{
-		MySQLDSN: c.get("mysql-dsn"), NATSURL: c.get("nats-url"), CoreNATS: core, Listen: c.get("listen"),
+		MySQLDSN: c.get("mysql-dsn"), NATSURL: c.get("nats-url"), NATSAuth: c.natsAuth(), CoreNATS: core, Listen: c.get("listen"),
 		ExecutorURL: c.get("executor-url"), ExecutorSecret: c.get("executor-secret"), UnconfirmedStarts: !confirm,
 		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
 		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,
@@ -448,13 +448,9 @@ func natsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	url := c.get("nats-url")
-	if url == "" {
-		url = nats.DefaultURL
-	}
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	nc, err := c.connectNATS("sluice nats init")
 	if err != nil {
-		return fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

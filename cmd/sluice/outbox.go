@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/gate/clock"
@@ -105,14 +104,9 @@ func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return err
 		}
-		url := c.get("nats-url")
-		if url == "" {
-			url = nats.DefaultURL
-		}
-		// Fail fast: a replay is an operator's command, not a long-running process.
-		nc, err := nats.Connect(url, nats.Name("sluice outbox replay"), nats.Timeout(5*time.Second), nats.ReconnectBufSize(-1))
+		nc, err := c.connectNATS("sluice outbox replay")
 		if err != nil {
-			return fmt.Errorf("connect to NATS at %s: %w", url, err)
+			return err
 		}
 		defer nc.Close()
 		cfg.NC = nc

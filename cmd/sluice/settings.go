@@ -7,6 +7,11 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/publisher"
 )
 
 // setting is one static setting (SPEC §9): a flag, a SLUICE_* environment variable and a key of
@@ -19,6 +24,9 @@ var settings = []setting{
 	{"mysql-dsn", "SLUICE_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/sluice", "MySQL/MariaDB DSN (sluice adds the parameters it needs)"},
 	{"nats-url", "SLUICE_NATS_URL", "", "NATS URL (default nats://127.0.0.1:4222; sluice dev: an embedded server)"},
 	{"nats-core", "SLUICE_NATS_CORE", "false", "publish with core NATS, without JetStream"},
+	{"nats-creds", "SLUICE_NATS_CREDS", "", "NATS credentials file (user JWT and nkey seed)"},
+	{"nats-nkey", "SLUICE_NATS_NKEY", "", "NATS nkey seed file (instead of a credentials file)"},
+	{"nats-ca", "SLUICE_NATS_CA", "", "CA file that signed the NATS server's TLS certificate"},
 	{"memcached", "SLUICE_MEMCACHED", "127.0.0.1:11211", "memcached servers, comma-separated"},
 	{"listen", "SLUICE_LISTEN", "127.0.0.1:7480", "API listen address"},
 	{"executor-url", "SLUICE_EXECUTOR_URL", "", "executor dispatch URL"},
@@ -122,4 +130,27 @@ func readConfigFile(path string) (map[string]string, error) {
 		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
 	return out, nil
+}
+
+// natsAuth returns the NATS credentials the settings name.
+func (c config) natsAuth() publisher.NATSAuth {
+	return publisher.NATSAuth{CredsFile: c.get("nats-creds"), NKeyFile: c.get("nats-nkey"), CAFile: c.get("nats-ca")}
+}
+
+// connectNATS connects an operator's command to the broker the settings name, with their
+// credentials, failing fast: a command is not a long-running process.
+func (c config) connectNATS(name string) (*nats.Conn, error) {
+	url := c.get("nats-url")
+	if url == "" {
+		url = nats.DefaultURL
+	}
+	auth, err := c.natsAuth().Options()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, append(auth, nats.Name(name), nats.Timeout(5*time.Second), nats.ReconnectBufSize(-1))...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	return nc, nil
 }

@@ -42,6 +42,8 @@ type Options struct {
 	MySQLDSN string
 	// NATSURL is the broker. Required.
 	NATSURL string
+	// NATSAuth is the broker's credentials, if it requires any.
+	NATSAuth publisher.NATSAuth
 	// CoreNATS publishes without JetStream (for brokers without it). Default false.
 	CoreNATS bool
 	// Listen is the API address; ":0" picks a free port. Default DefaultListen.
@@ -276,7 +278,11 @@ func (a *App) connect(ctx context.Context) (jetstream.JetStream, error) {
 	if opts.DrainerID != "" {
 		name += " " + opts.DrainerID
 	}
-	if a.nc, err = nats.Connect(opts.NATSURL, a.natsOptions(name)...); err != nil {
+	auth, err := opts.NATSAuth.Options()
+	if err != nil {
+		return nil, err
+	}
+	if a.nc, err = nats.Connect(opts.NATSURL, append(a.natsOptions(name), auth...)...); err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", opts.NATSURL, err)
 	}
 	var js jetstream.JetStream
