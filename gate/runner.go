@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/admitrate"
@@ -161,6 +162,13 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 // of its own (commitWithInsert). settled reports whether the reservations are settled: the
 // transaction committed, or its COMMIT failed and commitErr kept or refunded them.
 func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *state, shared bool, reservations map[string]*admitrate.Reservation) (settled bool, err error) {
+	if !slices.ContainsFunc(items, func(it *item) bool { return it.insert }) {
+		// Replays and refusals that write nothing: nothing to keep, and no charge to settle
+		// (replays are not charged; decide refunded the refused). The caller's close rolls the
+		// transaction back, which also takes back the tenants rows its lock statement created:
+		// a flood of refused tenant names leaves no tenant state.
+		return true, nil
+	}
 	withInsert := a.commitWithInsert(tx, reservations)
 	if err := a.insert(ctx, tx, items, st, !shared, withInsert); err != nil {
 		if withInsert && ConnectionLost(err) {
