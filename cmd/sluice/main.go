@@ -228,6 +228,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	if err != nil {
 		return err
 	}
+	tenantLabels, err := c.bool("metrics-tenant-labels")
+	if err != nil {
+		return err
+	}
 	grace, err := time.ParseDuration(c.get("grace"))
 	if err != nil {
 		return fmt.Errorf("grace: %w", err)
@@ -238,6 +242,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	}
 	opts := app.Options{
 		MySQLDSN: c.get("mysql-dsn"), NATSURL: c.get("nats-url"), NATSAuth: c.natsAuth(), CoreNATS: core, Listen: c.get("listen"),
+		MetricsListen: c.get("metrics-listen"), MetricsToken: c.get("metrics-token"), NoTenantLabels: !tenantLabels,
 		ExecutorURL: c.get("executor-url"), ExecutorSecret: c.get("executor-secret"), UnconfirmedStarts: !confirm,
 		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
 		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,

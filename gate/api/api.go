@@ -15,7 +15,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/clock"
@@ -65,6 +64,11 @@ type Config struct {
 	// FailedAuthSources bounds how many source addresses the limit remembers; the one that
 	// failed least recently is forgotten first. Default DefaultFailedAuthSources.
 	FailedAuthSources int
+	// MetricsToken, if set, is the bearer token a scrape of /metrics must carry (SLUICE_METRICS_TOKEN).
+	MetricsToken string
+	// MetricsElsewhere, if set, is the address /metrics is served on instead of this listener
+	// (SLUICE_METRICS_LISTEN); here it answers 404 naming it.
+	MetricsElsewhere string
 	// ReleasesPerMinute is how many capacity-release events (POST /v1/releases) one caller may
 	// write per minute; past it they answer 429 rate_limited with Retry-After and write nothing.
 	// Default DefaultReleasesPerMinute; negative: no limit.
@@ -197,7 +201,13 @@ func (s *Server) routes() {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
 	s.mux.HandleFunc("GET /readyz", s.readyz)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
+	if s.cfg.MetricsElsewhere != "" {
+		s.mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+			s.fail(w, r, job.Errorf(job.CodeNotFound, "metrics are served on %s (SLUICE_METRICS_LISTEN)", s.cfg.MetricsElsewhere))
+		})
+	} else {
+		s.mux.Handle("GET /metrics", MetricsHandler(s.cfg.Gatherer, s.cfg.MetricsToken))
+	}
 	s.mux.HandleFunc("POST /v1/releases", s.auth(s.release, Executor))
 	s.mux.HandleFunc("GET /v1/status", s.auth(s.getStatus, Admin))
 	s.mux.HandleFunc("GET /v1/tenants", s.auth(s.listTenants, Admin))

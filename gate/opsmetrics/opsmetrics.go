@@ -42,6 +42,9 @@ type Config struct {
 	Now func() time.Time
 	// TopTenants is how many tenants get their own series. Default 20.
 	TopTenants int
+	// NoTenantLabels puts no tenant name in a label (SLUICE_METRICS_TENANT_LABELS=false): every
+	// tenant is summed under tenant="other".
+	NoTenantLabels bool
 	// Log receives read failures, at most one line per minute. Default: discard.
 	Log *slog.Logger
 	// Omit names metrics this collector leaves out because another component of the process
@@ -248,7 +251,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	var top, rest status.Tenant
 	oldestIsTop := false
 	for i, t := range s.Tenants { // sorted deepest first
-		if i < c.cfg.TopTenants && t.Tenant != OtherTenant {
+		if i < c.cfg.TopTenants && !c.cfg.NoTenantLabels && t.Tenant != OtherTenant {
 			g(c.tenantDepth, float64(t.Depth), t.Tenant)
 			g(c.tenantOldest, t.OldestAgeSeconds, t.Tenant)
 			g(c.tenantInFlight, float64(t.InFlight), t.Tenant)

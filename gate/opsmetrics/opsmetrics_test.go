@@ -28,7 +28,12 @@ func (f fakeReader) Local(context.Context) status.Status {
 
 func collect(t *testing.T, r opsmetrics.Reader, top int) string {
 	t.Helper()
-	c, err := opsmetrics.New(opsmetrics.Config{Status: r, TopTenants: top})
+	return collectWith(t, opsmetrics.Config{Status: r, TopTenants: top})
+}
+
+func collectWith(t *testing.T, cfg opsmetrics.Config) string {
+	t.Helper()
+	c, err := opsmetrics.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,6 +82,25 @@ func TestTopTenants(t *testing.T) {
 	}
 	if n := strings.Count(collect(t, fakeReader{st: st}, 20), "sluice_tenant_queue_depth{"); n != 5 {
 		t.Errorf("%d depth series with room for 20, want 4 tenants + other", n)
+	}
+}
+
+// TestNoTenantLabels: with tenant labels off (SLUICE_METRICS_TENANT_LABELS=false) no tenant
+// name appears in a label; every tenant is summed under "other".
+func TestNoTenantLabels(t *testing.T) {
+	t.Parallel()
+	st := status.Status{Queue: status.Queue{Depth: 8}, Tenants: []status.Tenant{
+		{Tenant: "a", Depth: 5, InFlight: 1, OldestAgeSeconds: 9},
+		{Tenant: "b", Depth: 3, InFlight: 2, OldestAgeSeconds: 4},
+	}}
+	out := collectWith(t, opsmetrics.Config{Status: fakeReader{st: st}, NoTenantLabels: true})
+	for _, want := range []string{`sluice_tenant_queue_depth{tenant="other"} 8`, `sluice_tenant_in_flight{tenant="other"} 3`} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("missing %s in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `tenant="a"`) || strings.Contains(out, `tenant="b"`) {
+		t.Errorf("a tenant name is a label with tenant labels off:\n%s", out)
 	}
 }
 

@@ -64,6 +64,9 @@ type Options struct {
 	// GateTimeout, as app.Options. Tests that assert gates hold set it well above the 50 ms
 	// default, which a loaded 2-core machine running -race can exceed (and then fails open).
 	GateTimeout time.Duration
+	// MetricsListen, MetricsToken and NoTenantLabels, as app.Options.
+	MetricsListen, MetricsToken string
+	NoTenantLabels              bool
 }
 
 // Start brings up an Env for tb.
@@ -114,6 +117,7 @@ func (e *Env) StartApp(tb testing.TB, o Options) *app.App {
 		ExecutorURL: e.ExecURL, ExecutorSecret: Secret, Tokens: e.tokens, InitStream: true,
 		API: o.API, Relay: o.Relay, Drainer: o.Drainer, Grace: 10 * time.Second, Log: e.log,
 		Memcached: o.Memcached, GateTimeout: o.GateTimeout,
+		MetricsListen: o.MetricsListen, MetricsToken: o.MetricsToken, NoTenantLabels: o.NoTenantLabels,
 	})
 	if err != nil {
 		tb.Fatalf("harness: start sluice: %v", err)

@@ -44,6 +44,12 @@ type Options struct {
 	NATSURL string
 	// NATSAuth is the broker's credentials, if it requires any.
 	NATSAuth publisher.NATSAuth
+	// MetricsListen, if set, serves /metrics on this address instead of the API's listener
+	// (SLUICE_METRICS_LISTEN); MetricsToken, if set, is the bearer token a scrape must carry
+	// (SLUICE_METRICS_TOKEN); NoTenantLabels keeps tenant names out of metric labels
+	// (SLUICE_METRICS_TENANT_LABELS=false).
+	MetricsListen, MetricsToken string
+	NoTenantLabels              bool
 	// CoreNATS publishes without JetStream (for brokers without it). Default false.
 	CoreNATS bool
 	// Listen is the API address; ":0" picks a free port. Default DefaultListen.
@@ -120,8 +126,11 @@ type App struct {
 	fast      *publisher.FastPath
 	gates     *rategate.Store
 	httpSrv   *http.Server
-	listener  net.Listener
-	ops       opsState // status, probes and the shutdown sequence (ops.go)
+	// metricsSrv serves /metrics on Options.MetricsListen, when set.
+	metricsSrv *http.Server
+	metricsLn  net.Listener
+	listener   net.Listener
+	ops        opsState // status, probes and the shutdown sequence (ops.go)
 
 	cancel  context.CancelFunc // stops the loops (claiming, relaying, reloading)
 	loops   sync.WaitGroup
@@ -164,6 +173,10 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	a.ops.init(opts)
 	defer func() {
 		if !ok {
+			if a.metricsSrv != nil { // started before a later step failed
+				_ = a.metricsSrv.Close()
+				a.serveWG.Wait()
+			}
 			a.closeConns()
 		}
 	}()
@@ -205,6 +218,11 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	if err := a.startStatus(); err != nil {
 		return nil, err
+	}
+	if opts.MetricsListen != "" {
+		if err := a.startMetricsServer(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if opts.API {
 		if err := a.startAPI(ctx); err != nil {
@@ -424,7 +442,7 @@ func (a *App) startAPI(ctx context.Context) error {
 		return err
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
-		Gatherer: a.registry, Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
+		Gatherer: a.registry, MetricsToken: a.opts.MetricsToken, MetricsElsewhere: a.MetricsAddr(), Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
 		Clock: a.clock, MaxRequests: a.opts.MaxRequests})
 	if err != nil {
 		return err
@@ -455,6 +473,35 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 		}
 	}()
 	return nil
+}
+
+// startMetricsServer serves /metrics, and nothing else, on Options.MetricsListen: a deployment
+// that scrapes from another network than its producers call from keeps the two apart.
+func (a *App) startMetricsServer(ctx context.Context) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", a.opts.MetricsListen)
+	if err != nil {
+		return fmt.Errorf("listen on %s (SLUICE_METRICS_LISTEN): %w", a.opts.MetricsListen, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", api.MetricsHandler(a.registry, a.opts.MetricsToken))
+	a.metricsLn, a.metricsSrv = ln, newHTTPServer(mux)
+	a.serveWG.Add(1)
+	go func() {
+		defer a.serveWG.Done()
+		if err := a.metricsSrv.Serve(newLimitListener(ln, 64)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("metrics server stopped", "error", err)
+		}
+	}()
+	return nil
+}
+
+// MetricsAddr returns the address of the metrics listener (Options.MetricsListen), or "".
+func (a *App) MetricsAddr() string {
+	if a.metricsLn == nil {
+		return ""
+	}
+	return a.metricsLn.Addr().String()
 }
 
 // ready is /readyz: the database reachable and its schema current, and the process not
@@ -515,12 +562,14 @@ func (a *App) Stop(ctx context.Context) error {
 	var err error
 	a.stopped.Do(func() {
 		a.stopClaiming(ctx)
-		if a.httpSrv != nil {
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			err = a.httpSrv.Shutdown(sctx)
-			cancel()
-			a.serveWG.Wait()
+		for _, srv := range []*http.Server{a.httpSrv, a.metricsSrv} {
+			if srv != nil {
+				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				err = errors.Join(err, srv.Shutdown(sctx))
+				cancel()
+			}
 		}
+		a.serveWG.Wait()
 		a.cancel()
 		a.loops.Wait()
 		a.closeConns()

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/opsmetrics"
@@ -78,7 +77,8 @@ func (a *App) startStatus() error {
 		BrokerConnected: a.nc.IsConnected, MemcachedReachable: a.ops.memcached.Reachable}); err != nil {
 		return err
 	}
-	_, omitted, err := opsmetrics.Register(a.registry, opsmetrics.Config{Status: a.ops.status, Log: a.log})
+	_, omitted, err := opsmetrics.Register(a.registry, opsmetrics.Config{Status: a.ops.status, Log: a.log,
+		NoTenantLabels: a.opts.NoTenantLabels})
 	if err != nil {
 		return err
 	}
@@ -93,7 +93,9 @@ func (a *App) startStatus() error {
 // health-checked.
 func (a *App) startOpsServer(ctx context.Context) error {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	if a.opts.MetricsListen == "" {
+		mux.Handle("GET /metrics", api.MetricsHandler(a.registry, a.opts.MetricsToken))
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeOpsJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
