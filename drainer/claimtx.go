@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/base64"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -223,7 +222,11 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 	// The lock order of every transaction that moves jobs into or out of queued (gate/store,
 	// lockInOrder): the job rows by id, then their tenants' rows by key, which the UPDATE's
 	// triggers would otherwise take row by row in its own order.
-	lockTenants, tenantArgs := store.LockTenantsSQL(tenantsOf(chosen))
+	tenants := make([]string, len(chosen))
+	for i, c := range chosen {
+		tenants[i] = c.tenant
+	}
+	lockTenants, tenantArgs := store.LockTenantsSQL(tenants)
 	args := append(int64Args(ids), tenantArgs...)
 	args = append(append(args, u.args...), int64Args(ids)...)
 	res, err := tx.QueryCommit(cctx, []string{
@@ -255,20 +258,6 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}
 	return u.claimed(chosen, got, cfg), nil
-}
-
-// tenantsOf returns the tenants of cs, sorted, once each.
-func tenantsOf(cs []candidate) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, c := range cs {
-		if !seen[c.tenant] {
-			seen[c.tenant] = true
-			out = append(out, c.tenant)
-		}
-	}
-	sort.Strings(out)
-	return out
 }
 
 // loadPayloads reads the payloads and attempt counts of jobs this drainer claimed.

@@ -48,28 +48,9 @@ func (cl *claimer) tenantsPerPage(cfg limits.Config) int {
 // of tenants that have work or ever had it, nor with any tenant's backlog.
 func (cl *claimer) passState(ctx context.Context, cfg limits.Config) (inFlight map[string]int, total int, page tenantPage, err error) {
 	q, args := cl.tenantsSQL(cfg, tenantKey{}, true)
-	rows, err := cl.cfg.DB.QueryContext(ctx, q+` UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM jobs
-		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`, args...)
+	inFlight, total, work, err := cl.readTenants(ctx, q+` UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM jobs
+		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`, args)
 	if err != nil {
-		return nil, 0, page, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
-	}
-	defer rows.Close()
-	inFlight = map[string]int{}
-	var work []tenantRow
-	for rows.Next() {
-		var r tenantRow
-		var n sql.NullInt64
-		if err := rows.Scan(&r.name, &n, &r.headAt, &r.headID); err != nil {
-			return nil, 0, page, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
-		}
-		if !n.Valid {
-			work = append(work, r)
-			continue
-		}
-		inFlight[r.name] = int(n.Int64)
-		total += int(n.Int64)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, 0, page, fmt.Errorf("read in-flight counts and tenants with queued jobs: %w", err)
 	}
 	return inFlight, total, cl.pageOf(cfg, tenantKey{}, work), nil
@@ -78,24 +59,36 @@ func (cl *claimer) passState(ctx context.Context, cfg limits.Config) (inFlight m
 // nextTenants reads the page of tenants with work that follows prev.
 func (cl *claimer) nextTenants(ctx context.Context, cfg limits.Config, prev tenantPage) (tenantPage, error) {
 	q, args := cl.tenantsSQL(cfg, prev.after, false)
-	rows, err := cl.cfg.DB.QueryContext(ctx, q, args...)
+	_, _, work, err := cl.readTenants(ctx, q, args)
 	if err != nil {
 		return tenantPage{}, fmt.Errorf("read tenants with queued jobs: %w", err)
 	}
+	return cl.pageOf(cfg, prev.after, work), nil
+}
+
+// readTenants runs q, whose rows are tenants with work (tenant, NULL, head_at, head_id) and,
+// from passState, in-flight counts (tenant, count, NULL, NULL).
+func (cl *claimer) readTenants(ctx context.Context, q string, args []any) (inFlight map[string]int, total int, work []tenantRow, err error) {
+	rows, err := cl.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, 0, nil, err
+	}
 	defer rows.Close()
-	var work []tenantRow
+	inFlight = map[string]int{}
 	for rows.Next() {
 		var r tenantRow
 		var n sql.NullInt64
 		if err := rows.Scan(&r.name, &n, &r.headAt, &r.headID); err != nil {
-			return tenantPage{}, fmt.Errorf("read tenants with queued jobs: %w", err)
+			return nil, 0, nil, err
 		}
-		work = append(work, r)
+		if !n.Valid {
+			work = append(work, r)
+			continue
+		}
+		inFlight[r.name] = int(n.Int64)
+		total += int(n.Int64)
 	}
-	if err := rows.Err(); err != nil {
-		return tenantPage{}, fmt.Errorf("read tenants with queued jobs: %w", err)
-	}
-	return cl.pageOf(cfg, prev.after, work), nil
+	return inFlight, total, work, rows.Err()
 }
 
 // tenantRow is a row of tenantsSQL.

@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -351,7 +350,7 @@ type finishPlan struct {
 	poke     finishUpdate   // the outbox INSERT of every release and enqueue poke
 	to       []job.Status   // the state each job ends in
 	codes    []string       // the error code each job ends with
-	requeued []string       // the tenants of the jobs going back to queued, sorted, once each
+	requeued []string       // the tenants of the jobs going back to queued
 }
 
 // Lock order. The triggers of migration 0010 lock a tenant's row whenever one of its jobs enters
@@ -382,15 +381,20 @@ func lockInOrder(ctx context.Context, tx DB, items []Finishing, tenants []string
 	return nil
 }
 
-// lockTenantsSQL locks the rows of tenants (sorted) in key order. An UPDATE that changes nothing
-// rather than SELECT ... FOR UPDATE, so that it can go in a round trip of statements without
-// result sets (FinishManyConn).
+// LockTenantsSQL is the statement that locks the rows of tenants, in key order whatever the
+// order and repeats of tenants: the second step of the lock order (see lockInOrder). An UPDATE
+// that changes nothing rather than SELECT ... FOR UPDATE, so that it can go in a round trip of
+// statements without result sets (FinishManyConn).
 func LockTenantsSQL(tenants []string) (string, []any) {
-	args := make([]any, len(tenants))
-	for i, t := range tenants {
-		args[i] = t
+	seen := map[string]bool{}
+	var args []any
+	for _, t := range tenants {
+		if !seen[t] {
+			seen[t] = true
+			args = append(args, t)
+		}
 	}
-	return "UPDATE tenants SET queued = queued WHERE tenant IN (" + Placeholders(len(tenants)) + ") ORDER BY tenant", args
+	return "UPDATE tenants SET queued = queued WHERE tenant IN (" + Placeholders(len(args)) + ") ORDER BY tenant", args
 }
 
 type finishUpdate struct {
@@ -512,14 +516,11 @@ func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error)
 		}
 	}
 	p := finishPlan{to: to, codes: codes}
-	seen := map[string]bool{}
 	for i := range items {
-		if t := items[i].Row.Tenant; to[i] == job.Queued && !seen[t] {
-			seen[t] = true
-			p.requeued = append(p.requeued, t)
+		if to[i] == job.Queued {
+			p.requeued = append(p.requeued, items[i].Row.Tenant)
 		}
 	}
-	sort.Strings(p.requeued)
 	for _, kind := range order {
 		g := groups[kind]
 		var set strings.Builder
@@ -642,15 +643,10 @@ func (s *Store) Expire(ctx context.Context, tx DB, now, cutoff time.Time, limit 
 	if len(old) == 0 {
 		return nil, nil
 	}
-	var tenants []string
-	seen := map[string]bool{}
-	for _, r := range old {
-		if !seen[r.Tenant] {
-			seen[r.Tenant] = true
-			tenants = append(tenants, r.Tenant)
-		}
+	tenants := make([]string, len(old))
+	for i, r := range old {
+		tenants[i] = r.Tenant
 	}
-	sort.Strings(tenants)
 	// The job rows are locked; their tenants' rows next, in key order (see lockInOrder).
 	lq, largs := LockTenantsSQL(tenants)
 	if _, err := tx.ExecContext(ctx, lq, largs...); err != nil {
