@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/logq"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // blockingSink is a sink whose writes wait until release is closed, then go to out.
@@ -72,21 +73,6 @@ func newQueue(t *testing.T, cfg logq.Config) *logq.Queue {
 	return q
 }
 
-// waitFor polls cond until it holds, failing the test after a generous deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.After(30 * time.Second)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // TestBlockedSinkDropsAndCounts: with a sink that never returns, 100,000 logging calls from 8
 // goroutines all return, the lines beyond the queue are dropped and counted, and once the sink
 // takes lines again the next line written says how many were dropped before it.
@@ -124,9 +110,9 @@ func TestBlockedSinkDropsAndCounts(t *testing.T) {
 
 	close(sink.release)
 	// Once the writer has taken a line from the full queue there is room for one more.
-	waitFor(t, "the writer to take a queued line", func() bool { return len(sink.lines()) >= 2 })
+	wait.Until(t, 30*time.Second, "the writer to take a queued line", func() bool { return len(sink.lines()) >= 2 })
 	log.Info("after")
-	waitFor(t, "the queue to be written", func() bool { return len(sink.lines()) == 1+capacity+1 })
+	wait.Until(t, 30*time.Second, "the queue to be written", func() bool { return len(sink.lines()) == 1+capacity+1 })
 	lines := sink.lines()
 	for i, line := range lines {
 		var m map[string]any
@@ -321,7 +307,7 @@ func TestDroppedKeyTopLevel(t *testing.T) {
 	log.Info("three", "a", 3)
 	log.Info("four", "a", 4)
 	close(sink.release)
-	waitFor(t, "two lines written", func() bool { return len(sink.lines()) == 2 })
+	wait.Until(t, 30*time.Second, "two lines written", func() bool { return len(sink.lines()) == 2 })
 	var m map[string]any
 	if err := json.Unmarshal([]byte(sink.lines()[1]), &m); err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // randomHash returns a fresh rate key hash, so parallel tests never share a gate.
@@ -338,7 +339,7 @@ func TestFailOpen(t *testing.T) {
 		t.Errorf("logged %d unavailability warnings for 150 failures, want 1 (at most one per 15 s)", n)
 	}
 	mc.Restart()
-	waitFor(t, 10*time.Second, "the store to use memcached again", func() bool {
+	wait.Until(t, 10*time.Second, "the store to use memcached again", func() bool {
 		_, err := b.store.NotBefore(ctx, []string{h})
 		return err == nil
 	})
@@ -408,19 +409,6 @@ func TestFailOpenSlowServer(t *testing.T) {
 	}
 	if d := time.Since(t1); d > 50*time.Millisecond {
 		t.Errorf("100 lookups with the breaker open took %s: they must not touch the network", d)
-	}
-}
-
-func waitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
 	}
 }
 

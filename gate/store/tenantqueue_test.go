@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/integration/wait"
 	"github.com/sluicehq/sluice/migrations"
 )
 
@@ -236,9 +237,9 @@ func TestRequeueBatchesTakeTenantsInOrder(t *testing.T) {
 	}
 	errA, errB := make(chan error, 1), make(chan error, 1)
 	go func() { errA <- requeue(rows[0], rows[1]) }()
-	waitUntil(t, "batch A to hold job 1", held("SELECT 1 FROM jobs WHERE id = ?", rows[0].ID))
+	wait.For(t, 10*time.Second, "batch A to hold job 1", held("SELECT 1 FROM jobs WHERE id = ?", rows[0].ID))
 	go func() { errB <- requeue(rows[2], rows[3]) }()
-	waitUntil(t, "batch B to finish or hold t2", func() (bool, error) {
+	wait.For(t, 10*time.Second, "batch B to finish or hold t2", func() (bool, error) {
 		select {
 		case err := <-errB:
 			errB <- err
@@ -262,26 +263,5 @@ func TestRequeueBatchesTakeTenantsInOrder(t *testing.T) {
 		if got := readQueueState(t, db.DB, tenant); got.queued != 2 {
 			t.Errorf("tenant %s has %d queued, want 2", tenant, got.queued)
 		}
-	}
-}
-
-// waitUntil polls cond until it holds, failing the test after 10 s.
-func waitUntil(t *testing.T, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // Tokens used by every harness.
@@ -185,25 +186,10 @@ func (e *Env) Admit(tb testing.TB, tenant string, payload any) int64 {
 	return int64(r.Body["id"].(float64))
 }
 
-// WaitFor polls cond every 5 ms until it returns true or timeout passes, then fails tb with what.
-// It is a wait on a condition with a deadline, never a sleep that hopes.
+// WaitFor is wait.For: a wait on a condition with a deadline, never a sleep that hopes.
 func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	var lastErr error
-	for {
-		ok, err := cond()
-		if ok && err == nil {
-			return
-		}
-		lastErr = err
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
-		}
-		<-tick.C
-	}
+	wait.For(tb, timeout, what, cond)
 }
 
 // CountJobs returns the number of jobs per status.
