@@ -191,16 +191,7 @@ func (c *Client) List(ctx context.Context, o ListOptions) (Page, error) {
 	if o.Status != "" {
 		q.Set("status", string(o.Status))
 	}
-	if o.Limit > 0 {
-		q.Set("limit", strconv.Itoa(o.Limit))
-	}
-	if o.Cursor != "" {
-		q.Set("cursor", o.Cursor)
-	}
-	path := "/v1/jobs"
-	if len(q) > 0 {
-		path += "?" + q.Encode()
-	}
+	path := pagePath("/v1/jobs", q, o.Limit, o.Cursor)
 	var p struct {
 		Jobs       []job.Job `json:"jobs"`
 		NextCursor *string   `json:"next_cursor"`
@@ -211,6 +202,20 @@ func (c *Client) List(ctx context.Context, o ListOptions) (Page, error) {
 		out.NextCursor = *p.NextCursor
 	}
 	return out, err
+}
+
+// pagePath is path with the query q plus a page's limit (0: the server's default) and cursor.
+func pagePath(path string, q url.Values, limit int, cursor string) string {
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	return path
 }
 
 // Redrive admits a new job from a lost or failed one (admin). The answer is 201 with the new

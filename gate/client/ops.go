@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/status"
@@ -84,16 +83,7 @@ func (c *Client) Tenants(ctx context.Context, o TenantsOptions) (TenantPage, err
 	if o.Order != "" {
 		q.Set("order", o.Order)
 	}
-	if o.Limit > 0 {
-		q.Set("limit", strconv.Itoa(o.Limit))
-	}
-	if o.Cursor != "" {
-		q.Set("cursor", o.Cursor)
-	}
-	path := "/v1/tenants"
-	if len(q) > 0 {
-		path += "?" + q.Encode()
-	}
+	path := pagePath("/v1/tenants", q, o.Limit, o.Cursor)
 	var p struct {
 		Tenants    []status.TenantRow `json:"tenants"`
 		NextCursor *string            `json:"next_cursor"`
