@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/gate"
@@ -277,4 +278,25 @@ func asErr(err error, target **client.Error) bool {
 		*target = e
 	}
 	return ok
+}
+
+// commitWithFault ends tx as the named fault says, for a gate.Faults Commit hook:
+// "commit-lost" (the server committed, the answer was lost), "commit-rolled-back" (the connection
+// broke before the server committed), "commit-refused" (the server answered an error: nothing
+// committed), anything else a plain commit.
+func commitWithFault(tx gate.Tx, fault string) error {
+	switch fault {
+	case "commit-lost":
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+		return mysql.ErrInvalidConn
+	case "commit-rolled-back":
+		_ = tx.Rollback()
+		return mysql.ErrInvalidConn
+	case "commit-refused":
+		_ = tx.Rollback()
+		return &mysql.MySQLError{Number: 1180, Message: "Got error during COMMIT"}
+	}
+	return tx.Commit()
 }

@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
@@ -82,22 +80,7 @@ func TestFrontDoorRateLimitRefund(t *testing.T) {
 			}
 			return nil
 		},
-		Commit: func(_ context.Context, tx gate.Tx) error {
-			switch fault() {
-			case "commit-lost": // the server committed, the answer was lost
-				if err := tx.Commit(); err != nil {
-					return err
-				}
-				return mysql.ErrInvalidConn
-			case "commit-rolled-back": // the connection broke before the server committed
-				_ = tx.Rollback()
-				return mysql.ErrInvalidConn
-			case "commit-refused": // the server answered with an error: nothing committed
-				_ = tx.Rollback()
-				return &mysql.MySQLError{Number: 1180, Message: "Got error during COMMIT"}
-			}
-			return tx.Commit()
-		},
+		Commit: func(_ context.Context, tx gate.Tx) error { return commitWithFault(tx, fault()) },
 	}
 	f := startFrontDoor(t, fdOptions{memcached: "127.0.0.1:11211", faults: faults})
 	ctx := context.Background()

@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/store"
@@ -151,17 +149,8 @@ func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
 			return nil
 		},
 		Commit: func(_ context.Context, tx gate.Tx) error {
-			switch fault.Load() {
-			case "commit-lost": // the server committed, the answer was lost
-				if err := tx.Commit(); err != nil {
-					return err
-				}
-				return mysql.ErrInvalidConn
-			case "commit-rolled-back": // the connection broke before the server committed
-				_ = tx.Rollback()
-				return mysql.ErrInvalidConn
-			}
-			return tx.Commit()
+			name, _ := fault.Load().(string)
+			return commitWithFault(tx, name)
 		},
 	}
 	f := startFrontDoorOn(t, probe, fdOptions{admitDB: counted, faults: faults})
