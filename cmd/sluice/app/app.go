@@ -125,9 +125,9 @@ type App struct {
 	jobPurger *publisher.Purger
 	fast      *publisher.FastPath
 	gates     *rategate.Store
-	httpSrv   *http.Server
+	httpSrv   *httpServer
 	// metricsSrv serves /metrics on Options.MetricsListen, when set.
-	metricsSrv *http.Server
+	metricsSrv *httpServer
 	metricsLn  net.Listener
 	listener   net.Listener
 	ops        opsState // status, probes and the shutdown sequence (ops.go)
@@ -562,7 +562,7 @@ func (a *App) Stop(ctx context.Context) error {
 	var err error
 	a.stopped.Do(func() {
 		a.stopClaiming(ctx)
-		for _, srv := range []*http.Server{a.httpSrv, a.metricsSrv} {
+		for _, srv := range []*httpServer{a.httpSrv, a.metricsSrv} {
 			if srv != nil {
 				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				err = errors.Join(err, srv.Shutdown(sctx))

@@ -1,8 +1,10 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -76,5 +78,42 @@ func TestLimitListener(t *testing.T) {
 	}
 	if newLimitListener(inner, -1) != inner {
 		t.Error("a negative bound should leave the listener as it is")
+	}
+}
+
+// TestShutdownClosesFreshConns: a connection that never sent a request does not hold a stopping
+// server's Shutdown. net/http counts it busy for up to 5 s; the deadline here is 4 s, so Shutdown
+// returns its context's error unless the server closed the connection itself. The connection
+// sees it closed, and a connection opened meanwhile is closed at once.
+func TestShutdownClosesFreshConns(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newHTTPServer(http.NotFoundHandler())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	idle, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	// The server has the connection once it answers a request on another one.
+	if resp, err := http.Get("http://" + ln.Addr().String() + "/"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with a connection that sent nothing: %v", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		t.Fatalf("Serve: %v", err)
+	}
+	_ = idle.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := idle.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the connection that sent nothing is still open")
 	}
 }
