@@ -76,6 +76,10 @@ func (h *Handler) completionOf(j Job, o Outcome) completion {
 // moved on or another outcome is recorded; another 4xx: a bad report) is final. The outcome is
 // the same every time, so a repeat the API already recorded answers 200 again.
 func (h *Handler) report(j Job, o Outcome) {
+	if h.apiURL == "" {
+		h.o.log.Warn("asynchronous outcome not reported: no API URL", "job_id", j.ID)
+		return
+	}
 	now := time.Now()
 	deadline := j.Deadline
 	if deadline.IsZero() {

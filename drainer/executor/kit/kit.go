@@ -98,8 +98,8 @@ func Failed(code, message string) Outcome {
 	return Outcome{Status: StatusFailed, ErrorCode: code, ErrorMessage: message}
 }
 
-// RateLimited says the upstream answered 429 and refuses work for retryAfter: sluice gates the
-// job's rate key for that long (see Outcome.RetryAfter).
+// RateLimited says the upstream answered 429 and refuses work for retryAfter (at least 1 s):
+// sluice gates the job's rate key for that long (see Outcome.RetryAfter).
 func RateLimited(retryAfter time.Duration) Outcome {
 	return Outcome{Status: StatusFailed, ErrorCode: codeRateLimited,
 		ErrorMessage: "the upstream answered 429", RetryAfter: max(retryAfter, time.Nanosecond)}
@@ -192,7 +192,9 @@ type Handler struct {
 // New returns an executor that checks dispatches against secret (SLUICE_EXECUTOR_SECRET),
 // confirms starts and reports asynchronous outcomes to the API at apiURL (e.g.
 // http://127.0.0.1:7480) with token (an executor token), and runs each job with run. It returns
-// an error naming the argument when one is missing or malformed.
+// an error naming the argument when one is missing or malformed. A dispatch is refused once its
+// deadline has passed by this host's clock, which should therefore agree with sluice's database
+// to well within the execution wall.
 func New(secret, apiURL, token string, run Func, opts ...Option) (*Handler, error) {
 	h := &Handler{secret: []byte(secret), apiURL: strings.TrimRight(apiURL, "/"), token: token, run: run}
 	for _, opt := range opts {
@@ -310,7 +312,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, j Job, release f
 		}
 	}
 	async := h.o.async != nil && h.o.async(j)
-	if async && !h.track() {
+	if !h.admit(async) {
+		// Refused before the start: sluice queues the job again without spending its budget.
 		release()
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "stopping", "the executor is stopping")
@@ -392,14 +395,17 @@ func (h *Handler) acquire() (release func(), ok bool) {
 	}
 }
 
-// track counts one more asynchronous job, unless the Handler is closed.
-func (h *Handler) track() bool {
+// admit reports whether a job may start (the Handler is not closed) and counts it among the
+// asynchronous jobs if async.
+func (h *Handler) admit(async bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return false
 	}
-	h.async.Add(1)
+	if async {
+		h.async.Add(1)
+	}
 	return true
 }
 
@@ -461,16 +467,18 @@ func retrySeconds(d time.Duration) int {
 }
 
 // Close stops the asynchronous jobs (their context ends) and any report or start confirmation
-// under way, and waits for them. Later asynchronous dispatches are answered 503. Idempotent.
+// under way, and waits for them. Later dispatches are answered 503 before their start.
+// Idempotent.
 func (h *Handler) Close() {
 	h.stop()
 	h.cancel()
 	h.async.Wait()
 }
 
-// Shutdown stops taking asynchronous jobs and waits for those under way to finish and be
-// reported, until ctx ends; then it closes the Handler (Close). It returns ctx's error if it had
-// to cut them short.
+// Shutdown stops taking jobs (later dispatches are answered 503 before their start) and waits
+// for the asynchronous jobs under way to finish and be reported, until ctx ends; then it closes
+// the Handler (Close). It returns ctx's error if it had to cut them short. Synchronous jobs end
+// with their dispatch's connection: http.Server.Shutdown waits for them.
 func (h *Handler) Shutdown(ctx context.Context) error {
 	h.stop()
 	done := make(chan struct{})

@@ -611,7 +611,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 }
 
 // TestCloseStopsAsyncJobs: Close ends the context of async jobs under way and waits for them;
-// a later async dispatch is answered 503 before its start.
+// a later dispatch, asynchronous or not, is answered 503 before its start.
 func TestCloseStopsAsyncJobs(t *testing.T) {
 	api := newFakeAPI(t)
 	started := make(chan struct{})
@@ -635,8 +635,13 @@ func TestCloseStopsAsyncJobs(t *testing.T) {
 		t.Fatal("Shutdown returned before the job it cut short ended")
 	}
 	rec := send(h, encode(t, dispatch(8, "n8", `{}`)), secret)
-	if rec.Code != http.StatusServiceUnavailable || len(api.paths()) != 1 {
+	if answerOf(rec).Kind != executor.Refused || len(api.paths()) != 1 {
 		t.Fatalf("after Close: HTTP %d, API calls %q; want 503 and only the first start", rec.Code, api.paths())
+	}
+	stopped := newHandler(t, api, func(context.Context, Job) Outcome { return Outcome{} })
+	stopped.Close()
+	if rec := send(stopped, encode(t, dispatch(9, "n9", `{}`)), secret); answerOf(rec).Kind != executor.Refused || len(api.paths()) != 1 {
+		t.Fatalf("a synchronous dispatch after Close: HTTP %d, API calls %q; want 503 before any start", rec.Code, api.paths())
 	}
 }
 
