@@ -12,7 +12,8 @@
 // key for its retry_after.
 //
 // The package depends only on the protocol's own package (drainer/executor) and the standard
-// library besides a backoff library, so that an executor built on it carries none of sluice.
+// library besides a backoff library, so that an executor built on it carries nothing else of
+// sluice.
 package kit
 
 import (
