@@ -29,8 +29,8 @@ var layers = []layer{
 	{name: "vocabulary", packages: []string{"gate/job", "gate/clock"}},
 	{name: "building blocks", packages: []string{"outbox", "migrations", "gate/limits", "gate/admitrate", "gate/rategate", "gate/logq", "drainer/executor", "publisher/devbroker"}},
 	{name: "data", packages: []string{"gate/store", "gate/status"}},
-	{name: "components", packages: []string{"gate", "gate/client", "gate/opsmetrics", "publisher", "drainer", "drainer/executor/simexec"}},
-	{name: "HTTP edge", packages: []string{"gate/api"}},
+	{name: "components", packages: []string{"gate", "gate/client", "gate/opsmetrics", "publisher", "drainer", "drainer/executor/kit"}},
+	{name: "HTTP edge", packages: []string{"gate/api", "drainer/executor/simexec"}},
 	{name: "process", packages: []string{"cmd/sluice/app"}},
 	{name: "binary", packages: []string{"cmd/sluice"}},
 	{name: "tests", packages: []string{"integration", "integration/..."}, peers: true},
@@ -44,12 +44,14 @@ type rule struct {
 }
 
 // rules are the import bans of README.md's "Layers" section besides the layers themselves: the
-// drainer consumes the gate and the relay, never the reverse, and the relay needs from gate only
-// the shared vocabulary and the clock.
+// drainer consumes the gate and the relay, never the reverse, the relay needs from gate only the
+// shared vocabulary and the clock, and an executor built on the executor kit carries nothing of
+// the gate.
 var rules = []rule{
 	{from: "gate", to: "drainer"},
 	{from: "publisher", to: "drainer"},
 	{from: "publisher", to: "gate", except: []string{"gate/job", "gate/clock"}},
+	{from: "drainer/executor/kit", to: "gate"},
 }
 
 // under reports whether pkg is dir or a package below it.
@@ -208,6 +210,10 @@ func TestLayerCheckCatchesWrongEdges(t *testing.T) {
 		{"gate", "publisher", true},
 		{"cmd/sluice", "integration/testdb", true},
 		{"drainer/executor/simexec", "integration/natstest", true},
+		{"drainer/executor/simexec", "drainer/executor/kit", false},
+		{"drainer/executor/kit", "integration/harness", true},
+		{"drainer/executor/kit", "gate/job", true},
+		{"drainer/executor/kit", "drainer/executor", false},
 		{"gate/newthing", "gate/job", true},
 	}
 	for _, tt := range tests {

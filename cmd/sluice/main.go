@@ -502,8 +502,12 @@ func simexecCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case token == "":
 		return fmt.Errorf("SLUICE_EXECUTOR_TOKEN (--executor-token) is required: the simulated executor %s through the API at %s with it (an executor or admin token)", does, apiURL)
 	}
-	ex := simexec.New(simexec.Config{APIURL: apiURL, Token: token, UnconfirmedStarts: !confirm,
-		Secret: []byte(c.get("executor-secret")), Log: log})
+	cfg := simexec.Config{APIURL: apiURL, Token: token, UnconfirmedStarts: !confirm,
+		Secret: []byte(c.get("executor-secret")), Log: log}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("SLUICE_API_URL (--api-url): %w", err)
+	}
+	ex := simexec.New(cfg)
 	defer ex.Close()
 	stop, addr, err := serveHTTP(ctx, c.get("simexec-listen"), ex.Handler())
 	if err != nil {

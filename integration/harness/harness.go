@@ -68,6 +68,12 @@ type Options struct {
 	// MetricsListen, MetricsToken and NoTenantLabels, as app.Options.
 	MetricsListen, MetricsToken string
 	NoTenantLabels              bool
+	// ExecutorURL, if set, receives the dispatches instead of the simulated executor, which is
+	// then not started (Env.Exec is nil): a test's own executor.
+	ExecutorURL string
+	// Listen is the API's address (StartApp: to start an API again where a stopped one
+	// listened). Default 127.0.0.1:0, a free port.
+	Listen string
 }
 
 // Start brings up an Env for tb.
@@ -88,10 +94,14 @@ func Start(tb testing.TB, o Options) *Env {
 			log = slog.New(slog.DiscardHandler)
 		}
 	}
-	e.Exec = simexec.New(simexec.Config{Secret: []byte(Secret), OnReceive: o.OnReceive, Log: log})
-	execSrv := httptest.NewServer(e.Exec.Handler())
-	tb.Cleanup(func() { execSrv.Close(); e.Exec.Close() })
-	e.ExecURL = execSrv.URL + "/dispatch"
+	if o.ExecutorURL != "" {
+		e.ExecURL = o.ExecutorURL
+	} else {
+		e.Exec = simexec.New(simexec.Config{Secret: []byte(Secret), OnReceive: o.OnReceive, Log: log})
+		execSrv := httptest.NewServer(e.Exec.Handler())
+		tb.Cleanup(func() { execSrv.Close(); e.Exec.Close() })
+		e.ExecURL = execSrv.URL + "/dispatch"
+	}
 	tokens, err := api.NewTokens([]api.Token{
 		{Name: "producer", Token: ProducerToken, Role: api.Producer, Tenants: []string{"*"}},
 		{Name: "executor", Token: ExecutorToken, Role: api.Executor},
@@ -103,18 +113,24 @@ func Start(tb testing.TB, o Options) *Env {
 	e.natsURL, e.tokens, e.log = natsURL, tokens, log
 	e.App = e.StartApp(tb, o)
 	e.URL = "http://" + e.App.Addr()
-	e.Exec.SetAPI(e.URL, ExecutorToken)
+	if e.Exec != nil {
+		e.Exec.SetAPI(e.URL, ExecutorToken)
+	}
 	return e
 }
 
-// StartApp starts another sluice process (in this one) with the roles of o on the Env's
-// database, broker and executor, stopped in tb.Cleanup: split roles, as on separate hosts.
+// StartApp starts another sluice process (in this one) with the roles and API address of o on the
+// Env's database, broker and executor, stopped in tb.Cleanup: split roles, as on separate hosts.
 func (e *Env) StartApp(tb testing.TB, o Options) *app.App {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	listen := o.Listen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
 	a, err := app.Start(ctx, app.Options{
-		MySQLDSN: e.DB.DSN, NATSURL: e.natsURL, Listen: "127.0.0.1:0",
+		MySQLDSN: e.DB.DSN, NATSURL: e.natsURL, Listen: listen,
 		ExecutorURL: e.ExecURL, ExecutorSecret: Secret, Tokens: e.tokens, InitStream: true,
 		API: o.API, Relay: o.Relay, Drainer: o.Drainer, Grace: 10 * time.Second, Log: e.log,
 		Memcached: o.Memcached, GateTimeout: o.GateTimeout,

@@ -1,30 +1,24 @@
 // Package simexec is the simulated executor that the demo, the tests and the benchmarks run
-// against (SPEC §9). It honours the dispatch protocol of SPEC §8: it checks the signature,
-// confirms each start with the job's nonce before "running" it, runs for the payload's sleep_ms
-// and answers with the payload's outcome. It counts starts per job id and the highest
-// concurrency it saw, globally and per tenant, and serves those counters at GET /stats.
+// against (SPEC §9). It is built on the executor kit (drainer/executor/kit), which speaks the
+// dispatch protocol of SPEC §8: it checks the signature, confirms each start with the job's nonce
+// before "running" it, runs for the payload's sleep_ms and answers with the payload's outcome. It
+// counts starts per job id and the highest concurrency it saw, globally and per tenant, and
+// serves those counters at GET /stats.
 //
 // It sits under drainer/executor, next to the protocol it speaks, because the binary runs it
 // (`sluice dev`, `sluice simexec`) and the binary never imports integration/.
 package simexec
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
-	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/drainer/executor/kit"
 )
 
 // Config configures the simulated executor. Field docs give the defaults.
@@ -40,6 +34,7 @@ type Config struct {
 	// Token is the executor's bearer token for the API.
 	Token string
 	// Secret, if set, is checked against every dispatch's Sluice-Signature (401 on mismatch).
+	// Unset, dispatches are not checked (tests that post unsigned dispatches).
 	Secret []byte
 	// Log receives problems. Default: discard.
 	Log *slog.Logger
@@ -74,47 +69,80 @@ type Stats struct {
 
 // Server is the simulated executor. Safe for concurrent use.
 type Server struct {
-	cfg  Config
-	http *http.Client
+	cfg Config // APIURL and Token change under mu (SetAPI)
 
 	mu       sync.Mutex
 	stats    Stats
 	byTenant map[string]int
-
-	ctx    context.Context // asynchronous completions run under it
-	cancel context.CancelFunc
-	async  sync.WaitGroup
+	exec     *kit.Handler   // serves dispatches; replaced by SetAPI
+	retired  []*kit.Handler // replaced by SetAPI, closed by Close
 }
 
-// New returns a simulated executor.
+// Validate reports what New would refuse: an APIURL that is not an http or https URL, or one set
+// without a Token (every call to the API would be refused).
+func (c Config) Validate() error {
+	s := &Server{cfg: c}
+	ex, err := s.buildExec()
+	if err != nil {
+		return err
+	}
+	ex.Close()
+	return nil
+}
+
+// New returns a simulated executor. It panics if cfg is invalid (Validate).
 func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{cfg: cfg, http: &http.Client{Timeout: 10 * time.Second}, ctx: ctx, cancel: cancel}
+	s := &Server{cfg: cfg}
 	s.reset()
+	s.exec = s.newExec()
 	return s
 }
 
+// newExec builds the executor for the current config (s.cfg, under s.mu or before s is shared):
+// starts are confirmed when an API is set and UnconfirmedStarts is off.
+func (s *Server) newExec() *kit.Handler {
+	ex, err := s.buildExec()
+	if err != nil {
+		panic("simexec: " + err.Error())
+	}
+	return ex
+}
+
+func (s *Server) buildExec() (*kit.Handler, error) {
+	opts := []kit.Option{kit.Logger(s.cfg.Log),
+		kit.OnReceive(s.received), kit.OnStartRefused(s.refused), kit.BeforeStart(s.beforeStart),
+		kit.Async(func(j kit.Job) bool { return payloadOf(j).Async })}
+	if s.cfg.APIURL == "" || s.cfg.UnconfirmedStarts {
+		opts = append(opts, kit.UnconfirmedStarts())
+	}
+	if len(s.cfg.Secret) == 0 {
+		opts = append(opts, kit.InsecureSkipVerify())
+	}
+	return kit.New(string(s.cfg.Secret), s.cfg.APIURL, s.cfg.Token, s.work, opts...)
+}
+
 // SetAPI points the executor at sluice's API (for /start and /complete) after construction, for
-// callers that learn the API's address only once it listens.
+// callers that learn the API's address only once it listens. Dispatches already under way finish
+// with the API they started with.
 func (s *Server) SetAPI(url, token string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cfg.APIURL, s.cfg.Token = url, token
-}
-
-func (s *Server) api() (string, string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg.APIURL, s.cfg.Token
+	s.retired = append(s.retired, s.exec)
+	s.exec = s.newExec()
 }
 
 // Close stops asynchronous completions and waits for them.
 func (s *Server) Close() {
-	s.cancel()
-	s.async.Wait()
+	s.mu.Lock()
+	all := append([]*kit.Handler{s.exec}, s.retired...)
+	s.mu.Unlock()
+	for _, ex := range all {
+		ex.Close()
+	}
 }
 
 func (s *Server) reset() {
@@ -160,83 +188,73 @@ func copyMap[V any](m map[string]V) map[string]V {
 	return out
 }
 
+// dispatch hands a dispatch to the executor of the moment (SetAPI replaces it).
 func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
-	if err != nil {
-		http.Error(w, "read body", http.StatusBadRequest)
-		return
-	}
-	if len(s.cfg.Secret) > 0 && !executor.Verify(s.cfg.Secret, body, r.Header.Get(executor.HeaderSignature)) {
-		http.Error(w, "bad signature", http.StatusUnauthorized)
-		return
-	}
-	var d executor.Dispatch
-	if err := json.Unmarshal(body, &d); err != nil {
-		http.Error(w, "bad dispatch", http.StatusBadRequest)
-		return
-	}
+	s.mu.Lock()
+	ex := s.exec
+	s.mu.Unlock()
+	ex.ServeHTTP(w, r)
+}
+
+func (s *Server) received(j kit.Job) {
 	if s.cfg.OnReceive != nil {
-		s.cfg.OnReceive(d.JobID, d.Tenant, time.Now())
+		s.cfg.OnReceive(j.ID, j.Tenant, time.Now())
 	}
 	s.mu.Lock()
 	s.stats.Received++
 	s.mu.Unlock()
-	var p Payload
-	if len(d.Payload) > 0 && d.Payload[0] == '{' {
-		_ = json.Unmarshal(d.Payload, &p)
-	}
-	if p.RetryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(p.RetryAfter))
-		writeJSON(w, http.StatusTooManyRequests, map[string]any{"error": "rate limited upstream"})
-		return
-	}
-	if apiURL, _ := s.api(); apiURL != "" && !s.cfg.UnconfirmedStarts {
-		s.run(r.Context(), p.ConfirmDelayMS)
-		// Once the API has answered /start the executor is committed to the job, whatever
-		// becomes of the dispatch connection: the confirmation must not be abandoned halfway
-		// because the drainer that sent the dispatch died, or the API would record a start the
-		// counters never saw.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), confirmTimeout)
-		err := s.confirm(cctx, d)
-		cancel()
-		if err != nil {
-			s.mu.Lock()
-			s.stats.RefusedStarts++
-			s.mu.Unlock()
-			s.cfg.Log.Info("start refused; not running the job", "job_id", d.JobID, "error", err)
-			writeJSON(w, http.StatusConflict, map[string]any{"error": err.Error()})
-			return
-		}
-	}
-	s.begin(d)
-	outcome := p.Outcome
-	if outcome == "" {
-		outcome = "succeeded"
-	}
-	if p.Async {
-		s.async.Add(1)
-		go func() {
-			defer s.async.Done()
-			s.run(s.ctx, p.SleepMS)
-			s.end(d, outcome)
-			if err := s.complete(s.ctx, d, outcome); err != nil {
-				s.cfg.Log.Warn("async completion failed", "job_id", d.JobID, "error", err)
-			}
-		}()
-		writeJSON(w, http.StatusAccepted, map[string]any{"accepted": true})
-		return
-	}
-	s.run(r.Context(), p.SleepMS)
-	s.end(d, outcome)
-	writeJSON(w, http.StatusOK, map[string]any{"status": outcome, "result": map[string]any{"slept_ms": p.SleepMS}})
 }
 
-// run is the simulated work: it takes sleep_ms, or less if the request is abandoned.
-// confirmTimeout bounds the confirmation of one start, retries included: longer than the database
-// outages the tests cause, shorter than the nonce TTL.
-const confirmTimeout = 30 * time.Second
+func (s *Server) refused(kit.Job, error) {
+	s.mu.Lock()
+	s.stats.RefusedStarts++
+	s.mu.Unlock()
+}
 
-func (s *Server) run(ctx context.Context, ms int) {
+// payloadOf reads the fields of j's payload the simulated executor acts on; a payload that is
+// not a JSON object asks for nothing.
+func payloadOf(j kit.Job) Payload {
+	var p Payload
+	if len(j.Payload) > 0 && j.Payload[0] == '{' {
+		_ = json.Unmarshal(j.Payload, &p)
+	}
+	return p
+}
+
+// beforeStart answers retry_after with a 429 without confirming the start, and holds a start
+// that is confirmed for confirm_delay_ms.
+func (s *Server) beforeStart(ctx context.Context, j kit.Job) *kit.Outcome {
+	p := payloadOf(j)
+	if p.RetryAfter > 0 {
+		o := kit.RateLimited(time.Duration(p.RetryAfter) * time.Second)
+		return &o
+	}
+	s.mu.Lock()
+	confirms := s.cfg.APIURL != "" && !s.cfg.UnconfirmedStarts
+	s.mu.Unlock()
+	if confirms {
+		sleep(ctx, p.ConfirmDelayMS)
+	}
+	return nil
+}
+
+// work is the simulated job: counted as started, it takes sleep_ms (less if ctx ends first) and
+// ends with the payload's outcome.
+func (s *Server) work(ctx context.Context, j kit.Job) kit.Outcome {
+	p := payloadOf(j)
+	outcome := p.Outcome
+	if outcome == "" {
+		outcome = kit.StatusSucceeded
+	}
+	s.begin(j)
+	sleep(ctx, p.SleepMS)
+	s.end(j, outcome)
+	result, _ := json.Marshal(map[string]any{"slept_ms": p.SleepMS})
+	return kit.Outcome{Status: outcome, Result: result}
+}
+
+// sleep is the simulated work: it takes ms, or less if ctx ends first.
+func sleep(ctx context.Context, ms int) {
 	if ms <= 0 {
 		return
 	}
@@ -248,10 +266,10 @@ func (s *Server) run(ctx context.Context, ms int) {
 	}
 }
 
-func (s *Server) begin(d executor.Dispatch) {
+func (s *Server) begin(d kit.Job) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	id := strconv.FormatInt(d.JobID, 10)
+	id := strconv.FormatInt(d.ID, 10)
 	s.stats.Starts[id]++
 	s.stats.TotalStarts++
 	if s.stats.Starts[id] > 1 {
@@ -263,71 +281,10 @@ func (s *Server) begin(d executor.Dispatch) {
 	s.stats.MaxInFlightByTenant[d.Tenant] = max(s.stats.MaxInFlightByTenant[d.Tenant], s.byTenant[d.Tenant])
 }
 
-func (s *Server) end(d executor.Dispatch, outcome string) {
+func (s *Server) end(d kit.Job, outcome string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.InFlight--
 	s.byTenant[d.Tenant]--
 	s.stats.Completed[outcome]++
-}
-
-// confirm confirms the start of d. An answer that may have been lost (no answer, or a 503 that
-// says retryable: the database was unreachable or the COMMIT's outcome is unknown) is asked
-// again with the same nonce until ctx ends: SPEC §4 answers a repeated /start of a running job
-// 200 again for this, and giving up would leave a start recorded that the executor never ran.
-func (s *Server) confirm(ctx context.Context, d executor.Dispatch) error {
-	b := backoff.WithContext(backoff.NewExponentialBackOff(backoff.WithInitialInterval(20*time.Millisecond),
-		backoff.WithMaxInterval(time.Second), backoff.WithMaxElapsedTime(0)), ctx)
-	return backoff.Retry(func() error {
-		err := s.post(ctx, fmt.Sprintf("/v1/jobs/%d/start", d.JobID), map[string]any{"nonce": d.Nonce})
-		var refused *refusal
-		if errors.As(err, &refused) && !refused.retryable {
-			return backoff.Permanent(err)
-		}
-		return err
-	}, b)
-}
-
-func (s *Server) complete(ctx context.Context, d executor.Dispatch, outcome string) error {
-	return s.post(ctx, fmt.Sprintf("/v1/jobs/%d/complete", d.JobID), map[string]any{"nonce": d.Nonce, "status": outcome})
-}
-
-func (s *Server) post(ctx context.Context, path string, body any) error {
-	raw, _ := json.Marshal(body)
-	apiURL, token := s.api()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(apiURL, "/")+path, bytes.NewReader(raw))
-	if err != nil {
-		return fmt.Errorf("build %s: %w", path, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := s.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		var body struct {
-			Retryable bool `json:"retryable"`
-		}
-		_ = json.Unmarshal(msg, &body)
-		return &refusal{msg: path + ": HTTP " + strconv.Itoa(resp.StatusCode) + ": " + strings.TrimSpace(string(msg)),
-			retryable: resp.StatusCode == http.StatusServiceUnavailable && body.Retryable}
-	}
-	return nil
-}
-
-// refusal is an API answer other than 200; retryable when the API said the call may be repeated.
-type refusal struct {
-	msg       string
-	retryable bool
-}
-
-func (r *refusal) Error() string { return r.msg }
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
 }
