@@ -183,6 +183,7 @@ var routeList = []string{
 	"GET /v1/config",
 	"PATCH /v1/config",
 	"GET /v1/config/history",
+	"GET /v1/whoami",
 }
 
 func (s *Server) routes() {
@@ -214,6 +215,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/config", s.auth(s.getConfig, Admin))
 	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
 	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))
+	s.mux.HandleFunc("GET /v1/whoami", s.auth(s.whoami, Producer, Executor))
 }
 
 // ServeHTTP implements http.Handler. A request no route takes is answered before
