@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/recent"
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -297,5 +298,38 @@ func TestDeepestTenants(t *testing.T) {
 	}
 	if _, err := r.ReadTenants(ctx, status.TenantsQuery{Order: "size", Limit: 1}); !errors.Is(err, status.ErrOrder) {
 		t.Errorf("order size: %v, want ErrOrder", err)
+	}
+}
+
+// TestCapsAndRecent: the status carries the caps in force (the defaults, then a new version's)
+// and the process's recent window as of the database time it was read at.
+func TestCapsAndRecent(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	w := recent.New(recent.Config{Step: time.Second, Steps: 10})
+	w.Finished(f.now.Add(-2 * time.Second))
+	w.Dispatched(time.Second, f.now.Add(-2*time.Second))
+	read := func() status.Status {
+		t.Helper()
+		r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now), Recent: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := r.Read(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := read()
+	if want := (status.Caps{GlobalInFlight: 4, TenantInFlight: 2, GlobalQueueDepth: 2000, TenantQueueDepth: 500}); s.Caps != want {
+		t.Errorf("caps %+v, want the defaults %+v", s.Caps, want)
+	}
+	if len(s.Recent.Points) != 10 || s.Recent.Points[8].Finished != 1 || s.Recent.Points[8].Dispatched != 1 {
+		t.Errorf("recent %+v, want 10 points with one end and one dispatch two steps back", s.Recent)
+	}
+	f.exec(`INSERT INTO config_versions (version, config, changed_by, changed_at) VALUES (1, '{"global_in_flight":9,"tenant_queue_depth":7}', 't', ?)`, f.now)
+	if s := read(); s.Caps.GlobalInFlight != 9 || s.Caps.TenantQueueDepth != 7 {
+		t.Errorf("caps %+v after a change, want global_in_flight 9 and tenant_queue_depth 7", s.Caps)
 	}
 }
