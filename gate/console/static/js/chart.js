@@ -22,7 +22,10 @@ export function lineChart(label, series, format) {
         pen = false;
         return;
       }
+      const alone = !pen && (i + 1 >= ser.values.length || ser.values[i + 1] === null || ser.values[i + 1] === undefined);
       d += `${pen ? 'L' : 'M'}${x(i).toFixed(1)},${y(v).toFixed(1)} `;
+      // A point with no neighbour gets a short dash, so that a lone step still shows.
+      if (alone) d += `h${i === 0 ? 3 : -3} `;
       pen = true;
     });
     return s('path', {d: d.trim() || 'M0,0', class: `line line-${ser.key}`});

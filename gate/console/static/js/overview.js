@@ -55,7 +55,7 @@ export async function overview(v) {
         h('p', {class: 'figure'}, h('span', {id: 'queue-depth'}, fmt.count(st.queue.depth)),
           h('small', null, ` of ${fmt.count(caps.global_queue_depth)} (global depth cap)`)),
         meter(st.queue.depth, caps.global_queue_depth, 'Queued jobs against the global depth cap'),
-        h('p', null, `${fmt.count(st.tenants_with_work)} tenants with work; each refused past ${fmt.count(caps.tenant_queue_depth)} queued.`),
+        h('p', null, `${fmt.count(st.tenants_with_work)} tenant${st.tenants_with_work === 1 ? '' : 's'} with work; each refused past ${fmt.count(caps.tenant_queue_depth)} queued.`),
         h('p', null, `Oldest queued: ${st.queue.depth ? fmt.age(st.queue.oldest_age_seconds) : '—'}`)),
       card('outbox', 'Outbox',
         h('p', {class: 'figure'}, fmt.count(st.outbox.unpublished), h('small', null, ' unpublished')),
