@@ -7,8 +7,8 @@ const W = 300;
 const H = 80;
 
 // lineChart draws series ([{name, values (numbers or null), key: 'a'|'b'}]) over the same steps.
-// label names the chart; format prints a value for the text alternative and the legend.
-export function lineChart(label, series, format) {
+// id names the figure, label the chart; format prints a value for the text alternative and the legend.
+export function lineChart(id, label, series, format) {
   const all = series.flatMap((x) => x.values).filter((v) => v !== null && v !== undefined);
   const max = Math.max(...all, 0) || 1;
   const n = Math.max(...series.map((x) => x.values.length), 2);
@@ -41,7 +41,7 @@ export function lineChart(label, series, format) {
     return vs.length ? format(Math.max(...vs)) : 'none';
   };
   const summary = series.map((ser) => `${ser.name}: latest ${latest(ser)}, peak ${peak(ser)}`).join('; ');
-  return h('figure', {class: 'chart'},
+  return h('figure', {class: 'chart', id},
     s('svg', {viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: 'none', role: 'img', 'aria-label': `${label}. ${summary}`},
       s('title', null, label),
       s('line', {x1: 0, y1: H - 1, x2: W, y2: H - 1, class: 'axis', stroke: '#c9d1d9'}),

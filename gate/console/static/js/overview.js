@@ -70,9 +70,9 @@ export async function overview(v) {
     const pts = st.recent.points;
     const minutes = Math.round((pts.length * step) / 60);
     replace(charts,
-      h('div', {class: 'card'}, lineChart(`Jobs finished per second, last ${minutes} min`,
+      h('div', {class: 'card'}, lineChart('chart-finished', `Jobs finished per second, last ${minutes} min`,
         [{name: 'finished/s', key: 'a', values: pts.map((p) => p.finished / step)}], fmt.rate)),
-      h('div', {class: 'card'}, lineChart(`Dispatch wait (admission to dispatch), last ${minutes} min`,
+      h('div', {class: 'card'}, lineChart('chart-wait', `Dispatch wait (admission to dispatch), last ${minutes} min`,
         [{name: 'p50', key: 'a', values: pts.map((p) => p.dispatch_wait_p50_seconds)},
           {name: 'p99', key: 'b', values: pts.map((p) => p.dispatch_wait_p99_seconds)}], fmt.duration)));
 
