@@ -154,7 +154,7 @@ const labelled = `[...document.querySelectorAll('input, select, textarea')].ever
 // TestConsole drives the operator console in a real browser against a running sluice: sign in
 // with the keyboard, see the overview, see a tenant's depth change after admissions without
 // reloading, open a job, cancel one (a confirmation first, whose Cancel leaves the job alone),
-// clear a gate, change a config value (a refusal shows the server's reason) and find it in the
+// redrive a failed one, clear a gate, change a config value (a refusal shows the server's reason) and find it in the
 // history, and sign in as a producer of one tenant who sees only that tenant and no admin page.
 // Every page has labelled controls and no horizontal scrolling at 200 % zoom.
 func TestConsole(t *testing.T) {
@@ -168,9 +168,10 @@ func TestConsole(t *testing.T) {
 	for i := range 12 {
 		env.Admit(t, fmt.Sprintf("warmup-%d", i%3), map[string]any{"sleep_ms": 20})
 	}
+	failed := env.Admit(t, "warmup-0", map[string]any{"outcome": "failed"}) // to redrive
 	harness.WaitFor(t, 30*time.Second, "the warm-up jobs to finish", func() (bool, error) {
 		n, err := env.CountJobs(context.Background())
-		return n["succeeded"] == 12, err
+		return n["succeeded"] == 12 && n["failed"] == 1, err
 	})
 	patch := env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken,
 		map[string]any{"changes": map[string]any{"global_in_flight": 0}, "note": "hold the console test's jobs queued"})
@@ -249,11 +250,25 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("job %d is %v after the console canceled it", job, r.Body["status"])
 	}
 
+	// Redrive a failed job, after a confirmation: a new job, retry_of the failed one.
+	b.step("redrive a failed job", goTo(fmt.Sprintf("#/jobs/%d", failed)),
+		until(`document.querySelector('#job-status')?.textContent === 'failed'`),
+		chromedp.Click(chromedp.CSS("#redrive")),
+		until(`document.querySelector('#confirm').open`),
+		chromedp.Click(chromedp.CSS("#confirm-ok")),
+		until(`document.querySelector('#redriven') !== null`),
+		chromedp.Click(chromedp.CSS("#redriven")),
+		until(fmt.Sprintf(`document.querySelector('#job-status')?.textContent === 'queued' && document.querySelector('main a[href="#/jobs/%d"]') !== null`, failed)))
+	if r := env.Do(t, http.MethodGet, "/v1/jobs?status=queued&tenant=warmup-0", harness.AdminToken, nil); r.Status != http.StatusOK ||
+		len(r.Body["jobs"].([]any)) != 1 || r.Body["jobs"].([]any)[0].(map[string]any)["retry_of"] != float64(failed) {
+		t.Fatalf("after the console's redrive, warmup-0's queued jobs are %s; want one, retry_of %d", r.Raw, failed)
+	}
+
 	// The jobs page filters by tenant and state.
 	b.step("filter the jobs", goTo("#/jobs?tenant=acme&status=canceled"),
 		until(fmt.Sprintf(`document.querySelectorAll('#job-list tbody tr').length === 1 && document.querySelector('#job-list a[data-key="j:%d"]') !== null`, job)))
 	b.check("jobs page is labelled", labelled)
-	b.step("all jobs", goTo("#/jobs"), until(`document.querySelectorAll('#job-list tbody tr').length === 18`))
+	b.step("all jobs", goTo("#/jobs"), until(`document.querySelectorAll('#job-list tbody tr').length === 20`))
 	b.shot("jobs")
 
 	// Gates: the gated key is listed, and cleared after a confirmation.
