@@ -81,6 +81,7 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 		"GET /healthz":                       "process alive, by definition without dependencies",
 		"GET /readyz":                        "its own documented 503, status unavailable",
 		"GET /metrics":                       "collectors report sluice_status_read_success 0 instead of failing the scrape",
+		"GET /v1/whoami":                     "the token's own caller, from the process's configuration",
 	}
 	covered := map[string]bool{}
 	for _, c := range calls {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
@@ -107,12 +108,23 @@ func (d *devRun) runJob(token, tenant string, payload any) job.Job {
 }
 
 // TestDevOnFreePorts: with the API on an OS-chosen port, the banner shows the port it got and
-// the built-in executor confirms starts against it, so a job admitted with the dev token
-// succeeds.
+// the console's address on it, and the built-in executor confirms starts against it, so a job
+// admitted with the dev token succeeds.
 func TestDevOnFreePorts(t *testing.T) {
 	d := startDev(t, nil)
 	if strings.HasSuffix(d.API, ":0") {
 		t.Fatalf("the banner shows the API at %s, not the address it listens on", d.API)
+	}
+	if !strings.Contains(d.stdout.String(), "console:    "+d.API+"/ui/\n") {
+		t.Errorf("the banner does not show the console at %s/ui/:\n%s", d.API, d.stdout)
+	}
+	res, err := http.Get(d.API + "/ui/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || !strings.HasPrefix(res.Header.Get("Content-Type"), "text/html") {
+		t.Errorf("GET /ui/: HTTP %d %s, want the console's page", res.StatusCode, res.Header.Get("Content-Type"))
 	}
 	d.runJob("dev", "acme", map[string]any{"sleep_ms": 10})
 }

@@ -27,7 +27,7 @@ type layer struct {
 // set. TestLayersTableMatchesREADME keeps the two in step; change both together.
 var layers = []layer{
 	{name: "vocabulary", packages: []string{"gate/job", "gate/clock"}},
-	{name: "building blocks", packages: []string{"outbox", "migrations", "gate/limits", "gate/admitrate", "gate/rategate", "gate/logq", "drainer/executor", "publisher/devbroker"}},
+	{name: "building blocks", packages: []string{"outbox", "migrations", "gate/limits", "gate/admitrate", "gate/rategate", "gate/logq", "gate/recent", "gate/console", "drainer/executor", "publisher/devbroker"}},
 	{name: "data", packages: []string{"gate/store", "gate/status"}},
 	{name: "components", packages: []string{"gate", "gate/client", "gate/opsmetrics", "publisher", "drainer", "drainer/executor/kit"}},
 	{name: "HTTP edge", packages: []string{"gate/api", "drainer/executor/simexec"}},

@@ -268,7 +268,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		return err
 	}
 	if dev {
-		fmt.Fprintf(stdout, "sluice dev is running\n  API:        http://%s   (token: %s)\n  executor:   %s\n", a.Addr(), devToken.Token, opts.ExecutorURL)
+		fmt.Fprintf(stdout, "sluice dev is running\n  API:        http://%s   (token: %s)\n  console:    http://%s/ui/\n  executor:   %s\n",
+			a.Addr(), devToken.Token, a.Addr(), opts.ExecutorURL)
 		if extras.statsURL != "" {
 			fmt.Fprintf(stdout, "  stats:      %s\n", extras.statsURL)
 		}

@@ -2,7 +2,9 @@
 # Installs (from Debian packages) and starts on loopback whatever sluice needs locally and is
 # missing or stopped: MariaDB on 127.0.0.1:3306 (root, empty password), nats-server with
 # JetStream on 127.0.0.1:4222, memcached on 127.0.0.1:11211. Creates the `sluice` database and
-# waits until every service answers. Idempotent: running it again changes nothing that works.
+# waits until every service answers. Also installs chromium, the headless browser the console's
+# tests drive (integration/console_test.go). Idempotent: running it again changes nothing that
+# works.
 # Both `make run` and `make test` (and so CI) call it.
 set -euo pipefail
 
@@ -78,3 +80,7 @@ if ! port_open 11211; then
   wait_for memcached 11211 30
 fi
 say "memcached ready on 127.0.0.1:11211"
+
+# --- chromium (the console's browser tests) ---------------------------------------------------
+command -v chromium >/dev/null || install chromium
+say "chromium ready for the console's browser tests"

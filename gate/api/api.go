@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/console"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
@@ -159,7 +160,8 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Routes lists every method and path the server registers; the OpenAPI test checks it.
+// Routes lists every method and path of the API the server registers; the OpenAPI test checks
+// it. The console's files under /ui/ are not part of the API and not listed.
 func (s *Server) Routes() []string { return routeList }
 
 var routeList = []string{
@@ -183,6 +185,7 @@ var routeList = []string{
 	"GET /v1/config",
 	"PATCH /v1/config",
 	"GET /v1/config/history",
+	"GET /v1/whoami",
 }
 
 func (s *Server) routes() {
@@ -214,6 +217,10 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/config", s.auth(s.getConfig, Admin))
 	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
 	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))
+	s.mux.HandleFunc("GET /v1/whoami", s.auth(s.whoami, Producer, Executor))
+	// The operator console: static files, no token needed to load them (they hold no data;
+	// the console sends the operator's token with each API call).
+	s.mux.Handle("GET "+console.Prefix, console.Handler())
 }
 
 // ServeHTTP implements http.Handler. A request no route takes is answered before

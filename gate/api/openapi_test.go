@@ -210,7 +210,7 @@ func TestOpenAPIDescribesMethodNotAllowed(t *testing.T) {
 
 // TestOpenAPIDescribesFailures calls every route of testServer, whose database and gate store
 // are unreachable, with a request that would succeed were they up, and each route that takes a
-// body also with a body over every limit. Every route but the three that need neither must
+// body also with a body over every limit. Every route but the four that need neither must
 // answer 503, every oversized body 413, and each answer must be one its operation describes,
 // body included: the handlers, not a list kept by hand, say which operations touch the
 // database or memcached and which bound their body.
@@ -241,9 +241,11 @@ func TestOpenAPIDescribesFailures(t *testing.T) {
 		"GET /v1/config":                     {"/v1/config", ""},
 		"PATCH /v1/config":                   {"/v1/config", `{"changes":{"global_in_flight":7}}`},
 		"GET /v1/config/history":             {"/v1/config/history", ""},
+		"GET /v1/whoami":                     {"/v1/whoami", ""},
 	}
-	// Alive, ready (testServer has no readiness check) and metrics (an empty registry).
-	independent := map[string]bool{"GET /healthz": true, "GET /readyz": true, "GET /metrics": true}
+	// Alive, ready (testServer has no readiness check), metrics (an empty registry) and the
+	// token's own caller.
+	independent := map[string]bool{"GET /healthz": true, "GET /readyz": true, "GET /metrics": true, "GET /v1/whoami": true}
 	call := func(route string, want int, method, path string, body io.Reader) {
 		t.Helper()
 		req := httptest.NewRequest(method, path, body)

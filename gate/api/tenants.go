@@ -49,7 +49,7 @@ func decodeTenantsCursor(order, s string) (*status.TenantKey, error) {
 }
 
 // listTenants is GET /v1/tenants?cursor=&limit=&order= (admin): every tenant with queued work,
-// a page at a time.
+// a page at a time; with tenant=, that tenant's row alone.
 func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	tq := status.TenantsQuery{Order: status.ByName, Limit: defaultTenantsLimit}
@@ -68,7 +68,15 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) {
 		}
 		tq.Limit = n
 	}
-	if v := q.Get("cursor"); v != "" {
+	if q.Has("tenant") {
+		t := q.Get("tenant")
+		if err := job.ValidTenant("tenant", t); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		tq.Tenant = t
+	}
+	if v := q.Get("cursor"); v != "" && tq.Tenant == "" {
 		k, err := decodeTenantsCursor(tq.Order, v)
 		if err != nil {
 			s.fail(w, r, err)

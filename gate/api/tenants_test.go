@@ -36,6 +36,9 @@ func TestTenantsRequests(t *testing.T) {
 		{testAdminToken, "?cursor=" + encodeCursor(7), 400, "invalid_request", "cursor"},
 		{testAdminToken, "?order=depth&cursor=" + nameCursor, 400, "invalid_request", "cursor"},
 		{testAdminToken, "?cursor=" + depthCursor, 400, "invalid_request", "cursor"},
+		{testAdminToken, "?tenant=", 400, "invalid_request", "tenant"},
+		{testAdminToken, "?tenant=%E2%80%8Bzw", 400, "invalid_request", "tenant"},
+		{testAdminToken, "?tenant=acme&cursor=ignored", 503, "unavailable", ""},
 		{testAdminToken, "?order=depth&limit=1000&cursor=" + depthCursor, 503, "unavailable", ""},
 		{testAdminToken, "?cursor=" + nameCursor, 503, "unavailable", ""},
 	} {

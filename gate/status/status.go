@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/recent"
 	"github.com/sluicehq/sluice/outbox"
 )
 
@@ -71,6 +72,9 @@ type Config struct {
 	// ListTenants is how many of the deepest tenants Read lists (SPEC §6: the 100 deepest; all
 	// of them at Tenants). Default 100.
 	ListTenants int
+	// Recent is this process's window of job ends and dispatch waits (store.Metrics.Recent),
+	// served as Status.Recent. Nil: an empty series.
+	Recent *recent.Window
 }
 
 // Reader reads the status. Safe for concurrent use.
@@ -118,8 +122,21 @@ type Status struct {
 	Broker          Broker    `json:"broker"`
 	Memcached       Memcached `json:"memcached"`
 	Config          ConfigRef `json:"config"`
+	// Caps are the limits in force that in_flight and queue.depth are measured against.
+	Caps Caps `json:"caps"`
+	// Recent is the last minutes of job ends and dispatch waits as this process saw them (the
+	// API's completions and cancels, and its drainer's outcomes when it runs one).
+	Recent recent.Series `json:"recent"`
 	// At is the database time the status was read at.
 	At time.Time `json:"at"`
+}
+
+// Caps are the runtime config's global and default per-tenant limits (SPEC §9).
+type Caps struct {
+	GlobalInFlight   int `json:"global_in_flight"`
+	TenantInFlight   int `json:"tenant_in_flight"`
+	GlobalQueueDepth int `json:"global_queue_depth"`
+	TenantQueueDepth int `json:"tenant_queue_depth"`
 }
 
 // Queue is the whole queue.
@@ -195,6 +212,9 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 	if err != nil {
 		return s, err
 	}
+	s.Caps = Caps{GlobalInFlight: cfg.GlobalInFlight, TenantInFlight: cfg.TenantInFlight,
+		GlobalQueueDepth: cfg.GlobalQueueDepth, TenantQueueDepth: cfg.TenantQueueDepth}
+	s.Recent = r.cfg.Recent.Series(now)
 	inFlight, err := r.inFlight(ctx, now, cfg)
 	if err != nil {
 		return s, err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/recent"
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -297,5 +298,92 @@ func TestDeepestTenants(t *testing.T) {
 	}
 	if _, err := r.ReadTenants(ctx, status.TenantsQuery{Order: "size", Limit: 1}); !errors.Is(err, status.ErrOrder) {
 		t.Errorf("order size: %v, want ErrOrder", err)
+	}
+}
+
+// TestCapsAndRecent: the status carries the caps in force (the defaults, then a new version's)
+// and the process's recent window as of the database time it was read at.
+func TestCapsAndRecent(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	w := recent.New(recent.Config{Step: time.Second, Steps: 10})
+	w.Finished(f.now.Add(-2 * time.Second))
+	w.Dispatched(time.Second, f.now.Add(-2*time.Second))
+	read := func() status.Status {
+		t.Helper()
+		r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now), Recent: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := r.Read(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := read()
+	if want := (status.Caps{GlobalInFlight: 4, TenantInFlight: 2, GlobalQueueDepth: 2000, TenantQueueDepth: 500}); s.Caps != want {
+		t.Errorf("caps %+v, want the defaults %+v", s.Caps, want)
+	}
+	if len(s.Recent.Points) != 10 || s.Recent.Points[8].Finished != 1 || s.Recent.Points[8].Dispatched != 1 {
+		t.Errorf("recent %+v, want 10 points with one end and one dispatch two steps back", s.Recent)
+	}
+	f.exec(`INSERT INTO config_versions (version, config, changed_by, changed_at) VALUES (1, '{"global_in_flight":9,"tenant_queue_depth":7}', 't', ?)`, f.now)
+	if s := read(); s.Caps.GlobalInFlight != 9 || s.Caps.TenantQueueDepth != 7 {
+		t.Errorf("caps %+v after a change, want global_in_flight 9 and tenant_queue_depth 7", s.Caps)
+	}
+}
+
+// TestTenantGatedKeys: a tenants page names, per tenant, the gated keys among its first queued
+// jobs (not a key whose gate has passed, nor a key deeper than HeadsPerTenant), in pages larger
+// than one heads statement holds; and a query for one tenant returns its row alone, even
+// without queued work.
+func TestTenantGatedKeys(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	keyB, keyC := strings.Repeat("b", 64), strings.Repeat("c", 64)
+	gates := fakeGates{keyA: f.now.Add(time.Hour), keyB: f.now.Add(time.Hour), keyC: f.now.Add(-time.Second)}
+	f.job("acme", "queued", 30*time.Second, keyA, nil)
+	f.job("acme", "queued", 20*time.Second, keyC, nil)
+	f.job("acme", "queued", 10*time.Second, nil, nil)
+	f.job("acme", "queued", 5*time.Second, keyB, nil) // fourth: past HeadsPerTenant 3
+	f.job("globex", "queued", 10*time.Second, keyB, nil)
+	f.job("globex", "queued", 10*time.Second, keyA, nil)
+	f.job("initech", "queued", 10*time.Second, nil, nil)
+	f.job("idle", "succeeded", time.Minute, keyA, nil)
+	r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now), Gates: gates, HeadsPerTenant: 3, MaxTenants: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p, err := r.ReadTenants(ctx, status.TenantsQuery{Order: status.ByName, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, row := range p.Tenants {
+		if row.GatedKeys == nil {
+			t.Errorf("%s: gated_keys is nil, want a list", row.Tenant)
+		}
+		got[row.Tenant] = strings.Join(row.GatedKeys, ",")
+	}
+	want := map[string]string{"acme": keyA, "globex": keyA + "," + keyB, "initech": ""}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("gated keys %v, want %v", got, want)
+	}
+	for _, c := range []struct {
+		tenant string
+		depth  int
+	}{{"globex", 2}, {"idle", 0}, {"nobody", -1}} {
+		p, err := r.ReadTenants(ctx, status.TenantsQuery{Tenant: c.tenant, Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case c.depth < 0 && len(p.Tenants) != 0:
+			t.Errorf("%s: %+v, want no row", c.tenant, p.Tenants)
+		case c.depth >= 0 && (len(p.Tenants) != 1 || p.Tenants[0].Tenant != c.tenant || p.Tenants[0].Depth != c.depth || p.Next != nil):
+			t.Errorf("%s: %+v (next %v), want its row alone with depth %d", c.tenant, p.Tenants, p.Next, c.depth)
+		}
 	}
 }

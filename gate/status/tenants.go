@@ -2,8 +2,11 @@ package status
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"sort"
+	"time"
 )
 
 // Tenant orders of ReadTenants (GET /v1/tenants?order=).
@@ -30,6 +33,9 @@ type TenantsQuery struct {
 	After *TenantKey
 	// Limit is the page size, 1 or more. Required.
 	Limit int
+	// Tenant, if set, asks for that one tenant's row, with or without queued work (a page of
+	// none if it has never had a job); Order and After are then ignored.
+	Tenant string
 }
 
 // TenantRow is one tenant of a listing (SPEC §6 GET /v1/tenants).
@@ -43,6 +49,10 @@ type TenantRow struct {
 	Slots int `json:"slots"`
 	// Tier is the tenant's tier; "default" until tiers exist.
 	Tier string `json:"tier"`
+	// GatedKeys are the gated rate keys (SHA-256 hex, sorted) among the tenant's first
+	// HeadsPerTenant queued jobs: the gates holding its queue back now. Empty without a gate
+	// store.
+	GatedKeys []string `json:"gated_keys"`
 }
 
 // TenantPage is one page of tenants; Next is nil on the last page.
@@ -76,8 +86,10 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 		return page, err
 	}
 	var rows []Tenant
-	switch q.Order {
-	case ByName, "":
+	switch {
+	case q.Tenant != "":
+		rows, err = r.tenantRows(ctx, now, lc, `SELECT tenant, queued, head_at FROM tenants WHERE tenant = ?`, q.Tenant)
+	case q.Order == ByName || q.Order == "":
 		after := ""
 		if q.After != nil {
 			after = q.After.Tenant
@@ -86,7 +98,7 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 		// idle tenants without reading them.
 		rows, err = r.tenantRows(ctx, now, lc, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (work_tenant)
 			WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?`, after, q.Limit+1)
-	case ByDepth:
+	case q.Order == ByDepth:
 		rows, err = r.deepest(ctx, now, lc, q.After, q.Limit+1)
 	default:
 		return page, fmt.Errorf("%w: %q", ErrOrder, q.Order)
@@ -107,10 +119,94 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 	for _, t := range inFlight {
 		busy[t.Tenant] = t.InFlight
 	}
+	gated, err := r.headGates(ctx, now, rows)
+	if err != nil {
+		return page, err
+	}
 	page.Tenants = make([]TenantRow, 0, len(rows))
 	for _, t := range rows {
+		keys := gated[t.Tenant]
+		if keys == nil {
+			keys = []string{}
+		}
 		page.Tenants = append(page.Tenants, TenantRow{Tenant: t.Tenant, Depth: t.Depth,
-			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: DefaultTier})
+			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: DefaultTier,
+			GatedKeys: keys})
 	}
 	return page, nil
+}
+
+// headGates returns, per tenant of rows with queued work, the gated rate keys among its first
+// HeadsPerTenant queued jobs, sorted. It reads those heads with the constant-text statement of
+// eligible (headsSQL), MaxTenants tenants a statement, so a page costs its size in index rows
+// whatever the number of tenants or the depth of their queues, then asks the gate store once
+// about the keys it found (failing open: a key it cannot read is not gated).
+func (r *Reader) headGates(ctx context.Context, now time.Time, rows []Tenant) (map[string][]string, error) {
+	if r.cfg.Gates == nil {
+		return nil, nil
+	}
+	var names []string
+	for _, t := range rows {
+		if t.Depth > 0 {
+			names = append(names, t.Tenant)
+		}
+	}
+	keysOf := map[string]map[string]bool{}
+	var keys []string
+	seen := map[string]bool{}
+	for len(names) > 0 {
+		chunk := names[:min(len(names), r.cfg.MaxTenants)]
+		names = names[len(chunk):]
+		args := make([]any, 0, 2*r.cfg.MaxTenants)
+		for i := range r.cfg.MaxTenants {
+			var t any // NULL: an empty slot
+			if i < len(chunk) {
+				t = chunk[i]
+			}
+			args = append(args, t, r.cfg.HeadsPerTenant)
+		}
+		hr, err := r.cfg.DB.QueryContext(ctx, r.headsSQL, args...)
+		if err != nil {
+			return nil, fmt.Errorf("status: tenants' queue heads: %w", err)
+		}
+		for hr.Next() {
+			var t string
+			var key sql.NullString
+			var queuedAt time.Time
+			var notBefore sql.NullTime
+			if err := hr.Scan(&t, &key, &queuedAt, &notBefore); err != nil {
+				hr.Close()
+				return nil, fmt.Errorf("status: tenants' queue heads: %w", err)
+			}
+			if !key.Valid {
+				continue
+			}
+			if keysOf[t] == nil {
+				keysOf[t] = map[string]bool{}
+			}
+			keysOf[t][key.String] = true
+			if !seen[key.String] {
+				seen[key.String] = true
+				keys = append(keys, key.String)
+			}
+		}
+		hr.Close()
+		if err := hr.Err(); err != nil {
+			return nil, fmt.Errorf("status: tenants' queue heads: %w", err)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	nb, _ := r.cfg.Gates.NotBefore(ctx, keys) // fails open, like the drainer
+	out := map[string][]string{}
+	for t, ks := range keysOf {
+		for k := range ks {
+			if at, ok := nb[k]; ok && at.After(now) {
+				out[t] = append(out[t], k)
+			}
+		}
+		sort.Strings(out[t])
+	}
+	return out, nil
 }

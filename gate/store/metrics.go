@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/recent"
 )
 
 // Metrics are the job-lifecycle collectors of SPEC §10 that several roles update: jobs end in
@@ -24,6 +25,9 @@ type Metrics struct {
 	finished     map[job.Status]prometheus.Counter
 	dispatchWait prometheus.Histogram
 	execution    prometheus.Histogram
+	// recent keeps the last minutes of the same counts for GET /v1/status (the console's
+	// charts).
+	recent *recent.Window
 }
 
 // NewMetrics creates the collectors and registers them on reg. Every terminal state's series is
@@ -42,6 +46,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Time from admission to dispatch, observed once per dispatch.", Buckets: buckets}),
 		execution: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_execution_seconds",
 			Help: "Time from dispatch to the terminal state, for jobs that were dispatched.", Buckets: buckets}),
+		recent: recent.New(recent.Config{}),
 	}
 	for _, s := range terminal {
 		m.finished[s] = vec.WithLabelValues(string(s))
@@ -67,6 +72,7 @@ func (m *Metrics) Finished(to job.Status, dispatchedAt *time.Time, now time.Time
 		return
 	}
 	c.Inc()
+	m.recent.Finished(now)
 	if dispatchedAt != nil {
 		m.execution.Observe(now.Sub(*dispatchedAt).Seconds())
 	}
@@ -78,5 +84,16 @@ func (m *Metrics) Dispatched(queuedAt, dispatchedAt time.Time) {
 	if m == nil {
 		return
 	}
-	m.dispatchWait.Observe(dispatchedAt.Sub(queuedAt).Seconds())
+	wait := dispatchedAt.Sub(queuedAt)
+	m.dispatchWait.Observe(wait.Seconds())
+	m.recent.Dispatched(wait, dispatchedAt)
+}
+
+// Recent returns the last minutes of the job ends and dispatches counted here, per step; nil
+// for a nil *Metrics (whose Series is empty).
+func (m *Metrics) Recent() *recent.Window {
+	if m == nil {
+		return nil
+	}
+	return m.recent
 }

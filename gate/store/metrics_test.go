@@ -77,12 +77,29 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("sluice_dispatch_wait_seconds: %d observations summing to %v, want 1 of 0.5", n, sum)
 	}
 
+	// The same counts, per step, for GET /v1/status: three ends (the requeue and the move to
+	// running are none) and one dispatch that waited 0.5 s, in the step of their times.
+	var ends, dispatches int
+	var p50 *float64
+	for _, p := range m.Recent().Series(now.Add(time.Minute)).Points {
+		ends, dispatches = ends+p.Finished, dispatches+p.Dispatched
+		if p.DispatchWaitP50Seconds != nil {
+			p50 = p.DispatchWaitP50Seconds
+		}
+	}
+	if ends != 3 || dispatches != 1 || p50 == nil || *p50 < 0.5/1.5 || *p50 > 0.5*1.5 {
+		t.Errorf("recent: %d ends and %d dispatches (median wait %v), want 3 and 1 of about 0.5 s", ends, dispatches, p50)
+	}
+
 	if _, err := store.NewMetrics(reg); err == nil {
 		t.Error("a second NewMetrics on the same registry succeeded; want an error")
 	}
 	var none *store.Metrics
 	none.Finished(job.Succeeded, &dispatched, now)
 	none.Dispatched(dispatched, now)
+	if none.Recent() != nil {
+		t.Error("a nil *Metrics has a recent window")
+	}
 }
 
 // TestTerminalStates checks that job.TerminalStates, the label values created at zero, lists

@@ -74,6 +74,8 @@ type Options struct {
 	// Listen is the API's address (StartApp: to start an API again where a stopped one
 	// listened). Default 127.0.0.1:0, a free port.
 	Listen string
+	// Tokens are accepted besides the harness's own three (a producer scoped to some tenants).
+	Tokens []api.Token
 }
 
 // Start brings up an Env for tb.
@@ -102,11 +104,11 @@ func Start(tb testing.TB, o Options) *Env {
 		tb.Cleanup(func() { execSrv.Close(); e.Exec.Close() })
 		e.ExecURL = execSrv.URL + "/dispatch"
 	}
-	tokens, err := api.NewTokens([]api.Token{
+	tokens, err := api.NewTokens(append([]api.Token{
 		{Name: "producer", Token: ProducerToken, Role: api.Producer, Tenants: []string{"*"}},
 		{Name: "executor", Token: ExecutorToken, Role: api.Executor},
 		{Name: "admin", Token: AdminToken, Role: api.Admin},
-	})
+	}, o.Tokens...))
 	if err != nil {
 		tb.Fatalf("harness: %v", err)
 	}

@@ -74,7 +74,7 @@ func (a *App) startStatus() error {
 	// Gates: nil until a rate-gate store is wired here (drainer.Gates has the NotBefore that
 	// status needs); without it no key is listed as gated.
 	if a.ops.status, err = status.New(status.Config{DB: a.db, Limits: a.limits, Gates: a.drainerGates(),
-		BrokerConnected: a.nc.IsConnected, MemcachedReachable: a.ops.memcached.Reachable}); err != nil {
+		BrokerConnected: a.nc.IsConnected, MemcachedReachable: a.ops.memcached.Reachable, Recent: a.jobs.Recent()}); err != nil {
 		return err
 	}
 	_, omitted, err := opsmetrics.Register(a.registry, opsmetrics.Config{Status: a.ops.status, Log: a.log,

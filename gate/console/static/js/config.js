@@ -1,0 +1,98 @@
+// Config: the runtime configuration in force, a change with a note, and the history of changes
+// (GET/PATCH /v1/config, GET /v1/config/history).
+
+import {h, replace, table, message, announce} from './dom.js';
+import * as api from './api.js';
+import * as fmt from './fmt.js';
+
+function compact(v) {
+  return JSON.stringify(v);
+}
+
+// parseValue reads what the operator typed: JSON when it is JSON (7, "fifo", {"acme": 3}),
+// else the text as a string (fifo).
+function parseValue(text) {
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    return text;
+  }
+}
+
+export async function config(v) {
+  v.title('Config');
+  const current = h('div', {id: 'config-current'});
+  const history = h('div', {id: 'config-history'});
+  const outcome = h('div', {id: 'config-outcome'});
+  const keySelect = h('select', {id: 'config-key', name: 'key', required: true});
+  const valueInput = h('input', {id: 'config-value', name: 'value', required: true, autocomplete: 'off',
+    'aria-describedby': 'config-value-hint'});
+  const noteInput = h('input', {id: 'config-note', name: 'note', required: true, autocomplete: 'off',
+    'aria-describedby': 'config-note-hint'});
+  const form = h('form', {class: 'stack', id: 'config-form', 'aria-labelledby': 'change-h'},
+    h('div', {class: 'field'}, h('label', {for: 'config-key'}, 'Setting'), keySelect),
+    h('div', {class: 'field'}, h('label', {for: 'config-value'}, 'New value'),
+      h('span', {class: 'hint', id: 'config-value-hint'}, 'JSON: 7, "fifo", {"acme": 3}. Plain text is taken as a string.'),
+      valueInput),
+    h('div', {class: 'field'}, h('label', {for: 'config-note'}, 'Note'),
+      h('span', {class: 'hint', id: 'config-note-hint'}, 'Why: it is kept in the history with your token\'s name.'),
+      noteInput),
+    h('div', null, h('button', {type: 'submit', id: 'config-submit'}, 'Change')),
+    outcome);
+  v.main.append(h('h1', null, 'Config'),
+    h('p', {class: 'lead'}, 'The runtime configuration, versioned. Every process applies a change within 5 s.'),
+    h('h2', {id: 'change-h'}, 'Change a value'), form,
+    h('h2', null, 'In force'), current,
+    h('h2', null, 'History'), history);
+
+  let values = {};
+  keySelect.addEventListener('change', () => {
+    if (keySelect.value in values) valueInput.value = compact(values[keySelect.value]);
+  });
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const key = keySelect.value;
+    const value = parseValue(valueInput.value.trim());
+    const button = document.getElementById('config-submit');
+    button.disabled = true;
+    try {
+      const res = await api.call('PATCH', 'config', {changes: {[key]: value}, note: noteInput.value});
+      if (res.change) {
+        replace(outcome, message('ok', `Changed ${key} to ${compact(value)}: version ${res.version}.`));
+        announce(`Changed ${key}.`);
+        noteInput.value = '';
+      } else {
+        replace(outcome, message('ok', `${key} already was ${compact(value)}: nothing changed.`));
+      }
+      await load();
+    } catch (err) {
+      replace(outcome, message('error', `sluice refused the change: ${err.message}`));
+      (err.field === 'note' ? noteInput : valueInput).focus();
+    } finally {
+      button.disabled = false;
+    }
+  });
+
+  async function load() {
+    const [cfg, hist] = await Promise.all([api.call('GET', 'config'), api.call('GET', 'config/history?limit=100')]);
+    if (!v.alive()) return;
+    values = cfg.config;
+    const chosen = keySelect.value;
+    replace(keySelect, Object.keys(values).sort().map((k) => h('option', {value: k, selected: k === chosen}, k)));
+    if (!chosen || !valueInput.value) valueInput.value = compact(values[keySelect.value]);
+    replace(current, table(`Version ${cfg.version}`, [{label: 'Setting'}, {label: 'Value'}],
+      Object.keys(values).sort().map((k) => [k, {value: compact(values[k]), class: 'mono'}])));
+    replace(history, table('Changes, newest first (the last 100)',
+      [{label: 'Version', num: true}, {label: 'When'}, {label: 'Who'}, {label: 'Old → new'}, {label: 'Note'}],
+      hist.history.map((c) => [
+        String(c.version),
+        fmt.when(c.when),
+        c.who,
+        h('ul', {class: 'changes'}, Object.keys(c.new || {}).sort().map((k) =>
+          h('li', null, h('span', {class: 'mono'}, `${k}: ${c.old && k in c.old ? compact(c.old[k]) : '—'} → ${compact(c.new[k])}`)))),
+        c.note || '',
+      ]), 'No change yet: every value is its default.'));
+  }
+
+  await load();
+}
