@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // TestBatchesBounded: at most MaxBatches batches are in progress at once; past them a batch
@@ -39,8 +40,11 @@ func TestBatchesBounded(t *testing.T) {
 				resp.Body.Close()
 			}
 		}()
-		_, _ = pw.Write([]byte(`{"jobs":[{"tenant":"acme","payload":"`))
+		// More than the transport buffers, so that the request reaches the server now.
+		_, _ = pw.Write([]byte(`{"jobs":[{"tenant":"acme","payload":"` + strings.Repeat("x", 64<<10)))
 	}
+	// Every slot is held before the probe: a request still on its way would free none later.
+	wait.Until(t, 10*time.Second, "the batches to hold every slot", func() bool { return len(s.batches) == DefaultMaxBatches })
 	t.Cleanup(func() {
 		for _, pw := range writers {
 			pw.CloseWithError(io.ErrUnexpectedEOF)
