@@ -68,6 +68,9 @@ type Options struct {
 	// MetricsListen, MetricsToken and NoTenantLabels, as app.Options.
 	MetricsListen, MetricsToken string
 	NoTenantLabels              bool
+	// Tokens are configured besides the three of every harness (a producer scoped to some
+	// tenants, say).
+	Tokens []api.Token
 }
 
 // Start brings up an Env for tb.
@@ -92,11 +95,11 @@ func Start(tb testing.TB, o Options) *Env {
 	execSrv := httptest.NewServer(e.Exec.Handler())
 	tb.Cleanup(func() { execSrv.Close(); e.Exec.Close() })
 	e.ExecURL = execSrv.URL + "/dispatch"
-	tokens, err := api.NewTokens([]api.Token{
+	tokens, err := api.NewTokens(append([]api.Token{
 		{Name: "producer", Token: ProducerToken, Role: api.Producer, Tenants: []string{"*"}},
 		{Name: "executor", Token: ExecutorToken, Role: api.Executor},
 		{Name: "admin", Token: AdminToken, Role: api.Admin},
-	})
+	}, o.Tokens...))
 	if err != nil {
 		tb.Fatalf("harness: %v", err)
 	}
