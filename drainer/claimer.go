@@ -87,7 +87,7 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time) ([]claimed, bool,
 func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map[string][]candidate, more map[string]bool, unread bool) ([]claimed, bool, error) {
 	// Three round trips: one begins the transaction, takes the claim lock (reading the config)
 	// and counts in flight; one claims and commits (store.ConnTx); one reads the payloads.
-	tx, err := store.BeginConnTx(ctx, cl.cfg.DB)
+	tx, err := store.BeginConnTx(ctx, cl.cfg.TxDB)
 	if err != nil {
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}

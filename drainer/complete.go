@@ -102,7 +102,7 @@ func (w *outcomeWriter) write(ctx context.Context, batch []*outcomeReq) error {
 	if err != nil {
 		return err
 	}
-	tx, err := store.BeginConnTx(ctx, w.cfg.DB)
+	tx, err := store.BeginConnTx(ctx, w.cfg.TxDB)
 	if err != nil {
 		return fmt.Errorf("begin outcomes: %w", err)
 	}

@@ -47,6 +47,10 @@ type Gates interface {
 type Config struct {
 	// DB is the sluice database. Required.
 	DB *sql.DB
+	// TxDB is the pool of the round trips that carry several statements (store.OpenMulti): a
+	// claim's, a completion's, the lone-job probe's and the lease scan's with the heartbeat; DB
+	// may refuse them (store.Open). Default DB, which must then take them.
+	TxDB *sql.DB
 	// Executor receives dispatches. Required.
 	Executor Sender
 	// Clock judges leases, walls and nonce TTLs. Default: the database's clock, followed by clock.Synced.
@@ -114,6 +118,9 @@ func New(cfg Config) (*Drainer, error) {
 	}
 	if cfg.Executor == nil {
 		return nil, errors.New("invalid config: Executor: required")
+	}
+	if cfg.TxDB == nil {
+		cfg.TxDB = cfg.DB
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.NewDBSynced(cfg.DB)

@@ -72,7 +72,7 @@ func scanLone(rows *sql.Rows) ([]loneJob, error) {
 func (cl *claimer) claimLone(ctx context.Context, now time.Time, poked bool) (out []claimed, handled bool, err error) {
 	// The transaction begins at its first Query, so a probe on its connection before that runs
 	// outside any transaction.
-	tx, err := store.BeginConnTx(ctx, cl.cfg.DB)
+	tx, err := store.BeginConnTx(ctx, cl.cfg.TxDB)
 	if err != nil {
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}

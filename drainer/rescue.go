@@ -40,11 +40,13 @@ func (rs *rescuer) scanExpired(ctx context.Context, now time.Time, hb *heartbeat
 	q := "SELECT " + store.LockColumns + ` FROM jobs
 		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`
 	args := []any{now}
+	db := rs.cfg.DB
 	if hb != nil {
 		q = hb.query + ";" + q
 		args = append(append([]any{}, hb.args...), now)
+		db = rs.cfg.TxDB
 	}
-	rows, err := rs.cfg.DB.QueryContext(ctx, q, args...)
+	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("scan expired leases: %w", err)
 	}

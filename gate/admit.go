@@ -36,8 +36,12 @@ type GateLookup interface {
 
 // Config configures an Admitter. Field docs give the defaults.
 type Config struct {
-	// DB is the sluice database. Required.
+	// DB is the sluice database, for reads (a job, a listing). Required.
 	DB *sql.DB
+	// TxDB is the pool of the admission transactions, which send several statements in one
+	// round trip (store.OpenMulti); DB may refuse them (store.Open). Default DB, which must then
+	// take them.
+	TxDB *sql.DB
 	// Limits supplies the runtime configuration. Required.
 	Limits *limits.Cache
 	// Prefix is the NATS subject prefix. Default "sluice".
@@ -103,6 +107,9 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Limits == nil {
 		return nil, errors.New("invalid config: Limits: required")
 	}
+	if cfg.TxDB == nil {
+		cfg.TxDB = cfg.DB
+	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = outbox.DefaultPrefix
 	}
@@ -124,7 +131,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Lanes <= 0 {
 		cfg.Lanes = 2
 	}
-	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics}, stmts: newStmtCache(cfg.DB),
+	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics}, stmts: newStmtCache(cfg.TxDB),
 		combine: combiner{lanes: cfg.Lanes}}
 	a.combine.run = a.run
 	return a, nil

@@ -114,7 +114,7 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	if len(live) > maxGroup {
 		stmts = a.stmts // a batch (see admissionTx)
 	}
-	atx, err := beginAdmission(ctx, a.cfg.DB, stmts)
+	atx, err := beginAdmission(ctx, a.cfg.TxDB, stmts)
 	if err != nil {
 		return nil, unavailable(err)
 	}

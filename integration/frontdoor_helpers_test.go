@@ -65,7 +65,8 @@ type fdOptions struct {
 	memcached string
 	faults    *gate.Faults
 	gates     gate.GateLookup
-	// admitDB, if set, is the database handle admission uses (a proxied one).
+	// admitDB, if set, is the database handle admission uses (a proxied one), for its
+	// transactions and its reads; it must take several statements in one round trip.
 	admitDB *sql.DB
 	// apiDB, if set, is the database handle of the API's own transactions (start, complete,
 	// cancel, releases) and clock; reads of jobs go through admission's.
@@ -147,10 +148,13 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := gate.Config{DB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
+	// Sluice's two pools, as the App opens them: reads on one that refuses stacked statements
+	// (store.Open), admission transactions on one that takes them (store.OpenMulti).
+	plain := f.db.Plain(t)
+	cfg := gate.Config{DB: plain, TxDB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
 		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Clock: fakeClock{f.now}, Lanes: o.lanes}
 	if o.admitDB != nil {
-		cfg.DB = o.admitDB
+		cfg.DB, cfg.TxDB = o.admitDB, o.admitDB
 	}
 	if o.memcached != "" {
 		mc := memcache.New(o.memcached)
@@ -173,7 +177,7 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiDB := f.db.DB
+	apiDB := plain
 	if o.apiDB != nil {
 		apiDB = o.apiDB
 	}

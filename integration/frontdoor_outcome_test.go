@@ -80,7 +80,7 @@ func dbThroughCutter(t *testing.T, base *testdb.DB) (*commitCutter, *sql.DB) {
 	}
 	proxy := startCommitCutter(t, cfg.Addr)
 	cfg.Addr = proxy.l.Addr().String()
-	db, err := store.Open(context.Background(), cfg.FormatDSN())
+	db, err := store.OpenMulti(context.Background(), cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -204,7 +204,7 @@ func TestAdmissionLeavesNoOpenTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{})
-	one, err := store.Open(ctx, probe.db.DSN)
+	one, err := store.OpenMulti(ctx, probe.db.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func (refusingSender) Send(context.Context, executor.Dispatch) executor.Answer {
 func countedPool(t *testing.T, db *testdb.DB) (*sql.DB, *statementLog) {
 	t.Helper()
 	ctx := context.Background()
-	connector, err := store.Connector(ctx, db.DSN)
+	connector, err := store.MultiConnector(ctx, db.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}

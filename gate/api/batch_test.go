@@ -2,12 +2,16 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // TestBatchesBounded: at most MaxBatches batches are in progress at once; past them a batch
@@ -36,8 +40,11 @@ func TestBatchesBounded(t *testing.T) {
 				resp.Body.Close()
 			}
 		}()
-		_, _ = pw.Write([]byte(`{"jobs":[{"tenant":"acme","payload":"`))
+		// More than the transport buffers, so that the request reaches the server now.
+		_, _ = pw.Write([]byte(`{"jobs":[{"tenant":"acme","payload":"` + strings.Repeat("x", 64<<10)))
 	}
+	// Every slot is held before the probe: a request still on its way would free none later.
+	wait.Until(t, 10*time.Second, "the batches to hold every slot", func() bool { return len(s.batches) == DefaultMaxBatches })
 	t.Cleanup(func() {
 		for _, pw := range writers {
 			pw.CloseWithError(io.ErrUnexpectedEOF)
@@ -101,4 +108,41 @@ func TestReadRawSizedOnce(t *testing.T) {
 	if allocs > 20 {
 		t.Errorf("%.0f allocations to read a 3 MiB body, want a few", allocs)
 	}
+}
+
+// TestReadRawRefusesDeclaredTooLarge: a body whose Content-Length is over the limit is refused
+// as payload_too_large without reading a byte of it; one that only turns out too large (no
+// length given) is read to the limit and no further.
+func TestReadRawRefusesDeclaredTooLarge(t *testing.T) {
+	const limit = 1 << 20
+	body := &countingBody{r: strings.NewReader(strings.Repeat("x", 2*limit))}
+	r := httptest.NewRequest("POST", "/v1/jobs:batch", body)
+	r.ContentLength = 2 * limit
+	_, err := readRaw(r, limit)
+	if je := (*job.Error)(nil); !errors.As(err, &je) || je.Code != job.CodePayloadTooLarge {
+		t.Fatalf("declared %d bytes over a limit of %d: %v, want payload_too_large", r.ContentLength, limit, err)
+	}
+	if body.n != 0 {
+		t.Errorf("read %d bytes of a body declared too large, want none", body.n)
+	}
+	body = &countingBody{r: strings.NewReader(strings.Repeat("x", 2*limit))}
+	r = httptest.NewRequest("POST", "/v1/jobs:batch", body)
+	r.ContentLength = -1
+	if _, err := readRaw(r, limit); !errors.As(err, new(*job.Error)) {
+		t.Fatalf("undeclared body over the limit: %v, want payload_too_large", err)
+	}
+	if body.n > limit+64<<10 {
+		t.Errorf("read %d bytes of an undeclared body over a limit of %d", body.n, limit)
+	}
+}
+
+type countingBody struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }

@@ -61,7 +61,7 @@ type Config struct {
 	NonceTTLSeconds int `json:"nonce_ttl_seconds"`
 	// DispatchAttempts is the budget of never-started dispatch failures. Default 3.
 	DispatchAttempts int `json:"dispatch_attempts"`
-	// MaxPayloadBytes is the admission payload limit. Default 262144.
+	// MaxPayloadBytes is the admission payload limit, at most MaxPayloadCap. Default 262144.
 	MaxPayloadBytes int `json:"max_payload_bytes"`
 	// RetentionDays is how long terminal jobs are kept. Default 90.
 	RetentionDays int `json:"retention_days"`
@@ -156,11 +156,19 @@ func (c Config) Validate() error {
 	default:
 		return invalidf("ordering", "must be fair, fifo or round_robin, got %q", c.Ordering)
 	}
-	if c.MaxPayloadBytes > 16<<20 {
-		return invalidf("max_payload_bytes", "at most %d (the payload column's size), got %d", 16<<20, c.MaxPayloadBytes)
+	if c.MaxPayloadBytes > MaxPayloadCap {
+		return invalidf("max_payload_bytes", "at most %d (what one statement to the database can carry), got %d", MaxPayloadCap, c.MaxPayloadBytes)
 	}
 	return nil
 }
+
+// MaxPayloadCap bounds max_payload_bytes. A payload, or an executor's result (which may be as
+// large), travels inside one statement, escaped, so at up to twice its size: the statement
+// must fit the server's max_allowed_packet (16 MiB on MariaDB by default), or the server
+// drops the connection and the request fails. At 16 MiB (the column's size, less one byte)
+// such payloads were admitted by the configuration and refused by the database as an internal
+// error; 4 MiB keeps the worst case at about half MariaDB's default packet.
+const MaxPayloadCap = 4 << 20
 
 // Versioned is a configuration with its version (0: never changed, the defaults).
 type Versioned struct {

@@ -76,6 +76,7 @@ type Collector struct {
 	cached  status.Status
 	readAt  time.Time // when cached was read; zero: nothing cached
 	pending *read     // the read in progress, nil when none
+	waiting int       // scrapes waiting for pending (for tests)
 }
 
 // read is one status read that concurrent scrapes share: done is closed once st and err are set.
@@ -194,8 +195,12 @@ func (c *Collector) status() (status.Status, error) {
 		return st, nil
 	}
 	if p := c.pending; p != nil {
+		c.waiting++
 		c.readMu.Unlock()
 		<-p.done // the read is bounded by Timeout
+		c.readMu.Lock()
+		c.waiting--
+		c.readMu.Unlock()
 		return p.st, p.err
 	}
 	p := &read{done: make(chan struct{})}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/opsmetrics"
 	"github.com/sluicehq/sluice/gate/status"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 type fakeReader struct {
@@ -236,6 +237,10 @@ func TestConcurrentScrapesShareOneRead(t *testing.T) {
 	for i := 1; i < n; i++ {
 		go scrape(i)
 	}
+	// Released once every later scrape waits for that read, or has started one of its own.
+	wait.Until(t, 10*time.Second, "every scrape to wait or read", func() bool {
+		return opsmetrics.Waiting(c)+r.count()-1 == n-1
+	})
 	close(r.release)
 	wg.Wait()
 	if got := r.count(); got != 1 {

@@ -13,8 +13,8 @@ import (
 
 // ConnTx is a transaction driven by hand on a connection of its own, so that it can begin
 // inside its first round trip and commit inside its last: several statements go in one
-// multi-statement round trip (Open enables them), where database/sql's Tx costs a
-// round trip for BEGIN, one per statement and one for COMMIT. database/sql does not know a
+// multi-statement round trip, where database/sql's Tx costs a round trip for BEGIN, one per
+// statement and one for COMMIT. database/sql does not know a
 // transaction is open on the connection, so Close rolls back whatever did not commit and throws
 // the connection away if that rollback fails, rather than return it to the pool with a
 // transaction still open. Not safe for concurrent use.
@@ -25,6 +25,7 @@ type ConnTx struct {
 }
 
 // BeginConnTx takes a connection from db for a transaction that its first Query or Exec begins.
+// db must be an OpenMulti pool: Open's refuses several statements in one round trip.
 func BeginConnTx(ctx context.Context, db *sql.DB) (*ConnTx, error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {

@@ -19,26 +19,68 @@ import (
 //   - clientFoundRows: a fenced UPDATE reports rows matched, so "0 rows" means "lost the fence";
 //   - READ COMMITTED isolation: claims and admissions take no gap locks (PITFALLS: MySQL);
 //   - interpolateParams: one round trip per statement instead of prepare, execute, close;
-//   - multiStatements: an admission begins its transaction, locks and reads in one round trip
-//     and writes all its rows in a second (gate/tx.go);
 //   - innodb_lock_wait_timeout 10 s instead of 50 s, and read/write timeouts, so that a stuck
 //     server surfaces as an error instead of a hung request;
 //   - on MariaDB, idle_transaction_timeout (IdleTransactionTimeout), so that a client that goes
 //     silent inside a transaction does not hold its locks for hours.
 //
-// Open pings the server and returns an error wrapping the driver's if it cannot be reached.
+// Its connections refuse several statements in one round trip (the driver's multiStatements is
+// off, whatever the DSN says): a statement that ever took text from a request could not stack a
+// second one after it. Only the transactions that truly send several go through OpenMulti's
+// pool. Open pings the server and returns an error wrapping the driver's if it cannot be
+// reached.
 func Open(ctx context.Context, dsn string) (*sql.DB, error) {
 	connector, err := Connector(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	db, err := OpenConnector(ctx, connector)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(PoolConns)
+	db.SetMaxIdleConns(PoolConns)
+	return db, nil
+}
+
+// OpenMulti is Open with multiStatements on: the pool of the transactions that send several
+// statements in one round trip, and nothing else. An admission begins its transaction, locks
+// and reads in one round trip and writes all its rows in a second (gate/tx.go); a claim locks,
+// counts and probes in one and updates, reads back and commits in a second (drainer/claimtx.go);
+// a completion's updates and outbox row go in one (Store.FinishManyConn); the lease scan carries
+// the heartbeat. Every statement sent through it is built from constants and placeholders, never
+// from a value received. Its size, MultiPoolConns, is what the single pool had: the hot paths
+// keep their connections, and reads on Open's pool can no longer take them.
+func OpenMulti(ctx context.Context, dsn string) (*sql.DB, error) {
+	connector, err := MultiConnector(ctx, dsn)
 	if err != nil {
 		return nil, err
 	}
 	return OpenConnector(ctx, connector)
 }
 
-// Connector returns the driver connector that Open uses for dsn, with every parameter above,
-// for a caller that wraps the driver (a test counting statements); OpenConnector makes it a
-// pool. It connects once, to learn the server's name for the isolation variable.
+// PoolConns bounds Open's pool: API reads, status, configuration, the relay and the purgers.
+// Reads reachable by producers are time-limited (max_statement_time), so they hold a connection
+// briefly; with MultiPoolConns a process opens at most 96 connections.
+const PoolConns = 32
+
+// MultiPoolConns bounds OpenMulti's pool (OpenConnector's default).
+const MultiPoolConns = 64
+
+// Connector returns the driver connector that Open uses for dsn, with every parameter above and
+// multiStatements off, for a caller that wraps the driver (a test counting statements);
+// OpenConnector makes it a pool. It connects once, to learn the server's name for the isolation
+// variable.
 func Connector(ctx context.Context, dsn string) (driver.Connector, error) {
+	return connector(ctx, dsn, false)
+}
+
+// MultiConnector is OpenMulti's connector: Connector's with multiStatements on.
+func MultiConnector(ctx context.Context, dsn string) (driver.Connector, error) {
+	return connector(ctx, dsn, true)
+}
+
+func connector(ctx context.Context, dsn string, multi bool) (driver.Connector, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("invalid MySQL DSN: %w", err)
@@ -50,9 +92,9 @@ func Connector(ctx context.Context, dsn string) (driver.Connector, error) {
 	// server-side prepare, execute and close. Safe with the utf8mb4 connection charset; binary
 	// values are sent as _binary literals.
 	cfg.InterpolateParams = true
-	// Several statements in one round trip. Safe because sluice builds every statement from
-	// constants and placeholders, never from a value it received.
-	cfg.MultiStatements = true
+	// Several statements in one round trip only on the pool that needs them (OpenMulti); a DSN
+	// asking for them elsewhere is overruled.
+	cfg.MultiStatements = multi
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}
@@ -121,12 +163,12 @@ func tryConnect(ctx context.Context, connector driver.Connector) error {
 	return conn.Close()
 }
 
-// OpenConnector returns a pool of connector's connections, sized and aged as sluice runs them,
-// after a ping.
+// OpenConnector returns a pool of connector's connections, sized (MultiPoolConns) and aged as
+// sluice runs them, after a ping.
 func OpenConnector(ctx context.Context, connector driver.Connector) (*sql.DB, error) {
 	db := sql.OpenDB(connector)
-	db.SetMaxOpenConns(64)
-	db.SetMaxIdleConns(64)
+	db.SetMaxOpenConns(MultiPoolConns)
+	db.SetMaxIdleConns(MultiPoolConns)
 	db.SetConnMaxLifetime(5 * time.Minute) // below any sane wait_timeout
 	db.SetConnMaxIdleTime(time.Minute)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)

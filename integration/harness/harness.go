@@ -74,7 +74,8 @@ type Options struct {
 	// Listen is the API's address (StartApp: to start an API again where a stopped one
 	// listened). Default 127.0.0.1:0, a free port.
 	Listen string
-	// Tokens are accepted besides the harness's own three (a producer scoped to some tenants).
+	// Tokens are configured besides the three of every harness (a producer scoped to some
+	// tenants, say).
 	Tokens []api.Token
 }
 

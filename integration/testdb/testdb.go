@@ -42,6 +42,8 @@ const Prefix = "sluice_t_"
 
 // DB is a test's own database.
 type DB struct {
+	// DB takes several statements in one round trip (store.OpenMulti), as the admissions' and
+	// the drainer's pool must; Plain is the pool everything else in sluice runs on.
 	*sql.DB
 	// DSN names the database, for processes the test starts.
 	DSN string
@@ -93,12 +95,26 @@ func New(tb testing.TB) *DB {
 	dbCfg := cfg.Clone()
 	dbCfg.DBName = name
 	dsn := dbCfg.FormatDSN()
-	db, err := store.Open(ctx, dsn)
+	db, err := store.OpenMulti(ctx, dsn)
 	if err != nil {
 		tb.Fatalf("testdb: open %s: %v", name, err)
 	}
 	tb.Cleanup(func() { db.Close() })
 	return &DB{DB: db, DSN: dsn, Name: name}
+}
+
+// Plain opens another pool on the database as sluice opens its ordinary one (store.Open: a
+// statement cannot stack a second), closed when tb ends.
+func (d *DB) Plain(tb testing.TB) *sql.DB {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := store.Open(ctx, d.DSN)
+	if err != nil {
+		tb.Fatalf("testdb: open %s: %v", d.Name, err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db
 }
 
 // Undropped returns the databases New created in this process that are not dropped yet, sorted.
@@ -144,7 +160,7 @@ func adminDB(ctx context.Context) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("SLUICE_TEST_MYSQL_DSN: %w", err)
 	}
-	db, err := store.Open(ctx, cfg.FormatDSN())
+	db, err := store.OpenMulti(ctx, cfg.FormatDSN()) // a clone is one script of many statements
 	if err != nil {
 		return nil, err
 	}

@@ -112,8 +112,9 @@ const DefaultListen = "127.0.0.1:7480"
 type App struct {
 	opts      Options
 	log       *slog.Logger
-	ownLog    *logq.Queue // the queue under log when Options.Log was unset; Stop closes it
-	db        *sql.DB
+	ownLog    *logq.Queue   // the queue under log when Options.Log was unset; Stop closes it
+	db        *sql.DB       // refuses several statements in one round trip (store.Open)
+	txDB      *sql.DB       // admissions' and the drainer's transactions, which send several (store.OpenMulti)
 	clock     *clock.Synced // the database's clock, read once for every component of the process
 	nc        *nats.Conn
 	limits    *limits.Cache
@@ -283,6 +284,11 @@ func (a *App) connect(ctx context.Context) (jetstream.JetStream, error) {
 	if a.db, err = store.Open(ctx, opts.MySQLDSN); err != nil {
 		return nil, err
 	}
+	if opts.API || opts.Drainer {
+		if a.txDB, err = store.OpenMulti(ctx, opts.MySQLDSN); err != nil {
+			return nil, err
+		}
+	}
 	current, err := migrations.Current(ctx, a.db)
 	if err != nil || !current {
 		return nil, fmt.Errorf("the database schema is not current (run `sluice migrate up`): %v", err)
@@ -364,7 +370,7 @@ func (a *App) startDrainer() error {
 	}
 	sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
 	metrics := drainer.NewMetrics(a.registry)
-	if a.drainer, err = drainer.New(drainer.Config{DB: a.db, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
+	if a.drainer, err = drainer.New(drainer.Config{DB: a.db, TxDB: a.txDB, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
 		Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
 		Log: a.log, Metrics: metrics, JobMetrics: a.jobs, BuildVersion: opts.Version, Clock: a.clock}); err != nil {
 		return err
@@ -435,7 +441,7 @@ func (a *App) startAPI(ctx context.Context) error {
 			a.drainer.Poke()
 		}
 	}
-	adm, err := gate.New(gate.Config{DB: a.db, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
+	adm, err := gate.New(gate.Config{DB: a.db, TxDB: a.txDB, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
 		Published: published, Metrics: gate.NewMetrics(a.registry), JobMetrics: a.jobs, RateLimiter: limiter, Gates: lookup,
 		FailOpenMetrics: failOpen})
 	if err != nil {
@@ -532,7 +538,8 @@ func (a *App) Addr() string {
 	return a.listener.Addr().String()
 }
 
-// DB returns the process's database handle.
+// DB returns the process's database pool, on which a statement cannot stack a second (every
+// statement but admissions' and the drainer's transactions runs on it).
 func (a *App) DB() *sql.DB { return a.db }
 
 // Registry returns the process's metrics registry.
@@ -586,7 +593,9 @@ func (a *App) closeConns() {
 		a.drainNATS()
 		a.nc.Close()
 	}
-	if a.db != nil {
-		_ = a.db.Close()
+	for _, db := range []*sql.DB{a.db, a.txDB} {
+		if db != nil {
+			_ = db.Close()
+		}
 	}
 }
