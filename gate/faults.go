@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -38,7 +39,7 @@ type Tx interface {
 type txConn interface {
 	Tx
 	// db is the transaction, for reads.
-	db() store.DB
+	db() sqldb.DB
 	// query runs stmts in one round trip (the first beginning the transaction).
 	query(ctx context.Context, stmts []string, args []any) (*store.Results, error)
 	// canCommitWithExec says whether exec may commit in its round trip.

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/gate/admitrate"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -185,7 +186,7 @@ func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *stat
 }
 
 // replayPositions reads the queue position of each replayed job still queued.
-func replayPositions(ctx context.Context, tx store.DB, items []*item) error {
+func replayPositions(ctx context.Context, tx sqldb.DB, items []*item) error {
 	for _, it := range items {
 		if it.invalid != nil || !it.res.Replayed {
 			continue

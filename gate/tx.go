@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/gate/admitrate"
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -43,7 +44,7 @@ func beginAdmission(ctx context.Context, db *sql.DB, stmts *stmtCache) (*admissi
 }
 
 // db is the transaction, for reads.
-func (t *admissionTx) db() store.DB {
+func (t *admissionTx) db() sqldb.DB {
 	if t.tx != nil {
 		return t.tx
 	}

@@ -2,7 +2,6 @@ package rategate
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,12 +10,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// Querier is what Queued needs of the database: *sql.DB, *sql.Tx and *sql.Conn satisfy it.
-type Querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
+	"github.com/sluicehq/sluice/gate/sqldb"
+)
 
 // Gated is a gated rate key with queued work: an entry of GET /v1/gates and of /v1/status.
 type Gated struct {
@@ -36,7 +32,7 @@ const lookupChunk = 500
 // ErrUnavailable (and whatever it could read): the caller decides whether that is fatal.
 // Safe for concurrent use; it is the building block of GET /v1/gates, /v1/status and the
 // sluice_gated_keys gauge.
-func Queued(ctx context.Context, db Querier, s *Store) ([]Gated, error) {
+func Queued(ctx context.Context, db sqldb.DB, s *Store) ([]Gated, error) {
 	rows, err := db.QueryContext(ctx, `SELECT queued_rate_key, COUNT(*) FROM jobs
 		WHERE queued_rate_key IS NOT NULL GROUP BY queued_rate_key`)
 	if err != nil {
@@ -91,7 +87,7 @@ func Queued(ctx context.Context, db Querier, s *Store) ([]Gated, error) {
 // GaugeConfig configures the sluice_gated_keys gauge. Field docs give the defaults.
 type GaugeConfig struct {
 	// DB is the sluice database. Required.
-	DB Querier
+	DB sqldb.DB
 	// Store is the gate store. Required.
 	Store *Store
 	// Timeout bounds one scrape's database read and gate lookups. Default 2 s.

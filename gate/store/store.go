@@ -22,15 +22,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/outbox"
 )
-
-// DB is what the read helpers need: *sql.DB, *sql.Tx and *sql.Conn satisfy it.
-type DB interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
 
 // ErrNotFound is returned for a job id that does not exist.
 var ErrNotFound = errors.New("store: job not found")
@@ -117,7 +111,7 @@ func ScanRow(s Scanner) (Row, error) {
 }
 
 // Get reads job id. With forUpdate it locks the row (inside a transaction).
-func Get(ctx context.Context, db DB, id int64, forUpdate bool) (Row, error) {
+func Get(ctx context.Context, db sqldb.DB, id int64, forUpdate bool) (Row, error) {
 	q := "SELECT " + Columns + " FROM jobs WHERE id = ?"
 	if forUpdate {
 		q += " FOR UPDATE"
@@ -134,7 +128,7 @@ func Get(ctx context.Context, db DB, id int64, forUpdate bool) (Row, error) {
 
 // Position returns the 1-based place of a queued job among its tenant's queued jobs in
 // (queued_at, id) order: the claim order within a tenant.
-func Position(ctx context.Context, db DB, tenant string, queuedAt time.Time, id int64) (int64, error) {
+func Position(ctx context.Context, db sqldb.DB, tenant string, queuedAt time.Time, id int64) (int64, error) {
 	var n int64
 	err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND tenant = ?
 		AND (queued_at < ? OR (queued_at = ? AND id <= ?))`, tenant, queuedAt, queuedAt, id).Scan(&n)
@@ -146,7 +140,7 @@ func Position(ctx context.Context, db DB, tenant string, queuedAt time.Time, id 
 
 // WithPosition returns j with its position filled in if it is queued: SPEC §6 shows it on every
 // queued job.
-func WithPosition(ctx context.Context, db DB, j job.Job) (job.Job, error) {
+func WithPosition(ctx context.Context, db sqldb.DB, j job.Job) (job.Job, error) {
 	if j.Status != job.Queued {
 		return j, nil
 	}
@@ -248,7 +242,7 @@ var ErrFenced = errors.New("store: fenced write lost: the job moved on")
 // Finish applies o to job r, which the caller read in tx, and writes a release poke (and, for a
 // requeue, an enqueue poke) in the same transaction. The write is fenced on r.Version and on
 // r.Status. It returns the state the job ended in, or ErrFenced.
-func (s *Store) Finish(ctx context.Context, tx DB, now time.Time, r Row, o Outcome) (job.Status, error) {
+func (s *Store) Finish(ctx context.Context, tx sqldb.DB, now time.Time, r Row, o Outcome) (job.Status, error) {
 	to, err := s.FinishMany(ctx, tx, now, []Finishing{{Row: r, Outcome: o}})
 	if err != nil {
 		return "", err
@@ -268,7 +262,7 @@ type Finishing struct {
 // fails the whole call returns ErrFenced and the caller must roll back. Callers that batch lock
 // the rows (SELECT ... FOR UPDATE) and check them first, so the fence only fails for a caller
 // that did not. It returns the state each job ended in, in order.
-func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Finishing) ([]job.Status, error) {
+func (s *Store) FinishMany(ctx context.Context, tx sqldb.DB, now time.Time, items []Finishing) ([]job.Status, error) {
 	p, err := s.planFinish(now, items)
 	if err != nil {
 		return nil, err
@@ -362,7 +356,7 @@ type finishPlan struct {
 // waits for it.
 
 // lockInOrder locks the job rows of items in id order, then the tenants' rows, in key order.
-func lockInOrder(ctx context.Context, tx DB, items []Finishing, tenants []string) error {
+func lockInOrder(ctx context.Context, tx sqldb.DB, items []Finishing, tenants []string) error {
 	ids := make([]any, len(items))
 	for i, it := range items {
 		ids[i] = it.Row.ID
@@ -597,7 +591,7 @@ var ErrNotCancelable = errors.New("store: job is not cancelable")
 // Cancel moves a queued job to canceled in tx. A job already canceled is returned as it is, with
 // moved false: moved reports whether this call wrote the transition, for the caller to count once
 // tx commits.
-func (s *Store) Cancel(ctx context.Context, tx DB, now time.Time, id int64) (r Row, moved bool, err error) {
+func (s *Store) Cancel(ctx context.Context, tx sqldb.DB, now time.Time, id int64) (r Row, moved bool, err error) {
 	r, err = Get(ctx, tx, id, true)
 	if err != nil {
 		return r, false, err
@@ -627,7 +621,7 @@ const ExpiredCode = "max_queue_age"
 // max_queue_age_seconds) and returns them as they were. Rows another transaction holds (a claim
 // taking them, a cancel) are skipped: they are leaving the queue anyway, or are seen next time.
 // A job that expires was never dispatched and held no slot, so no release poke is written.
-func (s *Store) Expire(ctx context.Context, tx DB, now, cutoff time.Time, limit int) ([]Row, error) {
+func (s *Store) Expire(ctx context.Context, tx sqldb.DB, now, cutoff time.Time, limit int) ([]Row, error) {
 	// The claim index leads with status, so this reads the queued range only; queued_at is its
 	// third column, so the age test is made on index entries without reading rows.
 	rows, err := tx.QueryContext(ctx, "SELECT "+LockColumns+` FROM jobs FORCE INDEX (claim)
