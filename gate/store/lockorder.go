@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/sluicehq/sluice/gate/sqldb"
@@ -49,4 +50,21 @@ func LockTenantsSQL(tenants []string) (string, []any) {
 		}
 	}
 	return "UPDATE tenants SET queued = queued WHERE tenant IN (" + Placeholders(len(args)) + ") ORDER BY tenant", args
+}
+
+// LockJobs begins tx, if its first round trip, and locks the jobs ids in id order (the first
+// step of the lock order), reading them as LockColumns in the same round trip: a batch of
+// outcomes locks the rows it will write and checks their versions before it writes (FinishManyConn).
+// Ids that do not exist are left out.
+func LockJobs(ctx context.Context, tx *ConnTx, ids []int64) ([]Row, error) {
+	res, err := tx.Query(ctx, []string{"SELECT " + LockColumns + " FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE"}, int64Args(ids)...)
+	if err != nil {
+		return nil, fmt.Errorf("lock dispatched jobs: %w", err)
+	}
+	var out []Row
+	err = res.EachRow(func(r Row) { out = append(out, r) })
+	if err = errors.Join(err, res.Close()); err != nil {
+		return nil, fmt.Errorf("lock dispatched jobs: %w", err)
+	}
+	return out, nil
 }
