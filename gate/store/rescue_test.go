@@ -17,7 +17,7 @@ func TestScanExpired(t *testing.T) {
 	var want []int64
 	for i := range 101 {
 		status := []job.Status{job.Claimed, job.Dispatched, job.Running}[i%3]
-		want = append(want, k.insert(jobSpec{status: status, lease: at(k.now.Add(-time.Duration(200-i)*time.Millisecond))}))
+		want = append(want, k.insert(jobSpec{status: status, lease: at(k.now.Add(-time.Duration(200-i) * time.Millisecond))}))
 	}
 	live := k.insert(jobSpec{status: job.Running, lease: at(k.now.Add(time.Second))})
 	queued := k.insert(jobSpec{})
