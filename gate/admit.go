@@ -86,7 +86,7 @@ type Config struct {
 type Admitter struct {
 	cfg     Config
 	store   *store.Store
-	stmts   *stmtCache
+	stmts   *store.StmtCache
 	depth   depthEstimate
 	combine combiner
 
@@ -124,7 +124,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Lanes <= 0 {
 		cfg.Lanes = 2
 	}
-	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics}, stmts: newStmtCache(cfg.DB),
+	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics}, stmts: store.NewStmtCache(cfg.DB),
 		combine: combiner{lanes: cfg.Lanes}}
 	a.combine.run = a.run
 	return a, nil

@@ -126,6 +126,16 @@ func (k *kit) exec(q string, args ...any) sql.Result {
 	return res
 }
 
+// count runs q, a SELECT of one integer.
+func (k *kit) count(q string, args ...any) int64 {
+	k.t.Helper()
+	var n int64
+	if err := k.db.QueryRowContext(k.ctx, q, args...).Scan(&n); err != nil {
+		k.t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
 // row reads job id.
 func (k *kit) row(id int64) store.Row {
 	k.t.Helper()
