@@ -28,7 +28,8 @@ type layer struct {
 var layers = []layer{
 	{name: "vocabulary", packages: []string{"gate/job", "gate/clock", "gate/sqldb"}},
 	{name: "building blocks", packages: []string{"outbox", "migrations", "gate/limits", "gate/admitrate", "gate/rategate", "gate/logq", "drainer/executor", "publisher/devbroker"}},
-	{name: "data", packages: []string{"gate/store", "gate/status"}},
+	{name: "data", packages: []string{"gate/store"}},
+	{name: "reads", packages: []string{"gate/status"}},
 	{name: "components", packages: []string{"gate", "gate/client", "gate/opsmetrics", "publisher", "drainer", "drainer/executor/simexec"}},
 	{name: "HTTP edge", packages: []string{"gate/api"}},
 	{name: "process", packages: []string{"cmd/sluice/app"}},

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // Tenant orders of ReadTenants (GET /v1/tenants?order=).
@@ -84,8 +86,7 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 		}
 		// work_tenant is the name while the tenant has queued work, else NULL: the range skips
 		// idle tenants without reading them.
-		rows, err = r.tenantRows(ctx, now, lc, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (work_tenant)
-			WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?`, after, q.Limit+1)
+		rows, err = r.tenantRows(ctx, now, lc, store.TenantQueuesParams{By: store.ByName, After: after, Limit: q.Limit + 1})
 	case ByDepth:
 		rows, err = r.deepest(ctx, now, lc, q.After, q.Limit+1)
 	default:
