@@ -20,7 +20,7 @@ import (
 //   - READ COMMITTED isolation: claims and admissions take no gap locks (PITFALLS: MySQL);
 //   - interpolateParams: one round trip per statement instead of prepare, execute, close;
 //   - multiStatements: an admission begins its transaction, locks and reads in one round trip
-//     and writes all its rows in a second (gate/tx.go);
+//     and writes all its rows in a second (AdmissionTx);
 //   - innodb_lock_wait_timeout 10 s instead of 50 s, and read/write timeouts, so that a stuck
 //     server surfaces as an error instead of a hung request;
 //   - on MariaDB, idle_transaction_timeout (IdleTransactionTimeout), so that a client that goes

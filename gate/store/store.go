@@ -1,11 +1,44 @@
-// Package store is the fenced SQL of the job lifecycle (SPEC §4): reading job rows and every
-// statement that moves a job between states after admission. Admission, the executor-facing
-// API (start, complete, cancel) and the drainer all go through it, so that fencing lives in one
-// place: every write names the version and the state(s) its writer expects, and a writer whose
-// condition fails has lost the job and must stop touching it.
+// Package store owns every statement on the job tables: jobs, tenants (each tenant's queue
+// state), claim_lock and drainers. Admission, the executor-facing API (start, complete, cancel),
+// listing, status and the drainer all go through it; none of them builds SQL of its own. Each
+// operation is a function (or, when it logs transitions or writes pokes, a method of Store) with
+// typed parameters and a typed result, and has a conformance test of its own against MariaDB
+// (the _test.go file beside it) that shows what it returns, what its fence refuses and which
+// rows it leaves locked.
+//
+// Fencing. Every write names the version and the state(s) its writer expects; a writer whose
+// condition fails has lost the job and must stop touching it (ErrFenced).
+//
+// Lock order. Every transaction that moves jobs into or out of queued locks the job rows first,
+// in id order, then their tenants' rows, in key order (lockorder.go); an admission locks only
+// its tenants, in key order.
+//
+// The statements are shaped for speed in a few ways, each kept here and nowhere else:
+//
+//   - Combined round trips. A ConnTx drives a transaction by hand on a connection of its own,
+//     so that it begins inside its first round trip and commits inside its last, several
+//     statements each: an admission costs two (AdmissionTx), a claim two (LockClaims,
+//     ClaimJobs), a batch of outcomes three (LockJobs, FinishManyConn, COMMIT). The expired-lease
+//     scan carries the drainer's heartbeat (ScanExpired).
+//   - Row-constructor fences. A write to many jobs is fenced with "id IN (...) AND (id,
+//     version[, status]) IN ((?,?[,?]), ...)": the same fence as OR-ed groups cost 7 ms to plan
+//     for 63 rows, six times the update itself, and the leading id IN (...) keeps it on the
+//     primary key, since MariaDB 10.11 plans a row-constructor IN of a single tuple as a full
+//     index scan (a million-row scan per claim with a backlog).
+//   - Forced indexes. Reads of a queue force the claim index (status, tenant, queued_at, id) and
+//     walk it in order, stopping at LIMIT: left to itself MariaDB may pick another index and sort
+//     a tenant's whole backlog. Reads of tenants force the index of their order (head,
+//     work_tenant, depth: migration 0010), so that none grows with the number of tenants.
+//   - Prepared batches. A batch admission inserts through server-side prepared statements
+//     (StmtCache): the server parses a 250-row INSERT sent as text for much longer than it binds
+//     the same rows to a prepared one.
+//   - Bounded statements. A read of many tenants' heads is split into statements of at most
+//     48 KiB (ReadHeads), far below the server's packet limit; a job INSERT holds at most 250
+//     rows (InsertJobs).
 //
 // It sits under gate because it is the gate's data layer: the drainer consumes it, never the
-// reverse. It imports only the shared vocabulary (gate/job) and the outbox.
+// reverse. It imports only the shared vocabulary (gate/job, gate/sqldb), the runtime config
+// (gate/limits, which the claim reads under its lock) and the outbox.
 package store
 
 import (
