@@ -93,10 +93,15 @@ func TestReadAdmission(t *testing.T) {
 			t.Fatal(err)
 		}
 		tx := k.beginAdmission(t, nil)
+		began := time.Now()
 		_, err = tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a"}, NoWait: true})
 		var me *mysql.MySQLError
 		if !errors.As(err, &me) || me.Number != 1205 {
 			t.Errorf("a read that must not wait, on a held tenant: %v, want error 1205", err)
+		}
+		// The lock wait timeout is 10 s (store.Open); a read that waited would take that long.
+		if took := time.Since(began); took > 5*time.Second {
+			t.Errorf("a read that must not wait took %s", took)
 		}
 	})
 	if n := k.count("SELECT COUNT(*) FROM tenants WHERE tenant = 'new'"); n != 0 {
@@ -184,6 +189,26 @@ func TestInsertJobs(t *testing.T) {
 		}
 		wantQueueState(t, k, "a", "b")
 	}
+}
+
+// TestInsertJobsClockStepBack: a tenant whose oldest queued job is newer than the admission's
+// time (the database clock stepped back) gets the new job as its head.
+func TestInsertJobsClockStepBack(t *testing.T) {
+	k := newKit(t)
+	k.insert(jobSpec{tenant: "c", queuedAt: k.now.Add(time.Hour)})
+	tx := k.beginAdmission(t, nil)
+	st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tx.InsertJobs(k.ctx, store.NewJobs{Now: st.Now, Jobs: []store.NewJob{{Tenant: "c"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qs := readQueueState(t, k.db.DB, "c"); qs.headID != got.IDs[0] || qs.queued != 2 {
+		t.Errorf("queue state %+v, want job %d at the head of 2", qs, got.IDs[0])
+	}
+	wantQueueState(t, k, "c")
 }
 
 // wantQueueState fails unless each tenant's queue state is what a recount gives.
