@@ -2,9 +2,6 @@ package drainer
 
 import (
 	"context"
-	"fmt"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
@@ -45,79 +42,27 @@ func (cl *claimer) wants(cfg limits.Config, inFlight map[string]int, total int, 
 	return ws, capped
 }
 
-// maxStatementBytes bounds the text of one heads statement: a pass's reads stay far below the
-// server's packet limit (SPEC §14: no statement of a pass exceeds 64 KiB) whatever the number of
-// tenants read and of gated keys excluded, by splitting the read into several statements.
-const maxStatementBytes = 48 << 10
-
 // heads returns, for each tenant of ws, its oldest eligible queued jobs (at most w.n), leaving
-// out the jobs of the rate keys in excluded (keys found gated earlier in the pass).
+// out the jobs of the rate keys in excluded (keys found gated earlier in the pass):
+// store.ReadHeads.
 func (cl *claimer) heads(ctx context.Context, now time.Time, ws []want, excluded []string) (map[string][]candidate, error) {
-	out := map[string][]candidate{}
-	exclude := ""
-	if len(excluded) > 0 {
-		exclude = " AND (rate_key_sha256 IS NULL OR rate_key_sha256 NOT IN (" + store.Placeholders(len(excluded)) + "))"
+	p := store.HeadsParams{Now: now, Excluded: excluded, Tenants: make([]store.HeadsWant, len(ws))}
+	for i, w := range ws {
+		p.Tenants[i] = store.HeadsWant{Tenant: w.tenant, N: w.n}
 	}
-	var q strings.Builder
-	var args []any
-	flush := func() error {
-		if q.Len() == 0 {
-			return nil
-		}
-		err := cl.readHeads(ctx, q.String(), args, out)
-		q.Reset()
-		args = args[:0]
-		return err
-	}
-	for _, w := range ws {
-		// The claim index is forced and walked in (queued_at, id) order, stopping after LIMIT
-		// rows: without the hint MariaDB may pick tenant_id and sort the whole backlog, and
-		// naming the equality columns in ORDER BY (status is an ENUM) also makes it sort.
-		sub := `(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs FORCE INDEX (claim)
-			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)` + exclude + `
-			ORDER BY queued_at, id LIMIT ?)`
-		if q.Len() > 0 && q.Len()+len(sub)+len(" UNION ALL ") > maxStatementBytes {
-			if err := flush(); err != nil {
-				return nil, err
-			}
-		}
-		if q.Len() > 0 {
-			q.WriteString(" UNION ALL ")
-		}
-		q.WriteString(sub)
-		args = append(args, w.tenant, now)
-		for _, k := range excluded {
-			args = append(args, k)
-		}
-		args = append(args, w.n)
-	}
-	if err := flush(); err != nil {
+	read, err := store.ReadHeads(ctx, cl.cfg.DB, p)
+	if err != nil {
 		return nil, err
 	}
-	for _, cs := range out {
-		sort.Slice(cs, func(i, j int) bool { return cs[i].before(cs[j]) })
+	out := make(map[string][]candidate, len(read))
+	for t, hs := range read {
+		cs := make([]candidate, len(hs))
+		for i, h := range hs {
+			cs[i] = candidateOf(h)
+		}
+		out[t] = cs
 	}
 	return out, nil
-}
-
-// readHeads runs one statement of heads and adds its rows to out.
-func (cl *claimer) readHeads(ctx context.Context, q string, args []any, out map[string][]candidate) error {
-	hr, err := cl.cfg.DB.QueryContext(ctx, q, args...)
-	if err != nil {
-		return fmt.Errorf("read queue heads: %w", err)
-	}
-	defer hr.Close()
-	for hr.Next() {
-		var c candidate
-		if err := hr.Scan(&c.id, &c.tenant, &c.rateKey, &c.queuedAt, &c.version); err != nil {
-			return fmt.Errorf("read queue heads: %w", err)
-		}
-		out[c.tenant] = append(out[c.tenant], c)
-	}
-	if err := hr.Err(); err != nil {
-		return fmt.Errorf("read queue heads: %w", err)
-	}
-	return nil
 }
 
 // gateSlack is how many extra heads per tenant a pass reads so that a gated key at the head of

@@ -2,7 +2,6 @@ package drainer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -111,14 +110,13 @@ func (w *outcomeWriter) write(ctx context.Context, batch []*outcomeReq) error {
 	for i, r := range batch {
 		ids[i] = r.c.row.ID
 	}
-	res, err := tx.Query(ctx, []string{"SELECT " + store.LockColumns + " FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE"}, int64Args(ids)...)
+	locked, err := store.LockJobs(ctx, tx, ids)
 	if err != nil {
-		return fmt.Errorf("lock dispatched jobs: %w", err)
+		return err
 	}
-	current := map[int64]store.Row{}
-	err = res.EachRow(func(r store.Row) { current[r.ID] = r })
-	if err = errors.Join(err, res.Close()); err != nil {
-		return fmt.Errorf("lock dispatched jobs: %w", err)
+	current := make(map[int64]store.Row, len(locked))
+	for _, r := range locked {
+		current[r.ID] = r
 	}
 	var items []store.Finishing
 	for _, req := range batch {

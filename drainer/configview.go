@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // configView is the runtime configuration (config_versions) as this drainer last read it: by a
@@ -44,7 +45,7 @@ func (v *configView) refresh(ctx context.Context, db *sql.DB) (changed bool, err
 	return changed, nil
 }
 
-func loadLimits(ctx context.Context, q limits.Querier) (limits.Config, error) {
+func loadLimits(ctx context.Context, q sqldb.DB) (limits.Config, error) {
 	v, err := limits.Load(ctx, q)
 	return v.Config, err
 }

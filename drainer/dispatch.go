@@ -2,7 +2,6 @@ package drainer
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,13 +174,9 @@ func (s *dispatcher) gateAnswer(ctx context.Context, c claimed, ans executor.Ans
 // takes it only then, and this drainer stops renewing it. Fenced: if the job moved on (an early
 // /complete), there is nothing to hold.
 func (s *dispatcher) leaseToWall(ctx context.Context, c claimed) error {
-	_, err := s.cfg.DB.ExecContext(ctx, `UPDATE jobs SET lease_until = ?
-		WHERE id = ? AND version = ? AND status IN ('dispatched','running')`,
-		c.row.DispatchedAt.Add(c.wall), c.row.ID, c.row.Version)
-	if err != nil {
-		return fmt.Errorf("extend the lease of accepted job %d to its wall: %w", c.row.ID, err)
-	}
-	return nil
+	_, err := store.LeaseToWall(ctx, s.cfg.DB, store.LeaseToWallParams{
+		Job: store.JobVersion{ID: c.row.ID, Version: c.row.Version}, Wall: c.row.DispatchedAt.Add(c.wall)})
+	return err
 }
 
 // gate extends the gate of r's rate key by retryAfter seconds (clamped to SPEC §5's 1..86,400)

@@ -284,7 +284,7 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	if p.Renewed, err = d.leases.RunOnce(ctx, now); err != nil {
 		return false, err
 	}
-	var hb *heartbeatSQL
+	var hb *store.Heartbeat
 	if beat {
 		hb = d.beat.due(now)
 	}

@@ -2,12 +2,9 @@ package drainer
 
 import (
 	"context"
-	"database/sql"
-	"fmt"
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -75,57 +72,38 @@ func (k *leaseKeeper) RunOnce(ctx context.Context, now time.Time) (int, error) {
 	if !due {
 		return 0, nil
 	}
-	// A renewal only ever extends: a 202 answered while this statement was on its way has moved
-	// the job's lease to its wall (leaseToWall), and must not be cut back to one lease.
-	q := "UPDATE jobs SET lease_until = GREATEST(COALESCE(lease_until, ?), ?) WHERE drainer_id = ? AND status IN ('claimed','dispatched','running') AND dispatched_at > ? AND ("
-	args := []any{now, now.Add(cfgLease), k.cfg.ID, now.Add(-wall)}
+	jobs := make([]store.JobVersion, len(ids))
 	for i, id := range ids {
-		if i > 0 {
-			q += " OR "
-		}
-		q += "(id = ? AND version = ?)"
-		args = append(args, id, versions[id])
+		jobs[i] = store.JobVersion{ID: id, Version: versions[id]}
 	}
-	q += ")"
-	res, err := k.cfg.DB.ExecContext(ctx, q, args...)
+	n, err := store.RenewLeases(ctx, k.cfg.DB, store.RenewLeasesParams{DrainerID: k.cfg.ID, Now: now,
+		Until: now.Add(cfgLease), DispatchedAfter: now.Add(-wall), Jobs: jobs})
 	if err != nil {
-		return 0, fmt.Errorf("renew leases: %w", err)
+		return 0, err
 	}
-	n, _ := res.RowsAffected()
 	k.mu.Lock()
 	k.lastRenew = now
 	k.mu.Unlock()
-	if int(n) < len(ids) {
+	if n < len(ids) {
 		if err := k.forgetLost(ctx, now, wall, ids, versions); err != nil {
-			return int(n), err
+			return n, err
 		}
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // forgetLost drops from held the jobs that no longer match their fence.
 func (k *leaseKeeper) forgetLost(ctx context.Context, now time.Time, wall time.Duration, ids []int64, versions map[int64]int64) error {
-	rows, err := k.cfg.DB.QueryContext(ctx, "SELECT id, version, status, drainer_id, dispatched_at FROM jobs WHERE id IN ("+store.Placeholders(len(ids))+")", int64Args(ids)...)
+	leases, err := store.ReadLeases(ctx, k.cfg.DB, ids)
 	if err != nil {
-		return fmt.Errorf("check held jobs: %w", err)
+		return err
 	}
-	defer rows.Close()
 	keep := map[int64]bool{}
-	for rows.Next() {
-		var id, version int64
-		var status string
-		var drainer sql.NullString
-		var dispatched sql.NullTime
-		if err := rows.Scan(&id, &version, &status, &drainer, &dispatched); err != nil {
-			return fmt.Errorf("check held jobs: %w", err)
+	for _, l := range leases {
+		if l.Version == versions[l.ID] && l.Status.InFlight() && l.DrainerID == k.cfg.ID &&
+			l.DispatchedAt != nil && l.DispatchedAt.After(now.Add(-wall)) {
+			keep[l.ID] = true
 		}
-		if version == versions[id] && job.Status(status).InFlight() && drainer.String == k.cfg.ID &&
-			dispatched.Valid && dispatched.Time.After(now.Add(-wall)) {
-			keep[id] = true
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("check held jobs: %w", err)
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -32,35 +32,14 @@ type loneJob struct {
 	failures  int
 }
 
-// loneProbeSQL reads at most two queued jobs, with what a lone job's dispatch needs.
-const loneProbeSQL = `SELECT id, tenant, rate_key_sha256, queued_at, version,
-	not_before, payload, attempt, dispatch_failures FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT 2`
-
-// probeLone runs loneProbeSQL on conn.
-func probeLone(ctx context.Context, conn *sql.Conn) ([]loneJob, error) {
-	rows, err := conn.QueryContext(ctx, loneProbeSQL)
-	if err != nil {
-		return nil, fmt.Errorf("read the queue's head: %w", err)
+// loneJobs are the jobs of a lone-job probe (store.ProbeQueue).
+func loneJobs(qs []store.QueuedJob) []loneJob {
+	var out []loneJob
+	for _, q := range qs {
+		out = append(out, loneJob{candidate: candidateOf(q.Head), notBefore: q.NotBefore, payload: q.Payload,
+			attempt: q.Attempt, failures: q.DispatchFailures})
 	}
-	defer rows.Close()
-	return scanLone(rows)
-}
-
-// scanLone reads loneProbeSQL's rows.
-func scanLone(rows *sql.Rows) ([]loneJob, error) {
-	var found []loneJob
-	for rows.Next() {
-		var j loneJob
-		if err := rows.Scan(&j.id, &j.tenant, &j.rateKey, &j.queuedAt, &j.version, &j.notBefore,
-			&j.payload, &j.attempt, &j.failures); err != nil {
-			return nil, fmt.Errorf("read the queue's head: %w", err)
-		}
-		found = append(found, j)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the queue's head: %w", err)
-	}
-	return found, nil
+	return out
 }
 
 // claimLone claims the queue's only job if it may start now. handled is false when the normal
@@ -86,8 +65,12 @@ func (cl *claimer) claimLone(ctx context.Context, now time.Time, poked bool) (ou
 			return nil, false, err
 		}
 		cl.config.set(cfg)
-	} else if found, err = probeLone(ctx, tx.Conn()); err != nil {
-		return nil, false, err
+	} else {
+		probed, err := store.ProbeQueue(ctx, tx.Conn())
+		if err != nil {
+			return nil, false, err
+		}
+		found = loneJobs(probed)
 	}
 	switch {
 	case len(found) == 0:

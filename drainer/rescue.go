@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
@@ -23,43 +22,22 @@ type rescuer struct {
 	wake    func()
 }
 
-// RunOnce recovers the jobs whose lease expired before now (scanExpired, recover) and returns
+// RunOnce recovers the jobs whose lease expired before now (store.ScanExpired, recover) and returns
 // how many it recovered. hb, if not nil, is written in the scan's round trip; fresh tells whether
 // this pass has already re-read the runtime config.
-func (rs *rescuer) RunOnce(ctx context.Context, now time.Time, hb *heartbeatSQL, fresh bool) (int, error) {
-	expired, err := rs.scanExpired(ctx, now, hb)
+func (rs *rescuer) RunOnce(ctx context.Context, now time.Time, hb *store.Heartbeat, fresh bool) (int, error) {
+	db := rs.cfg.DB
+	if hb != nil {
+		db = rs.cfg.TxDB // the heartbeat and the scan are two statements in one round trip
+	}
+	expired, err := store.ScanExpired(ctx, db, store.ScanExpiredParams{Now: now, Heartbeat: hb})
 	if err != nil {
 		return 0, err
 	}
 	return rs.recover(ctx, now, fresh, expired)
 }
 
-// scanExpired lists, in one round trip, the in-flight jobs whose lease ran out before now, the
-// longest expired first; hb, if not nil, is written in the same round trip.
-func (rs *rescuer) scanExpired(ctx context.Context, now time.Time, hb *heartbeatSQL) ([]store.Row, error) {
-	q := "SELECT " + store.LockColumns + ` FROM jobs
-		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`
-	args := []any{now}
-	db := rs.cfg.DB
-	if hb != nil {
-		q = hb.query + ";" + q
-		args = append(append([]any{}, hb.args...), now)
-		db = rs.cfg.TxDB
-	}
-	rows, err := db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("scan expired leases: %w", err)
-	}
-	var expired []store.Row
-	res := store.ResultsOf(rows)
-	err = res.EachRow(func(r store.Row) { expired = append(expired, r) })
-	if err = errors.Join(err, res.Close()); err != nil {
-		return nil, fmt.Errorf("scan expired leases: %w", err)
-	}
-	return expired, nil
-}
-
-// recover takes back the expired jobs (scanExpired): their drainer died or froze. A job never
+// recover takes back the expired jobs (store.ScanExpired): their drainer died or froze. A job never
 // sent goes back to queued; a dispatched job whose start was never confirmed goes back to
 // queued with its nonce voided (or is lost when starts are not confirmed); a running job is lost,
 // never re-run. Every write is fenced on the version read, so a drainer that comes back finds

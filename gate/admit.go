@@ -90,7 +90,7 @@ type Config struct {
 type Admitter struct {
 	cfg     Config
 	store   *store.Store
-	stmts   *stmtCache
+	stmts   *store.StmtCache
 	depth   depthEstimate
 	combine combiner
 
@@ -131,7 +131,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Lanes <= 0 {
 		cfg.Lanes = 2
 	}
-	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics}, stmts: newStmtCache(cfg.TxDB),
+	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics}, stmts: store.NewStmtCache(cfg.TxDB),
 		combine: combiner{lanes: cfg.Lanes}}
 	a.combine.run = a.run
 	return a, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -34,28 +35,28 @@ type Tx interface {
 }
 
 // txConn is the runner's database boundary: the round trips of one admission transaction
-// (admissionTx), which a test's Faults wrap (faultyTx).
+// (store.AdmissionTx), which a test's Faults wrap (faultyTx).
 type txConn interface {
 	Tx
-	// db is the transaction, for reads.
-	db() store.DB
-	// query runs stmts in one round trip (the first beginning the transaction).
-	query(ctx context.Context, stmts []string, args []any) (*store.Results, error)
-	// canCommitWithExec says whether exec may commit in its round trip.
-	canCommitWithExec() bool
-	// exec runs the INSERTs stmts and returns the first id each generated; with commit, the
-	// COMMIT goes in the same round trip.
-	exec(ctx context.Context, stmts []string, args [][]any, commit bool) ([]int64, error)
-	// commit commits in a round trip of its own.
-	commit(ctx context.Context) error
-	// close rolls back what did not commit and gives the connection back.
-	close()
+	// DB is the transaction, for reads.
+	DB() sqldb.DB
+	// ReadAdmission begins the transaction, locks the tenants and reads the state, in one round
+	// trip.
+	ReadAdmission(ctx context.Context, p store.AdmissionRead) (store.AdmissionState, error)
+	// CanCommitWithInsert says whether InsertJobs may commit in its round trip.
+	CanCommitWithInsert() bool
+	// InsertJobs writes the rows and returns their ids; with commit, the COMMIT goes in the same
+	// round trip.
+	InsertJobs(ctx context.Context, p store.NewJobs, commit bool) (store.InsertedJobs, error)
+	// Close rolls back what did not commit and gives the connection back.
+	Close()
 }
 
-// withFaults returns tx with a's Faults at its boundary, or tx itself when there are none.
-func (a *Admitter) withFaults(tx txConn) txConn {
+// withFaults returns tx with a's Faults at its boundary, or tx itself when there are none. ctx is
+// the transaction's, for the hooks of its COMMIT.
+func (a *Admitter) withFaults(ctx context.Context, tx txConn) txConn {
 	if f := a.cfg.Faults; f != nil && (f.AfterInsert != nil || f.Commit != nil) {
-		return &faultyTx{txConn: tx, f: f}
+		return &faultyTx{txConn: tx, ctx: ctx, f: f}
 	}
 	return tx
 }
@@ -64,43 +65,44 @@ func (a *Admitter) withFaults(tx txConn) txConn {
 // transaction it wraps, sending exactly the round trips that transaction would.
 type faultyTx struct {
 	txConn
+	ctx         context.Context
 	f           *Faults
 	afterInsert bool // AfterInsert has run
 }
 
-func (t *faultyTx) exec(ctx context.Context, stmts []string, args [][]any, commit bool) ([]int64, error) {
+func (t *faultyTx) InsertJobs(ctx context.Context, p store.NewJobs, commit bool) (store.InsertedJobs, error) {
 	if !commit {
-		ids, err := t.txConn.exec(ctx, stmts, args, false)
+		got, err := t.txConn.InsertJobs(ctx, p, false)
 		if err != nil {
-			return nil, err
+			return got, err
 		}
-		return ids, t.runAfterInsert(ctx)
+		return got, t.runAfterInsert(ctx)
 	}
 	// The inserts and the COMMIT are one round trip: the hooks go around it.
 	if err := t.runAfterInsert(ctx); err != nil {
-		return nil, err
+		return store.InsertedJobs{}, err
 	}
 	if t.f.Commit == nil {
-		return t.txConn.exec(ctx, stmts, args, true)
+		return t.txConn.InsertJobs(ctx, p, true)
 	}
-	c := &combinedCommit{ctx: ctx, tx: t.txConn, stmts: stmts, args: args}
+	c := &combinedCommit{ctx: ctx, tx: t.txConn, jobs: p}
 	if err := t.f.Commit(ctx, c); err != nil {
-		return nil, err
+		return store.InsertedJobs{}, err
 	}
 	if !c.sent {
-		return nil, errors.New("Faults.Commit rolled back and reported no error")
+		return store.InsertedJobs{}, errors.New("Faults.Commit rolled back and reported no error")
 	}
-	return c.ids, c.err
+	return c.got, c.err
 }
 
-func (t *faultyTx) commit(ctx context.Context) error {
-	if err := t.runAfterInsert(ctx); err != nil { // a transaction that inserted nothing
+func (t *faultyTx) Commit() error {
+	if err := t.runAfterInsert(t.ctx); err != nil { // a transaction that inserted nothing
 		return err
 	}
 	if t.f.Commit != nil {
-		return t.f.Commit(ctx, t.txConn)
+		return t.f.Commit(t.ctx, t.txConn)
 	}
-	return t.txConn.commit(ctx)
+	return t.txConn.Commit()
 }
 
 func (t *faultyTx) runAfterInsert(ctx context.Context) error {
@@ -114,19 +116,18 @@ func (t *faultyTx) runAfterInsert(ctx context.Context) error {
 // combinedCommit is the Tx a Faults.Commit hook gets where the COMMIT goes with the inserts:
 // Commit sends that round trip.
 type combinedCommit struct {
-	ctx   context.Context
-	tx    txConn
-	stmts []string
-	args  [][]any
+	ctx  context.Context
+	tx   txConn
+	jobs store.NewJobs
 
 	sent bool
-	ids  []int64
+	got  store.InsertedJobs
 	err  error
 }
 
 func (c *combinedCommit) Commit() error {
 	c.sent = true
-	c.ids, c.err = c.tx.exec(c.ctx, c.stmts, c.args, true)
+	c.got, c.err = c.tx.InsertJobs(c.ctx, c.jobs, true)
 	return c.err
 }
 

@@ -2,9 +2,7 @@ package gate
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
@@ -40,136 +38,23 @@ type ListFilter struct {
 }
 
 // List returns jobs matching f, newest (highest id) first, and the cursor of the next page (0
-// when this page is the last). The cursor is an id bound, so rows inserted meanwhile (which get
-// higher ids) never shift a later page. Queued jobs carry their position. A page holds fewer
-// than f.Limit jobs, with a cursor, when their results would pass MaxListResultBytes.
-//
-// It takes two round trips: the page's ids and result sizes, then those jobs' columns as
-// ListColumns (never the payload). Each statement runs at most ListStatementTimeout on the
-// server, and ctx (the request's, which ends when the client goes away) cancels it from here.
+// when this page is the last): store.ListJobs, with each statement bounded by
+// ListStatementTimeout and the page's results by MaxListResultBytes. Queued jobs carry their
+// position. ctx (the request's, which ends when the client goes away) cancels the statements.
 func (a *Admitter) List(ctx context.Context, f ListFilter) ([]job.Job, int64, error) {
 	if f.Limit <= 0 {
 		f.Limit = DefaultListLimit
 	}
 	f.Limit = min(f.Limit, MaxListLimit)
-	var where []string
-	var args []any
-	if f.Tenants != nil {
-		if len(f.Tenants) == 0 {
-			return []job.Job{}, 0, nil
-		}
-		where = append(where, "tenant IN ("+store.Placeholders(len(f.Tenants))+")")
-		for _, t := range f.Tenants {
-			args = append(args, t)
-		}
+	if f.Tenants != nil && len(f.Tenants) == 0 {
+		return []job.Job{}, 0, nil
 	}
-	from := " FROM jobs"
-	switch {
-	case f.Status == "":
-	case f.Status.Terminal():
-		// The settled_id and tenant_settled_id indexes (migration 0009) hold only final states.
-		where = append(where, "settled_status = ?")
-		args = append(args, string(f.Status))
-	default:
-		// Queued and in-flight jobs are few (the depth and in-flight caps bound them): the claim
-		// index finds them and they are sorted by id, where reading the primary key newest first
-		// could pass over every finished job above them.
-		from = " FROM jobs FORCE INDEX (claim)"
-		where = append(where, "status = ?")
-		args = append(args, string(f.Status))
-	}
-	if f.Before > 0 {
-		where = append(where, "id < ?")
-		args = append(args, f.Before)
-	}
-	q := "SELECT id, COALESCE(LENGTH(result), 0)" + from
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
-	}
-	q += " ORDER BY id DESC LIMIT ?"
-	args = append(args, f.Limit+1)
-	ids, next, err := a.listPage(ctx, q, args, f.Limit)
+	page, err := store.ListJobs(ctx, a.cfg.DB, store.ListJobsParams{Tenants: f.Tenants, Status: f.Status, Before: f.Before,
+		Limit: f.Limit, MaxResultBytes: MaxListResultBytes, StatementTimeout: ListStatementTimeout})
 	if err != nil {
-		return nil, 0, err
-	}
-	out := []job.Job{}
-	if len(ids) == 0 {
-		return out, 0, nil
-	}
-	rows, err := a.listQuery(ctx, "SELECT "+store.ListColumns+" FROM jobs WHERE id IN ("+
-		store.Placeholders(len(ids))+") ORDER BY id DESC", ids)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		r, err := store.ScanRow(rows)
-		if err != nil {
-			return nil, 0, fmt.Errorf("list jobs: %w", err)
-		}
-		out = append(out, r.Job)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, a.listErr(fmt.Errorf("list jobs: %w", err))
-	}
-	if err := a.positions(ctx, out); err != nil {
 		return nil, 0, a.listErr(err)
 	}
-	return out, next, nil
-}
-
-// listPage runs q, which selects the ids and result sizes of up to limit+1 jobs, newest first,
-// and returns the ids of the page (at most limit of them, their results within
-// MaxListResultBytes but at least one) and the cursor of the next page, 0 if there is none.
-func (a *Admitter) listPage(ctx context.Context, q string, args []any, limit int) ([]any, int64, error) {
-	rows, err := a.listQuery(ctx, q, args)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer rows.Close()
-	var ids []any
-	var next, last int64
-	total := 0
-	for rows.Next() {
-		var id int64
-		var size int
-		if err := rows.Scan(&id, &size); err != nil {
-			return nil, 0, fmt.Errorf("list jobs: %w", err)
-		}
-		if len(ids) == limit || (len(ids) > 0 && total+size > MaxListResultBytes) {
-			next = last
-			break
-		}
-		ids, last, total = append(ids, id), id, total+size
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, a.listErr(fmt.Errorf("list jobs: %w", err))
-	}
-	return ids, next, nil
-}
-
-// listQuery runs a listing statement under ListStatementTimeout: MariaDB's SET STATEMENT
-// max_statement_time first, and MySQL's MAX_EXECUTION_TIME hint (SELECTs only) when the server
-// does not know SET STATEMENT.
-func (a *Admitter) listQuery(ctx context.Context, q string, args []any) (*sql.Rows, error) {
-	rows, err := a.cfg.DB.QueryContext(ctx, listStatement(q, true), args...)
-	if syntaxError(err) {
-		rows, err = a.cfg.DB.QueryContext(ctx, listStatement(q, false), args...)
-	}
-	if err != nil {
-		return nil, a.listErr(fmt.Errorf("list jobs: %w", err))
-	}
-	return rows, nil
-}
-
-// listStatement returns the SELECT q bounded by ListStatementTimeout, in MariaDB's form or
-// MySQL's.
-func listStatement(q string, mariaDB bool) string {
-	if mariaDB {
-		return fmt.Sprintf("SET STATEMENT max_statement_time = %g FOR %s", ListStatementTimeout.Seconds(), q)
-	}
-	rest, _ := strings.CutPrefix(q, "SELECT ")
-	return fmt.Sprintf("SELECT /*+ MAX_EXECUTION_TIME(%d) */ %s", ListStatementTimeout.Milliseconds(), rest)
+	return page.Jobs, page.Next, nil
 }
 
 // listErr is readErr, and a statement stopped by ListStatementTimeout (MariaDB 1969, MySQL
@@ -181,45 +66,6 @@ func (a *Admitter) listErr(err error) error {
 			Detail:  map[string]any{"retryable": true}}
 	}
 	return a.readErr(err)
-}
-
-// positions fills in the position of the queued jobs among jobs with one query: the tenants'
-// queued jobs numbered in claim order (queued_at, id).
-func (a *Admitter) positions(ctx context.Context, jobs []job.Job) error {
-	var ids, tenants []any
-	seen := map[string]bool{}
-	idx := map[int64]int{}
-	for i, j := range jobs {
-		if j.Status != job.Queued {
-			continue
-		}
-		ids = append(ids, j.ID)
-		idx[j.ID] = i
-		if !seen[j.Tenant] {
-			seen[j.Tenant] = true
-			tenants = append(tenants, j.Tenant)
-		}
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	rows, err := a.listQuery(ctx, `SELECT id, pos FROM (SELECT id,
-		ROW_NUMBER() OVER (PARTITION BY tenant ORDER BY queued_at, id) AS pos
-		FROM jobs WHERE status = 'queued' AND tenant IN (`+store.Placeholders(len(tenants))+`)) q
-		WHERE id IN (`+store.Placeholders(len(ids))+`)`, append(tenants, ids...))
-	if err != nil {
-		return fmt.Errorf("job positions: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id, pos int64
-		if err := rows.Scan(&id, &pos); err != nil {
-			return fmt.Errorf("job positions: %w", err)
-		}
-		p := pos
-		jobs[idx[id]].Position = &p
-	}
-	return rows.Err()
 }
 
 func (a *Admitter) readErr(err error) error {

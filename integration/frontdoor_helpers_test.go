@@ -202,7 +202,7 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 // PATCH /v1/config would.
 func (f *frontDoor) setConfig(t testing.TB, changes map[string]any) {
 	t.Helper()
-	testdb.PatchLimits(t, f.db, changes)
+	testdb.PatchLimits(t, f.db.DB, changes)
 	if err := f.limits.Reload(context.Background()); err != nil {
 		t.Fatal(err)
 	}

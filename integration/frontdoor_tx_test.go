@@ -17,8 +17,8 @@ import (
 )
 
 // TestAdmissionPokeBodies: the server builds each enqueue poke's body around the id its INSERT
-// generated (gate/tx.go); every outbox row must be byte for byte the poke PokeMessage builds for
-// its job. A batch writes one poke per tenant, on the tenant's last queued job, wherever that
+// generated (store.AdmissionTx.InsertJobs); every outbox row must be byte for byte the poke
+// PokeMessage builds for its job. A batch writes one poke per tenant, on the tenant's last queued job, wherever that
 // job falls among the insert chunks and the rejected rows between queued ones.
 func TestAdmissionPokeBodies(t *testing.T) {
 	t.Parallel()

@@ -238,7 +238,7 @@ func limitsPatchDirect(ctx context.Context, env *opsEnv, changes map[string]any)
 		}
 		raw[k] = b
 	}
-	return limits.Patch(ctx, env.DB, nil, "other-process", raw, "from another process")
+	return limits.Patch(ctx, env.DB.DB, nil, "other-process", raw, "from another process")
 }
 
 // TestOpsConfigHistoryIsWhole: GET /v1/config/history answers every change (SPEC §6), however

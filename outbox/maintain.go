@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // Refusal is a row the broker refused permanently, with the broker's reason.
@@ -16,7 +18,7 @@ type Refusal struct {
 // SetAside moves the refused rows from outbox to outbox_failed in tx, keeping their error, so
 // that the relay stops retrying them and the rows behind them are not held up. It must run in
 // the transaction that claimed the rows (their locks make the move safe against other relays).
-func SetAside(ctx context.Context, tx Execer, now time.Time, refused []Refusal) error {
+func SetAside(ctx context.Context, tx sqldb.DB, now time.Time, refused []Refusal) error {
 	for _, r := range refused {
 		msg := r.Err.Error()
 		if len(msg) > 1000 {
@@ -63,7 +65,7 @@ func Restore(ctx context.Context, db *sql.DB, fromID, toID int64) (int64, error)
 // the (published_at, id) index takes record locks on the deleted rows only, never on the
 // unpublished rows (the Unpublished sentinel sorts before the range) that admissions and the relay
 // touch. Callers loop while a call deletes limit rows.
-func PurgePublished(ctx context.Context, db Execer, cutoff time.Time, limit int) (int64, error) {
+func PurgePublished(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int) (int64, error) {
 	res, err := db.ExecContext(ctx, `DELETE FROM outbox WHERE published_at > `+Unpublished+` AND published_at < ?
 		ORDER BY published_at, id LIMIT ?`, cutoff, limit)
 	if err != nil {
@@ -83,15 +85,10 @@ type Selection struct {
 	Since  *time.Time
 }
 
-// QueryContexter is what ReadPublished needs: *sql.DB and *sql.Tx satisfy it.
-type QueryContexter interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
 // ReadPublished returns up to limit published rows of sel with ids above after, in id order.
 // Paging by id is right here, unlike in the relay: the selection is of rows already published,
 // and a row that commits or is published later was not part of what a consumer lost.
-func ReadPublished(ctx context.Context, q QueryContexter, sel Selection, after int64, limit int) ([]Row, error) {
+func ReadPublished(ctx context.Context, q sqldb.DB, sel Selection, after int64, limit int) ([]Row, error) {
 	query := `SELECT id, subject, payload, created_at, attempts FROM outbox
 		WHERE id > ? AND id >= ? AND published_at > ` + Unpublished
 	args := []any{after, sel.FromID}
@@ -113,7 +110,7 @@ func ReadPublished(ctx context.Context, q QueryContexter, sel Selection, after i
 }
 
 // CountPublished returns how many rows sel selects now.
-func CountPublished(ctx context.Context, q Querier, sel Selection) (int64, error) {
+func CountPublished(ctx context.Context, q sqldb.DB, sel Selection) (int64, error) {
 	query := "SELECT COUNT(*) FROM outbox WHERE id >= ? AND published_at > " + Unpublished
 	args := []any{sel.FromID}
 	if sel.Since != nil {
@@ -137,10 +134,7 @@ type Failed struct {
 }
 
 // ReadFailed returns the number of set-aside rows and up to limit of the newest ones.
-func ReadFailed(ctx context.Context, q interface {
-	Querier
-	QueryContexter
-}, limit int) (int64, []Failed, error) {
+func ReadFailed(ctx context.Context, q sqldb.DB, limit int) (int64, []Failed, error) {
 	var n int64
 	if err := q.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox_failed").Scan(&n); err != nil {
 		return 0, nil, fmt.Errorf("read set-aside outbox rows: %w", err)

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // Kind names what a poke announces. It is the second token of the subject.
@@ -118,12 +120,6 @@ func pokeBodyAround(kind Kind, tenant string) (head, tail []byte) {
 	return body[:len(body)-2], body[len(body)-1:]             // body ends in `0}`
 }
 
-// Execer is what Write needs of a transaction: both *sql.Tx and *sql.DB satisfy it, which is
-// what lets an outbox row join the caller's own transaction.
-type Execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
 // Insert returns the one statement, with its arguments, that inserts msgs (at least one), for a
 // caller that sends it together with other statements.
 func Insert(now time.Time, msgs ...Message) (string, []any) {
@@ -136,7 +132,7 @@ func Insert(now time.Time, msgs ...Message) (string, []any) {
 
 // Write inserts msgs in one statement inside tx and returns their row ids in order. now is the
 // transaction's timestamp. The rows become visible to the relay when tx commits, not before.
-func Write(ctx context.Context, tx Execer, now time.Time, msgs ...Message) ([]int64, error) {
+func Write(ctx context.Context, tx sqldb.DB, now time.Time, msgs ...Message) ([]int64, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -201,7 +197,7 @@ func scanRows(rows *sql.Rows) ([]Row, error) {
 
 // MarkPublished records that the broker acknowledged the rows ids at now. Rows already marked
 // keep their first publication time.
-func MarkPublished(ctx context.Context, tx Execer, now time.Time, ids []int64) error {
+func MarkPublished(ctx context.Context, tx sqldb.DB, now time.Time, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -218,7 +214,7 @@ func MarkPublished(ctx context.Context, tx Execer, now time.Time, ids []int64) e
 }
 
 // RecordFailure counts a failed publication attempt of the rows ids and keeps the error text.
-func RecordFailure(ctx context.Context, tx Execer, ids []int64, cause error) error {
+func RecordFailure(ctx context.Context, tx sqldb.DB, ids []int64, cause error) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -245,13 +241,8 @@ type Stats struct {
 	OldestAgeSeconds  float64
 }
 
-// Querier is what the read helpers need: *sql.DB, *sql.Tx and *sql.Conn satisfy it.
-type Querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // ReadStats returns the number of unpublished rows and the age of the oldest one relative to now.
-func ReadStats(ctx context.Context, q Querier, now time.Time) (Stats, error) {
+func ReadStats(ctx context.Context, q sqldb.DB, now time.Time) (Stats, error) {
 	var s Stats
 	var oldest sql.NullTime
 	if err := q.QueryRowContext(ctx,

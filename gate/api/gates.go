@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // GateAnswer is the body of POST /v1/gates and DELETE /v1/gates/{rate_key_sha256}.
@@ -122,7 +123,12 @@ func (s *Server) listGates(w http.ResponseWriter, r *http.Request) {
 	if !s.gatesConfigured(w, r) {
 		return
 	}
-	gated, err := rategate.Queued(r.Context(), s.cfg.DB, s.cfg.Gates)
+	queued, err := store.QueuedRateKeys(r.Context(), s.cfg.DB, 0)
+	if err != nil {
+		s.fail(w, r, gate.AsUnavailable(err))
+		return
+	}
+	gated, err := rategate.Queued(r.Context(), queued, s.cfg.Gates)
 	if err != nil {
 		// gateError goes first: memcached's outage is its own 503, which must not be reported as
 		// the database's.

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // ReloadEvery is how often a process re-reads the runtime configuration (SPEC §9: at most
@@ -13,7 +15,7 @@ const ReloadEvery = 5 * time.Second
 
 // Cache holds the last good runtime configuration of a process. Safe for concurrent use.
 type Cache struct {
-	db  Querier
+	db  sqldb.DB
 	log *slog.Logger
 
 	mu      sync.Mutex
@@ -23,7 +25,7 @@ type Cache struct {
 }
 
 // NewCache returns a cache over db holding the defaults until the first Reload.
-func NewCache(db Querier, log *slog.Logger) *Cache {
+func NewCache(db sqldb.DB, log *slog.Logger) *Cache {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // FieldError is an invalid runtime configuration value: Key names the offending key and Reason
@@ -148,12 +150,6 @@ type Change struct {
 	Note    string                     `json:"note"`
 }
 
-// DB is what Patch and History need: *sql.DB satisfies it.
-type DB interface {
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
 // ErrCommit marks Patch's error when its COMMIT failed: if the connection broke there, the new
 // version may or may not have been written.
 var ErrCommit = errors.New("commit")
@@ -165,7 +161,7 @@ var ErrCommit = errors.New("commit")
 // version. A patch that changes nothing writes nothing and returns the version in force with a
 // zero Change. log, if not nil, receives one line per new version. A COMMIT that fails returns
 // an error wrapping ErrCommit.
-func Patch(ctx context.Context, db DB, log *slog.Logger, who string, changes map[string]json.RawMessage, note string) (Versioned, Change, error) {
+func Patch(ctx context.Context, db *sql.DB, log *slog.Logger, who string, changes map[string]json.RawMessage, note string) (Versioned, Change, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return Versioned{}, Change{}, fmt.Errorf("change runtime config: begin: %w", err)
@@ -249,7 +245,7 @@ func asMap(c Config) map[string]json.RawMessage {
 
 // History returns every change, or the newest limit if limit > 0, newest first, each with the
 // keys it changed. Version 1's old values are the defaults.
-func History(ctx context.Context, db DB, limit int) ([]Change, error) {
+func History(ctx context.Context, db sqldb.DB, limit int) ([]Change, error) {
 	if limit <= 0 {
 		limit = math.MaxInt32 // changes are made by hand: the whole history is small
 	}

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // Ordering is how the drainer picks among tenants with eligible work (SPEC §5).
@@ -176,14 +178,9 @@ type Versioned struct {
 	Config  Config
 }
 
-// Querier is satisfied by *sql.DB, *sql.Tx and *sql.Conn.
-type Querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // Load reads the configuration in force. Inside a claim transaction this is what makes a change
 // apply to the very next claim.
-func Load(ctx context.Context, q Querier) (Versioned, error) {
+func Load(ctx context.Context, q sqldb.DB) (Versioned, error) {
 	var v Versioned
 	var raw string
 	err := q.QueryRowContext(ctx, "SELECT version, config FROM config_versions ORDER BY version DESC LIMIT 1").Scan(&v.Version, &raw)

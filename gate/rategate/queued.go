@@ -2,7 +2,6 @@ package rategate
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,11 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// Querier is what Queued needs of the database: *sql.DB, *sql.Tx and *sql.Conn satisfy it.
-type Querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
 
 // Gated is a gated rate key with queued work: an entry of GET /v1/gates and of /v1/status.
 type Gated struct {
@@ -29,35 +23,18 @@ type Gated struct {
 // keys does not build one huge request.
 const lookupChunk = 500
 
-// Queued returns the gated keys among the rate keys of queued jobs, with each key's queued count,
-// longest gate first. memcached cannot be enumerated, so the database says which keys exist: the
-// distinct queued rate keys are read from the queued_rate_key index (migration 0008). A gate
-// that has passed is not listed. If memcached is unavailable it returns an error wrapping
-// ErrUnavailable (and whatever it could read): the caller decides whether that is fatal.
-// Safe for concurrent use; it is the building block of GET /v1/gates, /v1/status and the
-// sluice_gated_keys gauge.
-func Queued(ctx context.Context, db Querier, s *Store) ([]Gated, error) {
-	rows, err := db.QueryContext(ctx, `SELECT queued_rate_key, COUNT(*) FROM jobs
-		WHERE queued_rate_key IS NOT NULL GROUP BY queued_rate_key`)
-	if err != nil {
-		return nil, fmt.Errorf("count queued jobs per rate key: %w", err)
-	}
-	queued := map[string]int64{}
-	var keys []string
-	for rows.Next() {
-		var k string
-		var n int64
-		if err := rows.Scan(&k, &n); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("count queued jobs per rate key: %w", err)
-		}
-		queued[k] = n
+// Queued returns the gated keys among queued, the rate keys of queued jobs with each key's
+// queued count (store.QueuedRateKeys: memcached cannot be enumerated, so the database says which
+// keys exist), longest gate first. A gate that has passed is not listed. If memcached is
+// unavailable it returns an error wrapping ErrUnavailable (and whatever it could read): the
+// caller decides whether that is fatal. Safe for concurrent use; it is the building block of
+// GET /v1/gates, /v1/status and the sluice_gated_keys gauge.
+func Queued(ctx context.Context, queued map[string]int64, s *Store) ([]Gated, error) {
+	keys := make([]string, 0, len(queued))
+	for k := range queued {
 		keys = append(keys, k)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("count queued jobs per rate key: %w", err)
-	}
+	sort.Strings(keys) // the order the index gives them, for the lookups' chunks
 	out := []Gated{}
 	if len(keys) == 0 {
 		return out, nil
@@ -90,8 +67,9 @@ func Queued(ctx context.Context, db Querier, s *Store) ([]Gated, error) {
 
 // GaugeConfig configures the sluice_gated_keys gauge. Field docs give the defaults.
 type GaugeConfig struct {
-	// DB is the sluice database. Required.
-	DB Querier
+	// Queued reads the rate keys of queued jobs with their counts (store.QueuedRateKeys).
+	// Required.
+	Queued func(ctx context.Context) (map[string]int64, error)
 	// Store is the gate store. Required.
 	Store *Store
 	// Timeout bounds one scrape's database read and gate lookups. Default 2 s.
@@ -105,8 +83,8 @@ type GaugeConfig struct {
 // memcached reports the last good value (memcached down means gates fail open, and the count is
 // logged by the store itself).
 func RegisterGatedKeys(reg prometheus.Registerer, cfg GaugeConfig) error {
-	if cfg.DB == nil {
-		return errors.New("invalid config: DB: required")
+	if cfg.Queued == nil {
+		return errors.New("invalid config: Queued: required")
 	}
 	if cfg.Store == nil {
 		return errors.New("invalid config: Store: required")
@@ -123,7 +101,11 @@ func RegisterGatedKeys(reg prometheus.Registerer, cfg GaugeConfig) error {
 		Help: "Rate keys with queued jobs whose gate has not passed."}, func() float64 {
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 		defer cancel()
-		gated, err := Queued(ctx, cfg.DB, cfg.Store)
+		queued, err := cfg.Queued(ctx)
+		var gated []Gated
+		if err == nil {
+			gated, err = Queued(ctx, queued, cfg.Store)
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {

@@ -11,12 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/recent"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
 
@@ -79,8 +79,8 @@ type Config struct {
 
 // Reader reads the status. Safe for concurrent use.
 type Reader struct {
-	cfg      Config
-	headsSQL string
+	cfg   Config
+	heads *store.HeadsRead
 }
 
 // New returns a Reader, or an "invalid config" error naming the field.
@@ -106,7 +106,7 @@ func New(cfg Config) (*Reader, error) {
 	if cfg.ListTenants <= 0 {
 		cfg.ListTenants = 100
 	}
-	return &Reader{cfg: cfg, headsSQL: headsSQL(cfg.MaxTenants)}, nil
+	return &Reader{cfg: cfg, heads: store.NewHeadsRead(cfg.MaxTenants)}, nil
 }
 
 // Status is the body of GET /v1/status (SPEC §6).
@@ -316,36 +316,24 @@ func (r *Reader) gates(ctx context.Context, now time.Time, s *Status) (map[strin
 	if r.cfg.Gates == nil {
 		return nil, nil
 	}
-	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT queued_rate_key, COUNT(*) FROM jobs
-		WHERE queued_rate_key IS NOT NULL GROUP BY queued_rate_key LIMIT ?`, maxRateKeys)
+	counts, err := store.QueuedRateKeys(ctx, r.cfg.DB, maxRateKeys)
 	if err != nil {
-		return nil, fmt.Errorf("status: queued rate keys: %w", err)
+		return nil, fmt.Errorf("status: %w", err)
 	}
-	counts := map[string]int{}
-	var keys []string
-	for rows.Next() {
-		var k string
-		var n int
-		if err := rows.Scan(&k, &n); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("status: queued rate keys: %w", err)
-		}
-		counts[k] = n
-		keys = append(keys, k)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("status: queued rate keys: %w", err)
-	}
-	if len(keys) == 0 {
+	if len(counts) == 0 {
 		return nil, nil
 	}
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
 	nb, _ := r.cfg.Gates.NotBefore(ctx, keys) // fails open, like the drainer
 	gated := map[string]time.Time{}
 	for k, t := range nb {
 		if t.After(now) {
 			gated[k] = t
-			s.Gates = append(s.Gates, Gate{RateKeySHA256: k, NotBefore: t.UTC(), Queued: counts[k]})
+			s.Gates = append(s.Gates, Gate{RateKeySHA256: k, NotBefore: t.UTC(), Queued: int(counts[k])})
 		}
 	}
 	sort.Slice(s.Gates, func(i, j int) bool { return s.Gates[i].RateKeySHA256 < s.Gates[j].RateKeySHA256 })
@@ -363,51 +351,31 @@ type eligibility struct {
 	ungated bool
 }
 
-// inFlight returns each tenant with jobs in flight, with its queue state from its tenants row.
-// The claim index range over the three in-flight states reads as many rows as jobs are in
-// flight, which the global cap bounds.
+// inFlight returns each tenant with jobs in flight, with its queue state (store.ReadInFlight).
 func (r *Reader) inFlight(ctx context.Context, now time.Time, cfg limits.Config) ([]Tenant, error) {
-	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT j.tenant, COUNT(*), MAX(t.queued), MAX(t.head_at)
-		FROM jobs j FORCE INDEX (claim) JOIN tenants t ON t.tenant = j.tenant
-		WHERE j.status IN ('claimed','dispatched','running') GROUP BY j.tenant`)
+	rows, err := store.ReadInFlight(ctx, r.cfg.DB)
 	if err != nil {
-		return nil, fmt.Errorf("status: in flight per tenant: %w", err)
+		return nil, fmt.Errorf("status: %w", err)
 	}
-	defer rows.Close()
-	var out []Tenant
-	for rows.Next() {
-		var t Tenant
-		var head sql.NullTime
-		if err := rows.Scan(&t.Tenant, &t.InFlight, &t.Depth, &head); err != nil {
-			return nil, fmt.Errorf("status: in flight per tenant: %w", err)
-		}
-		if head.Valid {
-			t.OldestAgeSeconds = age(now, head.Time)
-		}
-		t.Cap = cfg.TenantCap(t.Tenant)
-		out = append(out, t)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("status: in flight per tenant: %w", err)
+	out := make([]Tenant, 0, len(rows))
+	for _, t := range rows {
+		tn := tenantOf(now, cfg, t.TenantQueue)
+		tn.InFlight = t.InFlight
+		out = append(out, tn)
 	}
 	return out, nil
 }
 
-// totals fills the queue depth, the oldest queued age and the count of tenants with work from
-// the tenants rows the jobs triggers keep (migration 0010). Depth and count are one range scan
-// of the depth index over the tenants with work (an index entry per tenant, never a job: with
-// 64 tenants of 100,000 jobs each it reads 64 entries where COUNT(*) over the claim index would
-// read 6,400,000); the oldest age is the first entry of the head index.
+// totals fills the queue depth, the oldest queued age and the count of tenants with work
+// (store.ReadQueueTotals: from the tenants rows, never a count of jobs).
 func (r *Reader) totals(ctx context.Context, now time.Time, s *Status) error {
-	var oldest sql.NullTime
-	err := r.cfg.DB.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(queued), 0),
-		(SELECT MIN(head_at) FROM tenants)
-		FROM tenants FORCE INDEX (depth) WHERE queued > 0`).Scan(&s.TenantsWithWork, &s.Queue.Depth, &oldest)
+	q, err := store.ReadQueueTotals(ctx, r.cfg.DB)
 	if err != nil {
-		return fmt.Errorf("status: queue totals: %w", err)
+		return fmt.Errorf("status: %w", err)
 	}
-	if oldest.Valid {
-		s.Queue.OldestAgeSeconds = age(now, oldest.Time)
+	s.TenantsWithWork, s.Queue.Depth = q.TenantsWithWork, q.Queued
+	if q.OldestHead != nil {
+		s.Queue.OldestAgeSeconds = age(now, *q.OldestHead)
 	}
 	return nil
 }
@@ -424,8 +392,8 @@ func (r *Reader) deepest(ctx context.Context, now time.Time, cfg limits.Config, 
 	var out []Tenant
 	below := maxQueued
 	if after != nil {
-		got, err := r.tenantRows(ctx, now, cfg, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (depth)
-			WHERE queued = ? AND tenant > ? ORDER BY tenant LIMIT ?`, after.Depth, after.Tenant, n)
+		got, err := r.tenantRows(ctx, now, cfg, store.TenantQueuesParams{By: store.AtDepthAfter, Depth: after.Depth,
+			After: after.Tenant, Limit: n})
 		if err != nil {
 			return nil, err
 		}
@@ -436,8 +404,7 @@ func (r *Reader) deepest(ctx context.Context, now time.Time, cfg limits.Config, 
 		return out, nil
 	}
 	want := n - len(out)
-	tail, err := r.tenantRows(ctx, now, cfg, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (depth)
-		WHERE queued > 0 AND queued < ? ORDER BY queued DESC, tenant DESC LIMIT ?`, below, want)
+	tail, err := r.tenantRows(ctx, now, cfg, store.TenantQueuesParams{By: store.BelowDepth, Depth: below, Limit: want})
 	if err != nil {
 		return nil, err
 	}
@@ -449,8 +416,7 @@ func (r *Reader) deepest(ctx context.Context, now time.Time, cfg limits.Config, 
 		for len(tail) > 0 && tail[len(tail)-1].Depth == last {
 			tail, k = tail[:len(tail)-1], k+1
 		}
-		first, err := r.tenantRows(ctx, now, cfg, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (depth)
-			WHERE queued = ? ORDER BY tenant LIMIT ?`, last, k)
+		first, err := r.tenantRows(ctx, now, cfg, store.TenantQueuesParams{By: store.AtDepth, Depth: int64(last), Limit: k})
 		if err != nil {
 			return nil, err
 		}
@@ -465,64 +431,50 @@ func (r *Reader) deepest(ctx context.Context, now time.Time, cfg limits.Config, 
 	return append(out, tail...), nil
 }
 
-// tenantRows runs q, a read of (tenant, queued, head_at) from tenants.
-func (r *Reader) tenantRows(ctx context.Context, now time.Time, cfg limits.Config, q string, args ...any) ([]Tenant, error) {
-	rows, err := r.cfg.DB.QueryContext(ctx, q, args...)
+// tenantRows reads a page of tenants' queue states (store.ReadTenantQueues).
+func (r *Reader) tenantRows(ctx context.Context, now time.Time, cfg limits.Config, p store.TenantQueuesParams) ([]Tenant, error) {
+	rows, err := store.ReadTenantQueues(ctx, r.cfg.DB, p)
 	if err != nil {
-		return nil, fmt.Errorf("status: tenants: %w", err)
+		return nil, fmt.Errorf("status: %w", err)
 	}
-	defer rows.Close()
-	var out []Tenant
-	for rows.Next() {
-		var t Tenant
-		var head sql.NullTime
-		if err := rows.Scan(&t.Tenant, &t.Depth, &head); err != nil {
-			return nil, fmt.Errorf("status: tenants: %w", err)
-		}
-		if head.Valid {
-			t.OldestAgeSeconds = age(now, head.Time)
-		}
-		t.Cap = cfg.TenantCap(t.Tenant)
-		out = append(out, t)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("status: tenants: %w", err)
+	out := make([]Tenant, 0, len(rows))
+	for _, t := range rows {
+		out = append(out, tenantOf(now, cfg, t))
 	}
 	return out, nil
+}
+
+// tenantOf is t as status shows it, with its cap under cfg.
+func tenantOf(now time.Time, cfg limits.Config, t store.TenantQueue) Tenant {
+	out := Tenant{Tenant: t.Tenant, Depth: t.Queued, Cap: cfg.TenantCap(t.Tenant)}
+	if t.HeadAt != nil {
+		out.OldestAgeSeconds = age(now, *t.HeadAt)
+	}
+	return out
 }
 
 // eligible inspects the queue heads of at most MaxTenants tenants, the way a claim does: the
 // tenants whose oldest queued job is oldest (the head index), those below their cap first.
 // It reads MaxTenants plus the number of tenants in flight (bounded by the global cap) names
 // from the head index, then the heads of the chosen ones in one statement of constant text
-// (headsSQL), whatever the number of tenants with work.
+// (store.HeadsRead), whatever the number of tenants with work.
 func (r *Reader) eligible(ctx context.Context, now time.Time, cfg limits.Config, globalInFlight int, inFlight []Tenant, gated map[string]time.Time) (eligibility, error) {
 	var e eligibility
 	busy := make(map[string]int, len(inFlight))
 	for _, t := range inFlight {
 		busy[t.Tenant] = t.InFlight
 	}
-	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT tenant FROM tenants FORCE INDEX (head)
-		WHERE head_at IS NOT NULL ORDER BY head_at, head_id LIMIT ?`, r.cfg.MaxTenants+len(inFlight))
+	names, err := store.TenantsByHead(ctx, r.cfg.DB, r.cfg.MaxTenants+len(inFlight))
 	if err != nil {
-		return e, fmt.Errorf("status: tenants by oldest head: %w", err)
+		return e, fmt.Errorf("status: %w", err)
 	}
 	var free, full []string
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			rows.Close()
-			return e, fmt.Errorf("status: tenants by oldest head: %w", err)
-		}
+	for _, t := range names {
 		if busy[t] < cfg.TenantCap(t) {
 			free = append(free, t)
 		} else {
 			full = append(full, t)
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return e, fmt.Errorf("status: tenants by oldest head: %w", err)
 	}
 	chosen := append(free, full...)
 	if len(chosen) == 0 {
@@ -531,113 +483,66 @@ func (r *Reader) eligible(ctx context.Context, now time.Time, cfg limits.Config,
 	if len(chosen) > r.cfg.MaxTenants {
 		chosen = chosen[:r.cfg.MaxTenants]
 	}
-	args := make([]any, 0, 2*r.cfg.MaxTenants)
-	for i := range r.cfg.MaxTenants {
-		var t any // NULL: an empty slot, "tenant = NULL" matches nothing
-		if i < len(chosen) {
-			t = chosen[i]
-		}
-		args = append(args, t, r.cfg.HeadsPerTenant)
-	}
-	hr, err := r.cfg.DB.QueryContext(ctx, r.headsSQL, args...)
+	heads, err := r.heads.Read(ctx, r.cfg.DB, chosen, r.cfg.HeadsPerTenant)
 	if err != nil {
-		return e, fmt.Errorf("status: queue heads: %w", err)
+		return e, fmt.Errorf("status: %w", err)
 	}
-	defer hr.Close()
 	globalRoom := globalInFlight < cfg.GlobalInFlight
-	for hr.Next() {
-		var t string
-		var key sql.NullString
-		var queuedAt time.Time
-		var notBefore sql.NullTime
-		if err := hr.Scan(&t, &key, &queuedAt, &notBefore); err != nil {
-			return e, fmt.Errorf("status: queue heads: %w", err)
-		}
-		if key.Valid {
-			if _, ok := gated[key.String]; ok {
+	for _, h := range heads {
+		if h.RateKeySHA256 != nil {
+			if _, ok := gated[*h.RateKeySHA256]; ok {
 				continue
 			}
 		}
-		if notBefore.Valid && notBefore.Time.After(now) {
+		if h.NotBefore != nil && h.NotBefore.After(now) {
 			continue
 		}
 		e.ungated = true
-		if !globalRoom || busy[t] >= cfg.TenantCap(t) {
+		if !globalRoom || busy[h.Tenant] >= cfg.TenantCap(h.Tenant) {
 			continue
 		}
-		since := queuedAt
-		if notBefore.Valid && notBefore.Time.After(since) {
-			since = notBefore.Time
+		since := h.QueuedAt
+		if h.NotBefore != nil && h.NotBefore.After(since) {
+			since = *h.NotBefore
 		}
 		if !e.startable || since.Before(e.since) {
 			e.startable, e.since = true, since
 		}
 	}
-	if err := hr.Err(); err != nil {
-		return e, fmt.Errorf("status: queue heads: %w", err)
-	}
 	return e, nil
-}
-
-// headsSQL returns the queue-heads read of eligible: slots sub-selects, each the first
-// (tenant, LIMIT) queued jobs of one tenant on the claim index, joined by UNION ALL. Its text
-// depends on slots only, never on how many tenants have work; unused slots are bound to NULL.
-func headsSQL(slots int) string {
-	var q strings.Builder
-	for i := range slots {
-		if i > 0 {
-			q.WriteString(" UNION ALL ")
-		}
-		// The claim index is forced, as in the drainer's own head read: without the hint MariaDB
-		// may pick another index and sort a tenant's whole backlog.
-		q.WriteString(`(SELECT tenant, rate_key_sha256, queued_at, not_before FROM jobs FORCE INDEX (claim)
-			WHERE status = 'queued' AND tenant = ? ORDER BY queued_at, id LIMIT ?)`)
-	}
-	return q.String()
 }
 
 // drainers fills s.Drainers, deriving each state at read time (SPEC §6).
 func (r *Reader) drainers(ctx context.Context, now time.Time, cfg limits.Config, s *Status, e eligibility) error {
-	rows, err := r.cfg.DB.QueryContext(ctx, `SELECT id, host, pid, version, heartbeat_at, last_claim_at,
-		in_flight, poll_interval_ms, started_at FROM drainers
-		WHERE stopped_at IS NULL AND heartbeat_at > ? ORDER BY id`, now.Add(-r.cfg.GoneAfter))
+	rows, err := store.ReadDrainers(ctx, r.cfg.DB, now.Add(-r.cfg.GoneAfter))
 	if err != nil {
-		return fmt.Errorf("status: drainers: %w", err)
+		return fmt.Errorf("status: %w", err)
 	}
-	defer rows.Close()
 	type beat struct {
 		d         Drainer
 		heartbeat time.Time
-		lastClaim sql.NullTime
+		lastClaim *time.Time
 		started   time.Time
 		poll      time.Duration
 	}
-	var beats []beat
+	beats := make([]beat, 0, len(rows))
 	var lastFleetClaim time.Time
-	for rows.Next() {
-		var b beat
-		var pollMS int64
-		if err := rows.Scan(&b.d.ID, &b.d.Host, &b.d.PID, &b.d.Version, &b.heartbeat, &b.lastClaim,
-			&b.d.InFlight, &pollMS, &b.started); err != nil {
-			return fmt.Errorf("status: drainers: %w", err)
-		}
-		b.poll = time.Duration(pollMS) * time.Millisecond
+	for _, row := range rows {
+		b := beat{d: Drainer{ID: row.ID, Host: row.Host, PID: row.PID, Version: row.Version, InFlight: row.InFlight},
+			heartbeat: row.HeartbeatAt, lastClaim: row.LastClaim, started: row.StartedAt, poll: row.PollInterval}
 		if b.poll <= 0 {
 			b.poll = time.Second
 		}
 		b.d.PollIntervalSeconds = b.poll.Seconds()
 		b.d.HeartbeatAgeSeconds = age(now, b.heartbeat)
-		if b.lastClaim.Valid {
-			a := age(now, b.lastClaim.Time)
+		if b.lastClaim != nil {
+			a := age(now, *b.lastClaim)
 			b.d.LastClaimAgeSeconds = &a
-			if b.lastClaim.Time.After(lastFleetClaim) {
-				lastFleetClaim = b.lastClaim.Time
+			if b.lastClaim.After(lastFleetClaim) {
+				lastFleetClaim = *b.lastClaim
 			}
 		}
 		beats = append(beats, b)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("status: drainers: %w", err)
 	}
 	// The fleet is stuck when startable work has waited StallAfter since it became eligible and
 	// no drainer has claimed anything since then.
@@ -650,7 +555,7 @@ func (r *Reader) drainers(ctx context.Context, now time.Time, cfg limits.Config,
 			d.State, d.Reason = Stalled, fmt.Sprintf("no heartbeat for %.1f s (3 poll periods are %.1f s)", d.HeartbeatAgeSeconds, 3*b.poll.Seconds())
 		case stuck && now.Sub(b.started) >= r.cfg.StallAfter:
 			d.State, d.Reason = Stalled, fmt.Sprintf("eligible work with free capacity has waited %.1f s unclaimed", now.Sub(e.since).Seconds())
-		case d.InFlight > 0 || (b.lastClaim.Valid && now.Sub(b.lastClaim.Time) <= b.poll):
+		case d.InFlight > 0 || (b.lastClaim != nil && now.Sub(*b.lastClaim) <= b.poll):
 			d.State = Active
 		case s.Queue.Depth == 0:
 			d.State = Idle

@@ -2,11 +2,12 @@ package status
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // Tenant orders of ReadTenants (GET /v1/tenants?order=).
@@ -88,7 +89,7 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 	var rows []Tenant
 	switch {
 	case q.Tenant != "":
-		rows, err = r.tenantRows(ctx, now, lc, `SELECT tenant, queued, head_at FROM tenants WHERE tenant = ?`, q.Tenant)
+		rows, err = r.tenantRows(ctx, now, lc, store.TenantQueuesParams{By: store.One, After: q.Tenant, Limit: 1})
 	case q.Order == ByName || q.Order == "":
 		after := ""
 		if q.After != nil {
@@ -96,8 +97,7 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 		}
 		// work_tenant is the name while the tenant has queued work, else NULL: the range skips
 		// idle tenants without reading them.
-		rows, err = r.tenantRows(ctx, now, lc, `SELECT tenant, queued, head_at FROM tenants FORCE INDEX (work_tenant)
-			WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?`, after, q.Limit+1)
+		rows, err = r.tenantRows(ctx, now, lc, store.TenantQueuesParams{By: store.ByName, After: after, Limit: q.Limit + 1})
 	case q.Order == ByDepth:
 		rows, err = r.deepest(ctx, now, lc, q.After, q.Limit+1)
 	default:
@@ -137,8 +137,8 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 }
 
 // headGates returns, per tenant of rows with queued work, the gated rate keys among its first
-// HeadsPerTenant queued jobs, sorted. It reads those heads with the constant-text statement of
-// eligible (headsSQL), MaxTenants tenants a statement, so a page costs its size in index rows
+// HeadsPerTenant queued jobs, sorted. It reads those heads as eligible does (store.HeadsRead),
+// MaxTenants tenants a statement, so a page costs its size in index rows
 // whatever the number of tenants or the depth of their queues, then asks the gate store once
 // about the keys it found (failing open: a key it cannot read is not gated).
 func (r *Reader) headGates(ctx context.Context, now time.Time, rows []Tenant) (map[string][]string, error) {
@@ -157,42 +157,23 @@ func (r *Reader) headGates(ctx context.Context, now time.Time, rows []Tenant) (m
 	for len(names) > 0 {
 		chunk := names[:min(len(names), r.cfg.MaxTenants)]
 		names = names[len(chunk):]
-		args := make([]any, 0, 2*r.cfg.MaxTenants)
-		for i := range r.cfg.MaxTenants {
-			var t any // NULL: an empty slot
-			if i < len(chunk) {
-				t = chunk[i]
-			}
-			args = append(args, t, r.cfg.HeadsPerTenant)
-		}
-		hr, err := r.cfg.DB.QueryContext(ctx, r.headsSQL, args...)
+		heads, err := r.heads.Read(ctx, r.cfg.DB, chunk, r.cfg.HeadsPerTenant)
 		if err != nil {
 			return nil, fmt.Errorf("status: tenants' queue heads: %w", err)
 		}
-		for hr.Next() {
-			var t string
-			var key sql.NullString
-			var queuedAt time.Time
-			var notBefore sql.NullTime
-			if err := hr.Scan(&t, &key, &queuedAt, &notBefore); err != nil {
-				hr.Close()
-				return nil, fmt.Errorf("status: tenants' queue heads: %w", err)
-			}
-			if !key.Valid {
+		for _, h := range heads {
+			if h.RateKeySHA256 == nil {
 				continue
 			}
-			if keysOf[t] == nil {
-				keysOf[t] = map[string]bool{}
+			key := *h.RateKeySHA256
+			if keysOf[h.Tenant] == nil {
+				keysOf[h.Tenant] = map[string]bool{}
 			}
-			keysOf[t][key.String] = true
-			if !seen[key.String] {
-				seen[key.String] = true
-				keys = append(keys, key.String)
+			keysOf[h.Tenant][key] = true
+			if !seen[key] {
+				seen[key] = true
+				keys = append(keys, key)
 			}
-		}
-		hr.Close()
-		if err := hr.Err(); err != nil {
-			return nil, fmt.Errorf("status: tenants' queue heads: %w", err)
 		}
 	}
 	if len(keys) == 0 {

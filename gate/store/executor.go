@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // ConfirmStart moves job id from dispatched to running for the dispatch that minted nonce, if
@@ -16,7 +17,7 @@ import (
 // nonce_invalid, nonce_expired, nonce_used (the executor already reported the dispatch's
 // outcome) or dispatch_void (sluice ended the dispatch: requeued, lost or failed it), or
 // ErrNotFound. The version does not change, so the drainer's outcome write still matches.
-func (s *Store) ConfirmStart(ctx context.Context, tx DB, now time.Time, id int64, nonce string) (Row, error) {
+func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id int64, nonce string) (Row, error) {
 	r, err := Get(ctx, tx, id, true)
 	if err != nil {
 		return r, err
@@ -89,7 +90,7 @@ type Completion struct {
 // its nonce, and a late outcome on it is dispatch_void with the job's status. moved reports
 // whether this call wrote a transition (false for a repeated outcome), for the caller to count
 // once tx commits; the job returned is then as it ended, dispatched_at and finished_at included.
-func (s *Store) Complete(ctx context.Context, tx DB, now time.Time, id int64, c Completion) (r Row, moved bool, err error) {
+func (s *Store) Complete(ctx context.Context, tx sqldb.DB, now time.Time, id int64, c Completion) (r Row, moved bool, err error) {
 	r, err = Get(ctx, tx, id, true)
 	if err != nil {
 		return r, false, err

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // PurgeSettled deletes up to limit jobs that reached a final state (succeeded, failed, canceled,
@@ -19,7 +21,7 @@ import (
 // delete walks the primary key instead, bounded by the first job queued at or after cutoff:
 // a job finished before cutoff was queued before it, and ids follow queued_at closely (they
 // disagree only for admissions committing at the same moment, which the next pass catches).
-func PurgeSettled(ctx context.Context, db DB, cutoff time.Time, limit int) (int64, error) {
+func PurgeSettled(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int) (int64, error) {
 	bound, err := firstQueuedSince(ctx, db, cutoff)
 	if err != nil || bound == 0 {
 		return 0, err
@@ -49,7 +51,7 @@ func PurgeSettled(ctx context.Context, db DB, cutoff time.Time, limit int) (int6
 }
 
 // batchTenants returns the tenants q (one column) lists.
-func batchTenants(ctx context.Context, db DB, q string, args ...any) ([]any, error) {
+func batchTenants(ctx context.Context, db sqldb.DB, q string, args ...any) ([]any, error) {
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("purge finished jobs: their tenants: %w", err)
@@ -72,7 +74,7 @@ func batchTenants(ctx context.Context, db DB, q string, args ...any) ([]any, err
 // firstQueuedSince returns an id bound: the jobs below it were queued before cutoff, those from
 // it on at or after cutoff (the id after the last job if all were queued before; 0 if there are
 // no jobs). It is a binary search of the primary key: about 25 point reads for 30 million jobs.
-func firstQueuedSince(ctx context.Context, db DB, cutoff time.Time) (int64, error) {
+func firstQueuedSince(ctx context.Context, db sqldb.DB, cutoff time.Time) (int64, error) {
 	var lo, hi sql.NullInt64
 	if err := db.QueryRowContext(ctx, "SELECT MIN(id), MAX(id) + 1 FROM jobs").Scan(&lo, &hi); err != nil {
 		return 0, fmt.Errorf("purge finished jobs: id range: %w", err)

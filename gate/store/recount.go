@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"fmt"
+
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // RecountQueues recomputes the queue state of tenants (every tenant when none is named) from
@@ -12,7 +14,7 @@ import (
 // needs this: it is for jobs inserted some other way (a test's or an operator's raw INSERT), which
 // no claim would see until their tenant is recounted. It reads every tenant's jobs once, so it
 // is an operation to run by hand, not in a loop.
-func RecountQueues(ctx context.Context, db DB, tenants ...string) error {
+func RecountQueues(ctx context.Context, db sqldb.DB, tenants ...string) error {
 	q, args := recountSQL, []any{}
 	if len(tenants) > 0 {
 		q += " WHERE t.tenant IN (" + Placeholders(len(tenants)) + ")"

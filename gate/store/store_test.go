@@ -229,11 +229,11 @@ func TestExecCommit(t *testing.T) {
 	}
 	ids, affected := r.AllLastInsertIds(), r.AllRowsAffected()
 	last, _ := r.LastInsertId()
-	if fmt.Sprint(ids, affected, last) != "[1 2] [1 2] 2" {
-		t.Errorf("ids %v, rows affected %v, last id %d; want [1 2], [1 2], 2", ids, affected, last)
+	n, _ := r.RowsAffected()
+	if fmt.Sprint(ids, affected, last, n) != "[1 2] [1 2] 2 2" {
+		t.Errorf("ids %v, rows affected %v, last id %d, last rows %d; want [1 2], [1 2], 2, 2", ids, affected, last, n)
 	}
 	tx.Close() // nothing to roll back
-	var n int
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&n); err != nil || n != 3 {
 		t.Fatalf("%d outbox rows after the commit (%v), want 3", n, err)
 	}

@@ -126,5 +126,5 @@ func (p *Proc) Output() string { return p.out.String() }
 // edit from the one in force. Processes pick it up at their next claim (caps) or re-read.
 func (e *Env) SetConfig(tb testing.TB, edit func(*limits.Config)) {
 	tb.Helper()
-	testdb.SetLimits(tb, e.DB, edit)
+	testdb.SetLimits(tb, e.DB.DB, edit)
 }

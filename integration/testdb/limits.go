@@ -2,6 +2,7 @@ package testdb
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -13,18 +14,12 @@ import (
 	"github.com/sluicehq/sluice/gate/store"
 )
 
-// LimitsDB is what PatchLimits and SetLimits need; *sql.DB and *DB satisfy it.
-type LimitsDB interface {
-	limits.DB
-	limits.Querier
-}
-
 // PatchLimits writes a new runtime config version with changes (limit key: value, as the body
 // of PATCH /v1/config) applied to the version in force, the way an operator's PATCH does
 // (limits.Patch: validated, serialised on config_lock, changed by "test"), and returns the version
 // in force afterwards. Values already in force write nothing; no changes at all is an error. Processes pick the new version
 // up at their next claim (caps) or reload. Fails tb on an invalid change or a database error.
-func PatchLimits(tb testing.TB, db LimitsDB, changes map[string]any) limits.Versioned {
+func PatchLimits(tb testing.TB, db *sql.DB, changes map[string]any) limits.Versioned {
 	tb.Helper()
 	raw := make(map[string]json.RawMessage, len(changes))
 	for k, v := range changes {
@@ -45,7 +40,7 @@ func PatchLimits(tb testing.TB, db LimitsDB, changes map[string]any) limits.Vers
 
 // SetLimits is PatchLimits with the changes that edit makes to the config in force; if edit
 // changes nothing, nothing is written.
-func SetLimits(tb testing.TB, db LimitsDB, edit func(*limits.Config)) limits.Versioned {
+func SetLimits(tb testing.TB, db *sql.DB, edit func(*limits.Config)) limits.Versioned {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

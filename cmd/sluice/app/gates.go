@@ -1,8 +1,11 @@
 package app
 
 import (
+	"context"
+
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // startGates builds the rate-gate store on opts.Memcached, if any, and registers the
@@ -15,7 +18,8 @@ func (a *App) startGates() error {
 	if a.gates, err = rategate.New(rategate.Config{Servers: a.opts.Memcached, Timeout: a.opts.GateTimeout, Log: a.log}); err != nil {
 		return err
 	}
-	return rategate.RegisterGatedKeys(a.registry, rategate.GaugeConfig{DB: a.db, Store: a.gates, Log: a.log})
+	queued := func(ctx context.Context) (map[string]int64, error) { return store.QueuedRateKeys(ctx, a.db, 0) }
+	return rategate.RegisterGatedKeys(a.registry, rategate.GaugeConfig{Queued: queued, Store: a.gates, Log: a.log})
 }
 
 // drainerGates is the store as the drainer takes it: a nil interface, never an interface

@@ -1,0 +1,226 @@
+package store_test
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// beginAdmission opens an admission transaction (a batch's, through stmts, if not nil), closed
+// when t ends.
+func (k *kit) beginAdmission(t *testing.T, stmts *store.StmtCache) *store.AdmissionTx {
+	t.Helper()
+	tx, err := store.BeginAdmission(k.ctx, k.db.DB, stmts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tx.Close)
+	return tx
+}
+
+// TestReadAdmission: the read creates and locks the tenants' rows (no job row), and returns the
+// database time, the depths and in-flight counts of one tenant or several, the global depth
+// counted up to its bound or the estimate given, the jobs of the idempotency keys and the first
+// job of each redrive. Asked not to wait, it fails at once on a tenant another transaction holds.
+func TestReadAdmission(t *testing.T) {
+	k := newKit(t)
+	key := "k1"
+	q1 := k.insert(jobSpec{tenant: "a"})
+	k.insert(jobSpec{tenant: "a"})
+	k.insert(jobSpec{tenant: "a", status: job.Running})
+	k.insert(jobSpec{tenant: "b", status: job.Dispatched})
+	k.insert(jobSpec{tenant: "c"})
+	keyed := k.insert(jobSpec{tenant: "b", status: job.Succeeded, idemKey: key})
+	failed := k.insert(jobSpec{tenant: "b", status: job.Failed})
+	redrive := k.insert(jobSpec{tenant: "b", retryOf: failed})
+	k.insert(jobSpec{tenant: "b", retryOf: failed})
+	all := []int64{q1, keyed, failed, redrive}
+
+	t.Run("one tenant", func(t *testing.T) {
+		tx := k.beginAdmission(t, nil)
+		st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a"}, GlobalCountUpTo: 100, CountInFlight: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.TenantDepth["a"] != 2 || st.TenantInFlight["a"] != 1 || st.GlobalDepth != 5 || st.GlobalInFlight != 2 {
+			t.Errorf("state %+v, want a: 2 queued, 1 in flight; 5 queued and 2 in flight in all", st)
+		}
+		if st.Now.Location() != time.UTC || st.Now.Before(k.now) {
+			t.Errorf("database time %v, want UTC, not before %v", st.Now, k.now)
+		}
+		k.wantTenantsLocked("inside the transaction", []string{"a", "b", "c"}, "a")
+		k.wantLocked("inside the transaction", all)
+	})
+	t.Run("several tenants, estimated, keys and redrives", func(t *testing.T) {
+		tx := k.beginAdmission(t, nil)
+		st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a", "b", "new"}, GlobalEstimate: 42,
+			IdempotencyKeys: []string{key, "absent"}, Redrives: []int64{failed, q1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.TenantDepth["a"] != 2 || st.TenantInFlight["a"] != 1 || st.TenantDepth["b"] != 2 || st.TenantInFlight["b"] != 1 ||
+			st.TenantDepth["new"] != 0 || st.GlobalDepth != 42 || st.GlobalInFlight != 0 {
+			t.Errorf("state %+v", st)
+		}
+		if !slices.Equal(ids(st.Keyed), []int64{keyed}) || !slices.Equal(ids(st.Redriven), []int64{redrive}) {
+			t.Errorf("keyed %v, redriven %v; want [%d], [%d]", ids(st.Keyed), ids(st.Redriven), keyed, redrive)
+		}
+		k.wantTenantsLocked("inside the transaction", []string{"a", "b", "c", "new"}, "a", "b", "new")
+	})
+	t.Run("a global count stops at its bound", func(t *testing.T) {
+		tx := k.beginAdmission(t, nil)
+		st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"c"}, GlobalCountUpTo: 3})
+		if err != nil || st.GlobalDepth != 3 {
+			t.Errorf("global depth %d (%v), want 3", st.GlobalDepth, err)
+		}
+	})
+	t.Run("no wait", func(t *testing.T) {
+		hold, err := k.db.BeginTx(k.ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hold.Rollback()
+		if _, err := hold.ExecContext(k.ctx, "SELECT 1 FROM tenants WHERE tenant = 'a' FOR UPDATE"); err != nil {
+			t.Fatal(err)
+		}
+		tx := k.beginAdmission(t, nil)
+		began := time.Now()
+		_, err = tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a"}, NoWait: true})
+		var me *mysql.MySQLError
+		if !errors.As(err, &me) || me.Number != 1205 {
+			t.Errorf("a read that must not wait, on a held tenant: %v, want error 1205", err)
+		}
+		// The lock wait timeout is 10 s (store.Open); a read that waited would take that long.
+		if took := time.Since(began); took > 5*time.Second {
+			t.Errorf("a read that must not wait took %s", took)
+		}
+	})
+	if n := k.count("SELECT COUNT(*) FROM tenants WHERE tenant = 'new'"); n != 0 {
+		t.Errorf("a tenant row created by a transaction rolled back is still there (%d)", n)
+	}
+}
+
+// TestInsertJobs: an admission's rows, queued or rejected, with consecutive ids, the enqueue
+// pokes asked for (their bodies naming their jobs), the queued jobs added to their tenants'
+// queue state, and the COMMIT in the same round trip when asked; a batch does the same through
+// prepared statements, a chunk of 250 rows an INSERT.
+func TestInsertJobs(t *testing.T) {
+	k := newKit(t)
+	key := "k1"
+	hash := "h1"
+	retryOf := k.insert(jobSpec{tenant: "a", status: job.Failed})
+	jobs := []store.NewJob{
+		{Tenant: "a", Caller: "p", Payload: []byte(`{"x":1}`), IdempotencyKey: &key, RequestSHA256: []byte("fp"), RateKeySHA256: &hash},
+		{Tenant: "a", Caller: "p", Rejected: "queue full (tenant depth cap)", Payload: []byte(`{}`), IdempotencyKey: &key},
+		{Tenant: "b", Caller: "p", RetryOf: &retryOf, Poke: true},
+		{Tenant: "a", Caller: "p", Poke: true},
+	}
+	for _, batch := range []bool{false, true} {
+		var stmts *store.StmtCache
+		if batch {
+			stmts = store.NewStmtCache(k.db.DB)
+		}
+		tx := k.beginAdmission(t, stmts)
+		st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a", "b"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		js := jobs
+		if batch {
+			js = nil
+			for range 130 {
+				js = append(js, jobs...) // 520 rows: three chunks
+			}
+			for i := range js {
+				js[i].IdempotencyKey = nil
+			}
+		}
+		commit := !batch && tx.CanCommitWithInsert()
+		got, err := tx.InsertJobs(k.ctx, store.NewJobs{Now: st.Now, Prefix: "sx", Jobs: js}, commit)
+		if err != nil {
+			t.Fatalf("batch %v: %v", batch, err)
+		}
+		if !commit {
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := 1; i < len(got.IDs); i++ {
+			if got.IDs[i] != got.IDs[i-1]+1 {
+				t.Fatalf("batch %v: ids %v, want consecutive", batch, got.IDs)
+			}
+		}
+		for i, j := range js {
+			r := k.row(got.IDs[i])
+			switch {
+			case j.Rejected != "":
+				if r.Status != job.Rejected || r.FinishedAt == nil || *r.ErrorCode != string(job.CodeQueueFull) || *r.ErrorMessage != j.Rejected ||
+					r.Payload != nil || r.IdempotencyKey != nil || got.PokeIDs[i] != 0 {
+					t.Errorf("batch %v: rejected row %d: %+v, poke %d", batch, i, r, got.PokeIDs[i])
+				}
+			default:
+				if r.Status != job.Queued || !r.QueuedAt.Equal(st.Now) || string(r.Payload) != string(j.Payload) || r.Caller != "p" ||
+					(j.IdempotencyKey != nil) != (r.IdempotencyKey != nil) || (j.RetryOf != nil) != (r.RetryOf != nil) {
+					t.Errorf("batch %v: queued row %d: %+v", batch, i, r)
+				}
+				if j.Poke != (got.PokeIDs[i] != 0) {
+					t.Errorf("batch %v: row %d: poke %d, want one: %v", batch, i, got.PokeIDs[i], j.Poke)
+				}
+				if j.Poke {
+					var body string
+					if err := k.db.QueryRowContext(k.ctx, "SELECT CAST(payload AS CHAR) FROM outbox WHERE id = ? AND subject = ?",
+						got.PokeIDs[i], outbox.Subject("sx", outbox.Enqueue, j.Tenant)).Scan(&body); err != nil {
+						t.Errorf("batch %v: poke of row %d: %v", batch, i, err)
+					}
+					if want := `"job_id":` + strconv.FormatInt(got.IDs[i], 10); !strings.Contains(body, want) {
+						t.Errorf("batch %v: poke body %s, want %s", batch, body, want)
+					}
+				}
+			}
+		}
+		wantQueueState(t, k, "a", "b")
+	}
+}
+
+// TestInsertJobsClockStepBack: a tenant whose oldest queued job is newer than the admission's
+// time (the database clock stepped back) gets the new job as its head.
+func TestInsertJobsClockStepBack(t *testing.T) {
+	k := newKit(t)
+	k.insert(jobSpec{tenant: "c", queuedAt: k.now.Add(time.Hour)})
+	tx := k.beginAdmission(t, nil)
+	st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tx.InsertJobs(k.ctx, store.NewJobs{Now: st.Now, Jobs: []store.NewJob{{Tenant: "c"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qs := readQueueState(t, k.db.DB, "c"); qs.headID != got.IDs[0] || qs.queued != 2 {
+		t.Errorf("queue state %+v, want job %d at the head of 2", qs, got.IDs[0])
+	}
+	wantQueueState(t, k, "c")
+}
+
+// wantQueueState fails unless each tenant's queue state is what a recount gives.
+func wantQueueState(t *testing.T, k *kit, tenants ...string) {
+	t.Helper()
+	for _, tenant := range tenants {
+		before := readQueueState(t, k.db.DB, tenant)
+		if err := store.RecountQueues(k.ctx, k.db, tenant); err != nil {
+			t.Fatal(err)
+		}
+		if after := readQueueState(t, k.db.DB, tenant); after != before {
+			t.Errorf("tenant %s: queue state %+v, a recount gives %+v", tenant, before, after)
+		}
+	}
+}

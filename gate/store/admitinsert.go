@@ -1,0 +1,197 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// NewJob is a job row an admission writes: queued, or rejected by a depth cap.
+type NewJob struct {
+	Tenant        string
+	RateKeySHA256 *string
+	Caller        string
+	RetryOf       *int64
+	// Rejected, if not empty, is the message of a depth cap's refusal: the row is written
+	// rejected (queue_full), finished at once, without the payload, and without the idempotency
+	// key, which it does not consume (the caller may retry with it).
+	Rejected string
+	// Payload, IdempotencyKey and RequestSHA256 (the request's fingerprint) of a queued job.
+	Payload        []byte
+	IdempotencyKey *string
+	RequestSHA256  []byte
+	// Poke, for a queued job, writes its enqueue poke.
+	Poke bool
+}
+
+// NewJobs are the rows one admission transaction writes.
+type NewJobs struct {
+	Now    time.Time // the transaction's time (AdmissionState.Now)
+	Prefix string    // the pokes' subject prefix
+	Jobs   []NewJob  // at least one
+}
+
+// InsertedJobs are the ids InsertJobs learned: the job of each NewJob in order, and the outbox
+// row of its poke (0 for none).
+type InsertedJobs struct {
+	IDs     []int64
+	PokeIDs []int64
+}
+
+// insertChunk bounds the rows of one INSERT, well under max_allowed_packet for any payloads a
+// batch body may carry.
+const insertChunk = 250
+
+// InsertJobs writes, in one round trip (one statement at a time in a batch, prepared), the rows
+// of p.Jobs, insertChunk rows an INSERT, each followed by the INSERT of its chunk's enqueue
+// pokes, whose bodies carry their jobs' ids (outbox.InsertPokes); and last the UPDATE that adds
+// the queued jobs to their tenants' queue state (queueCountSQL). With commit (only where
+// CanCommitWithInsert), COMMIT goes in the same round trip: if the connection breaks there, the
+// outcome and the ids are both unknown. A multi-row INSERT of known size gets consecutive ids
+// (a "simple insert" reserves its whole range at once under every InnoDB auto-increment lock
+// mode), which is how one round trip learns every id.
+func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (InsertedJobs, error) {
+	w := insertStatements(p)
+	ids, err := t.exec(ctx, w.stmts, w.args, commit)
+	if err != nil {
+		return InsertedJobs{}, fmt.Errorf("insert jobs: %w", err)
+	}
+	if len(ids) != len(w.stmts) {
+		return InsertedJobs{}, fmt.Errorf("insert jobs: %d insert ids for %d statements", len(ids), len(w.stmts))
+	}
+	out := InsertedJobs{IDs: make([]int64, len(p.Jobs)), PokeIDs: make([]int64, len(p.Jobs))}
+	for _, c := range w.chunks {
+		for i, j := range c.jobs {
+			out.IDs[j] = ids[c.stmt] + int64(i)
+		}
+		for i, j := range c.pokes {
+			out.PokeIDs[j] = ids[c.stmt+1] + int64(i)
+		}
+	}
+	return out, nil
+}
+
+// writes are InsertJobs' statements: stmts[i] with arguments args[i].
+type writes struct {
+	stmts  []string
+	args   [][]any
+	chunks []written
+}
+
+// written is one chunk of InsertJobs' rows.
+type written struct {
+	jobs  []int // indexes in NewJobs.Jobs of the rows of a jobs INSERT, in order
+	pokes []int // of the rows of the outbox INSERT after it, if any
+	stmt  int   // index of the jobs INSERT among stmts
+}
+
+func insertStatements(p NewJobs) writes {
+	var w writes
+	for start := 0; start < len(p.Jobs); start += insertChunk {
+		end := min(len(p.Jobs), start+insertChunk)
+		var q strings.Builder
+		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
+			request_sha256, queued_at, finished_at, error_code, error_message, retry_of) VALUES `)
+		c := written{stmt: len(w.stmts)}
+		var pokes []outbox.NewPoke
+		rowArgs := make([]any, 0, 12*(end-start))
+		for i := start; i < end; i++ {
+			if i > start {
+				q.WriteString(",")
+			}
+			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?)")
+			j := p.Jobs[i]
+			rowArgs = appendJobRow(rowArgs, j, p.Now)
+			c.jobs = append(c.jobs, i)
+			if j.Rejected == "" && j.Poke {
+				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: j.Tenant, Offset: i - start})
+				c.pokes = append(c.pokes, i)
+			}
+		}
+		w.stmts = append(w.stmts, q.String())
+		w.args = append(w.args, rowArgs)
+		if len(pokes) > 0 {
+			pq, pargs := outbox.InsertPokes(p.Prefix, p.Now, pokes)
+			w.stmts = append(w.stmts, pq)
+			w.args = append(w.args, pargs)
+		}
+		w.chunks = append(w.chunks, c)
+	}
+	if q, args := queueCountSQL(p); q != "" {
+		// Last, so that the insert ids of the statements before it keep their indexes.
+		w.stmts = append(w.stmts, q)
+		w.args = append(w.args, args)
+	}
+	return w
+}
+
+// queueCountSQL is the UPDATE that adds the queued jobs among p.Jobs to their tenants' queue
+// state (migration 0010: queued count, oldest queued job), or "" if none is queued: one
+// statement per transaction, where an insert trigger cost every row (migration 0011).
+// Admission is the only code that inserts queued jobs. The tenants' rows are locked already
+// (ReadAdmission locks them first). Every job of a transaction is queued at p.Now, so the head
+// changes only for a tenant that had none, or whose head is newer than p.Now (the database
+// clock stepped back); then it is read again from the claim index.
+func queueCountSQL(p NewJobs) (string, []any) {
+	counts := map[string]int{}
+	var tenants []string
+	for _, j := range p.Jobs {
+		if j.Rejected != "" {
+			continue // never queued
+		}
+		if counts[j.Tenant] == 0 {
+			tenants = append(tenants, j.Tenant)
+		}
+		counts[j.Tenant]++
+	}
+	if len(tenants) == 0 {
+		return "", nil
+	}
+	var q strings.Builder
+	args := make([]any, 0, 3*len(tenants)+2)
+	q.WriteString("UPDATE tenants SET queued = queued + CASE tenant")
+	for _, t := range tenants {
+		q.WriteString(" WHEN ? THEN ?")
+		args = append(args, t, counts[t])
+	}
+	// MariaDB assigns left to right: head_at's condition still sees the old head_at, so it
+	// holds exactly when head_id's did, and its lookup sees the new head_id.
+	q.WriteString(` END,
+		head_id = IF(head_id IS NULL OR head_at > ?, (SELECT j.id FROM jobs j FORCE INDEX (claim)
+			WHERE j.status = 'queued' AND j.tenant = tenants.tenant ORDER BY j.queued_at, j.id LIMIT 1), head_id),
+		head_at = IF(head_at IS NULL OR head_at > ?, (SELECT j.queued_at FROM jobs j WHERE j.id = tenants.head_id), head_at)
+		WHERE tenant IN (` + Placeholders(len(tenants)) + ")")
+	args = append(args, p.Now, p.Now)
+	for _, t := range tenants {
+		args = append(args, t)
+	}
+	return q.String(), args
+}
+
+// appendJobRow appends the values of j's jobs row to args.
+func appendJobRow(args []any, j NewJob, now time.Time) []any {
+	var rateKey, payload, idem, fp, finished, code, msg, retryOf any
+	if j.RateKeySHA256 != nil {
+		rateKey = *j.RateKeySHA256
+	}
+	if j.RetryOf != nil {
+		retryOf = *j.RetryOf
+	}
+	status := job.Queued
+	if j.Rejected != "" {
+		status, finished, code, msg = job.Rejected, now, string(job.CodeQueueFull), j.Rejected
+	} else {
+		if len(j.Payload) > 0 {
+			payload = j.Payload
+		}
+		if j.IdempotencyKey != nil {
+			idem, fp = *j.IdempotencyKey, j.RequestSHA256
+		}
+	}
+	return append(args, j.Tenant, rateKey, payload, string(status), j.Caller, idem, fp,
+		now, finished, code, msg, retryOf)
+}

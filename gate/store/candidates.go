@@ -1,0 +1,208 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/sqldb"
+)
+
+// The reads a claim pass makes before its transaction to choose its candidates: the pages of
+// tenants with work, and the tenants' queue heads (the lone-job probe is in lone.go). None locks
+// anything.
+
+// TenantPageParams select the page of tenants with work that a claim pass reads next, from the
+// tenants' queue state (migration 0010): one index of tenants, for a number of rows bounded by
+// Limit, whatever the number of tenants with work or their backlogs.
+type TenantPageParams struct {
+	// ByName walks work_tenant by name (round_robin): the names after After, up to UpTo
+	// (included) when Wrapped. Else the head index, every tenant's oldest queued job, oldest
+	// first (fair, fifo): from the start when FromStart, else after (HeadAt, HeadID).
+	ByName    bool
+	After     string
+	Wrapped   bool
+	UpTo      string
+	FromStart bool
+	HeadAt    time.Time
+	HeadID    int64
+	Limit     int
+	// WithInFlight also counts the jobs in flight per tenant, in the same statement: a pass's
+	// first read.
+	WithInFlight bool
+}
+
+// TenantHead is a tenant with work and its place in the index read.
+type TenantHead struct {
+	Tenant string
+	HeadAt sql.NullTime
+	HeadID sql.NullInt64
+}
+
+// TenantPage is what ReadTenantPage read.
+type TenantPage struct {
+	Tenants  []TenantHead
+	InFlight map[string]int // WithInFlight: the jobs in flight of each tenant with any
+	Total    int            // their sum
+}
+
+// tenantsSQL is the read of p's page of tenants with work, with the columns of
+// inFlightPerTenant's rows (tenant, NULL) plus the tenant's index position (ReadTenantPage adds
+// the in-flight counts as rows (tenant, count, NULL, NULL)). fair and fifo walk the head index
+// (every tenant's oldest queued job, oldest first); round_robin walks work_tenant by name from
+// the tenant served last to the end, then from the first name up to it.
+func tenantsSQL(p TenantPageParams) (string, []any) {
+	n := p.Limit
+	const cols = "SELECT tenant, NULL, head_at, head_id FROM tenants"
+	if p.ByName {
+		if p.Wrapped {
+			return "(" + cols + " FORCE INDEX (work_tenant) WHERE work_tenant > ? AND work_tenant <= ? ORDER BY work_tenant LIMIT ?)",
+				[]any{p.After, p.UpTo, n}
+		}
+		return "(" + cols + " FORCE INDEX (work_tenant) WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?)", []any{p.After, n}
+	}
+	if p.FromStart {
+		return "(" + cols + " FORCE INDEX (head) WHERE head_at IS NOT NULL ORDER BY head_at, head_id LIMIT ?)", []any{n}
+	}
+	// A row constructor comparison is not a range MariaDB seeks to, so the keyset is spelt out.
+	return "(" + cols + ` FORCE INDEX (head) WHERE head_at IS NOT NULL AND (head_at > ? OR (head_at = ? AND head_id > ?))
+		ORDER BY head_at, head_id LIMIT ?)`, []any{p.HeadAt, p.HeadAt, p.HeadID, n}
+}
+
+// ReadTenantPage reads p's page of tenants with work, and with p.WithInFlight the jobs in
+// flight per tenant in the same round trip. The in-flight count reads the claim index over the
+// in-flight states only, so it is bounded by the global cap.
+func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (TenantPage, error) {
+	q, args := tenantsSQL(p)
+	what := "read tenants with queued jobs"
+	if p.WithInFlight {
+		q += ` UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM jobs
+		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`
+		what = "read in-flight counts and tenants with queued jobs"
+	}
+	page, err := readTenants(ctx, db, q, args)
+	if err != nil {
+		return page, fmt.Errorf("%s: %w", what, err)
+	}
+	return page, nil
+}
+
+// readTenants runs q, whose rows are tenants with work (tenant, NULL, head_at, head_id) and,
+// WithInFlight, in-flight counts (tenant, count, NULL, NULL).
+func readTenants(ctx context.Context, db sqldb.DB, q string, args []any) (TenantPage, error) {
+	page := TenantPage{InFlight: map[string]int{}}
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return page, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r TenantHead
+		var n sql.NullInt64
+		if err := rows.Scan(&r.Tenant, &n, &r.HeadAt, &r.HeadID); err != nil {
+			return page, err
+		}
+		if !n.Valid {
+			page.Tenants = append(page.Tenants, r)
+			continue
+		}
+		page.InFlight[r.Tenant] = int(n.Int64)
+		page.Total += int(n.Int64)
+	}
+	return page, rows.Err()
+}
+
+// HeadsWant is how many heads to read of one tenant.
+type HeadsWant struct {
+	Tenant string
+	N      int
+}
+
+// HeadsParams ask for the oldest eligible queued jobs of some tenants.
+type HeadsParams struct {
+	// Now is the pass's time: a job whose not_before is after it is not eligible.
+	Now time.Time
+	// Tenants are the tenants read, each with the most heads to read.
+	Tenants []HeadsWant
+	// Excluded are rate keys whose jobs are left out (keys found gated earlier in the pass).
+	Excluded []string
+}
+
+// maxStatementBytes bounds the text of one heads statement: a pass's reads stay far below the
+// server's packet limit (SPEC §14: no statement of a pass exceeds 64 KiB) whatever the number of
+// tenants read and of gated keys excluded, by splitting the read into several statements.
+const maxStatementBytes = 48 << 10
+
+// ReadHeads returns, for each tenant of p, its oldest eligible queued jobs (at most its N) in
+// queue order, leaving out the jobs of the rate keys in p.Excluded: one sub-select per tenant,
+// joined by UNION ALL into statements of at most 48 KiB.
+func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]Head, error) {
+	out := map[string][]Head{}
+	exclude := ""
+	if len(p.Excluded) > 0 {
+		exclude = " AND (rate_key_sha256 IS NULL OR rate_key_sha256 NOT IN (" + Placeholders(len(p.Excluded)) + "))"
+	}
+	var q strings.Builder
+	var args []any
+	flush := func() error {
+		if q.Len() == 0 {
+			return nil
+		}
+		err := readHeads(ctx, db, q.String(), args, out)
+		q.Reset()
+		args = args[:0]
+		return err
+	}
+	for _, w := range p.Tenants {
+		// The claim index is forced and walked in (queued_at, id) order, stopping after LIMIT
+		// rows: without the hint MariaDB may pick tenant_id and sort the whole backlog, and
+		// naming the equality columns in ORDER BY (status is an ENUM) also makes it sort.
+		sub := `(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs FORCE INDEX (claim)
+			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)` + exclude + `
+			ORDER BY queued_at, id LIMIT ?)`
+		if q.Len() > 0 && q.Len()+len(sub)+len(" UNION ALL ") > maxStatementBytes {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+		if q.Len() > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		q.WriteString(sub)
+		args = append(args, w.Tenant, p.Now)
+		for _, k := range p.Excluded {
+			args = append(args, k)
+		}
+		args = append(args, w.N)
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	for _, hs := range out {
+		sort.Slice(hs, func(i, j int) bool { return hs[i].before(hs[j]) })
+	}
+	return out, nil
+}
+
+// readHeads runs one statement of ReadHeads and adds its rows to out.
+func readHeads(ctx context.Context, db sqldb.DB, q string, args []any, out map[string][]Head) error {
+	hr, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("read queue heads: %w", err)
+	}
+	defer hr.Close()
+	for hr.Next() {
+		var h Head
+		if err := hr.Scan(&h.ID, &h.Tenant, &h.RateKey, &h.QueuedAt, &h.Version); err != nil {
+			return fmt.Errorf("read queue heads: %w", err)
+		}
+		out[h.Tenant] = append(out[h.Tenant], h)
+	}
+	if err := hr.Err(); err != nil {
+		return fmt.Errorf("read queue heads: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package store_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// TestReadTenantPage: a claim pass's pages of tenants with work, by oldest head (from the start
+// or after a position) or by name (after a name, or wrapped up to one), at most a page's limit,
+// with the jobs in flight per tenant when asked; nothing is locked.
+func TestReadTenantPage(t *testing.T) {
+	k := newKit(t)
+	var jobs []int64
+	for i, tenant := range []string{"c", "a", "d", "b"} {
+		jobs = append(jobs, k.insert(jobSpec{tenant: tenant, queuedAt: k.now.Add(time.Duration(i) * time.Second)}))
+	}
+	jobs = append(jobs, k.insert(jobSpec{tenant: "a", status: job.Running}), k.insert(jobSpec{tenant: "e", status: job.Dispatched}),
+		k.insert(jobSpec{tenant: "e", status: job.Running}))
+	tx := k.begin()
+	read := func(p store.TenantPageParams) store.TenantPage {
+		t.Helper()
+		page, err := store.ReadTenantPage(k.ctx, tx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return page
+	}
+	names := func(p store.TenantPage) []string {
+		var out []string
+		for _, h := range p.Tenants {
+			out = append(out, h.Tenant)
+		}
+		return out
+	}
+	first := read(store.TenantPageParams{FromStart: true, Limit: 2, WithInFlight: true})
+	if !slices.Equal(names(first), []string{"c", "a"}) || first.Total != 3 || first.InFlight["a"] != 1 || first.InFlight["e"] != 2 {
+		t.Errorf("first page by head: %v, in flight %v (%d)", names(first), first.InFlight, first.Total)
+	}
+	last := first.Tenants[1]
+	next := read(store.TenantPageParams{HeadAt: last.HeadAt.Time, HeadID: last.HeadID.Int64, Limit: 5})
+	if !slices.Equal(names(next), []string{"d", "b"}) || len(next.InFlight) != 0 || next.Total != 0 {
+		t.Errorf("the page after a: %v, in flight %v", names(next), next.InFlight)
+	}
+	if got := names(read(store.TenantPageParams{ByName: true, After: "b", Limit: 5})); !slices.Equal(got, []string{"c", "d"}) {
+		t.Errorf("by name after b: %v", got)
+	}
+	if got := names(read(store.TenantPageParams{ByName: true, Wrapped: true, After: "", UpTo: "b", Limit: 5})); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("by name, wrapped up to b: %v", got)
+	}
+	k.wantLocked("after the reads", jobs)
+	k.wantTenantsLocked("after the reads", []string{"a", "b", "c", "d", "e"})
+}
+
+// TestReadHeads: each tenant's oldest eligible queued jobs in queue order, at most as many as
+// asked, without the jobs of the excluded rate keys or those whose not-before has not come;
+// reads of many tenants are split into statements of at most 48 KiB and still return every
+// tenant's heads; nothing is locked.
+func TestReadHeads(t *testing.T) {
+	k := newKit(t)
+	later := k.now.Add(time.Hour)
+	a1 := k.insert(jobSpec{tenant: "a", queuedAt: k.now.Add(-2 * time.Second)})
+	k.insert(jobSpec{tenant: "a", queuedAt: k.now.Add(-3 * time.Second), notBefore: &later})
+	a2 := k.insert(jobSpec{tenant: "a", queuedAt: k.now.Add(-time.Second), rateKey: "gated"})
+	a3 := k.insert(jobSpec{tenant: "a", rateKey: "open"})
+	a4 := k.insert(jobSpec{tenant: "a"})
+	b1 := k.insert(jobSpec{tenant: "b"})
+	k.insert(jobSpec{tenant: "b", status: job.Running})
+	tx := k.begin()
+	read := func(p store.HeadsParams) map[string][]int64 {
+		t.Helper()
+		got, err := store.ReadHeads(k.ctx, tx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]int64{}
+		for tenant, hs := range got {
+			for _, h := range hs {
+				out[tenant] = append(out[tenant], h.ID)
+			}
+		}
+		return out
+	}
+	got := read(store.HeadsParams{Now: k.now, Tenants: []store.HeadsWant{{Tenant: "a", N: 3}, {Tenant: "b", N: 3}, {Tenant: "none", N: 1}}})
+	if !slices.Equal(got["a"], []int64{a1, a2, a3}) || !slices.Equal(got["b"], []int64{b1}) || len(got) != 2 {
+		t.Errorf("heads %v, want a: %v, b: %v", got, []int64{a1, a2, a3}, []int64{b1})
+	}
+	got = read(store.HeadsParams{Now: k.now, Tenants: []store.HeadsWant{{Tenant: "a", N: 3}}, Excluded: []string{"gated", "x"}})
+	if !slices.Equal(got["a"], []int64{a1, a3, a4}) {
+		t.Errorf("heads without the gated key: %v, want %v", got["a"], []int64{a1, a3, a4})
+	}
+	// 400 tenants read with 40 excluded keys: over 100 KiB of statement text, so several statements.
+	var many []store.HeadsWant
+	for i := range 400 {
+		many = append(many, store.HeadsWant{Tenant: fmt.Sprintf("t%03d", i), N: 1})
+	}
+	many = append(many, store.HeadsWant{Tenant: "a", N: 1}, store.HeadsWant{Tenant: "b", N: 1})
+	var keys []string
+	for i := range 40 {
+		keys = append(keys, fmt.Sprintf("%064d", i))
+	}
+	got = read(store.HeadsParams{Now: k.now, Tenants: many, Excluded: keys})
+	if !slices.Equal(got["a"], []int64{a1}) || !slices.Equal(got["b"], []int64{b1}) || len(got) != 2 {
+		t.Errorf("heads of 402 tenants: %v", got)
+	}
+	k.wantLocked("after the reads", []int64{a1, a2, a3, a4, b1})
+}

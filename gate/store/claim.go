@@ -1,0 +1,260 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/sqldb"
+)
+
+// The claim transaction: the drainer's one serialised step. It runs on a ConnTx in two round
+// trips: LockClaims begins it, takes the claim lock (reading the runtime config in force) and
+// counts the jobs in flight per tenant (with the lone-job probe, after a poke); ClaimJobs locks
+// the chosen jobs and their tenants, moves them to dispatched fenced on their versions, reads
+// back which carry this claim's nonces, and commits. The claim lock is held from the first to
+// the last: four short statements, no wait on memcached, no backlog scan. Claims from every
+// drainer are serialised by it, and each statement reads the latest committed data (READ
+// COMMITTED): the in-flight counts cannot be raised by another claim while it is held
+// (completions can only lower them), so no claim puts more jobs in flight than the caps as read
+// in its own transaction.
+
+// inFlightPerTenant counts the jobs in flight of each tenant with any.
+const inFlightPerTenant = `SELECT tenant, COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`
+
+// scanInFlight reads the rows of inFlightPerTenant. The count reads the claim index over the
+// in-flight states only, so its cost is bounded by the global cap, not by any backlog.
+func scanInFlight(rows *sql.Rows) (map[string]int, int, error) {
+	out := map[string]int{}
+	total := 0
+	for rows.Next() {
+		var t string
+		var n int
+		if err := rows.Scan(&t, &n); err != nil {
+			return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
+		}
+		out[t] = n
+		total += n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	return out, total, nil
+}
+
+// lockClaimsSQL takes the claim lock and reads the runtime configuration in force.
+const lockClaimsSQL = `SELECT (SELECT config FROM config_versions ORDER BY version DESC LIMIT 1)
+	FROM claim_lock WHERE id = 1 FOR UPDATE`
+
+func decodeClaimConfig(raw sql.NullString) (limits.Config, error) {
+	if !raw.Valid {
+		return limits.Default(), nil
+	}
+	return limits.Decode([]byte(raw.String))
+}
+
+// ClaimLock is what a claim reads under the claim lock.
+type ClaimLock struct {
+	// Config is the runtime configuration in force (the newest version, or the defaults).
+	Config limits.Config
+	// InFlight counts the jobs in flight of each tenant with any; Total is their sum.
+	InFlight map[string]int
+	Total    int
+	// Lone is the lone-job probe's answer (ProbeQueue), when asked for.
+	Lone []QueuedJob
+}
+
+// LockClaims begins tx in its first round trip, takes the claim lock, reads the runtime
+// configuration in force and counts the jobs in flight per tenant; with probe, the lone-job
+// probe (ProbeQueue) goes in the same round trip, read under the claim lock.
+func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) {
+	var l ClaimLock
+	stmts := []string{lockClaimsSQL, inFlightPerTenant}
+	if probe {
+		stmts = append(stmts, loneProbeSQL)
+	}
+	res, err := tx.Query(ctx, stmts)
+	if err != nil {
+		return l, fmt.Errorf("take claim lock: %w", err)
+	}
+	defer res.Close()
+	var raw sql.NullString
+	if err := res.ScanOne(&raw); err != nil {
+		return l, fmt.Errorf("take claim lock: %w", err)
+	}
+	if l.Config, err = decodeClaimConfig(raw); err != nil {
+		return l, err
+	}
+	rows, err := res.Next()
+	if err != nil {
+		return l, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	if l.InFlight, l.Total, err = scanInFlight(rows); err != nil {
+		return l, err
+	}
+	if probe {
+		if rows, err = res.Next(); err != nil {
+			return l, fmt.Errorf("read the queue's head: %w", err)
+		}
+		if l.Lone, err = scanLone(rows); err != nil {
+			return l, err
+		}
+	}
+	return l, res.Close()
+}
+
+// Head is a queued job at the head of its tenant's queue: a job a claim may take.
+type Head struct {
+	ID       int64
+	Tenant   string
+	RateKey  sql.NullString // the rate key's SHA-256
+	QueuedAt time.Time
+	Version  int64
+}
+
+// before reports whether h goes before o in a tenant's queue: (queued_at, id) order.
+func (h Head) before(o Head) bool {
+	if !h.QueuedAt.Equal(o.QueuedAt) {
+		return h.QueuedAt.Before(o.QueuedAt)
+	}
+	return h.ID < o.ID
+}
+
+// ClaimJob is a job a claim chose, as read before the claim transaction, with the nonce hash the
+// claim gives it.
+type ClaimJob struct {
+	ID          int64
+	Version     int64
+	Tenant      string
+	NonceSHA256 []byte
+}
+
+// ClaimParams are one claim's jobs and what it records on them.
+type ClaimParams struct {
+	DrainerID string
+	// Stamp is the claim and dispatch time recorded; StartedAt, if not nil, the start time of
+	// jobs whose start is not confirmed.
+	Stamp     time.Time
+	StartedAt *time.Time
+	// LeaseUntil and NonceExpiresAt end the lease and the nonce's time to confirm the start.
+	LeaseUntil     time.Time
+	NonceExpiresAt time.Time
+	Jobs           []ClaimJob
+}
+
+// claimUpdateSQL is a claim's UPDATE of p.Jobs, and its arguments.
+func claimUpdateSQL(p ClaimParams) (string, []any) {
+	var cases, fence strings.Builder
+	args := make([]any, 0, 16+4*len(p.Jobs))
+	var started any
+	if p.StartedAt != nil {
+		started = *p.StartedAt
+	}
+	args = append(args, p.Stamp, p.Stamp, started, p.LeaseUntil, p.DrainerID, p.NonceExpiresAt)
+	for _, c := range p.Jobs {
+		cases.WriteString(" WHEN ? THEN ?")
+		args = append(args, c.ID, c.NonceSHA256)
+	}
+	// The fence is a row-constructor IN over (id, version) (see the package doc).
+	for _, c := range p.Jobs {
+		args = append(args, c.ID)
+	}
+	for i, c := range p.Jobs {
+		if i > 0 {
+			fence.WriteString(",")
+		}
+		fence.WriteString("(?,?)")
+		args = append(args, c.ID, c.Version)
+	}
+	return `UPDATE jobs SET status = 'dispatched', version = version + 1,
+		attempt = attempt + 1, claimed_at = ?, dispatched_at = ?, started_at = ?, lease_until = ?,
+		drainer_id = ?, nonce_expires_at = ?, not_before = NULL, nonce_sha256 = CASE id` + cases.String() + ` END
+		WHERE id IN (` + Placeholders(len(p.Jobs)) + `) AND (id, version) IN (` + fence.String() + `) AND status = 'queued'`,
+		args
+}
+
+// ClaimJobs runs the claim's UPDATE of p.Jobs (each fenced on its id, version and the queued
+// state, so a job canceled or taken since it was read is skipped), reads back which of them
+// carry this claim's nonces, and commits, in one round trip of tx. The read sees the
+// transaction's own UPDATE, so a job canceled or taken meanwhile is not counted as claimed. It
+// returns the ids claimed. The lock order of every transaction that moves jobs into or out of
+// queued (lockorder.go) comes first: the job rows by id, then their tenants' rows by key, which
+// the UPDATE's triggers would otherwise take row by row in its own order. Payloads are read
+// after the commit (ReadPayloads): the claim lock is held until COMMIT, and other drainers wait
+// for it.
+func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (map[int64]bool, error) {
+	q, uargs := claimUpdateSQL(p)
+	ids := make([]int64, len(p.Jobs))
+	want := map[int64]string{}
+	tenants := make([]string, len(p.Jobs))
+	for i, c := range p.Jobs {
+		ids[i] = c.ID
+		want[c.ID] = string(c.NonceSHA256)
+		tenants[i] = c.Tenant
+	}
+	lockTenants, tenantArgs := LockTenantsSQL(tenants)
+	args := append(int64Args(ids), tenantArgs...)
+	args = append(append(args, uargs...), int64Args(ids)...)
+	res, err := tx.QueryCommit(ctx, []string{
+		"SELECT id FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE",
+		lockTenants, q,
+		"SELECT id, nonce_sha256 FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ")"},
+		args...)
+	if err != nil {
+		return nil, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+	}
+	defer res.Close()
+	if _, err := res.Next(); err != nil { // the job rows' lock
+		return nil, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+	}
+	rows, err := res.Next()
+	if err != nil {
+		return nil, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+	}
+	got := map[int64]bool{}
+	for rows.Next() {
+		var id int64
+		var hash []byte
+		if err := rows.Scan(&id, &hash); err != nil {
+			return nil, fmt.Errorf("claim %d job(s): read back: %w", len(p.Jobs), err)
+		}
+		got[id] = string(hash) == want[id]
+	}
+	if err := res.Close(); err != nil {
+		return nil, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+	}
+	return got, nil
+}
+
+// Payload is what a dispatch needs of a claimed job besides what the claim read.
+type Payload struct {
+	ID               int64
+	Payload          []byte
+	Attempt          int
+	DispatchFailures int
+}
+
+// ReadPayloads reads the payloads and attempt counts of claimed jobs, outside the claim
+// transaction.
+func ReadPayloads(ctx context.Context, db sqldb.DB, ids []int64) ([]Payload, error) {
+	rows, err := db.QueryContext(ctx, "SELECT id, payload, attempt, dispatch_failures FROM jobs WHERE id IN ("+Placeholders(len(ids))+")", int64Args(ids)...)
+	if err != nil {
+		return nil, fmt.Errorf("read claimed payloads: %w", err)
+	}
+	defer rows.Close()
+	var out []Payload
+	for rows.Next() {
+		var p Payload
+		if err := rows.Scan(&p.ID, &p.Payload, &p.Attempt, &p.DispatchFailures); err != nil {
+			return nil, fmt.Errorf("read claimed payloads: %w", err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read claimed payloads: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,190 @@
+package store_test
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/integration/wait"
+)
+
+// TestLockClaims: the claim's first round trip holds the claim lock (and no job or tenant row),
+// reads the runtime config in force (the defaults before any version) and the jobs in flight
+// per tenant, and with the probe the queue's first two jobs with their payloads.
+func TestLockClaims(t *testing.T) {
+	k := newKit(t)
+	q := k.insert(jobSpec{tenant: "a", payload: `{"p":1}`, rateKey: "k"})
+	r := k.insert(jobSpec{tenant: "a", status: job.Running})
+	d := k.insert(jobSpec{tenant: "b", status: job.Dispatched})
+	c := k.insert(jobSpec{tenant: "b", status: job.Claimed})
+	done := k.insert(jobSpec{tenant: "c", status: job.Succeeded})
+	all := []int64{q, r, d, c, done}
+
+	tx := k.beginConn()
+	l, err := store.LockClaims(k.ctx, tx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Config.GlobalInFlight != limits.Default().GlobalInFlight || l.Total != 3 || l.InFlight["a"] != 1 || l.InFlight["b"] != 2 ||
+		len(l.InFlight) != 2 || l.Lone != nil {
+		t.Errorf("claim lock read %+v", l)
+	}
+	if !k.claimLockHeld() {
+		t.Error("the claim lock is not held")
+	}
+	k.wantLocked("under the claim lock", all)
+	k.wantTenantsLocked("under the claim lock", []string{"a", "b", "c"})
+	tx.Close()
+	if k.claimLockHeld() {
+		t.Error("the claim lock is held after the transaction ended")
+	}
+
+	testdb.SetLimits(t, k.db.DB, func(c *limits.Config) { c.GlobalInFlight = 7 })
+	k.insert(jobSpec{tenant: "c"})
+	tx = k.beginConn()
+	l, err = store.LockClaims(k.ctx, tx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Config.GlobalInFlight != 7 || len(l.Lone) != 2 {
+		t.Fatalf("with a config and the probe: %+v", l)
+	}
+	if j := l.Lone[0]; j.ID != q || j.Tenant != "a" || string(j.Payload) != `{"p":1}` || j.RateKey.String != "k" || j.Version != 0 {
+		t.Errorf("the probe's first job: %+v", j)
+	}
+}
+
+// TestProbeQueue: at most two queued jobs, read without a lock.
+func TestProbeQueue(t *testing.T) {
+	k := newKit(t)
+	if got, err := store.ProbeQueue(k.ctx, k.db); err != nil || len(got) != 0 {
+		t.Fatalf("an empty queue: %+v (%v)", got, err)
+	}
+	nb := k.now.Add(time.Minute)
+	a := k.insert(jobSpec{notBefore: &nb})
+	b := k.insert(jobSpec{})
+	c := k.insert(jobSpec{})
+	tx := k.begin()
+	got, err := store.ProbeQueue(k.ctx, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(headIDs(got), []int64{a, b}) || !got[0].NotBefore.Valid || !got[0].NotBefore.Time.Equal(nb) {
+		t.Errorf("probe %+v, want jobs %d (with its not-before) and %d", got, a, b)
+	}
+	k.wantLocked("after the probe", []int64{a, b, c})
+}
+
+func headIDs(qs []store.QueuedJob) []int64 {
+	var out []int64
+	for _, q := range qs {
+		out = append(out, q.ID)
+	}
+	return out
+}
+
+// TestClaimJobs: a claim moves the chosen jobs that are still queued at the version read to
+// dispatched with its nonces, lease and stamps, and commits; a job taken or moved since it was
+// read is not claimed and not changed. Its round trip locks the job rows, in id order, before
+// their tenants' rows: held up by a tenant, it holds its jobs and waits.
+func TestClaimJobs(t *testing.T) {
+	k := newKit(t)
+	a := k.insert(jobSpec{tenant: "a"})
+	b := k.insert(jobSpec{tenant: "b", version: 2})
+	stale := k.insert(jobSpec{tenant: "a", version: 1})
+	canceled := k.insert(jobSpec{tenant: "b", status: job.Canceled})
+	hash := func(n string) []byte { return store.HashNonce(n) }
+	stamp := k.now.Add(time.Millisecond)
+	p := store.ClaimParams{DrainerID: "d9", Stamp: stamp, StartedAt: &stamp, LeaseUntil: k.now.Add(10 * time.Second),
+		NonceExpiresAt: k.now.Add(time.Minute), Jobs: []store.ClaimJob{
+			{ID: a, Version: 0, Tenant: "a", NonceSHA256: hash("na")},
+			{ID: b, Version: 2, Tenant: "b", NonceSHA256: hash("nb")},
+			{ID: stale, Version: 0, Tenant: "a", NonceSHA256: hash("ns")},
+			{ID: canceled, Version: 0, Tenant: "b", NonceSHA256: hash("nc")}}}
+
+	hold := k.begin()
+	if _, err := hold.ExecContext(k.ctx, "SELECT 1 FROM tenants WHERE tenant = 'b' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	tx := k.beginConn()
+	if _, err := store.LockClaims(k.ctx, tx, false); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		got map[int64]bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := store.ClaimJobs(k.ctx, tx, p)
+		done <- result{got, err}
+	}()
+	wait.For(t, 10*time.Second, "the claim to lock its jobs", func() (bool, error) {
+		return k.db.HeldElsewhere(k.ctx, "SELECT 1 FROM jobs WHERE id = ?", canceled)
+	})
+	k.wantLocked("while the claim waits for tenant b", []int64{a, b, stale, canceled}, a, b, stale, canceled)
+	if !k.claimLockHeld() {
+		t.Error("the claim lock is not held while the claim waits")
+	}
+	if err := hold.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if want := map[int64]bool{a: true, b: true, stale: false, canceled: false}; len(res.got) != 4 || !res.got[a] || !res.got[b] || res.got[stale] || res.got[canceled] {
+		t.Errorf("claimed %v, want %v", res.got, want)
+	}
+	k.wantLocked("after the commit", []int64{a, b, stale, canceled})
+	if k.claimLockHeld() {
+		t.Error("the claim lock is held after the commit")
+	}
+	for id, nonce := range map[int64]string{a: "na", b: "nb"} {
+		r := k.row(id)
+		if r.Status != job.Dispatched || r.Attempt != 1 || r.DrainerID == nil || *r.DrainerID != "d9" || !r.ClaimedAt.Equal(stamp) ||
+			!r.DispatchedAt.Equal(stamp) || !r.StartedAt.Equal(stamp) || !r.LeaseUntil.Equal(p.LeaseUntil) ||
+			!r.NonceExpiresAt.Equal(p.NonceExpiresAt) || !bytes.Equal(r.NonceSHA256, hash(nonce)) {
+			t.Errorf("claimed job %d: %+v", id, r)
+		}
+	}
+	if r := k.row(b); r.Version != 3 {
+		t.Errorf("job b: version %d, want 3", r.Version)
+	}
+	if r := k.row(stale); r.Status != job.Queued || r.Version != 1 || r.NonceSHA256 != nil {
+		t.Errorf("the stale job changed: %+v", r)
+	}
+	if r := k.row(canceled); r.Status != job.Canceled {
+		t.Errorf("the canceled job changed: %+v", r)
+	}
+	wantQueueState(t, k, "a", "b")
+}
+
+// TestReadPayloads: what a dispatch needs of claimed jobs, unlocked.
+func TestReadPayloads(t *testing.T) {
+	k := newKit(t)
+	a := k.insert(jobSpec{status: job.Dispatched, payload: `{"a":1}`})
+	b := k.insert(jobSpec{status: job.Dispatched})
+	k.exec("UPDATE jobs SET attempt = 3, dispatch_failures = 2 WHERE id = ?", b)
+	tx := k.begin()
+	got, err := store.ReadPayloads(k.ctx, tx, []int64{a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[int64]store.Payload{}
+	for _, p := range got {
+		byID[p.ID] = p
+	}
+	if p := byID[a]; len(got) != 2 || string(p.Payload) != `{"a":1}` {
+		t.Errorf("job a: %+v", p)
+	}
+	if p := byID[b]; p.Payload != nil || p.Attempt != 3 || p.DispatchFailures != 2 {
+		t.Errorf("job b: %+v", p)
+	}
+	k.wantLocked("after the read", []int64{a, b})
+}

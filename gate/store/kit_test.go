@@ -1,0 +1,232 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// The conformance tests of the store's operations (River's driver tests are the model): for
+// each operation, what it returns, what it fences (a stale version or state changes nothing)
+// and what it locks, seen from a second connection with FOR UPDATE NOWAIT (testdb.HeldElsewhere)
+// while the operation's transaction is still open. This file is their kit.
+
+// kit is one test's database and clock.
+type kit struct {
+	t   *testing.T
+	ctx context.Context
+	db  *testdb.DB
+	now time.Time // the database's time when the kit was made, at the columns' precision
+}
+
+func newKit(t *testing.T) *kit {
+	t.Helper()
+	db := testdb.New(t)
+	now, err := clock.DB{DB: db.DB}.Now(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kit{t: t, ctx: context.Background(), db: db, now: clock.Trunc(now)}
+}
+
+// jobSpec is a job row to insert; zero fields take the defaults of insert.
+type jobSpec struct {
+	tenant     string     // default "acme"
+	status     job.Status // default queued
+	version    int64
+	queuedAt   time.Time // default kit.now
+	rateKey    string
+	notBefore  *time.Time
+	payload    string
+	drainer    string     // in flight: default "d1"
+	dispatched *time.Time // in flight: default queuedAt
+	lease      *time.Time // in flight: default queuedAt + 1 h
+	idemKey    string
+	retryOf    int64
+	result     string
+	finished   *time.Time // terminal: default queuedAt
+}
+
+// insert writes spec as a job row (and its tenant's row if missing), recounts its tenant's
+// queue state, and returns the job's id.
+func (k *kit) insert(spec jobSpec) int64 {
+	k.t.Helper()
+	if spec.tenant == "" {
+		spec.tenant = "acme"
+	}
+	if spec.status == "" {
+		spec.status = job.Queued
+	}
+	if spec.queuedAt.IsZero() {
+		spec.queuedAt = k.now
+	}
+	var drainer, dispatched, lease, finished, rateKey, payload, idem, retryOf, result any
+	if spec.status.InFlight() {
+		drainer, dispatched, lease = "d1", spec.queuedAt, spec.queuedAt.Add(time.Hour)
+		if spec.drainer != "" {
+			drainer = spec.drainer
+		}
+		if spec.dispatched != nil {
+			dispatched = *spec.dispatched
+		}
+		if spec.lease != nil {
+			lease = *spec.lease
+		}
+	}
+	if spec.status.Terminal() {
+		finished = spec.queuedAt
+		if spec.finished != nil {
+			finished = *spec.finished
+		}
+	}
+	if spec.rateKey != "" {
+		rateKey = spec.rateKey
+	}
+	if spec.payload != "" {
+		payload = spec.payload
+	}
+	if spec.idemKey != "" {
+		idem = spec.idemKey
+	}
+	if spec.retryOf != 0 {
+		retryOf = spec.retryOf
+	}
+	if spec.result != "" {
+		result = spec.result
+	}
+	k.exec("INSERT IGNORE INTO tenants (tenant, created_at) VALUES (?, ?)", spec.tenant, spec.queuedAt)
+	res, err := k.db.ExecContext(k.ctx, `INSERT INTO jobs (tenant, status, version, queued_at, rate_key_sha256, not_before,
+		payload, drainer_id, claimed_at, dispatched_at, lease_until, finished_at, idempotency_key, retry_of, result, caller)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'test')`,
+		spec.tenant, string(spec.status), spec.version, spec.queuedAt, rateKey, spec.notBefore,
+		payload, drainer, dispatched, dispatched, lease, finished, idem, retryOf, result)
+	if err != nil {
+		k.t.Fatalf("insert %+v: %v", spec, err)
+	}
+	if err := store.RecountQueues(k.ctx, k.db, spec.tenant); err != nil {
+		k.t.Fatal(err)
+	}
+	id, _ := res.LastInsertId()
+	return id
+}
+
+func (k *kit) exec(q string, args ...any) sql.Result {
+	k.t.Helper()
+	res, err := k.db.ExecContext(k.ctx, q, args...)
+	if err != nil {
+		k.t.Fatalf("%s: %v", q, err)
+	}
+	return res
+}
+
+// count runs q, a SELECT of one integer.
+func (k *kit) count(q string, args ...any) int64 {
+	k.t.Helper()
+	var n int64
+	if err := k.db.QueryRowContext(k.ctx, q, args...).Scan(&n); err != nil {
+		k.t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// row reads job id.
+func (k *kit) row(id int64) store.Row {
+	k.t.Helper()
+	r, err := store.Get(k.ctx, k.db, id, false)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return r
+}
+
+// begin opens a database/sql transaction, rolled back when the test ends.
+func (k *kit) begin() *sql.Tx {
+	k.t.Helper()
+	tx, err := k.db.BeginTx(k.ctx, nil)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
+}
+
+// beginConn opens a ConnTx, closed when the test ends.
+func (k *kit) beginConn() *store.ConnTx {
+	k.t.Helper()
+	return beginConn(k.ctx, k.t, k.db)
+}
+
+// jobLocked reports whether another transaction holds job id's row.
+func (k *kit) jobLocked(id int64) bool {
+	k.t.Helper()
+	held, err := k.db.HeldElsewhere(k.ctx, "SELECT 1 FROM jobs WHERE id = ?", id)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return held
+}
+
+// tenantLocked reports whether another transaction holds tenant's row.
+func (k *kit) tenantLocked(tenant string) bool {
+	k.t.Helper()
+	held, err := k.db.HeldElsewhere(k.ctx, "SELECT 1 FROM tenants WHERE tenant = ?", tenant)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return held
+}
+
+// claimLockHeld reports whether another transaction holds the claim lock.
+func (k *kit) claimLockHeld() bool {
+	k.t.Helper()
+	held, err := k.db.HeldElsewhere(k.ctx, "SELECT 1 FROM claim_lock WHERE id = 1")
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return held
+}
+
+// wantLocked fails unless exactly the jobs of want among ids are held by another transaction.
+func (k *kit) wantLocked(what string, ids []int64, want ...int64) {
+	k.t.Helper()
+	var got []int64
+	for _, id := range ids {
+		if k.jobLocked(id) {
+			got = append(got, id)
+		}
+	}
+	if !slices.Equal(got, want) {
+		k.t.Errorf("%s: jobs locked %v, want %v (of %v)", what, got, want, ids)
+	}
+}
+
+// wantTenantsLocked fails unless exactly the tenants of want among tenants are held elsewhere.
+func (k *kit) wantTenantsLocked(what string, tenants []string, want ...string) {
+	k.t.Helper()
+	var got []string
+	for _, t := range tenants {
+		if k.tenantLocked(t) {
+			got = append(got, t)
+		}
+	}
+	if !slices.Equal(got, want) {
+		k.t.Errorf("%s: tenants locked %v, want %v (of %v)", what, got, want, tenants)
+	}
+}
+
+func ids(rows []store.Row) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func at(t time.Time) *time.Time { return &t }

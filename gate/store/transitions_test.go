@@ -1,0 +1,180 @@
+package store_test
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// TestGetAndPosition: a job read whole, locked only when asked; a queued job's position among
+// its tenant's queued jobs in (queued_at, id) order; a missing job is ErrNotFound.
+func TestGetAndPosition(t *testing.T) {
+	k := newKit(t)
+	second := k.insert(jobSpec{payload: `{"x":1}`})
+	first := k.insert(jobSpec{queuedAt: k.now.Add(-time.Second)})
+	running := k.insert(jobSpec{status: job.Running})
+	tx := k.begin()
+	r, err := store.Get(k.ctx, tx, second, false)
+	if err != nil || string(r.Payload) != `{"x":1}` || r.Status != job.Queued {
+		t.Fatalf("get: %+v (%v)", r, err)
+	}
+	k.wantLocked("after a plain read", []int64{second})
+	if _, err := store.Get(k.ctx, tx, second, true); err != nil {
+		t.Fatal(err)
+	}
+	k.wantLocked("after a locking read", []int64{second, first}, second)
+	if _, err := store.Get(k.ctx, tx, second+100, false); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a missing job: %v, want ErrNotFound", err)
+	}
+	j, err := store.WithPosition(k.ctx, tx, r.Job)
+	if err != nil || j.Position == nil || *j.Position != 2 {
+		t.Errorf("position of the second job: %v (%v), want 2", j.Position, err)
+	}
+	if j, err := store.WithPosition(k.ctx, tx, k.row(running).Job); err != nil || j.Position != nil {
+		t.Errorf("a running job's position: %v (%v), want none", j.Position, err)
+	}
+}
+
+// TestCancel: a queued job moves to canceled, fenced on its version, and stays locked; a job
+// already canceled is returned as it is, unmoved; one in flight is not cancelable.
+func TestCancel(t *testing.T) {
+	k := newKit(t)
+	var log bytes.Buffer
+	st := &store.Store{Log: slog.New(slog.NewTextHandler(&log, nil))}
+	queued := k.insert(jobSpec{version: 2})
+	running := k.insert(jobSpec{status: job.Running})
+	tx := k.begin()
+	r, moved, err := st.Cancel(k.ctx, tx, k.now, queued)
+	if err != nil || !moved || r.Status != job.Canceled || r.Version != 3 {
+		t.Fatalf("cancel: %+v moved %v (%v)", r, moved, err)
+	}
+	k.wantLocked("inside the cancel", []int64{queued, running}, queued)
+	if _, moved, err := st.Cancel(k.ctx, tx, k.now, queued); err != nil || moved {
+		t.Errorf("a second cancel: moved %v (%v), want unmoved", moved, err)
+	}
+	if _, _, err := st.Cancel(k.ctx, tx, k.now, running); !errors.Is(err, store.ErrNotCancelable) {
+		t.Errorf("cancel of a running job: %v, want ErrNotCancelable", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if r := k.row(queued); r.Status != job.Canceled || r.FinishedAt == nil {
+		t.Errorf("after commit: %+v", r)
+	}
+	if !strings.Contains(log.String(), "to=canceled") {
+		t.Errorf("no transition logged: %s", log.String())
+	}
+	wantQueueState(t, k, "acme")
+}
+
+// TestExpire: the queued jobs queued before the cutoff move to expired, at most the limit, and
+// stay locked with their tenants' rows; jobs another transaction holds are skipped, not waited
+// for.
+func TestExpire(t *testing.T) {
+	k := newKit(t)
+	old := k.now.Add(-time.Hour)
+	a := k.insert(jobSpec{tenant: "a", queuedAt: old})
+	b := k.insert(jobSpec{tenant: "b", queuedAt: old})
+	held := k.insert(jobSpec{tenant: "c", queuedAt: old})
+	young := k.insert(jobSpec{tenant: "d"})
+	extra := k.insert(jobSpec{tenant: "a", queuedAt: old.Add(time.Second)})
+	hold := k.begin()
+	if _, err := store.Get(k.ctx, hold, held, true); err != nil {
+		t.Fatal(err)
+	}
+	tx := k.begin()
+	st := &store.Store{}
+	gone, err := st.Expire(k.ctx, tx, k.now, k.now.Add(-time.Minute), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int64{a, extra, b}; !slices.Equal(ids(gone), want) { // in the claim index's order
+		t.Fatalf("expired %v, want %v", ids(gone), want)
+	}
+	k.wantLocked("inside the expiry", []int64{a, b, young, extra}, a, b, extra)
+	k.wantTenantsLocked("inside the expiry", []string{"a", "b", "d"}, "a", "b")
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if r := k.row(a); r.Status != job.Expired || r.ErrorCode == nil || *r.ErrorCode != store.ExpiredCode || r.Version != 1 {
+		t.Errorf("expired job: %+v", r)
+	}
+	if none, err := st.Expire(k.ctx, k.db, k.now, k.now.Add(-time.Minute), 3); err != nil || len(none) != 0 {
+		t.Errorf("a second expiry with the last old job held elsewhere: %v (%v)", ids(none), err)
+	}
+	_ = hold.Rollback()
+	wantQueueState(t, k, "a", "b", "c", "d")
+}
+
+// TestConfirmStart: a dispatched job's start moves it to running, the version unchanged so the
+// drainer's outcome write still matches, and locks it; a repeat is accepted; a wrong or late
+// nonce is refused with its code.
+func TestConfirmStart(t *testing.T) {
+	k := newKit(t)
+	st := &store.Store{}
+	r := dispatched(t, k.db, k.now, "acme", "n1")
+	tx := k.begin()
+	got, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "n1")
+	if err != nil || got.Status != job.Running || got.Version != r.Version {
+		t.Fatalf("confirm: %+v (%v)", got, err)
+	}
+	k.wantLocked("inside the confirmation", []int64{r.ID}, r.ID)
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "n1"); err != nil {
+		t.Errorf("a repeated confirmation: %v", err)
+	}
+	var je *job.Error
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "other"); !errors.As(err, &je) || je.Code != job.CodeNonceInvalid {
+		t.Errorf("another nonce: %v, want nonce_invalid", err)
+	}
+	late := dispatched(t, k.db, k.now.Add(-time.Hour), "acme", "n2")
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, late.ID, "n2"); !errors.As(err, &je) || je.Code != job.CodeNonceExpired {
+		t.Errorf("a late confirmation: %v, want nonce_expired", err)
+	}
+}
+
+// TestRelease: a capacity-release poke in the caller's transaction, naming the tenant, and no
+// job touched.
+func TestRelease(t *testing.T) {
+	k := newKit(t)
+	a := k.insert(jobSpec{status: job.Running})
+	tx := k.begin()
+	id, err := (&store.Store{Prefix: "px"}).Release(k.ctx, tx, k.now, "acme")
+	if err != nil || id == 0 {
+		t.Fatalf("release: %d (%v)", id, err)
+	}
+	k.wantLocked("inside the release", []int64{a})
+	var subject string
+	if err := tx.QueryRowContext(k.ctx, "SELECT subject FROM outbox WHERE id = ?", id).Scan(&subject); err != nil {
+		t.Fatal(err)
+	}
+	if want := outbox.Subject("px", outbox.Release, "acme"); subject != want {
+		t.Errorf("subject %q, want %q", subject, want)
+	}
+}
+
+// TestLogTransition: one line per transition, with the wait and run times a dispatch gives it.
+func TestLogTransition(t *testing.T) {
+	var log bytes.Buffer
+	st := &store.Store{Log: slog.New(slog.NewTextHandler(&log, nil))}
+	now := time.Now()
+	queued := now.Add(-3 * time.Second)
+	dispatchedAt := now.Add(-time.Second)
+	r := store.Row{Job: job.Job{ID: 7, Tenant: "acme", Status: job.Running, QueuedAt: queued, DispatchedAt: &dispatchedAt}}
+	st.LogTransition(t.Context(), r, job.Failed, 3, now, "boom")
+	st.LogTransition(t.Context(), store.Row{Job: job.Job{ID: 8, Status: job.Queued, QueuedAt: queued}}, job.Dispatched, 1, now, "")
+	out := log.String()
+	for _, want := range []string{"job_id=7", "from=running", "to=failed", "waited_ms=2000", "ran_ms=1000", "error_code=boom", "job_id=8", "to=dispatched", "waited_ms=3000"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log %q lacks %q", out, want)
+		}
+	}
+	(&store.Store{}).LogTransition(t.Context(), r, job.Failed, 3, now, "") // no log: nothing to do
+}
