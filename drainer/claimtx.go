@@ -228,10 +228,11 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 	}
 	lockTenants, tenantArgs := store.LockTenantsSQL(tenants)
 	args := append(int64Args(ids), tenantArgs...)
-	args = append(append(args, u.args...), int64Args(ids)...)
+	aq, aargs := cl.claimAudit(chosen, u)
+	args = append(append(append(args, u.args...), aargs...), int64Args(ids)...)
 	res, err := tx.QueryCommit(cctx, []string{
 		"SELECT id FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE",
-		lockTenants, u.query,
+		lockTenants, u.query, aq,
 		"SELECT id, nonce_sha256 FROM jobs WHERE id IN (" + store.Placeholders(len(ids)) + ")"},
 		args...)
 	if err != nil {
@@ -258,6 +259,20 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 		return nil, fmt.Errorf("claim %d job(s): %w", len(chosen), err)
 	}
 	return u.claimed(chosen, got, cfg), nil
+}
+
+// claimAudit is the INSERT of the claim's transition rows, for the chosen jobs that carry this
+// claim's nonces after its UPDATE: those it moved (a job canceled or taken meanwhile keeps its
+// own nonce or none).
+func (cl *claimer) claimAudit(chosen []candidate, u claimUpdate) (string, []any) {
+	ids := make([]int64, len(chosen))
+	from := make(map[int64]job.Status, len(chosen))
+	hashes := make([]any, len(chosen))
+	for i, c := range chosen {
+		ids[i], from[c.id], hashes[i] = c.id, job.Queued, store.HashNonce(u.nonces[i])
+	}
+	return store.AuditTransitionsSQL(cl.cfg.ID, ids, from,
+		"nonce_sha256 IN ("+store.Placeholders(len(hashes))+")", hashes...)
 }
 
 // loadPayloads reads the payloads and attempt counts of jobs this drainer claimed.

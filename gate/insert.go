@@ -46,7 +46,7 @@ func (a *Admitter) insert(ctx context.Context, tx txConn, items []*item, st *sta
 			it.id = ids[c.stmt] + int64(i)
 		}
 		for i, it := range c.pokes {
-			it.outboxID = ids[c.stmt+1] + int64(i)
+			it.outboxID = ids[c.stmt+2] + int64(i)
 		}
 	}
 	return nil
@@ -99,13 +99,18 @@ func (a *Admitter) insertStatements(items []*item, st *state, perTenant bool) wr
 				c.pokes = append(c.pokes, it)
 			}
 		}
-		w.stmts = append(w.stmts, q.String())
-		w.args = append(w.args, rowArgs)
+		// The chunk's first job id is kept for its audit rows (auditChunk), which follow the pokes
+		// whose INSERT moves LAST_INSERT_ID() on.
+		w.stmts = append(w.stmts, q.String(), firstJobSQL)
+		w.args = append(w.args, rowArgs, nil)
 		if len(pokes) > 0 {
 			pq, pargs := outbox.InsertPokes(a.cfg.Prefix, st.now, pokes)
 			w.stmts = append(w.stmts, pq)
 			w.args = append(w.args, pargs)
 		}
+		aq, aargs := auditChunk(chunk)
+		w.stmts = append(w.stmts, aq)
+		w.args = append(w.args, aargs)
 		w.chunks = append(w.chunks, c)
 	}
 	if q, args := queueCountSQL(ins, st); q != "" {

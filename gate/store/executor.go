@@ -44,8 +44,12 @@ func (s *Store) ConfirmStart(ctx context.Context, tx DB, now time.Time, id int64
 		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
 			Detail: map[string]any{"status": r.Status}}
 	}
+	// The audit row follows in the same round trip, read from the row the UPDATE moved; its
+	// count is the one returned, 0 when the UPDATE moved nothing.
+	aq, aargs := AuditTransitionsSQL(s.actor(ctx), []int64{id}, map[int64]job.Status{id: r.Status},
+		"version = ? AND status = 'running'", r.Version)
 	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'running', started_at = ?
-		WHERE id = ? AND version = ? AND status = 'dispatched'`, now, id, r.Version)
+		WHERE id = ? AND version = ? AND status = 'dispatched';`+aq, append([]any{now, id, r.Version}, aargs...)...)
 	if err != nil {
 		return r, fmt.Errorf("confirm start of job %d: %w", id, err)
 	}

@@ -182,6 +182,9 @@ type Store struct {
 	// The methods here do not count (their caller's transaction may yet roll back): callers
 	// report what they wrote once it has committed. Default none: nothing is counted.
 	Metrics *Metrics
+	// Actor names the writer in the audit rows of transitions made under a context that names
+	// none (WithActor): a drainer's id. Default "".
+	Actor string
 }
 
 func (s *Store) prefix() string {
@@ -291,7 +294,8 @@ func (s *Store) FinishMany(ctx context.Context, tx DB, now time.Time, items []Fi
 			return nil, err
 		}
 	}
-	if _, err := tx.ExecContext(ctx, p.poke.query, p.poke.args...); err != nil {
+	aq, aargs := s.finishAudit(ctx, items)
+	if _, err := tx.ExecContext(ctx, p.poke.query+";"+aq, append(p.poke.args, aargs...)...); err != nil {
 		return nil, fmt.Errorf("write outbox: %w", err)
 	}
 	s.logFinish(ctx, now, items, p)
@@ -318,8 +322,9 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 		stmts = append(stmts, u.query)
 		args = append(args, u.args...)
 	}
-	stmts = append(stmts, p.poke.query)
-	args = append(args, p.poke.args...)
+	aq, aargs := s.finishAudit(ctx, items)
+	stmts = append(stmts, p.poke.query, aq)
+	args = append(append(args, p.poke.args...), aargs...)
 	began := !tx.open
 	res, err := tx.Exec(ctx, stmts, args...)
 	if err != nil {
@@ -332,7 +337,7 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 	if len(p.requeued) > 0 && len(affected) > 0 {
 		affected = affected[1:] // the tenant lock's
 	}
-	if len(affected) != len(p.updates)+1 {
+	if len(affected) != len(p.updates)+2 {
 		return nil, fmt.Errorf("finish %d job(s): %d statement results for %d statements", len(items), len(affected), len(stmts))
 	}
 	for i := range p.updates {
@@ -609,8 +614,10 @@ func (s *Store) Cancel(ctx context.Context, tx DB, now time.Time, id int64) (r R
 	default:
 		return r, false, ErrNotCancelable
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'canceled', version = version + 1,
-		finished_at = ? WHERE id = ? AND version = ? AND status = 'queued'`, now, id, r.Version); err != nil {
+	// The row is locked (Get above), so the UPDATE moves it and its audit row may go first.
+	aq, aargs := AuditInsertSQL([]AuditEvent{transitionEvent(s.actor(ctx), r, job.Canceled, r.Version+1, r.Attempt, "")})
+	if _, err := tx.ExecContext(ctx, aq+`;UPDATE jobs SET status = 'canceled', version = version + 1,
+		finished_at = ? WHERE id = ? AND version = ? AND status = 'queued'`, append(aargs, now, id, r.Version)...); err != nil {
 		return r, false, fmt.Errorf("cancel job %d: %w", id, err)
 	}
 	s.LogTransition(ctx, r, job.Canceled, r.Version+1, now, "")
@@ -652,12 +659,18 @@ func (s *Store) Expire(ctx context.Context, tx DB, now, cutoff time.Time, limit 
 	if _, err := tx.ExecContext(ctx, lq, largs...); err != nil {
 		return nil, fmt.Errorf("expire queued jobs: lock tenants: %w", err)
 	}
-	args := []any{now, ExpiredCode}
+	events := make([]AuditEvent, len(old))
+	for i, r := range old {
+		events[i] = transitionEvent(s.actor(ctx), r, job.Expired, r.Version+1, r.Attempt, ExpiredCode)
+	}
+	// Before the UPDATE, in its round trip, so that RowsAffected is the UPDATE's.
+	aq, args := AuditInsertSQL(events)
+	args = append(args, now, ExpiredCode)
 	for _, r := range old {
 		args = append(args, r.ID)
 	}
 	// The rows are locked, so their versions cannot have moved since they were read.
-	upd, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'expired', version = version + 1, finished_at = ?,
+	upd, err := tx.ExecContext(ctx, aq+`;UPDATE jobs SET status = 'expired', version = version + 1, finished_at = ?,
 		error_code = ?, error_message = 'queued longer than max_queue_age_seconds'
 		WHERE status = 'queued' AND id IN (`+Placeholders(len(old))+`)`, args...)
 	if err != nil {
