@@ -271,7 +271,7 @@ func (cl *claimer) claimAudit(chosen []candidate, u claimUpdate) (string, []any)
 	for i, c := range chosen {
 		ids[i], from[c.id], hashes[i] = c.id, job.Queued, store.HashNonce(u.nonces[i])
 	}
-	return store.AuditTransitionsSQL(cl.cfg.ID, ids, from,
+	return store.AuditTransitionsSQL(cl.cfg.ID, ids, from, false,
 		"nonce_sha256 IN ("+store.Placeholders(len(hashes))+")", hashes...)
 }
 

@@ -74,6 +74,8 @@ type fdOptions struct {
 	apiGates *rategate.Store
 	// lanes is gate.Config.Lanes; 0 takes the default.
 	lanes int
+	// audit is gate.Config.Audit: the queue of refusal events.
+	audit *store.AuditQueue
 }
 
 // fakeNow is the wall clock of rate-limit windows and gates, fixed unless a test moves it, so
@@ -148,7 +150,8 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 		t.Fatal(err)
 	}
 	cfg := gate.Config{DB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
-		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Clock: fakeClock{f.now}, Lanes: o.lanes}
+		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Clock: fakeClock{f.now}, Lanes: o.lanes,
+		Audit: o.audit}
 	if o.admitDB != nil {
 		cfg.DB = o.admitDB
 	}

@@ -122,11 +122,12 @@ func appendAuditArgs(args []any, e AuditEvent) []any {
 
 // AuditTransitionsSQL is the INSERT of one transition row per job of ids, read from the jobs as
 // the transaction's own UPDATE left them (status, version, attempt, error code), with from[id]
-// the state each left. The caller runs it after that UPDATE in the same transaction, and only
+// the state each left; withCode takes the error code from the row, which only a transition that
+// writes one should (a claim leaves the code of the dispatch before). The caller runs it after that UPDATE in the same transaction, and only
 // where every id was moved (a fence that failed rolls the transaction back) unless fence, an
 // extra condition on the jobs' rows, picks out those the UPDATE moved; fenceArgs are its
 // arguments.
-func AuditTransitionsSQL(actor string, ids []int64, from map[int64]job.Status, fence string, fenceArgs ...any) (string, []any) {
+func AuditTransitionsSQL(actor string, ids []int64, from map[int64]job.Status, withCode bool, fence string, fenceArgs ...any) (string, []any) {
 	var q strings.Builder
 	args := make([]any, 0, 3*len(ids)+2+len(fenceArgs))
 	q.WriteString(auditInsert + "SELECT '" + EventTransition + "', tenant, id, NULL, ?, CASE id")
@@ -135,7 +136,11 @@ func AuditTransitionsSQL(actor string, ids []int64, from map[int64]job.Status, f
 		q.WriteString(" WHEN ? THEN ?")
 		args = append(args, id, string(from[id]))
 	}
-	q.WriteString(" END, status, version, attempt, error_code, NULL, NULL FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ")")
+	code := "NULL"
+	if withCode {
+		code = "error_code"
+	}
+	q.WriteString(" END, status, version, attempt, " + code + ", NULL, NULL FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ")")
 	for _, id := range ids {
 		args = append(args, id)
 	}
@@ -277,5 +282,5 @@ func (s *Store) finishAudit(ctx context.Context, items []Finishing) (string, []a
 	for i, it := range items {
 		ids[i], from[it.Row.ID] = it.Row.ID, it.Row.Status
 	}
-	return AuditTransitionsSQL(s.actor(ctx), ids, from, "")
+	return AuditTransitionsSQL(s.actor(ctx), ids, from, true, "")
 }

@@ -110,10 +110,14 @@ func (q *AuditQueue) RunOnce(ctx context.Context) (int, error) {
 	return len(batch), nil
 }
 
-// Run flushes the queue whenever events arrive, until ctx is done; then it writes what is left,
-// for at most stopFlush.
+// Run flushes the queue whenever events arrive, until ctx is done; then it writes what is left.
+// A flush takes at most stopFlush.
 func (q *AuditQueue) Run(ctx context.Context) {
+	// A flush under way finishes even when ctx ends meanwhile: the events it took are out of the
+	// queue, and a cancelled write would drop them.
 	flush := func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopFlush)
+		defer cancel()
 		for {
 			n, err := q.RunOnce(ctx)
 			if err != nil {
@@ -127,9 +131,7 @@ func (q *AuditQueue) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopFlush)
-			flush(fctx)
-			cancel()
+			flush(ctx)
 			return
 		case <-q.wake:
 			flush(ctx)
@@ -137,5 +139,5 @@ func (q *AuditQueue) Run(ctx context.Context) {
 	}
 }
 
-// stopFlush bounds the last flush of a stopping process.
+// stopFlush bounds one flush, the last one of a stopping process included.
 const stopFlush = 2 * time.Second

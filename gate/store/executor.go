@@ -46,7 +46,7 @@ func (s *Store) ConfirmStart(ctx context.Context, tx DB, now time.Time, id int64
 	}
 	// The audit row follows in the same round trip, read from the row the UPDATE moved; its
 	// count is the one returned, 0 when the UPDATE moved nothing.
-	aq, aargs := AuditTransitionsSQL(s.actor(ctx), []int64{id}, map[int64]job.Status{id: r.Status},
+	aq, aargs := AuditTransitionsSQL(s.actor(ctx), []int64{id}, map[int64]job.Status{id: r.Status}, false,
 		"version = ? AND status = 'running'", r.Version)
 	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'running', started_at = ?
 		WHERE id = ? AND version = ? AND status = 'dispatched';`+aq, append([]any{now, id, r.Version}, aargs...)...)
