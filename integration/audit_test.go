@@ -102,6 +102,41 @@ func TestAuditAdmissionCommitsWithItsJob(t *testing.T) {
 	}
 }
 
+// TestAuditBatchNamesEachJob: a batch's jobs, of several tenants in one INSERT with their
+// pokes, each get one admitted event naming that job.
+func TestAuditBatchNamesEachJob(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	a, b := uniqueTenant("batch-a"), uniqueTenant("batch-b")
+	r := f.do(t, http.MethodPost, "/v1/jobs:batch", fdStarToken, map[string]any{"jobs": []map[string]any{
+		{"tenant": a}, {"tenant": b}, {"tenant": a}, {"tenant": b, "idempotency_key": "k"}}})
+	if r.Status != 200 {
+		t.Fatalf("batch: HTTP %d %s", r.Status, r.Raw)
+	}
+	rows, err := f.db.QueryContext(context.Background(), `SELECT j.id, COUNT(e.id), MIN(e.tenant = j.tenant)
+		FROM jobs j LEFT JOIN audit_events e ON e.job_id = j.id AND e.event = 'admitted'
+		WHERE j.tenant IN (?, ?) GROUP BY j.id`, a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var id, events int64
+		var same sql.NullBool
+		if err := rows.Scan(&id, &events, &same); err != nil {
+			t.Fatal(err)
+		}
+		if events != 1 || !same.Bool {
+			t.Errorf("job %d: %d admitted events (same tenant %v), want 1", id, events, same)
+		}
+		n++
+	}
+	if n != 4 {
+		t.Errorf("%d jobs, want 4", n)
+	}
+}
+
 // TestAuditRefusals: every refusal code gets its event: depth caps (queue_full, with the
 // rejected row) in the admission's transaction; rate_limited and capacity_exceeded, which write
 // nothing else, through the audit queue once it is flushed; a replay too; shadow mode's
