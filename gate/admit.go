@@ -249,7 +249,7 @@ func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result
 	}
 	cfg := a.cfg.Limits.Current().Config
 	it := &item{req: Request{Tenant: old.Tenant, Payload: old.Payload}, hash: old.RateKeySHA256,
-		retryOf: &id, noRate: true, caller: old.Caller}
+		retryOf: &id, noRate: true, caller: old.Caller, actor: caller}
 	it.fp = it.req.fingerprint()
 	if err := a.run(ctx, []*item{it}, cfg, false); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)

@@ -19,7 +19,11 @@ func auditChunk(chunk []*item) (string, []any) {
 	zero, none := int64(0), 0
 	for i, it := range chunk {
 		off := int64(i)
-		e := store.AuditEvent{Event: store.EventAdmitted, Tenant: it.req.Tenant, JobID: &off, Actor: it.caller,
+		actor := it.caller
+		if it.actor != "" {
+			actor = it.actor
+		}
+		e := store.AuditEvent{Event: store.EventAdmitted, Tenant: it.req.Tenant, JobID: &off, Actor: actor,
 			To: string(job.Queued), Version: &zero, Attempt: &none}
 		detail := map[string]any{"cap": it.res.Limit, "in_flight": it.res.InFlight}
 		switch {

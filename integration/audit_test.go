@@ -276,6 +276,19 @@ func TestAuditJobEventsScope(t *testing.T) {
 			t.Errorf("GET /v1/audit?%s: HTTP %d, want 400", bad, r.Status)
 		}
 	}
+	// A redrive's admission names the operator who redrove, and the job it retries.
+	if _, err := f.db.ExecContext(context.Background(), "UPDATE jobs SET status = 'failed', version = version + 2 WHERE id = ?", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := f.admin.Redrive(context.Background(), ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := f.admin.JobEvents(context.Background(), n.ID)
+	if err != nil || len(evs) != 1 || evs[0].Actor != "admin" || evs[0].Event != "admitted" ||
+		string(evs[0].Detail) == "" || !strings.Contains(string(evs[0].Detail), fmt.Sprintf(`"retry_of":%d`, ids[0])) {
+		t.Errorf("the redriven job's events: %+v, %v; want one admitted by admin with retry_of %d", evs, err, ids[0])
+	}
 	var seen []int64
 	next := "/v1/audit?tenant=acme&event=admitted&since=2000-01-01T00:00:00Z&limit=2"
 	for page := 0; next != "" && page < 5; page++ {
@@ -291,8 +304,8 @@ func TestAuditJobEventsScope(t *testing.T) {
 			next = "/v1/audit?tenant=acme&limit=2&cursor=" + c
 		}
 	}
-	if len(seen) != 3 || seen[0] != ids[2] || seen[1] != ids[1] || seen[2] != ids[0] {
-		t.Errorf("audit pages listed jobs %v, want %v newest first", seen, ids)
+	if len(seen) != 4 || seen[0] != n.ID || seen[1] != ids[2] || seen[2] != ids[1] || seen[3] != ids[0] {
+		t.Errorf("audit pages listed jobs %v, want %d then %v newest first", seen, n.ID, ids)
 	}
 }
 
