@@ -36,7 +36,7 @@ type item struct {
 	noRate   bool   // exempt from the admission rate limit (redrive: an operator's action)
 	caller   string
 	actor    string // who decided, for the audit trail, when not caller (a redrive's operator)
-	gatedFor int // seconds the rate key stays gated (queue=false), 0 if not gated
+	gatedFor int    // seconds the rate key stays gated (queue=false), 0 if not gated
 
 	// decided
 	res      Result
