@@ -151,7 +151,7 @@ func New(cfg Config) (*Drainer, error) {
 		cfg.OutcomeBatch = maxOutcomeBatch
 	}
 	d := &Drainer{cfg: cfg, wake: make(chan struct{}, 1), config: &configView{}, heads: &headCache{}}
-	st := &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics}
+	st := &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, Actor: cfg.ID}
 	d.leases = &leaseKeeper{cfg: &d.cfg, config: d.config, held: map[int64]int64{}}
 	d.beat = &heartbeat{cfg: &d.cfg, leases: d.leases, host: host, pid: os.Getpid()}
 	w := &outcomeWriter{cfg: &d.cfg, store: st, heads: d.heads}

@@ -82,6 +82,9 @@ type Config struct {
 	// transaction; admissions that arrive while every lane is busy share the next transaction
 	// (see combiner). Default 2.
 	Lanes int
+	// Audit, if set, takes the audit events of refusals and replays, which write nothing else
+	// (SPEC §10). Default none: only the decisions admission writes rows for are audited.
+	Audit *store.AuditQueue
 	// Faults injects failures for tests. Default none.
 	Faults *Faults
 }
@@ -188,9 +191,11 @@ func (a *Admitter) Admit(ctx context.Context, caller string, req Request, mayAct
 	}
 	if err := a.admit(ctx, it, cfg); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
+		a.auditOutcome(it, Result{}, err)
 		return Result{}, err
 	}
 	a.cfg.Metrics.observe(it.res, it.err)
+	a.auditOutcome(it, it.res, it.err)
 	return it.res, it.err
 }
 
@@ -227,6 +232,7 @@ func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request
 		}
 		out[i] = ItemResult{Result: it.res, Err: err}
 		a.cfg.Metrics.observe(it.res, err)
+		a.auditOutcome(it, it.res, err)
 	}
 	return out, nil
 }
@@ -250,7 +256,7 @@ func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result
 	}
 	cfg := a.cfg.Limits.Current().Config
 	it := &item{req: Request{Tenant: old.Tenant, Payload: old.Payload}, hash: old.RateKeySHA256,
-		retryOf: &id, noRate: true, caller: old.Caller}
+		retryOf: &id, noRate: true, caller: old.Caller, actor: caller}
 	it.fp = it.req.fingerprint()
 	if err := a.run(ctx, []*item{it}, cfg, false); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)

@@ -35,7 +35,8 @@ type item struct {
 	retryOf  *int64 // a redrive
 	noRate   bool   // exempt from the admission rate limit (redrive: an operator's action)
 	caller   string
-	gatedFor int // seconds the rate key stays gated (queue=false), 0 if not gated
+	actor    string // who decided, for the audit trail, when not caller (a redrive's operator)
+	gatedFor int    // seconds the rate key stays gated (queue=false), 0 if not gated
 
 	// decided
 	res      Result

@@ -55,5 +55,6 @@ func (a *Admitter) newJobs(items []*item, st *state, perTenant bool) (store.NewJ
 		}
 		p.Jobs[i] = j
 	}
+	p.Audit = auditEvents(ins)
 	return p, ins
 }

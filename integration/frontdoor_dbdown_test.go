@@ -61,6 +61,8 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 		{http.MethodPost, "/v1/jobs:batch", "/v1/jobs:batch", fdStarToken, map[string]any{"jobs": []any{map[string]any{"tenant": "acme"}}}},
 		{http.MethodGet, "/v1/jobs", "/v1/jobs?tenant=acme", fdAlphaToken, nil},
 		{http.MethodGet, "/v1/jobs/{id}", jobPath(queued, ""), fdAlphaToken, nil},
+		{http.MethodGet, "/v1/jobs/{id}/events", jobPath(queued, "/events"), fdAlphaToken, nil},
+		{http.MethodGet, "/v1/audit", "/v1/audit?tenant=acme", fdAdminToken, nil},
 		{http.MethodDelete, "/v1/jobs/{id}", jobPath(queued, ""), fdAlphaToken, nil},
 		{http.MethodPost, "/v1/jobs/{id}/redrive", jobPath(failed, "/redrive"), fdAdminToken, nil},
 		{http.MethodPost, "/v1/jobs/{id}/start", jobPath(running, "/start"), fdExecToken, map[string]any{"nonce": "n1"}},

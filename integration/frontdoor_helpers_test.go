@@ -75,6 +75,8 @@ type fdOptions struct {
 	apiGates *rategate.Store
 	// lanes is gate.Config.Lanes; 0 takes the default.
 	lanes int
+	// audit is gate.Config.Audit: the queue of refusal events.
+	audit *store.AuditQueue
 }
 
 // fakeNow is the wall clock of rate-limit windows and gates, fixed unless a test moves it, so
@@ -152,7 +154,8 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	// (store.Open), admission transactions on one that takes them (store.OpenMulti).
 	plain := f.db.Plain(t)
 	cfg := gate.Config{DB: plain, TxDB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
-		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Clock: fakeClock{f.now}, Lanes: o.lanes}
+		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Clock: fakeClock{f.now}, Lanes: o.lanes,
+		Audit: o.audit}
 	if o.admitDB != nil {
 		cfg.DB, cfg.TxDB = o.admitDB, o.admitDB
 	}

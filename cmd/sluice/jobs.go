@@ -16,12 +16,12 @@ import (
 	"github.com/sluicehq/sluice/gate/job"
 )
 
-// jobsCmd is `sluice jobs list|show|cancel`: the API's job endpoints through gate/client, for
+// jobsCmd is `sluice jobs list|show|cancel|events`: the API's job endpoints through gate/client, for
 // operators. The API is named by --api-url (SLUICE_API_URL) and the token by --token
 // (SLUICE_TOKEN).
 func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("jobs: want `sluice jobs list|show|cancel`")
+		return errors.New("jobs: want `sluice jobs list|show|cancel|events`")
 	}
 	sub, args := args[0], args[1:]
 	// The job id may come before or after the flags (`sluice jobs show 42 --token ...`).
@@ -74,7 +74,7 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			fmt.Fprintf(stdout, "more: sluice jobs list --cursor %s\n", p.NextCursor)
 		}
 		return nil
-	case "show", "cancel":
+	case "show", "cancel", "events":
 		positional = append(positional, fs.Args()...)
 		if len(positional) != 1 {
 			return fmt.Errorf("jobs %s: want one job id", sub)
@@ -82,6 +82,16 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		id, err := strconv.ParseInt(positional[0], 10, 64)
 		if err != nil || id <= 0 {
 			return fmt.Errorf("jobs %s: %q is not a job id", sub, positional[0])
+		}
+		if sub == "events" {
+			evs, err := cl.JobEvents(ctx, id)
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				return printJSON(stdout, evs)
+			}
+			return printEvents(stdout, evs, "")
 		}
 		var j job.Job
 		if sub == "show" {
@@ -94,7 +104,7 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return printJSON(stdout, j)
 	}
-	return fmt.Errorf("jobs: unknown subcommand %q (want list, show or cancel)", sub)
+	return fmt.Errorf("jobs: unknown subcommand %q (want list, show, cancel or events)", sub)
 }
 
 func printJSON(w io.Writer, v any) error {

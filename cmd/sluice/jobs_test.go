@@ -61,6 +61,28 @@ func TestJobsCommand(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j.Status != job.Canceled {
 		t.Errorf("jobs cancel: exit %d\n%s", code, out)
 	}
+	// The canceled job's story: admitted by ops, canceled by ops.
+	out, code = sluice("jobs", "events", strconv.FormatInt(ids[0], 10))
+	if code != 0 || !strings.Contains(out, "admitted") || !strings.Contains(out, "transition") || !strings.Contains(out, "canceled") || strings.Count(out, `"ops"`) != 2 {
+		t.Errorf("jobs events: exit %d\n%s", code, out)
+	}
+	out, code = sluice("jobs", "events", strconv.FormatInt(ids[0], 10), "--json")
+	var evs []map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &evs) != nil || len(evs) != 2 || evs[1]["to"] != "canceled" {
+		t.Errorf("jobs events --json: exit %d\n%s", code, out)
+	}
+	out, code = sluice("audit", "--tenant", "acme", "--event", "admitted", "--since", "2000-01-01T00:00:00Z", "--limit", "1")
+	if code != 0 || strings.Count(out, "admitted") != 1 || !strings.Contains(out, "more: sluice audit --cursor ") {
+		t.Errorf("audit --limit 1: exit %d\n%s", code, out)
+	}
+	out, code = sluice("audit", "--json")
+	var page map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &page) != nil || len(page["events"].([]any)) != 4 {
+		t.Errorf("audit --json: exit %d\n%s", code, out)
+	}
+	if out, code = sluice("audit", "--since", "yesterday"); code != 1 {
+		t.Errorf("audit --since yesterday: exit %d\n%s", code, out)
+	}
 	if out, code = sluice("jobs", "show", "999999"); code != 1 || !strings.Contains(out, "not_found") {
 		t.Errorf("jobs show of a missing id: exit %d\n%s", code, out)
 	}

@@ -48,7 +48,8 @@ Usage:
   sluice dev [flags]                                   everything in one process with a simulated executor
                                                        (and a NATS server of its own if SLUICE_NATS_URL is unset)
   sluice migrate [up|status] [flags]                   apply or list schema migrations
-  sluice jobs list|show|cancel [flags]                 list, read or cancel jobs through the API
+  sluice jobs list|show|cancel|events [flags]          list, read or cancel jobs, or read a job's audit trail
+  sluice audit [--tenant T] [--event E] [--since TIME] audit events, newest first, a page at a time (admin token)
   sluice nats init [flags]                             create or update the JetStream stream
   sluice outbox status|replay|restore [flags]          outbox backlog, replay published rows, restore set-aside rows
   sluice simexec [flags]                               run the simulated executor alone
@@ -84,6 +85,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = migrate(ctx, rest, stdout, stderr)
 	case "jobs":
 		err = jobsCmd(ctx, rest, stdout, stderr)
+	case "audit":
+		err = auditCmd(ctx, rest, stdout, stderr)
 	case "nats":
 		err = natsCmd(ctx, rest, stdout, stderr)
 	case "outbox":

@@ -170,6 +170,7 @@ var routeList = []string{
 	"GET /v1/jobs",
 	"POST /v1/jobs/{id}/redrive",
 	"GET /v1/jobs/{id}",
+	"GET /v1/jobs/{id}/events",
 	"DELETE /v1/jobs/{id}",
 	"POST /v1/jobs/{id}/start",
 	"POST /v1/jobs/{id}/complete",
@@ -186,6 +187,7 @@ var routeList = []string{
 	"PATCH /v1/config",
 	"GET /v1/config/history",
 	"GET /v1/whoami",
+	"GET /v1/audit",
 }
 
 func (s *Server) routes() {
@@ -194,6 +196,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/jobs", s.auth(s.list, Producer))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/redrive", s.auth(s.redrive))
 	s.mux.HandleFunc("GET /v1/jobs/{id}", s.auth(s.getJob, Producer))
+	s.mux.HandleFunc("GET /v1/jobs/{id}/events", s.auth(s.jobEvents, Producer))
+	s.mux.HandleFunc("GET /v1/audit", s.auth(s.listAudit, Admin))
 	s.mux.HandleFunc("DELETE /v1/jobs/{id}", s.auth(s.cancel, Producer))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/start", s.auth(s.start, Executor))
 	s.mux.HandleFunc("POST /v1/jobs/{id}/complete", s.auth(s.complete, Executor))
@@ -325,7 +329,8 @@ func (s *Server) auth(h http.HandlerFunc, roles ...Role) http.HandlerFunc {
 			s.fail(w, r, job.Errorf(job.CodeForbidden, "role %s may not call %s %s", c.Role, r.Method, r.Pattern))
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
+		// The caller is the actor of the audit rows the request writes (SPEC §10).
+		h(w, r.WithContext(store.WithActor(context.WithValue(r.Context(), callerKey{}, c), c.Name)))
 	}
 }
 

@@ -226,6 +226,8 @@ func TestOpenAPIDescribesFailures(t *testing.T) {
 		"GET /v1/jobs":                       {"/v1/jobs?tenant=acme", ""},
 		"POST /v1/jobs/{id}/redrive":         {"/v1/jobs/7/redrive", ""},
 		"GET /v1/jobs/{id}":                  {"/v1/jobs/7", ""},
+		"GET /v1/jobs/{id}/events":           {"/v1/jobs/7/events", ""},
+		"GET /v1/audit":                      {"/v1/audit?tenant=acme&event=refused&since=2026-01-02T15:04:05Z", ""},
 		"DELETE /v1/jobs/{id}":               {"/v1/jobs/7", ""},
 		"POST /v1/jobs/{id}/start":           {"/v1/jobs/7/start", `{"nonce":"n"}`},
 		"POST /v1/jobs/{id}/complete":        {"/v1/jobs/7/complete", `{"nonce":"n","status":"succeeded"}`},

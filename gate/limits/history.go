@@ -62,7 +62,7 @@ var specOrder = []string{"global_in_flight", "tenant_in_flight", "tenant_in_flig
 	"tenant_queue_depth", "global_queue_depth", "admission_mode", "admission_rate_per_minute",
 	"ordering", "execution_wall_seconds", "max_queue_age_seconds", "lease_seconds",
 	"nonce_ttl_seconds", "dispatch_attempts", "max_payload_bytes", "retention_days",
-	"outbox_retention_days"}
+	"outbox_retention_days", "audit_retention_days"}
 
 // Apply returns base with changes applied, validated as a whole. Every key must be known and
 // every value of its documented JSON type; the first problem is returned as a *FieldError.

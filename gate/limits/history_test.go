@@ -43,6 +43,7 @@ func TestApply(t *testing.T) {
 		{map[string]string{"global_in_flight": `"4"`}, "global_in_flight"},
 		{map[string]string{"global_in_flight": "4.5"}, "global_in_flight"},
 		{map[string]string{"lease_seconds": "0"}, "lease_seconds"},
+		{map[string]string{"audit_retention_days": "0"}, "audit_retention_days"},
 		{map[string]string{"admission_mode": `"loose"`}, "admission_mode"},
 		{map[string]string{"ordering": `"lifo"`}, "ordering"},
 		{map[string]string{"ordering": "null"}, "ordering"},
@@ -65,8 +66,8 @@ func TestApply(t *testing.T) {
 	if err != nil || len(got.TenantInFlightOverrides) != 1 || got.TenantInFlightOverrides["new"] != 3 {
 		t.Errorf("overrides after replace = %v (%v), want only new:3", got.TenantInFlightOverrides, err)
 	}
-	if len(limits.Keys()) != 16 || limits.Keys()[0] != "global_in_flight" {
-		t.Errorf("Keys() = %v, want the 16 keys of SPEC §9 in its order", limits.Keys())
+	if len(limits.Keys()) != 17 || limits.Keys()[0] != "global_in_flight" {
+		t.Errorf("Keys() = %v, want the 17 keys of SPEC §9 in its order", limits.Keys())
 	}
 }
 

@@ -69,6 +69,8 @@ type Config struct {
 	RetentionDays int `json:"retention_days"`
 	// OutboxRetentionDays is how long published outbox rows are kept. Default 7.
 	OutboxRetentionDays int `json:"outbox_retention_days"`
+	// AuditRetentionDays is how long audit events are kept. Default 30.
+	AuditRetentionDays int `json:"audit_retention_days"`
 }
 
 // Default returns a fresh default configuration.
@@ -88,6 +90,7 @@ func Default() Config {
 		MaxPayloadBytes:         262144,
 		RetentionDays:           90,
 		OutboxRetentionDays:     7,
+		AuditRetentionDays:      30,
 	}
 }
 
@@ -137,6 +140,7 @@ func (c Config) Validate() error {
 		{"max_payload_bytes", c.MaxPayloadBytes},
 		{"retention_days", c.RetentionDays},
 		{"outbox_retention_days", c.OutboxRetentionDays},
+		{"audit_retention_days", c.AuditRetentionDays},
 	}
 	for _, f := range positive {
 		if f.v <= 0 {

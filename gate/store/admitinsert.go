@@ -33,6 +33,9 @@ type NewJobs struct {
 	Now    time.Time // the transaction's time (AdmissionState.Now)
 	Prefix string    // the pokes' subject prefix
 	Jobs   []NewJob  // at least one
+	// Audit, if not nil, holds each job's admission event (SPEC §10), written in the same round
+	// trip and transaction as the job; InsertJobs fills in the job ids.
+	Audit []AuditEvent
 }
 
 // InsertedJobs are the ids InsertJobs learned: the job of each NewJob in order, and the outbox
@@ -69,7 +72,7 @@ func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (I
 			out.IDs[j] = ids[c.stmt] + int64(i)
 		}
 		for i, j := range c.pokes {
-			out.PokeIDs[j] = ids[c.stmt+1] + int64(i)
+			out.PokeIDs[j] = ids[c.stmt+c.pokeStmt] + int64(i)
 		}
 	}
 	return out, nil
@@ -87,6 +90,8 @@ type written struct {
 	jobs  []int // indexes in NewJobs.Jobs of the rows of a jobs INSERT, in order
 	pokes []int // of the rows of the outbox INSERT after it, if any
 	stmt  int   // index of the jobs INSERT among stmts
+	// pokeStmt is the outbox INSERT's offset from stmt: 2 when FirstJobSQL sits between them.
+	pokeStmt int
 }
 
 func insertStatements(p NewJobs) writes {
@@ -96,7 +101,7 @@ func insertStatements(p NewJobs) writes {
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
 			request_sha256, queued_at, finished_at, error_code, error_message, retry_of) VALUES `)
-		c := written{stmt: len(w.stmts)}
+		c := written{stmt: len(w.stmts), pokeStmt: 1}
 		var pokes []outbox.NewPoke
 		rowArgs := make([]any, 0, 12*(end-start))
 		for i := start; i < end; i++ {
@@ -114,10 +119,28 @@ func insertStatements(p NewJobs) writes {
 		}
 		w.stmts = append(w.stmts, q.String())
 		w.args = append(w.args, rowArgs)
+		if p.Audit != nil {
+			// The chunk's first job id is kept for its audit rows, which follow the pokes whose
+			// INSERT moves LAST_INSERT_ID() on.
+			w.stmts = append(w.stmts, FirstJobSQL)
+			w.args = append(w.args, nil)
+			c.pokeStmt = 2
+		}
 		if len(pokes) > 0 {
 			pq, pargs := outbox.InsertPokes(p.Prefix, p.Now, pokes)
 			w.stmts = append(w.stmts, pq)
 			w.args = append(w.args, pargs)
+		}
+		if p.Audit != nil {
+			events := make([]AuditEvent, end-start)
+			for i := start; i < end; i++ {
+				off := int64(i - start)
+				events[i-start] = p.Audit[i]
+				events[i-start].JobID = &off
+			}
+			aq, aargs := AuditNewJobsSQL(events)
+			w.stmts = append(w.stmts, aq)
+			w.args = append(w.args, aargs)
 		}
 		w.chunks = append(w.chunks, c)
 	}

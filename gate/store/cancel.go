@@ -32,6 +32,11 @@ func (s *Store) Cancel(ctx context.Context, tx sqldb.DB, now time.Time, id int64
 		finished_at = ? WHERE id = ? AND version = ? AND status = 'queued'`, now, id, r.Version); err != nil {
 		return r, false, fmt.Errorf("cancel job %d: %w", id, err)
 	}
+	// The row is locked (Get above), so the UPDATE moved it.
+	aq, aargs := AuditInsertSQL([]AuditEvent{transitionEvent(s.actor(ctx), r, job.Canceled, r.Version+1, r.Attempt, "")})
+	if _, err := tx.ExecContext(ctx, aq, aargs...); err != nil {
+		return r, false, fmt.Errorf("cancel job %d: audit: %w", id, err)
+	}
 	s.LogTransition(ctx, r, job.Canceled, r.Version+1, now, "")
 	r.Status = job.Canceled
 	r.Version++

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/sqldb"
 )
@@ -197,10 +198,19 @@ func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (map[int64]bool, 
 	}
 	lockTenants, tenantArgs := LockTenantsSQL(tenants)
 	args := append(int64Args(ids), tenantArgs...)
-	args = append(append(args, uargs...), int64Args(ids)...)
+	// The claim's audit rows (a transition each, SPEC §10) go in its own round trip and
+	// transaction, for the jobs that carry this claim's nonces: a job taken meanwhile gets none.
+	from := make(map[int64]job.Status, len(p.Jobs))
+	hashes := make([]any, len(p.Jobs))
+	for i, c := range p.Jobs {
+		from[c.ID], hashes[i] = job.Queued, c.NonceSHA256
+	}
+	aq, aargs := AuditTransitionsSQL(p.DrainerID, ids, from, false,
+		"nonce_sha256 IN ("+Placeholders(len(hashes))+")", hashes...)
+	args = append(append(append(args, uargs...), aargs...), int64Args(ids)...)
 	res, err := tx.QueryCommit(ctx, []string{
 		"SELECT id FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE",
-		lockTenants, q,
+		lockTenants, q, aq,
 		"SELECT id, nonce_sha256 FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ")"},
 		args...)
 	if err != nil {

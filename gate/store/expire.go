@@ -56,6 +56,14 @@ func (s *Store) Expire(ctx context.Context, tx sqldb.DB, now, cutoff time.Time, 
 	if n, err := upd.RowsAffected(); err == nil && n != int64(len(old)) {
 		return nil, fmt.Errorf("expire queued jobs: %d of %d locked rows changed: %w", n, len(old), ErrFenced)
 	}
+	events := make([]AuditEvent, len(old))
+	for i, r := range old {
+		events[i] = transitionEvent(s.actor(ctx), r, job.Expired, r.Version+1, r.Attempt, ExpiredCode)
+	}
+	aq, aargs := AuditInsertSQL(events)
+	if _, err := tx.ExecContext(ctx, aq, aargs...); err != nil {
+		return nil, fmt.Errorf("expire queued jobs: audit: %w", err)
+	}
 	for _, r := range old {
 		s.LogTransition(ctx, r, job.Expired, r.Version+1, now, ExpiredCode)
 	}

@@ -90,6 +90,11 @@ func (s *Store) FinishMany(ctx context.Context, tx sqldb.DB, now time.Time, item
 	if _, err := tx.ExecContext(ctx, p.poke.query, p.poke.args...); err != nil {
 		return nil, fmt.Errorf("write outbox: %w", err)
 	}
+	// A statement of its own: tx may be on a pool that refuses stacked statements (Open).
+	aq, aargs := s.finishAudit(ctx, items)
+	if _, err := tx.ExecContext(ctx, aq, aargs...); err != nil {
+		return nil, fmt.Errorf("write audit events: %w", err)
+	}
 	s.logFinish(ctx, now, items, p)
 	return p.to, nil
 }
@@ -114,8 +119,9 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 		stmts = append(stmts, u.query)
 		args = append(args, u.args...)
 	}
-	stmts = append(stmts, p.poke.query)
-	args = append(args, p.poke.args...)
+	aq, aargs := s.finishAudit(ctx, items)
+	stmts = append(stmts, p.poke.query, aq)
+	args = append(append(args, p.poke.args...), aargs...)
 	began := !tx.open
 	res, err := tx.Exec(ctx, stmts, args...)
 	if err != nil {
@@ -128,7 +134,7 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 	if len(p.requeued) > 0 && len(affected) > 0 {
 		affected = affected[1:] // the tenant lock's
 	}
-	if len(affected) != len(p.updates)+1 {
+	if len(affected) != len(p.updates)+2 { // the updates, the pokes and the audit rows
 		return nil, fmt.Errorf("finish %d job(s): %d statement results for %d statements", len(items), len(affected), len(stmts))
 	}
 	for i := range p.updates {

@@ -76,6 +76,9 @@ type Store struct {
 	// The methods here do not count (their caller's transaction may yet roll back): callers
 	// report what they wrote once it has committed. Default none: nothing is counted.
 	Metrics *Metrics
+	// Actor names the writer in the audit rows of transitions made under a context that names
+	// none (WithActor): a drainer's id. Default "".
+	Actor string
 }
 
 func (s *Store) prefix() string {

@@ -124,9 +124,13 @@ type App struct {
 	relay     *publisher.Relay
 	purger    *publisher.Purger
 	jobPurger *publisher.Purger
-	fast      *publisher.FastPath
-	gates     *rategate.Store
-	httpSrv   *httpServer
+	// auditPurger purges audit events past audit_retention_days, beside jobPurger.
+	auditPurger *publisher.Purger
+	// audit writes the audit events of refusals that write nothing else (SPEC §10).
+	audit   *store.AuditQueue
+	fast    *publisher.FastPath
+	gates   *rategate.Store
+	httpSrv *httpServer
 	// metricsSrv serves /metrics on Options.MetricsListen, when set.
 	metricsSrv *httpServer
 	metricsLn  net.Listener
@@ -356,6 +360,15 @@ func (a *App) startRelay(js jetstream.JetStream, installID string, relayMetrics 
 		}}); err != nil {
 		return err
 	}
+	if a.auditPurger, err = publisher.NewPurger(publisher.PurgerConfig{DB: a.db, Log: a.log, Rows: "audit events",
+		Purge: func(ctx context.Context, db *sql.DB, cutoff time.Time, limit int) (int64, error) {
+			return store.PurgeAudit(ctx, db, cutoff, limit)
+		},
+		Retention: func() time.Duration {
+			return time.Duration(a.limits.Current().Config.AuditRetentionDays) * 24 * time.Hour
+		}}); err != nil {
+		return err
+	}
 
 	return nil
 }
@@ -396,6 +409,10 @@ func (a *App) runLoops() {
 		a.goLoop(func() { a.relay.Run(loopCtx) })
 		a.goLoop(func() { a.purger.Run(loopCtx) })
 		a.goLoop(func() { a.jobPurger.Run(loopCtx) })
+		a.goLoop(func() { a.auditPurger.Run(loopCtx) })
+	}
+	if a.audit != nil {
+		a.goLoop(func() { a.audit.Run(loopCtx) })
 	}
 	if a.fast != nil {
 		a.goLoop(func() { a.fast.Run(loopCtx) })
@@ -441,9 +458,12 @@ func (a *App) startAPI(ctx context.Context) error {
 			a.drainer.Poke()
 		}
 	}
+	if a.audit, err = store.NewAuditQueue(store.AuditQueueConfig{DB: a.db, Registerer: a.registry, Log: a.log}); err != nil {
+		return err
+	}
 	adm, err := gate.New(gate.Config{DB: a.db, TxDB: a.txDB, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
 		Published: published, Metrics: gate.NewMetrics(a.registry), JobMetrics: a.jobs, RateLimiter: limiter, Gates: lookup,
-		FailOpenMetrics: failOpen})
+		FailOpenMetrics: failOpen, Audit: a.audit})
 	if err != nil {
 		return err
 	}

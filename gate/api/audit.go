@@ -1,0 +1,95 @@
+package api
+
+import (
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// maxJobEvents bounds one job's story: a job moves a few times per attempt, and its attempts
+// are bounded by the dispatch budget and the 503 refusals the executor answers.
+const maxJobEvents = 1000
+
+var auditEvents = []string{store.EventAdmitted, store.EventReplayed, store.EventRefused,
+	store.EventShadowRefused, store.EventTransition}
+
+// jobEvents answers GET /v1/jobs/{id}/events: the job's audit trail, oldest first. Another
+// tenant's job is not_found, as for GET /v1/jobs/{id}.
+func (s *Server) jobEvents(w http.ResponseWriter, r *http.Request) {
+	row, err := s.visible(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	events, err := store.JobEvents(r.Context(), s.cfg.DB, row.ID, maxJobEvents)
+	if err != nil {
+		s.fail(w, r, gate.AsUnavailable(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": events})
+}
+
+// listAudit answers GET /v1/audit: audit events, newest first, paginated like GET /v1/jobs.
+func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := store.AuditFilter{Limit: gate.DefaultListLimit}
+	if t := q.Get("tenant"); q.Has("tenant") {
+		if err := job.ValidTenant("tenant", t); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		f.Tenant = &t
+	}
+	if v := q.Get("event"); v != "" {
+		if !slices.Contains(auditEvents, v) {
+			s.fail(w, r, job.Invalid("event", "event must be one of %v", auditEvents))
+			return
+		}
+		f.Event = v
+	}
+	if v := q.Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			s.fail(w, r, job.Invalid("since", "since must be an RFC 3339 time, e.g. 2026-01-02T15:04:05Z"))
+			return
+		}
+		t = t.UTC()
+		f.Since = &t
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > gate.MaxListLimit {
+			s.fail(w, r, job.Invalid("limit", "limit must be a whole number from 1 to %d", gate.MaxListLimit))
+			return
+		}
+		f.Limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		id, err := decodeCursor(v)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		f.Before = id
+	}
+	// One more than the page tells whether another page follows.
+	want := f.Limit
+	f.Limit++
+	events, err := store.ListAudit(r.Context(), s.cfg.DB, f)
+	if err != nil {
+		s.fail(w, r, gate.AsUnavailable(err))
+		return
+	}
+	var cursor *string
+	if len(events) > want {
+		events = events[:want]
+		c := encodeCursor(events[want-1].ID)
+		cursor = &c
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": events, "next_cursor": cursor})
+}

@@ -1,0 +1,287 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
+)
+
+// The audit trail (SPEC §10, migration 0013). A transition's row is written by the statements
+// built here, which their callers append to a round trip the transition already makes, in its
+// own transaction: a rollback takes the row with it, and the trail never disagrees with the job.
+
+// Audit event names (the event column).
+const (
+	EventAdmitted      = "admitted"
+	EventReplayed      = "replayed"
+	EventRefused       = "refused"
+	EventShadowRefused = "shadow_refused"
+	EventTransition    = "transition"
+)
+
+// AuditEvent is one row of audit_events. Zero values are stored as NULL (or ” for Tenant and
+// Actor); At and ID are the database's.
+type AuditEvent struct {
+	ID        int64           `json:"id"`
+	At        time.Time       `json:"at"`
+	Event     string          `json:"event"`
+	Tenant    string          `json:"tenant,omitempty"`
+	JobID     *int64          `json:"job_id,omitempty"`
+	SlotID    *string         `json:"slot_id,omitempty"`
+	Actor     string          `json:"actor,omitempty"`
+	From      string          `json:"from,omitempty"`
+	To        string          `json:"to,omitempty"`
+	Version   *int64          `json:"version,omitempty"`
+	Attempt   *int            `json:"attempt,omitempty"`
+	ErrorCode string          `json:"error_code,omitempty"`
+	Scope     string          `json:"scope,omitempty"`
+	Detail    json.RawMessage `json:"detail,omitempty"`
+}
+
+type actorKey struct{}
+
+// WithActor returns ctx carrying actor, the caller (token name) or drainer id that the audit
+// rows of the transitions made under ctx name.
+func WithActor(ctx context.Context, actor string) context.Context {
+	return context.WithValue(ctx, actorKey{}, actor)
+}
+
+// ActorOf returns the actor WithActor put in ctx, or "".
+func ActorOf(ctx context.Context) string {
+	a, _ := ctx.Value(actorKey{}).(string)
+	return a
+}
+
+// actor is the actor of a transition this Store writes under ctx: ctx's, else the Store's own.
+func (s *Store) actor(ctx context.Context) string {
+	if a := ActorOf(ctx); a != "" {
+		return a
+	}
+	return s.Actor
+}
+
+const auditInsert = `INSERT INTO audit_events (event, tenant, job_id, slot_id, actor, from_status, to_status,
+	version, attempt, error_code, scope, detail) `
+
+// AuditInsertSQL is one INSERT of events (at least one), stamped with the database time.
+func AuditInsertSQL(events []AuditEvent) (string, []any) {
+	return auditValues(events, "?")
+}
+
+// FirstJobSQL keeps the first id a jobs INSERT just generated in a session variable, for the
+// audit rows of its jobs (AuditNewJobsSQL) to name them after other INSERTs moved
+// LAST_INSERT_ID() on. It goes right after that jobs INSERT, in its transaction.
+const FirstJobSQL = "SET @sluice_first_job = LAST_INSERT_ID()"
+
+// AuditNewJobsSQL is AuditInsertSQL for the jobs of the INSERT that FirstJobSQL followed: each
+// event's JobID is the offset of its job among that INSERT's rows (a multi-row INSERT of known
+// size gets consecutive ids).
+func AuditNewJobsSQL(events []AuditEvent) (string, []any) {
+	return auditValues(events, "@sluice_first_job + ?")
+}
+
+func auditValues(events []AuditEvent, jobID string) (string, []any) {
+	var q strings.Builder
+	q.WriteString(auditInsert + "VALUES ")
+	args := make([]any, 0, 12*len(events))
+	for i, e := range events {
+		if i > 0 {
+			q.WriteString(",")
+		}
+		q.WriteString("(?,?," + jobID + ",?,?,?,?,?,?,?,?,?)")
+		args = appendAuditArgs(args, e)
+	}
+	return q.String(), args
+}
+
+func appendAuditArgs(args []any, e AuditEvent) []any {
+	var jobID, slotID, version, attempt, detail any
+	if e.JobID != nil {
+		jobID = *e.JobID
+	}
+	if e.SlotID != nil {
+		slotID = *e.SlotID
+	}
+	if e.Version != nil {
+		version = *e.Version
+	}
+	if e.Attempt != nil {
+		attempt = *e.Attempt
+	}
+	if len(e.Detail) > 0 {
+		detail = string(e.Detail)
+	}
+	return append(args, e.Event, e.Tenant, jobID, slotID, e.Actor, nullStr(e.From), nullStr(e.To),
+		version, attempt, nullStr(e.ErrorCode), nullStr(e.Scope), detail)
+}
+
+// AuditTransitionsSQL is the INSERT of one transition row per job of ids, read from the jobs as
+// the transaction's own UPDATE left them (status, version, attempt, error code), with from[id]
+// the state each left; withCode takes the error code from the row, which only a transition that
+// writes one should (a claim leaves the code of the dispatch before). The caller runs it after that UPDATE in the same transaction, and only
+// where every id was moved (a fence that failed rolls the transaction back) unless fence, an
+// extra condition on the jobs' rows, picks out those the UPDATE moved; fenceArgs are its
+// arguments.
+func AuditTransitionsSQL(actor string, ids []int64, from map[int64]job.Status, withCode bool, fence string, fenceArgs ...any) (string, []any) {
+	var q strings.Builder
+	args := make([]any, 0, 3*len(ids)+2+len(fenceArgs))
+	q.WriteString(auditInsert + "SELECT '" + EventTransition + "', tenant, id, NULL, ?, CASE id")
+	args = append(args, actor)
+	for _, id := range ids {
+		q.WriteString(" WHEN ? THEN ?")
+		args = append(args, id, string(from[id]))
+	}
+	code := "NULL"
+	if withCode {
+		code = "error_code"
+	}
+	q.WriteString(" END, status, version, attempt, " + code + ", NULL, NULL FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ")")
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	if fence != "" {
+		q.WriteString(" AND " + fence)
+		args = append(args, fenceArgs...)
+	}
+	return q.String(), args
+}
+
+// transitionEvent is the audit row of r moving to to at version, as a value.
+func transitionEvent(actor string, r Row, to job.Status, version int64, attempt int, code string) AuditEvent {
+	id := r.ID
+	return AuditEvent{Event: EventTransition, Tenant: r.Tenant, JobID: &id, Actor: actor, From: string(r.Status),
+		To: string(to), Version: &version, Attempt: &attempt, ErrorCode: code}
+}
+
+// InsertAudit writes events (if any) in one statement of db.
+func InsertAudit(ctx context.Context, db sqldb.DB, events []AuditEvent) error {
+	if len(events) == 0 {
+		return nil
+	}
+	q, args := AuditInsertSQL(events)
+	if _, err := db.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("write %d audit event(s): %w", len(events), err)
+	}
+	return nil
+}
+
+const auditSelect = `SELECT id, at, event, tenant, job_id, slot_id, actor, from_status, to_status, version,
+	attempt, error_code, scope, detail FROM audit_events `
+
+// JobEvents returns job id's audit events, oldest first, at most limit of them.
+func JobEvents(ctx context.Context, db sqldb.DB, id int64, limit int) ([]AuditEvent, error) {
+	rows, err := db.QueryContext(ctx, auditSelect+"WHERE job_id = ? ORDER BY id LIMIT ?", id, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read job %d's audit events: %w", id, err)
+	}
+	return scanAudit(rows)
+}
+
+// AuditFilter selects audit events for ListAudit.
+type AuditFilter struct {
+	Tenant *string
+	Event  string
+	Since  *time.Time
+	Before int64 // only ids below this (a page's cursor); 0 for none
+	Limit  int
+}
+
+// ListAudit returns the events f selects, newest first: by the (tenant, id) index for a tenant,
+// the (event, id) index for an event, the primary key otherwise; each reads rows bounded by the
+// page (plus those of the other filters that the index does not serve).
+func ListAudit(ctx context.Context, db sqldb.DB, f AuditFilter) ([]AuditEvent, error) {
+	var where []string
+	var args []any
+	if f.Tenant != nil {
+		where = append(where, "tenant = ?")
+		args = append(args, *f.Tenant)
+	}
+	if f.Event != "" {
+		where = append(where, "event = ?")
+		args = append(args, f.Event)
+	}
+	if f.Since != nil {
+		where = append(where, "at >= ?")
+		args = append(args, *f.Since)
+	}
+	if f.Before > 0 {
+		where = append(where, "id < ?")
+		args = append(args, f.Before)
+	}
+	q := auditSelect
+	if len(where) > 0 {
+		q += "WHERE " + strings.Join(where, " AND ")
+	}
+	rows, err := db.QueryContext(ctx, q+" ORDER BY id DESC LIMIT ?", append(args, f.Limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("list audit events: %w", err)
+	}
+	return scanAudit(rows)
+}
+
+func scanAudit(rows *sql.Rows) ([]AuditEvent, error) {
+	defer rows.Close()
+	out := []AuditEvent{}
+	for rows.Next() {
+		var e AuditEvent
+		var jobID, version sql.NullInt64
+		var attempt sql.NullInt32
+		var slot, from, to, code, scope, detail sql.NullString
+		if err := rows.Scan(&e.ID, &e.At, &e.Event, &e.Tenant, &jobID, &slot, &e.Actor, &from, &to, &version,
+			&attempt, &code, &scope, &detail); err != nil {
+			return nil, fmt.Errorf("read audit events: %w", err)
+		}
+		e.At = e.At.UTC()
+		if jobID.Valid {
+			e.JobID = &jobID.Int64
+		}
+		e.SlotID = strPtr(slot)
+		if version.Valid {
+			e.Version = &version.Int64
+		}
+		if attempt.Valid {
+			a := int(attempt.Int32)
+			e.Attempt = &a
+		}
+		e.From, e.To, e.ErrorCode, e.Scope = from.String, to.String, code.String, scope.String
+		if detail.Valid && detail.String != "" {
+			e.Detail = json.RawMessage(detail.String)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read audit events: %w", err)
+	}
+	return out, nil
+}
+
+// PurgeAudit deletes up to limit audit events older than cutoff, oldest first, by the at index,
+// and returns how many it deleted (SPEC §9 audit_retention_days).
+func PurgeAudit(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int) (int64, error) {
+	res, err := db.ExecContext(ctx, "DELETE FROM audit_events WHERE at < ? ORDER BY at LIMIT ?", cutoff, limit)
+	if err != nil {
+		return 0, fmt.Errorf("purge audit events: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("purge audit events: %w", err)
+	}
+	return n, nil
+}
+
+// finishAudit is the transition rows of FinishMany's items, read after its UPDATEs: every item
+// moved, or the transaction rolls back (ErrFenced).
+func (s *Store) finishAudit(ctx context.Context, items []Finishing) (string, []any) {
+	ids := make([]int64, len(items))
+	from := make(map[int64]job.Status, len(items))
+	for i, it := range items {
+		ids[i], from[it.Row.ID] = it.Row.ID, it.Row.Status
+	}
+	return AuditTransitionsSQL(s.actor(ctx), ids, from, true, "")
+}

@@ -1,0 +1,124 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// TestAuditReadAndPurge writes events of every column, reads them back by job and by each
+// filter of ListAudit, pages with Before, and purges by age in batches.
+func TestAuditReadAndPurge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	if err := store.InsertAudit(ctx, db, nil); err != nil {
+		t.Fatalf("no events: %v", err)
+	}
+	full := store.AuditEvent{Event: store.EventRefused, Tenant: "acme", JobID: ptr(int64(7)), SlotID: ptr("s1"),
+		Actor: "ops", From: "queued", To: "rejected", Version: ptr(int64(2)), Attempt: ptr(1), ErrorCode: "queue_full",
+		Scope: "tenant", Detail: json.RawMessage(`{"cap":2}`)}
+	events := []store.AuditEvent{full,
+		{Event: store.EventAdmitted, Tenant: "acme", JobID: ptr(int64(7))},
+		{Event: store.EventAdmitted, Tenant: "globex"}}
+	if err := store.InsertAudit(ctx, db, events); err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.JobEvents(ctx, db, 7, 10)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("JobEvents: %v, %v; want 2", got, err)
+	}
+	g := got[0]
+	if g.Event != full.Event || g.Tenant != "acme" || *g.JobID != 7 || *g.SlotID != "s1" || g.Actor != "ops" ||
+		g.From != "queued" || g.To != "rejected" || *g.Version != 2 || *g.Attempt != 1 || g.ErrorCode != "queue_full" ||
+		g.Scope != "tenant" || string(g.Detail) != `{"cap":2}` || g.At.IsZero() || g.At.Location() != time.UTC {
+		t.Errorf("read back %+v, want %+v", g, full)
+	}
+	future := time.Now().Add(time.Hour)
+	for _, c := range []struct {
+		f    store.AuditFilter
+		want int
+	}{
+		{store.AuditFilter{Limit: 10}, 3},
+		{store.AuditFilter{Tenant: ptr("acme"), Limit: 10}, 2},
+		{store.AuditFilter{Event: store.EventAdmitted, Limit: 10}, 2},
+		{store.AuditFilter{Since: &future, Limit: 10}, 0},
+		{store.AuditFilter{Before: got[1].ID, Limit: 10}, 1},
+		{store.AuditFilter{Limit: 1}, 1},
+	} {
+		list, err := store.ListAudit(ctx, db, c.f)
+		if err != nil || len(list) != c.want {
+			t.Errorf("ListAudit(%+v) = %d events, %v; want %d", c.f, len(list), err, c.want)
+		}
+		for i := 1; i < len(list); i++ {
+			if list[i].ID >= list[i-1].ID {
+				t.Errorf("ListAudit(%+v) not newest first: %v", c.f, list)
+			}
+		}
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE audit_events SET at = at - INTERVAL 40 DAY WHERE tenant = 'acme'"); err != nil {
+		t.Fatal(err)
+	}
+	cutoff := time.Now().Add(-30 * 24 * time.Hour)
+	for _, want := range []int64{1, 1, 0} {
+		if n, err := store.PurgeAudit(ctx, db, cutoff, 1); err != nil || n != want {
+			t.Errorf("PurgeAudit: %d, %v; want %d", n, err, want)
+		}
+	}
+	if list, _ := store.ListAudit(ctx, db, store.AuditFilter{Limit: 10}); len(list) != 1 || list[0].Tenant != "globex" {
+		t.Errorf("after the purge: %v, want globex's event only", list)
+	}
+}
+
+// TestAuditQueueFailures: a write the database refuses drops the batch and counts it; a nil
+// queue takes nothing; the config is checked.
+func TestAuditQueueFailures(t *testing.T) {
+	t.Parallel()
+	if _, err := store.NewAuditQueue(store.AuditQueueConfig{}); err == nil {
+		t.Error("NewAuditQueue without DB: no error")
+	}
+	var none *store.AuditQueue
+	if none.Add(store.AuditEvent{}) {
+		t.Error("a nil queue took an event")
+	}
+	db := testdb.New(t)
+	reg := prometheus.NewRegistry()
+	q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: db.DB, Registerer: reg, Batch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.NewAuditQueue(store.AuditQueueConfig{DB: db.DB, Registerer: reg}); err == nil {
+		t.Error("a second queue on one registry: no error")
+	}
+	for range 3 {
+		q.Add(store.AuditEvent{Event: store.EventRefused, Tenant: "acme"})
+	}
+	closed, err := sql.Open("mysql", "root@tcp(127.0.0.1:1)/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	broken, err := store.NewAuditQueue(store.AuditQueueConfig{DB: closed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken.Add(store.AuditEvent{Event: store.EventRefused})
+	if n, err := broken.RunOnce(context.Background()); n != 1 || err == nil || broken.Dropped() != 1 {
+		t.Errorf("RunOnce on a closed database: %d, %v, dropped %d; want 1, an error, 1", n, err, broken.Dropped())
+	}
+	// Batches of 2: the first flush takes two, the next the rest.
+	for _, want := range []int{2, 1, 0} {
+		if n, err := q.RunOnce(context.Background()); n != want || err != nil {
+			t.Errorf("RunOnce: %d, %v; want %d", n, err, want)
+		}
+	}
+}

@@ -1,0 +1,387 @@
+package integration_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/memcachedtest"
+)
+
+// auditRow is the part of an audit_events row the tests compare.
+type auditRow struct {
+	event, actor, from, to, code, scope string
+	job                                 int64
+}
+
+func (r auditRow) String() string {
+	return fmt.Sprintf("%s %s→%s by %q code %q scope %q job %d", r.event, r.from, r.to, r.actor, r.code, r.scope, r.job)
+}
+
+// readAudit reads the audit rows of db matching where, in id order.
+func readAudit(t testing.TB, db *sql.DB, where string, args ...any) []auditRow {
+	t.Helper()
+	rows, err := db.QueryContext(context.Background(), `SELECT event, actor, COALESCE(from_status, ''),
+		COALESCE(to_status, ''), COALESCE(error_code, ''), COALESCE(scope, ''), COALESCE(job_id, 0)
+		FROM audit_events WHERE `+where+` ORDER BY id`, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []auditRow
+	for rows.Next() {
+		var r auditRow
+		if err := rows.Scan(&r.event, &r.actor, &r.from, &r.to, &r.code, &r.scope, &r.job); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sameRows(got, want []auditRow) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestAuditAdmissionCommitsWithItsJob: a committed admission leaves exactly one admitted event,
+// naming its job and caller; one whose connection breaks before the server commits leaves
+// none; one whose commit answer is lost leaves the one event with its job.
+func TestAuditAdmissionCommitsWithItsJob(t *testing.T) {
+	t.Parallel()
+	var fault atomic.Value
+	fault.Store("")
+	f := startFrontDoor(t, fdOptions{faults: &gate.Faults{Commit: func(_ context.Context, tx gate.Tx) error {
+		name, _ := fault.Load().(string)
+		return commitWithFault(tx, name)
+	}}})
+	for _, c := range []struct {
+		fault string
+		jobs  int
+	}{{"", 1}, {"commit-rolled-back", 0}, {"commit-lost", 1}} {
+		tenant := uniqueTenant("audited")
+		fault.Store(c.fault)
+		f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": tenant})
+		fault.Store("")
+		var id int64
+		err := f.db.QueryRowContext(context.Background(), "SELECT id FROM jobs WHERE tenant = ?", tenant).Scan(&id)
+		if (err == nil) != (c.jobs == 1) {
+			t.Fatalf("fault %q: job read: %v, want %d job(s)", c.fault, err, c.jobs)
+		}
+		got := readAudit(t, f.db.DB, "tenant = ?", tenant)
+		var want []auditRow
+		if c.jobs == 1 {
+			want = []auditRow{{event: "admitted", actor: "star", to: "queued", job: id}}
+		}
+		if !sameRows(got, want) {
+			t.Errorf("fault %q: audit rows %v, want %v", c.fault, got, want)
+		}
+	}
+}
+
+// TestAuditBatchNamesEachJob: a batch's jobs, of several tenants in one INSERT with their
+// pokes, each get one admitted event naming that job.
+func TestAuditBatchNamesEachJob(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	a, b := uniqueTenant("batch-a"), uniqueTenant("batch-b")
+	r := f.do(t, http.MethodPost, "/v1/jobs:batch", fdStarToken, map[string]any{"jobs": []map[string]any{
+		{"tenant": a}, {"tenant": b}, {"tenant": a}, {"tenant": b, "idempotency_key": "k"}}})
+	if r.Status != 200 {
+		t.Fatalf("batch: HTTP %d %s", r.Status, r.Raw)
+	}
+	rows, err := f.db.QueryContext(context.Background(), `SELECT j.id, COUNT(e.id), MIN(e.tenant = j.tenant)
+		FROM jobs j LEFT JOIN audit_events e ON e.job_id = j.id AND e.event = 'admitted'
+		WHERE j.tenant IN (?, ?) GROUP BY j.id`, a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var id, events int64
+		var same sql.NullBool
+		if err := rows.Scan(&id, &events, &same); err != nil {
+			t.Fatal(err)
+		}
+		if events != 1 || !same.Bool {
+			t.Errorf("job %d: %d admitted events (same tenant %v), want 1", id, events, same)
+		}
+		n++
+	}
+	if n != 4 {
+		t.Errorf("%d jobs, want 4", n)
+	}
+}
+
+// TestAuditRefusals: every refusal code gets its event: depth caps (queue_full, with the
+// rejected row) in the admission's transaction; rate_limited and capacity_exceeded, which write
+// nothing else, through the audit queue once it is flushed; a replay too; shadow mode's
+// let-through refusals as shadow_refused. Validation failures are not audited.
+func TestAuditRefusals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	probe := startFrontDoor(t, fdOptions{})
+	q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: probe.db.DB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := startFrontDoorOn(t, probe, fdOptions{memcached: memcachedtest.Shared(t), audit: q})
+	f.setConfig(t, map[string]any{"admission_rate_per_minute": 1, "tenant_queue_depth": 2, "global_in_flight": 0})
+	tenant := uniqueTenant("refused")
+	admit := func(body map[string]any, status int, code string) harness.Response {
+		t.Helper()
+		body["tenant"] = tenant
+		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, body)
+		if r.Status != status || (code != "" && r.Body["error_code"] != code) {
+			t.Fatalf("admit %v: HTTP %d %s, want %d %s", body, r.Status, r.Raw, status, code)
+		}
+		return r
+	}
+	first := jobID(t, admit(map[string]any{"idempotency_key": "k1"}, 202, "").Body)
+	admit(map[string]any{"idempotency_key": "k1"}, 200, "")                                                // replayed
+	admit(map[string]any{}, 429, "rate_limited")                                                           // the minute's one unit is spent
+	admit(map[string]any{"rate_key": strings.Repeat("k", gate.MaxRateKeyBytes+1)}, 400, "invalid_request") // not audited
+	f.setConfig(t, map[string]any{"admission_rate_per_minute": 0})
+	admit(map[string]any{"queue": false}, 429, "capacity_exceeded") // global_in_flight 0: paused
+	admit(map[string]any{}, 202, "")
+	rejected := admit(map[string]any{}, 429, "queue_full")
+	f.setConfig(t, map[string]any{"admission_mode": "shadow"})
+	shadowed := jobID(t, admit(map[string]any{}, 202, "").Body)
+
+	// The queue holds the refusals until flushed.
+	if n, err := q.RunOnce(ctx); err != nil || n != 3 {
+		t.Fatalf("flush: %d events, %v; want the 3 queued (replay, rate_limited, capacity_exceeded)", n, err)
+	}
+	var second int64
+	if err := f.db.QueryRowContext(ctx, "SELECT MAX(id) FROM jobs WHERE tenant = ? AND status = 'queued' AND id < ?", tenant, shadowed).Scan(&second); err != nil {
+		t.Fatal(err)
+	}
+	rejectedID := int64(rejected.Body["id"].(float64))
+	got := readAudit(t, f.db.DB, "tenant = ?", tenant)
+	// The flushed events come after the admissions' own rows; compare the two kinds apart.
+	var inTx, queued []auditRow
+	for _, r := range got {
+		if r.event == "replayed" || r.code == "rate_limited" || r.code == "capacity_exceeded" {
+			queued = append(queued, r)
+		} else {
+			inTx = append(inTx, r)
+		}
+	}
+	wantTx := []auditRow{
+		{event: "admitted", actor: "star", to: "queued", job: first},
+		{event: "admitted", actor: "star", to: "queued", job: second},
+		{event: "refused", actor: "star", to: "rejected", code: "queue_full", scope: "tenant", job: rejectedID},
+		{event: "shadow_refused", actor: "star", to: "queued", job: shadowed},
+	}
+	wantQueued := []auditRow{
+		{event: "replayed", actor: "star", to: "queued", job: first},
+		{event: "refused", actor: "star", code: "rate_limited"},
+		{event: "refused", actor: "star", code: "capacity_exceeded", scope: "global"},
+	}
+	if !sameRows(inTx, wantTx) || !sameRows(queued, wantQueued) {
+		t.Errorf("audit rows:\n%v\n%v\nwant\n%v\n%v", inTx, queued, wantTx, wantQueued)
+	}
+}
+
+// TestAuditQueueFullDrops: a full audit queue drops the event rather than block, and counts it
+// in sluice_audit_dropped_total.
+func TestAuditQueueFullDrops(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	reg := prometheus.NewRegistry()
+	q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: f.db.DB, Size: 2, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		q.Add(store.AuditEvent{Event: store.EventRefused, Tenant: "full", ErrorCode: "rate_limited"})
+	}
+	if q.Dropped() != 1 || harness.Counter(t, reg, "sluice_audit_dropped_total") != 1 {
+		t.Errorf("dropped %d (counter %v), want 1", q.Dropped(), harness.Counter(t, reg, "sluice_audit_dropped_total"))
+	}
+	// Run flushes what the queue holds, and what is left when it stops.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { q.Run(ctx); close(done) }()
+	harness.WaitFor(t, 10*time.Second, "the queue's events to be written", func() (bool, error) {
+		return len(readAudit(t, f.db.DB, "tenant = 'full'")) == 2, nil
+	})
+	q.Add(store.AuditEvent{Event: store.EventRefused, Tenant: "full", ErrorCode: "capacity_exceeded"})
+	cancel()
+	<-done
+	if n := len(readAudit(t, f.db.DB, "tenant = 'full'")); n != 3 {
+		t.Errorf("%d events written after Run stopped, want 3", n)
+	}
+}
+
+// TestAuditJobEventsScope: GET /v1/jobs/{id}/events answers a producer for its own tenants'
+// jobs only (another tenant's job is 404, like a missing one) and an admin for any job;
+// GET /v1/audit is admin only, newest first, and pages with its cursor.
+func TestAuditJobEventsScope(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	var ids []int64
+	for i := 0; i < 3; i++ {
+		ids = append(ids, jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdAlphaToken, map[string]any{"tenant": "acme"}).Body))
+	}
+	path := "/v1/jobs/" + strconv.FormatInt(ids[0], 10) + "/events"
+	for _, c := range []struct {
+		token  string
+		status int
+	}{{fdAlphaToken, 200}, {fdAdminToken, 200}, {fdBetaToken, 404}, {fdExecToken, 403}} {
+		r := f.do(t, http.MethodGet, path, c.token, nil)
+		if r.Status != c.status {
+			t.Errorf("GET %s: HTTP %d %s, want %d", path, r.Status, r.Raw, c.status)
+			continue
+		}
+		if c.status == 200 {
+			evs, _ := r.Body["events"].([]any)
+			if len(evs) != 1 || evs[0].(map[string]any)["event"] != "admitted" || evs[0].(map[string]any)["actor"] != "alpha" {
+				t.Errorf("GET %s: %s, want the one admitted event by alpha", path, r.Raw)
+			}
+		}
+	}
+	if r := f.do(t, http.MethodGet, "/v1/jobs/999999/events", fdAlphaToken, nil); r.Status != 404 {
+		t.Errorf("events of a missing job: HTTP %d, want 404", r.Status)
+	}
+	if r := f.do(t, http.MethodGet, "/v1/audit", fdAlphaToken, nil); r.Status != 403 {
+		t.Errorf("GET /v1/audit as a producer: HTTP %d, want 403", r.Status)
+	}
+	for _, bad := range []string{"event=nope", "since=yesterday", "limit=0", "cursor=zz"} {
+		if r := f.do(t, http.MethodGet, "/v1/audit?"+bad, fdAdminToken, nil); r.Status != 400 {
+			t.Errorf("GET /v1/audit?%s: HTTP %d, want 400", bad, r.Status)
+		}
+	}
+	// A redrive's admission names the operator who redrove, and the job it retries.
+	if _, err := f.db.ExecContext(context.Background(), "UPDATE jobs SET status = 'failed', version = version + 2 WHERE id = ?", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := f.admin.Redrive(context.Background(), ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := f.admin.JobEvents(context.Background(), n.ID)
+	if err != nil || len(evs) != 1 || evs[0].Actor != "admin" || evs[0].Event != "admitted" ||
+		string(evs[0].Detail) == "" || !strings.Contains(string(evs[0].Detail), fmt.Sprintf(`"retry_of":%d`, ids[0])) {
+		t.Errorf("the redriven job's events: %+v, %v; want one admitted by admin with retry_of %d", evs, err, ids[0])
+	}
+	var seen []int64
+	next := "/v1/audit?tenant=acme&event=admitted&since=2000-01-01T00:00:00Z&limit=2"
+	for page := 0; next != "" && page < 5; page++ {
+		r := f.do(t, http.MethodGet, next, fdAdminToken, nil)
+		if r.Status != 200 {
+			t.Fatalf("GET %s: HTTP %d %s", next, r.Status, r.Raw)
+		}
+		for _, e := range r.Body["events"].([]any) {
+			seen = append(seen, int64(e.(map[string]any)["job_id"].(float64)))
+		}
+		next = ""
+		if c, ok := r.Body["next_cursor"].(string); ok {
+			next = "/v1/audit?tenant=acme&limit=2&cursor=" + c
+		}
+	}
+	if len(seen) != 4 || seen[0] != n.ID || seen[1] != ids[2] || seen[2] != ids[1] || seen[3] != ids[0] {
+		t.Errorf("audit pages listed jobs %v, want %d then %v newest first", seen, n.ID, ids)
+	}
+}
+
+// TestAuditStoryAfterSIGKILL: a drainer is SIGKILLed while it holds a running job; another
+// drainer recovers it. The job's events tell what really happened, naming the drainers: claimed
+// by the victim, started by the executor, lost by the rescuer.
+func TestAuditStoryAfterSIGKILL(t *testing.T) {
+	t.Parallel()
+	bin := harness.BuildSluice(t)
+	env := harness.Start(t, harness.Options{API: true, Relay: true})
+	env.SetConfig(t, func(c *limits.Config) { c.LeaseSeconds = 2 })
+
+	victim := env.StartDrainer(t, bin, "victim")
+	running := env.Admit(t, "t", map[string]any{"sleep_ms": 6000})
+	harness.WaitFor(t, 10*time.Second, "the job to run", func() (bool, error) {
+		return readJob(t, env.DB.DB, running).status == "running", nil
+	})
+	victim.Kill()
+	env.StartDrainer(t, bin, "rescuer")
+	harness.WaitFor(t, 30*time.Second, "recovery to mark the job lost", func() (bool, error) {
+		return readJob(t, env.DB.DB, running).status == "lost", nil
+	})
+	want := []auditRow{
+		{event: "admitted", actor: "producer", to: "queued", job: running},
+		{event: "transition", actor: "victim", from: "queued", to: "dispatched", job: running},
+		{event: "transition", actor: "executor", from: "dispatched", to: "running", job: running},
+		{event: "transition", actor: "rescuer", from: "running", to: "lost", code: "lease_expired", job: running},
+	}
+	if got := readAudit(t, env.DB.DB, "job_id = ?", running); !sameRows(got, want) {
+		t.Errorf("the job's events:\n%v\nwant\n%v", got, want)
+	}
+	// The API tells the same story.
+	r := env.Do(t, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(running, 10)+"/events", harness.AdminToken, nil)
+	if evs, _ := r.Body["events"].([]any); r.Status != 200 || len(evs) != len(want) {
+		t.Errorf("GET the job's events: HTTP %d %s, want %d events", r.Status, r.Raw, len(want))
+	}
+}
+
+// TestAuditStoryRequeuedAfterSIGKILL: a drainer is SIGKILLed while an executor that never
+// confirms holds its dispatch; the rescuer requeues the job and dispatches it again. The events
+// name each drainer in turn.
+func TestAuditStoryRequeuedAfterSIGKILL(t *testing.T) {
+	t.Parallel()
+	bin := harness.BuildSluice(t)
+	var dispatches atomic.Int32
+	release := make(chan struct{})
+	holder := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		dispatches.Add(1)
+		select { // hold the dispatch, unconfirmed, until the caller goes away or the test ends
+		case <-r.Context().Done():
+		case <-release:
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(holder.Close)
+	t.Cleanup(func() { close(release) }) // before holder.Close, which waits for held requests
+	env := harness.Start(t, harness.Options{API: true, Relay: true, ExecutorURL: holder.URL + "/dispatch"})
+	env.SetConfig(t, func(c *limits.Config) { c.LeaseSeconds = 2 })
+
+	victim := env.StartDrainer(t, bin, "victim")
+	id := env.Admit(t, "t", nil)
+	harness.WaitFor(t, 10*time.Second, "the executor to hold the dispatch", func() (bool, error) {
+		return dispatches.Load() == 1, nil
+	})
+	victim.Kill()
+	env.StartDrainer(t, bin, "rescuer")
+	harness.WaitFor(t, 30*time.Second, "the rescuer to dispatch the job again", func() (bool, error) {
+		return dispatches.Load() == 2, nil
+	})
+	want := []auditRow{
+		{event: "admitted", actor: "producer", to: "queued", job: id},
+		{event: "transition", actor: "victim", from: "queued", to: "dispatched", job: id},
+		{event: "transition", actor: "rescuer", from: "dispatched", to: "queued", code: "lease_expired", job: id},
+		{event: "transition", actor: "rescuer", from: "queued", to: "dispatched", job: id},
+	}
+	if got := readAudit(t, env.DB.DB, "job_id = ?", id); !sameRows(got, want) {
+		t.Errorf("the job's events:\n%v\nwant\n%v", got, want)
+	}
+}
