@@ -231,7 +231,8 @@ func TestConsole(t *testing.T) {
 	b.step("open a job", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#job-list a[data-key="j:%d"]`, job))),
 		until(`document.querySelector('#job-status')?.textContent === 'queued'`),
 		until(`/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}Z$/.test(document.querySelector('#job-queued-at')?.textContent)`),
-		until(`document.querySelector('#job-position')?.textContent === '1'`))
+		until(`document.querySelector('#job-position')?.textContent === '1'`),
+		until(`[...document.querySelectorAll('#job-events tbody tr')].some((r) => r.cells[1].textContent === 'admitted')`))
 	b.shot("job")
 
 	// Cancel: the confirmation's Cancel leaves the job queued; Confirm cancels it.
@@ -245,7 +246,8 @@ func TestConsole(t *testing.T) {
 	b.step("cancel the job", chromedp.Click(chromedp.CSS("#cancel")),
 		until(`document.querySelector('#confirm').open`),
 		chromedp.Click(chromedp.CSS("#confirm-ok")),
-		until(`document.querySelector('#job-status')?.textContent === 'canceled' && document.querySelector('#cancel') === null`))
+		until(`document.querySelector('#job-status')?.textContent === 'canceled' && document.querySelector('#cancel') === null`),
+		until(`[...document.querySelectorAll('#job-events tbody tr')].some((r) => r.cells[2].textContent === 'queued → canceled' && r.cells[3].textContent === 'admin')`))
 	if r := env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d", job), harness.AdminToken, nil); r.Body["status"] != "canceled" {
 		t.Fatalf("job %d is %v after the console canceled it", job, r.Body["status"])
 	}

@@ -105,7 +105,8 @@ export async function jobPage(v) {
   const body = h('div', {id: 'job'});
   const actions = h('div', {class: 'actions', id: 'job-actions'});
   const outcome = h('div', {id: 'job-outcome'});
-  v.main.append(h('h1', null, `Job #${id}`), v.liveNote(), outcome, actions, body);
+  const events = h('section', {id: 'job-events', 'aria-label': 'Events'});
+  v.main.append(h('h1', null, `Job #${id}`), v.liveNote(), outcome, actions, body, events);
 
   async function act(label, fn) {
     try {
@@ -172,6 +173,22 @@ export async function jobPage(v) {
       buttons.push(h('button', {type: 'button', id: 'redrive', 'data-key': 'redrive', on: {click: () => redrive(j.status)}}, 'Redrive job…'));
     }
     replace(actions, buttons);
+    await refreshEvents();
+  }
+
+  // The job's audit trail (GET /v1/jobs/{id}/events), oldest first: who moved it, when, and why.
+  async function refreshEvents() {
+    const got = await api.call('GET', `jobs/${id}/events`);
+    if (!v.alive()) return;
+    const rows = (got.events || []).map((e) => [
+      fmt.when(e.at),
+      {value: e.event, class: 'mono'},
+      e.from && e.to ? `${e.from} → ${e.to}` : (e.to || '—'),
+      e.actor || '—',
+      e.error_code || e.scope || '—',
+    ]);
+    replace(events, h('h2', null, 'Events'), table('The job\'s events, oldest first',
+      [{label: 'When'}, {label: 'Event'}, {label: 'Change'}, {label: 'By'}, {label: 'Code'}], rows, 'No events recorded.'));
   }
 
   try {
