@@ -64,20 +64,24 @@ func TestSlowClientsLeaveExecutorCallbacks(t *testing.T) {
 		_ = json.Unmarshal(raw, &m)
 		return resp.StatusCode, m, raw
 	}
-	// Wait until the slow requests hold every slot: another producer request is then busy.
+	// Wait until the slow requests hold every slot; then another producer request is busy. The
+	// wait reads the slots held instead of probing with requests: a probe takes a slot while it
+	// runs, and a slow request that arrived meanwhile was answered busy and let go, so on a
+	// loaded machine the slow ones left could stay short of the bound and no probe ever saw it
+	// full (seen twice under load).
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		code, body, raw := call("GET", "/v1/jobs", "")
-		if code == http.StatusServiceUnavailable && body["error_code"] == "busy" {
-			if err := spec.CheckAnswer("GET", "/v1/jobs", code, raw); err != nil {
-				t.Error(err)
-			}
-			break
-		}
+	for len(s.requests) < slots {
 		if time.Now().After(deadline) {
-			t.Fatalf("with %d requests held open and %d slots, GET /v1/jobs answered %d %s; want 503 busy", slots+2, slots, code, raw)
+			t.Fatalf("with %d requests held open, %d of %d slots were taken", slots+2, len(s.requests), slots)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	code, body, raw := call("GET", "/v1/jobs", "")
+	if code != http.StatusServiceUnavailable || body["error_code"] != "busy" {
+		t.Fatalf("with every slot held, GET /v1/jobs answered %d %s; want 503 busy", code, raw)
+	}
+	if err := spec.CheckAnswer("GET", "/v1/jobs", code, raw); err != nil {
+		t.Error(err)
 	}
 	for _, c := range []struct{ method, route, path, body string }{
 		{"POST", "/v1/jobs/{id}/start", "/v1/jobs/7/start", `{"nonce":"n"}`},
