@@ -3,7 +3,6 @@ package api
 import (
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice/gate"
@@ -61,21 +60,10 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 		t = t.UTC()
 		f.Since = &t
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > gate.MaxListLimit {
-			s.fail(w, r, job.Invalid("limit", "limit must be a whole number from 1 to %d", gate.MaxListLimit))
-			return
-		}
-		f.Limit = n
-	}
-	if v := q.Get("cursor"); v != "" {
-		id, err := decodeCursor(v)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		f.Before = id
+	var err error
+	if f.Limit, f.Before, err = idPage(q); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	// One more than the page tells whether another page follows.
 	want := f.Limit

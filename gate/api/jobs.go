@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -196,6 +197,34 @@ func decodeOpaque(kind, s string) (string, bool) {
 
 func badCursor() error { return job.Invalid("cursor", "cursor is not one this API returned") }
 
+// listLimit reads a listing's limit parameter: def when it is absent, else a whole number from
+// 1 to most.
+func listLimit(q url.Values, def, most int) (int, error) {
+	v := q.Get("limit")
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > most {
+		return 0, job.Invalid("limit", "limit must be a whole number from 1 to %d", most)
+	}
+	return n, nil
+}
+
+// idPage reads the paging of a listing newest first by id (GET /v1/jobs, GET /v1/audit): its
+// limit, and the id its cursor says the page starts before (0: the first page).
+func idPage(q url.Values) (limit int, before int64, err error) {
+	if limit, err = listLimit(q, gate.DefaultListLimit, gate.MaxListLimit); err != nil {
+		return 0, 0, err
+	}
+	if v := q.Get("cursor"); v != "" {
+		if before, err = decodeCursor(v); err != nil {
+			return 0, 0, err
+		}
+	}
+	return limit, before, nil
+}
+
 var listStatuses = []job.Status{job.Queued, job.Claimed, job.Dispatched, job.Running, job.Succeeded,
 	job.Failed, job.Canceled, job.Rejected, job.Lost, job.Expired}
 
@@ -223,21 +252,10 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Status = job.Status(v)
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > gate.MaxListLimit {
-			s.fail(w, r, job.Invalid("limit", "limit must be a whole number from 1 to %d", gate.MaxListLimit))
-			return
-		}
-		f.Limit = n
-	}
-	if v := q.Get("cursor"); v != "" {
-		id, err := decodeCursor(v)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		f.Before = id
+	var err error
+	if f.Limit, f.Before, err = idPage(q); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	jobs, next, err := s.cfg.Admitter.List(r.Context(), f)
 	if err != nil {

@@ -60,13 +60,10 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) {
 		}
 		tq.Order = v
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxTenantsLimit {
-			s.fail(w, r, job.Invalid("limit", "limit must be a whole number from 1 to %d", maxTenantsLimit))
-			return
-		}
-		tq.Limit = n
+	var err error
+	if tq.Limit, err = listLimit(q, defaultTenantsLimit, maxTenantsLimit); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	if q.Has("tenant") {
 		t := q.Get("tenant")
