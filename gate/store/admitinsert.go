@@ -72,7 +72,7 @@ func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (I
 			out.IDs[j] = ids[c.stmt] + int64(i)
 		}
 		for i, j := range c.pokes {
-			out.PokeIDs[j] = ids[c.stmt+c.pokeStmt] + int64(i)
+			out.PokeIDs[j] = ids[c.stmt+w.pokeOffset] + int64(i)
 		}
 	}
 	return out, nil
@@ -83,6 +83,9 @@ type writes struct {
 	stmts  []string
 	args   [][]any
 	chunks []written
+	// pokeOffset is each outbox INSERT's place after its jobs INSERT: 2 when FirstJobSQL (the
+	// audit rows' first job id) sits between them, else 1.
+	pokeOffset int
 }
 
 // written is one chunk of InsertJobs' rows.
@@ -90,18 +93,19 @@ type written struct {
 	jobs  []int // indexes in NewJobs.Jobs of the rows of a jobs INSERT, in order
 	pokes []int // of the rows of the outbox INSERT after it, if any
 	stmt  int   // index of the jobs INSERT among stmts
-	// pokeStmt is the outbox INSERT's offset from stmt: 2 when FirstJobSQL sits between them.
-	pokeStmt int
 }
 
 func insertStatements(p NewJobs) writes {
-	var w writes
+	w := writes{pokeOffset: 1}
+	if p.Audit != nil {
+		w.pokeOffset = 2
+	}
 	for start := 0; start < len(p.Jobs); start += insertChunk {
 		end := min(len(p.Jobs), start+insertChunk)
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
 			request_sha256, queued_at, finished_at, error_code, error_message, retry_of) VALUES `)
-		c := written{stmt: len(w.stmts), pokeStmt: 1}
+		c := written{stmt: len(w.stmts)}
 		var pokes []outbox.NewPoke
 		rowArgs := make([]any, 0, 12*(end-start))
 		for i := start; i < end; i++ {
@@ -124,7 +128,6 @@ func insertStatements(p NewJobs) writes {
 			// INSERT moves LAST_INSERT_ID() on.
 			w.stmts = append(w.stmts, FirstJobSQL)
 			w.args = append(w.args, nil)
-			c.pokeStmt = 2
 		}
 		if len(pokes) > 0 {
 			pq, pargs := outbox.InsertPokes(p.Prefix, p.Now, pokes)

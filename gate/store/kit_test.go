@@ -196,13 +196,7 @@ func (k *kit) claimLockHeld() bool {
 // wantLocked fails unless exactly the jobs of want among ids are held by another transaction.
 func (k *kit) wantLocked(what string, ids []int64, want ...int64) {
 	k.t.Helper()
-	var got []int64
-	for _, id := range ids {
-		if k.jobLocked(id) {
-			got = append(got, id)
-		}
-	}
-	if !slices.Equal(got, want) {
+	if got := heldAmong(ids, k.jobLocked); !slices.Equal(got, want) {
 		k.t.Errorf("%s: jobs locked %v, want %v (of %v)", what, got, want, ids)
 	}
 }
@@ -210,15 +204,20 @@ func (k *kit) wantLocked(what string, ids []int64, want ...int64) {
 // wantTenantsLocked fails unless exactly the tenants of want among tenants are held elsewhere.
 func (k *kit) wantTenantsLocked(what string, tenants []string, want ...string) {
 	k.t.Helper()
-	var got []string
-	for _, t := range tenants {
-		if k.tenantLocked(t) {
-			got = append(got, t)
-		}
-	}
-	if !slices.Equal(got, want) {
+	if got := heldAmong(tenants, k.tenantLocked); !slices.Equal(got, want) {
 		k.t.Errorf("%s: tenants locked %v, want %v (of %v)", what, got, want, tenants)
 	}
+}
+
+// heldAmong returns the keys of all, in order, that held reports locked.
+func heldAmong[K any](all []K, held func(K) bool) []K {
+	var out []K
+	for _, k := range all {
+		if held(k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 func ids(rows []store.Row) []int64 {
