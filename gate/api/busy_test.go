@@ -2,12 +2,15 @@ package api
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // TestSlowClientsLeaveExecutorCallbacks: callers that hold requests open (a body that never
@@ -69,13 +72,8 @@ func TestSlowClientsLeaveExecutorCallbacks(t *testing.T) {
 	// runs, and a slow request that arrived meanwhile was answered busy and let go, so on a
 	// loaded machine the slow ones left could stay short of the bound and no probe ever saw it
 	// full (seen twice under load).
-	deadline := time.Now().Add(10 * time.Second)
-	for len(s.requests) < slots {
-		if time.Now().After(deadline) {
-			t.Fatalf("with %d requests held open, %d of %d slots were taken", slots+2, len(s.requests), slots)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	wait.Until(t, 10*time.Second, fmt.Sprintf("the %d slow requests to hold all %d slots", slots+2, slots),
+		func() bool { return len(s.requests) == slots })
 	code, body, raw := call("GET", "/v1/jobs", "")
 	if code != http.StatusServiceUnavailable || body["error_code"] != "busy" {
 		t.Fatalf("with every slot held, GET /v1/jobs answered %d %s; want 503 busy", code, raw)
