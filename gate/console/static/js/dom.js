@@ -94,10 +94,17 @@ export function confirm(title, text, action) {
   const back = document.activeElement;
   dlg.returnValue = '';
   return new Promise((resolve) => {
-    dlg.addEventListener('close', () => {
+    const closed = () => {
+      // A dialog closed and at once opened again still has the first closing's event queued:
+      // it arrives while this opening is on screen, and must not answer it.
+      if (dlg.open) {
+        dlg.addEventListener('close', closed, {once: true});
+        return;
+      }
       if (back && back.isConnected) back.focus();
       resolve(dlg.returnValue === 'ok');
-    }, {once: true});
+    };
+    dlg.addEventListener('close', closed, {once: true});
     dlg.showModal();
     document.getElementById('confirm-cancel').focus();
   });
