@@ -62,7 +62,8 @@ var specOrder = []string{"global_in_flight", "tenant_in_flight", "tenant_in_flig
 	"tenant_queue_depth", "global_queue_depth", "admission_mode", "admission_rate_per_minute",
 	"ordering", "execution_wall_seconds", "max_queue_age_seconds", "lease_seconds",
 	"nonce_ttl_seconds", "dispatch_attempts", "max_payload_bytes", "retention_days",
-	"outbox_retention_days", "audit_retention_days"}
+	"outbox_retention_days", "lanes", "tenant_tiers", "tier_in_flight", "tier_tenant_in_flight",
+	"interactive_reserve", "enforce_for", "audit_retention_days"}
 
 // Apply returns base with changes applied, validated as a whole. Every key must be known and
 // every value of its documented JSON type; the first problem is returned as a *FieldError.
@@ -104,13 +105,12 @@ func Apply(base Config, changes map[string]json.RawMessage) (Config, error) {
 		return base, fmt.Errorf("encode runtime config: %w", err)
 	}
 	out := Default()
-	out.TenantInFlightOverrides = nil // replaced as a whole, never merged with the defaults
+	// Maps are replaced as a whole, never merged with the defaults.
+	out.TenantInFlightOverrides, out.Lanes, out.TenantTiers, out.TierInFlight, out.TierTenantInFlight = nil, nil, nil, nil, nil
 	if err := strictUnmarshal(merged, &out); err != nil {
 		return base, fmt.Errorf("decode runtime config: %w", err)
 	}
-	if out.TenantInFlightOverrides == nil {
-		out.TenantInFlightOverrides = map[string]int{}
-	}
+	out.fillDefaults()
 	if err := out.Validate(); err != nil {
 		return base, err
 	}

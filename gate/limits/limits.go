@@ -71,7 +71,31 @@ type Config struct {
 	OutboxRetentionDays int `json:"outbox_retention_days"`
 	// AuditRetentionDays is how long audit events are kept. Default 30.
 	AuditRetentionDays int `json:"audit_retention_days"`
+	// Lanes maps a lane name to its cluster-wide in-flight limit (SPEC §5a). Default empty.
+	Lanes map[string]int `json:"lanes"`
+	// TenantTiers maps a tenant to its tier; a tenant not named is in DefaultTier.
+	TenantTiers map[string]string `json:"tenant_tiers"`
+	// TierInFlight maps a tier to a ceiling on the in flight of all its tenants together.
+	TierInFlight map[string]int `json:"tier_in_flight"`
+	// TierTenantInFlight maps a tier to the per-tenant cap of its tenants (an override still
+	// wins).
+	TierTenantInFlight map[string]int `json:"tier_tenant_in_flight"`
+	// InteractiveReserve is how many of the global units only interactive work may take.
+	// Default 0.
+	InteractiveReserve int `json:"interactive_reserve"`
+	// EnforceFor is all or aware: with aware, only requests that say they handle a refusal
+	// (Sluice-Capacity-Aware: true) are refused; others are treated as in shadow. Default all.
+	EnforceFor string `json:"enforce_for"`
 }
+
+// EnforceFor values (SPEC §5a).
+const (
+	EnforceAll   = "all"
+	EnforceAware = "aware"
+)
+
+// DefaultTier is the tier of a tenant that tenant_tiers does not name.
+const DefaultTier = "default"
 
 // Default returns a fresh default configuration.
 func Default() Config {
@@ -91,15 +115,32 @@ func Default() Config {
 		RetentionDays:           90,
 		OutboxRetentionDays:     7,
 		AuditRetentionDays:      30,
+		Lanes:                   map[string]int{},
+		TenantTiers:             map[string]string{},
+		TierInFlight:            map[string]int{},
+		TierTenantInFlight:      map[string]int{},
+		EnforceFor:              EnforceAll,
 	}
 }
 
-// TenantCap returns the in-flight cap of tenant.
+// TenantCap returns the in-flight cap of tenant: its override, else its tier's per-tenant cap,
+// else tenant_in_flight.
 func (c Config) TenantCap(tenant string) int {
 	if n, ok := c.TenantInFlightOverrides[tenant]; ok {
 		return n
 	}
+	if n, ok := c.TierTenantInFlight[c.Tier(tenant)]; ok {
+		return n
+	}
 	return c.TenantInFlight
+}
+
+// Tier returns the tier of tenant.
+func (c Config) Tier(tenant string) string {
+	if t, ok := c.TenantTiers[tenant]; ok {
+		return t
+	}
+	return DefaultTier
 }
 
 // Lease returns the lease duration.
@@ -123,6 +164,7 @@ func (c Config) Validate() error {
 		{"global_queue_depth", c.GlobalQueueDepth},
 		{"admission_rate_per_minute", c.AdmissionRatePerMinute},
 		{"max_queue_age_seconds", c.MaxQueueAgeSeconds},
+		{"interactive_reserve", c.InteractiveReserve},
 	}
 	for _, f := range nonNeg {
 		if f.v < 0 {
@@ -152,6 +194,29 @@ func (c Config) Validate() error {
 			return invalidf("tenant_in_flight_overrides", "tenant %q: must be 0 or more, got %d", t, n)
 		}
 	}
+	for _, m := range []struct {
+		key string
+		v   map[string]int
+	}{{"lanes", c.Lanes}, {"tier_in_flight", c.TierInFlight}, {"tier_tenant_in_flight", c.TierTenantInFlight}} {
+		for name, n := range m.v {
+			if err := validName(name); err != "" {
+				return invalidf(m.key, "name %q: %s", name, err)
+			}
+			if n < 0 {
+				return invalidf(m.key, "%q: must be 0 or more, got %d", name, n)
+			}
+		}
+	}
+	for t, tier := range c.TenantTiers {
+		if err := validName(tier); err != "" {
+			return invalidf("tenant_tiers", "tenant %q: tier %q: %s", t, tier, err)
+		}
+	}
+	switch c.EnforceFor {
+	case EnforceAll, EnforceAware:
+	default:
+		return invalidf("enforce_for", "must be all or aware, got %q", c.EnforceFor)
+	}
 	switch c.AdmissionMode {
 	case ModeEnforce, ModeShadow, ModeOff:
 	default:
@@ -166,6 +231,24 @@ func (c Config) Validate() error {
 		return invalidf("max_payload_bytes", "at most %d (what one statement to the database can carry), got %d", MaxPayloadCap, c.MaxPayloadBytes)
 	}
 	return nil
+}
+
+// MaxNameBytes bounds a lane or tier name.
+const MaxNameBytes = 64
+
+// validName says what is wrong with a lane or tier name, or "" if nothing: 1 to 64 bytes of
+// letters, digits, '-', '_' and '.', so a name is safe in a header, a metric label and a scope
+// ("lane:<name>").
+func validName(n string) string {
+	if n == "" || len(n) > MaxNameBytes {
+		return fmt.Sprintf("must be 1 to %d bytes", MaxNameBytes)
+	}
+	for _, r := range n {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return "may hold only letters, digits, '-', '_' and '.'"
+		}
+	}
+	return ""
 }
 
 // MaxPayloadCap bounds max_payload_bytes. A payload, or an executor's result (which may be as
@@ -209,8 +292,29 @@ func Decode(raw []byte) (Config, error) {
 	if err := json.Unmarshal(raw, &cfg); err != nil {
 		return cfg, fmt.Errorf("decode runtime config: %w", err)
 	}
-	if cfg.TenantInFlightOverrides == nil {
-		cfg.TenantInFlightOverrides = map[string]int{}
-	}
+	cfg.fillDefaults()
 	return cfg, nil
+}
+
+// fillDefaults gives empty maps for maps stored as null, and the default enforce_for to a
+// configuration stored before it existed.
+func (c *Config) fillDefaults() {
+	if c.TenantInFlightOverrides == nil {
+		c.TenantInFlightOverrides = map[string]int{}
+	}
+	if c.Lanes == nil {
+		c.Lanes = map[string]int{}
+	}
+	if c.TenantTiers == nil {
+		c.TenantTiers = map[string]string{}
+	}
+	if c.TierInFlight == nil {
+		c.TierInFlight = map[string]int{}
+	}
+	if c.TierTenantInFlight == nil {
+		c.TierTenantInFlight = map[string]int{}
+	}
+	if c.EnforceFor == "" {
+		c.EnforceFor = EnforceAll
+	}
 }

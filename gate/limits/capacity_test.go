@@ -1,0 +1,89 @@
+package limits
+
+import "testing"
+
+func TestCheck(t *testing.T) {
+	cfg := Default()
+	cfg.GlobalInFlight = 10
+	cfg.TenantInFlight = 3
+	cfg.Lanes = map[string]int{"search": 2, "gpu": 0}
+	cfg.TenantTiers = map[string]string{"big": "gold"}
+	cfg.TierInFlight = map[string]int{"gold": 4}
+	cfg.TierTenantInFlight = map[string]int{"gold": 5}
+	cfg.InteractiveReserve = 2
+
+	use := func(units ...Unit) Usage {
+		us := NewUsage()
+		for _, u := range units {
+			us.Add(cfg, u, 1)
+		}
+		return us
+	}
+	many := func(n int, u Unit) []Unit {
+		out := make([]Unit, n)
+		for i := range out {
+			out[i] = u
+		}
+		return out
+	}
+	cases := []struct {
+		name      string
+		us        Usage
+		u         Unit
+		ok        bool
+		scope     string
+		paused    bool
+		suggested int
+	}{
+		{"empty box", use(), Unit{Tenant: "a"}, true, ScopeTenant, false, 3},
+		{"tenant full", use(many(3, Unit{Tenant: "a"})...), Unit{Tenant: "a"}, false, ScopeTenant, false, 1},
+		{"tier tenant cap", use(many(3, Unit{Tenant: "big"})...), Unit{Tenant: "big"}, true, ScopeTier, false, 2},
+		{"tier ceiling", use(many(4, Unit{Tenant: "big"})...), Unit{Tenant: "big"}, false, ScopeTier, false, 1},
+		{"reserve kept from plain work", use(many(8, Unit{Tenant: "x"})...), Unit{Tenant: "a"}, false, ScopeReserve, false, 2},
+		{"reserve open to interactive", use(many(8, Unit{Tenant: "x"})...), Unit{Tenant: "a", Interactive: true}, true, ScopeGlobal, false, 2},
+		{"interactive in flight use the reserve first", use(append(many(7, Unit{Tenant: "x"}), Unit{Tenant: "y", Interactive: true})...), Unit{Tenant: "a"}, true, ScopeReserve, false, 2},
+		{"global full for interactive too", use(many(10, Unit{Tenant: "x", Interactive: true})...), Unit{Tenant: "a", Interactive: true}, false, ScopeGlobal, false, 1},
+		{"lane full", use(many(2, Unit{Tenant: "x", Lanes: []string{"search"}})...), Unit{Tenant: "a", Lanes: []string{"search"}}, false, "lane:search", false, 3},
+		{"paused lane before a full tenant", use(many(3, Unit{Tenant: "a"})...), Unit{Tenant: "a", Lanes: []string{"gpu"}}, false, "lane:gpu", true, 0},
+	}
+	for _, c := range cases {
+		v := cfg.Check(c.us, c.u)
+		if v.OK != c.ok || v.Scope != c.scope || v.Paused != c.paused || v.Suggested != c.suggested {
+			t.Errorf("%s: got ok=%v scope=%s paused=%v suggested=%d, want ok=%v scope=%s paused=%v suggested=%d",
+				c.name, v.OK, v.Scope, v.Paused, v.Suggested, c.ok, c.scope, c.paused, c.suggested)
+		}
+	}
+	v := cfg.Check(use(many(2, Unit{Tenant: "big"})...), Unit{Tenant: "big"})
+	if v.Tier != "gold" || v.TierLimit != 4 || v.TierInFlight != 2 {
+		t.Errorf("tier figures: got %s %d/%d, want gold 2/4", v.Tier, v.TierInFlight, v.TierLimit)
+	}
+	if v := cfg.Check(use(), Unit{Tenant: "a"}); v.Tier != DefaultTier || v.TierLimit != -1 {
+		t.Errorf("untiered tenant: got tier %s limit %d", v.Tier, v.TierLimit)
+	}
+	cfg.GlobalInFlight = 0
+	if v := cfg.Check(use(), Unit{Tenant: "a"}); v.OK || v.Scope != ScopeGlobal || !v.Paused || v.Suggested != 0 {
+		t.Errorf("paused global: %+v", v)
+	}
+}
+
+func TestValidateCapacityKeys(t *testing.T) {
+	for _, bad := range []func(*Config){
+		func(c *Config) { c.Lanes = map[string]int{"": 1} },
+		func(c *Config) { c.Lanes = map[string]int{"a b": 1} },
+		func(c *Config) { c.Lanes = map[string]int{"x": -1} },
+		func(c *Config) { c.TierInFlight = map[string]int{"gold": -1} },
+		func(c *Config) { c.TierTenantInFlight = map[string]int{"gold\n": 1} },
+		func(c *Config) { c.TenantTiers = map[string]string{"acme": ""} },
+		func(c *Config) { c.InteractiveReserve = -1 },
+		func(c *Config) { c.EnforceFor = "some" },
+	} {
+		c := Default()
+		bad(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("accepted %+v", c)
+		}
+	}
+	if err := Default().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
