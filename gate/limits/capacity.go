@@ -60,7 +60,8 @@ type Verdict struct {
 	Paused   bool // the refusing limit is 0
 	Limit    int
 	InFlight int
-	// Tier is the unit's tier; TierLimit is its ceiling (-1: none) and TierInFlight its use.
+	// Tier is the unit's tier; TierLimit is its ceiling (the global cap for a tier without one)
+	// and TierInFlight its use.
 	Tier         string
 	TierLimit    int
 	TierInFlight int
@@ -88,7 +89,7 @@ func (c Config) Check(us Usage, u Unit) Verdict {
 		// non-interactive units may fill.
 		scopes = append(scopes, scope{ScopeReserve, max(c.GlobalInFlight-c.InteractiveReserve, 0), us.Total - us.Interactive})
 	}
-	v := Verdict{Tier: tier, TierLimit: -1, TierInFlight: us.Tier[tier]}
+	v := Verdict{Tier: tier, TierLimit: c.GlobalInFlight, TierInFlight: us.Tier[tier]}
 	if n, ok := c.TierInFlight[tier]; ok {
 		scopes = append(scopes, scope{ScopeTier, n, us.Tier[tier]})
 		v.TierLimit = n

@@ -57,7 +57,7 @@ func TestCheck(t *testing.T) {
 	if v.Tier != "gold" || v.TierLimit != 4 || v.TierInFlight != 2 {
 		t.Errorf("tier figures: got %s %d/%d, want gold 2/4", v.Tier, v.TierInFlight, v.TierLimit)
 	}
-	if v := cfg.Check(use(), Unit{Tenant: "a"}); v.Tier != DefaultTier || v.TierLimit != -1 {
+	if v := cfg.Check(use(), Unit{Tenant: "a"}); v.Tier != DefaultTier || v.TierLimit != cfg.GlobalInFlight {
 		t.Errorf("untiered tenant: got tier %s limit %d", v.Tier, v.TierLimit)
 	}
 	cfg.GlobalInFlight = 0
