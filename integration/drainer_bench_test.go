@@ -154,6 +154,8 @@ func BenchmarkDrainThroughput(b *testing.B) {
 			"all_procs_peak_in_flight_sampled": many.peak,
 			"raw_two_statement_tx_p50_ms":      r[0], "raw_tx_per_s_one_client": int(1000 / r[0]),
 		})
+		harness.Emit("drain_work_per_job", map[string]any{"jobs": drainJobs, "gomaxprocs": 1, "work": one.work,
+			"all_procs": all, "all_procs_work": many.work})
 	}
 }
 
@@ -162,6 +164,7 @@ const drainJobs = 20000
 type drained struct {
 	el   time.Duration
 	peak int64
+	work map[string]any // per job, during the drain (the sampler's reads included)
 }
 
 // drainThroughput drains jobs jobs, spread evenly over tenants tenants, into a fresh database
@@ -173,7 +176,7 @@ func drainThroughput(b *testing.B, tenants, jobs int) (drained, []time.Duration)
 	setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
 	queueJobs(b, db, tenants, jobs)
 	raw := rawTx(b, db, 300)
-	var peak atomic.Int64
+	var peak, samples atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -188,6 +191,7 @@ func drainThroughput(b *testing.B, tenants, jobs int) (drained, []time.Duration)
 			case <-tick.C:
 			}
 			var k int64
+			samples.Add(1)
 			if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running')").Scan(&k); err == nil && k > peak.Load() {
 				peak.Store(k)
 			}
@@ -199,6 +203,7 @@ func drainThroughput(b *testing.B, tenants, jobs int) (drained, []time.Duration)
 		b.Fatal(err)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
+	before := snapshotWork(b, db)
 	start := time.Now()
 	go d.Run(runCtx)
 	// Wait on the executor's own count (in memory) so that the wait itself does not load the
@@ -212,6 +217,8 @@ func drainThroughput(b *testing.B, tenants, jobs int) (drained, []time.Duration)
 		return left == 0, err
 	})
 	el := time.Since(start)
+	w := snapshotWork(b, db).perJob(before, jobs)
+	w["cap_samples"] = samples.Load()
 	cancel()
 	d.Stop(ctx)
 	close(stop)
@@ -219,7 +226,7 @@ func drainThroughput(b *testing.B, tenants, jobs int) (drained, []time.Duration)
 	if peak.Load() > 64 {
 		b.Errorf("the database held %d jobs in flight at once; cap 64", peak.Load())
 	}
-	return drained{el: el, peak: peak.Load()}, raw
+	return drained{el: el, peak: peak.Load(), work: w}, raw
 }
 
 // queueJobs creates tenants tenants (t0, t1, ...) and jobs queued jobs spread evenly over them,
