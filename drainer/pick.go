@@ -1,51 +1,55 @@
 package drainer
 
 import (
-	"sort"
-
 	"github.com/sluicehq/sluice/gate/limits"
 )
 
-// pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may.
+// pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may. It is
+// one pass over cands that allocates nothing: choose calls it once per job it takes, so with 64
+// tenants and 64 free slots a pass makes 4,096 steps (gathering the eligible tenants into a
+// fresh slice first, and sorting it for round_robin, made pick a third of the claim's Go CPU
+// time in BenchmarkDrainThroughput). Every ordering is a total order (job ids break the ties),
+// so the map's iteration order does not matter.
 func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) string {
-	var tenants []string
+	best, first := "", ""
+	var bestN int // inFlight[best]
+	var bestHead candidate
 	for t, cs := range cands {
-		if len(cs) > 0 && inFlight[t] < cfg.TenantCap(t) {
-			tenants = append(tenants, t)
+		if len(cs) == 0 {
+			continue
 		}
-	}
-	if len(tenants) == 0 {
-		return ""
-	}
-	switch cfg.Ordering {
-	case limits.RoundRobin:
-		sort.Strings(tenants) // the other orderings need no sort: job ids break every tie
-		for _, t := range tenants {
-			if t > cl.rrLast {
-				cl.rrLast = t
-				return t
+		n := inFlight[t]
+		if n >= cfg.TenantCap(t) {
+			continue
+		}
+		switch cfg.Ordering {
+		case limits.RoundRobin:
+			// The first name after the tenant served last, else the first name of all.
+			if first == "" || t < first {
+				first = t
 			}
-		}
-		cl.rrLast = tenants[0]
-		return tenants[0]
-	case limits.FIFO:
-		best := tenants[0]
-		for _, t := range tenants[1:] {
-			if cands[t][0].before(cands[best][0]) {
+			if t > cl.rrLast && (best == "" || t < best) {
 				best = t
 			}
-		}
-		return best
-	default: // fair
-		best := tenants[0]
-		for _, t := range tenants[1:] {
-			switch {
-			case inFlight[t] < inFlight[best]:
-				best = t
-			case inFlight[t] == inFlight[best] && cands[t][0].before(cands[best][0]):
-				best = t
+			continue
+		case limits.FIFO:
+			if best != "" && !cs[0].before(bestHead) {
+				continue
+			}
+		default: // fair: fewest in flight, then the oldest head
+			if best != "" && (n > bestN || n == bestN && !cs[0].before(bestHead)) {
+				continue
 			}
 		}
-		return best
+		best, bestN, bestHead = t, n, cs[0]
 	}
+	if cfg.Ordering == limits.RoundRobin {
+		if best == "" {
+			best = first
+		}
+		if best != "" {
+			cl.rrLast = best
+		}
+	}
+	return best
 }
