@@ -194,7 +194,9 @@ type Pass struct {
 	Recovered int
 	// Expired counts queued jobs expired for max_queue_age_seconds.
 	Expired int
-	Claimed int
+	// SlotsLost counts the slots whose lease ran out that the upkeep deleted.
+	SlotsLost int
+	Claimed   int
 	// Full is true when the pass stopped at ClaimBatch with capacity possibly left.
 	Full bool
 }
@@ -288,7 +290,7 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	if beat {
 		hb = d.beat.due(now)
 	}
-	if p.Recovered, err = d.rescue.RunOnce(ctx, now, hb, fresh); err != nil {
+	if p.Recovered, p.SlotsLost, err = d.rescue.RunOnce(ctx, now, hb, fresh); err != nil {
 		return hb != nil, err
 	}
 	if p.Expired, err = d.expiry.RunOnce(ctx, now); err != nil {

@@ -250,6 +250,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
 		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,
 		Version: version, Log: log, LogDropped: logQueue.Dropped, Memcached: splitList(c.get("memcached")),
+		CORSOrigins: splitList(c.get("cors-origins")),
 	}
 	var shutdown []func()
 	defer func() {
