@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -132,4 +137,81 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// slotHolderEnv, when set, makes TestSlotHolderProcess the body of a child process: it takes a
+// slot from the API at that URL, prints its id, and holds it (renewing) until it is killed.
+const slotHolderEnv = "SLUICE_TEST_SLOT_HOLDER_URL"
+
+// TestSlotHolderProcess is the child of TestSlotKilledHolderFreesByExpiry; run alone it skips.
+func TestSlotHolderProcess(t *testing.T) {
+	url := os.Getenv(slotHolderEnv)
+	if url == "" {
+		t.Skip("the child process of TestSlotKilledHolderFreesByExpiry")
+	}
+	s, err := client.New(url, harness.ProducerToken).Acquire(context.Background(), client.SlotRequest{Tenant: "acme", LeaseSeconds: 5})
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("slot %d\n", s.ID)
+	<-s.Lost() // held until killed (or lost)
+	os.Exit(1)
+}
+
+// TestSlotKilledHolderFreesByExpiry: a process SIGKILLed while holding a slot releases nothing;
+// the slot counts until its lease runs out, then a drainer's upkeep deletes it as lost.
+func TestSlotKilledHolderFreesByExpiry(t *testing.T) {
+	t.Parallel()
+	e := startSlotsEnv(t, harness.Options{})
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSlotHolderProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), slotHolderEnv+"="+e.URL)
+	out := &harness.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	var id string
+	harness.WaitFor(t, 30*time.Second, "the child's slot", func() (bool, error) {
+		for _, line := range strings.Split(out.String(), "\n") {
+			if s, ok := strings.CutPrefix(line, "slot "); ok {
+				id = s
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	var first time.Time
+	if err := e.DB.QueryRowContext(context.Background(), "SELECT expires_at FROM slots WHERE id = ?", id).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 10*time.Second, "the child's first renewal", func() (bool, error) {
+		var exp time.Time
+		err := e.DB.QueryRowContext(context.Background(), "SELECT expires_at FROM slots WHERE id = ?", id).Scan(&exp)
+		return exp.After(first), err
+	})
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	var live bool
+	if err := e.DB.QueryRowContext(context.Background(), "SELECT expires_at > NOW(6) FROM slots WHERE id = ?", id).Scan(&live); err != nil || !live {
+		t.Fatalf("the killed holder's slot right after the kill: live %v (%v), want it counted until its lease runs out", live, err)
+	}
+	harness.WaitFor(t, 20*time.Second, "the slot's expiry and sweep", func() (bool, error) {
+		var n int
+		err := e.DB.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM audit_events WHERE event = 'slot_lost' AND slot_id = ?", id).Scan(&n)
+		return n == 1, err
+	})
+	var released, left int
+	if err := e.DB.QueryRowContext(context.Background(), `SELECT
+		(SELECT COUNT(*) FROM audit_events WHERE event = 'slot_released'), (SELECT COUNT(*) FROM slots)`).Scan(&released, &left); err != nil {
+		t.Fatal(err)
+	}
+	if released != 0 || left != 0 {
+		t.Errorf("%d release events, %d slots left: want the slot freed by expiry only", released, left)
+	}
 }
