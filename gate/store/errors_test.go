@@ -116,8 +116,11 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 				Decide: func(store.SlotState) (bool, store.AuditEvent) { return true, store.AuditEvent{} }})
 			return err
 		},
-		"RenewSlot":   func(ctx context.Context) error { _, err := store.RenewSlot(ctx, k.db.DB, 1, "p", false); return err },
-		"ReleaseSlot": func(ctx context.Context) error { _, err := st.ReleaseSlot(ctx, k.db.DB, k.now, 1, "p", false); return err },
+		"RenewSlot": func(ctx context.Context) error { _, err := store.RenewSlot(ctx, k.db.DB, 1, "p", false); return err },
+		"ReleaseSlot": func(ctx context.Context) error {
+			_, err := st.ReleaseSlot(ctx, k.db.DB, k.now, 1, "p", false)
+			return err
+		},
 		"SweepSlots": func(ctx context.Context) error {
 			_, err := st.SweepSlots(ctx, k.db.DB, k.now, "d", []store.ExpiredSlot{{ID: 1, Tenant: "acme"}})
 			return err
