@@ -96,20 +96,39 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 	unit := limits.Unit{Tenant: req.Tenant, Lanes: req.Lanes, Interactive: req.Interactive}
 	var res SlotResult
 	var refusal *SlotRefusal
-	st, slot, err := store.TakeSlot(ctx, a.cfg.TxDB, store.TakeSlotParams{
-		Tenant: req.Tenant, Caller: caller, Lanes: req.Lanes, Interactive: req.Interactive,
-		LeaseSeconds: req.LeaseSeconds, WaitingLimit: waitingBound(cur),
-		Decide: func(st store.SlotState) (bool, store.AuditEvent) {
-			var ok bool
-			res.Decision, res.Verdict, ok = decideSlot(st, unit, req.Aware)
-			if !ok {
-				refusal = a.refuseSlot(st, res.Verdict)
-				return false, store.AuditEvent{}
+	var gated map[string]bool // rate keys known gated: nil until looked up
+	var heldBy []string       // the rate keys of the waiting heads that refused the slot
+	take := func() (store.SlotState, *store.Slot, error) {
+		refusal, heldBy = nil, nil
+		return store.TakeSlot(ctx, a.cfg.TxDB, store.TakeSlotParams{
+			Tenant: req.Tenant, Caller: caller, Lanes: req.Lanes, Interactive: req.Interactive,
+			LeaseSeconds: req.LeaseSeconds, WaitingLimit: waitingBound(cur),
+			Decide: func(st store.SlotState) (bool, store.AuditEvent) {
+				var ok bool
+				res.Decision, res.Verdict, heldBy, ok = decideSlot(st, unit, req.Aware, gated)
+				if !ok {
+					refusal = a.refuseSlot(st, res.Verdict)
+					return false, store.AuditEvent{}
+				}
+				detail, _ := json.Marshal(slotDetail(res.Verdict, req))
+				return true, store.AuditEvent{Event: store.EventSlotGranted, Tenant: req.Tenant, Actor: caller,
+					Scope: res.Verdict.Scope, Detail: detail}
+			}})
+	}
+	st, slot, err := take()
+	if err == nil && len(heldBy) > 0 && a.cfg.Gates != nil {
+		// Refused for queued work whose heads carry rate keys: their gates are read (never under
+		// the claim lock) and, if any is gated, the slot is decided again without those tenants.
+		// A gate store that fails leaves the refusal standing.
+		if nb, gerr := a.cfg.Gates.NotBefore(ctx, heldBy); gerr == nil && len(nb) > 0 {
+			now := a.now()
+			gated = map[string]bool{}
+			for _, k := range heldBy {
+				gated[k] = nb[k].After(now)
 			}
-			detail, _ := json.Marshal(slotDetail(res.Verdict, req))
-			return true, store.AuditEvent{Event: store.EventSlotGranted, Tenant: req.Tenant, Actor: caller,
-				Scope: res.Verdict.Scope, Detail: detail}
-		}})
+			st, slot, err = take()
+		}
+	}
 	if err != nil {
 		return SlotResult{}, AsUnavailable(err)
 	}
@@ -142,58 +161,73 @@ func slotDetail(v limits.Verdict, req SlotRequest) map[string]any {
 // decideSlot is the decision of a slot for unit on what the grant read under the claim lock: the
 // decision (empty with the rollout mode off), the verdict, and whether to grant. With the mode
 // off every slot is granted unchecked; with shadow, or with enforce_for=aware and a request that
-// is not aware, a slot enforce would refuse is granted as shadow-refused.
-func decideSlot(st store.SlotState, unit limits.Unit, aware bool) (Decision, limits.Verdict, bool) {
+// is not aware, a slot enforce would refuse is granted as shadow-refused. heldBy, when the slot
+// is refused only by the fair-order rule, lists the rate keys at the heads of the tenants waiting
+// ahead whose gates are not known (not in gated): the caller may look them up and decide again
+// with gated filled.
+func decideSlot(st store.SlotState, unit limits.Unit, aware bool, gated map[string]bool) (Decision, limits.Verdict, []string, bool) {
 	cfg := st.Config
 	if cfg.AdmissionMode == limits.ModeOff {
-		return "", limits.Verdict{}, true
+		return "", limits.Verdict{}, nil, true
 	}
 	v := cfg.Check(st.Usage, unit)
-	if v.OK && jumpsQueue(cfg, st, unit) {
-		v.OK, v.Paused = false, false
-		v.Scope, v.Limit, v.InFlight = limits.ScopeGlobal, cfg.GlobalInFlight, st.Usage.Total
+	var heldBy []string
+	if v.OK {
+		var blocked bool
+		if blocked, heldBy = jumpsQueue(cfg, st, unit, gated); blocked {
+			v.OK, v.Paused = false, false
+			v.Scope, v.Limit, v.InFlight = limits.ScopeGlobal, cfg.GlobalInFlight, st.Usage.Total
+		}
 	}
 	switch {
 	case v.OK:
-		return Admitted, v, true
+		return Admitted, v, nil, true
 	case cfg.AdmissionMode == limits.ModeEnforce && (cfg.EnforceFor == limits.EnforceAll || aware):
-		return Refused, v, false
+		return Refused, v, heldBy, false
 	default:
-		return ShadowRefused, v, true
+		return ShadowRefused, v, nil, true
 	}
 }
 
 // jumpsQueue is the fair-order rule of SPEC §5a: a slot does not take the capacity that queued
 // work the claim would start first needs. The tenants waiting ahead are those with queued work
-// that are below their cap with fewer units in flight than the slot's tenant (fair order); the
-// slot is refused when the capacity left (global, and for a non-interactive slot what the
-// reserve leaves) is no more than one unit for each of them. An interactive slot within the
-// reserve is exempt.
+// whose oldest job is due and not known gated, below their cap with fewer units in flight than
+// the slot's tenant (fair order); the slot is refused when the capacity left (global, and for a
+// non-interactive slot what the reserve leaves) is no more than one unit for each of them. An
+// interactive slot within the reserve is exempt.
 //
-// The waiting tenants are read from their queue state (the head index), not their jobs: a
-// tenant whose oldest job is gated or not yet due counts as waiting. Gates live in memcached,
-// which is never asked under the claim lock; the cost is a refusal (with a short Retry-After)
-// while such a tenant waits behind its gate with capacity just free.
-func jumpsQueue(cfg limits.Config, st store.SlotState, unit limits.Unit) bool {
+// Only each waiting tenant's oldest job is looked at (its queue state's head), as the status
+// does. Gates live in memcached, which is never asked under the claim lock: gated lists the keys
+// known gated (nil: none looked up yet), and when the slot is refused and every head ahead has a
+// rate key not yet looked up, it returns those keys (see decideSlot).
+func jumpsQueue(cfg limits.Config, st store.SlotState, unit limits.Unit, gated map[string]bool) (bool, []string) {
 	us := st.Usage
 	if unit.Interactive && cfg.InteractiveReserve > 0 && us.Interactive < cfg.InteractiveReserve {
-		return false
+		return false, nil
 	}
 	mine := us.Tenant[unit.Tenant]
 	ahead := 0
-	for _, t := range st.Waiting {
-		if n := us.Tenant[t]; n < mine && n < cfg.TenantCap(t) {
-			ahead++
+	var keys []string
+	for _, w := range st.Waiting {
+		if n := us.Tenant[w.Tenant]; !w.Due || n >= mine || n >= cfg.TenantCap(w.Tenant) || gated[w.HeadRateKey] {
+			continue
+		}
+		ahead++
+		if _, known := gated[w.HeadRateKey]; w.HeadRateKey != "" && !known {
+			keys = append(keys, w.HeadRateKey)
 		}
 	}
 	if ahead == 0 {
-		return false
+		return false, nil
 	}
 	room := cfg.GlobalInFlight - us.Total
 	if !unit.Interactive && cfg.InteractiveReserve > 0 {
 		room = min(room, cfg.GlobalInFlight-cfg.InteractiveReserve-(us.Total-us.Interactive))
 	}
-	return room <= ahead
+	if room > ahead {
+		return false, nil
+	}
+	return true, keys
 }
 
 // refuseSlot is the refusal of a slot: 120 s while the refusing limit is paused, else

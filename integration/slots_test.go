@@ -305,4 +305,20 @@ func TestSlotFairOrder(t *testing.T) {
 	f.Admit(t, "beta", map[string]any{})
 	f.Admit(t, "gamma", map[string]any{})
 	slotIDOf(t, takeSlot(t, f, harness.ProducerToken, true, map[string]any{"tenant": "acme", "interactive": true}))
+
+	// A tenant whose oldest job's rate key is gated does not wait ahead: its job cannot start.
+	g := startSlotsEnv(t, harness.Options{API: true, Memcached: []string{"127.0.0.1:11211"}, GateTimeout: 2 * time.Second})
+	patchConfig(t, g, map[string]any{"global_in_flight": 2})
+	slotIDOf(t, takeSlot(t, g, harness.ProducerToken, true, map[string]any{"tenant": "acme"}))
+	key := "slot-fair-" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	if r := g.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "beta", "rate_key": key}); r.Status != http.StatusAccepted {
+		t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
+	}
+	if r := takeSlot(t, g, harness.ProducerToken, true, map[string]any{"tenant": "acme"}); r.Status != http.StatusTooManyRequests {
+		t.Errorf("acme's second slot with beta's ungated job waiting: HTTP %d %s", r.Status, r.Raw)
+	}
+	if r := g.Do(t, http.MethodPost, "/v1/gates", harness.ExecutorToken, map[string]any{"rate_key": key, "retry_after": 60}); r.Status != http.StatusOK {
+		t.Fatalf("gate: HTTP %d %s", r.Status, r.Raw)
+	}
+	slotIDOf(t, takeSlot(t, g, harness.ProducerToken, true, map[string]any{"tenant": "acme"}))
 }

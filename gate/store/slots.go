@@ -151,10 +151,21 @@ func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
 }
 
 // waitingSQL reads, in the head index's order (oldest queued job first), the tenants with queued
-// work other than the slot's own: the fair-order check of a slot's grant. It stops after LIMIT
-// rows, so it never grows with the number of tenants with work.
-const waitingSQL = `SELECT tenant FROM tenants FORCE INDEX (head)
-	WHERE head_at IS NOT NULL AND tenant <> ? ORDER BY head_at, head_id LIMIT ?`
+// work other than the slot's own, with their oldest job's rate key and whether its not-before
+// has passed: the fair-order check of a slot's grant. It stops after LIMIT rows (a primary-key
+// lookup of each head), so it never grows with the number of tenants with work.
+const waitingSQL = `SELECT STRAIGHT_JOIN t.tenant, j.rate_key_sha256, j.not_before IS NULL OR j.not_before <= NOW(6)
+	FROM tenants t FORCE INDEX (head) JOIN jobs j ON j.id = t.head_id
+	WHERE t.head_at IS NOT NULL AND t.tenant <> ? ORDER BY t.head_at, t.head_id LIMIT ?`
+
+// Waiting is a tenant with queued work, as a slot's grant reads it.
+type Waiting struct {
+	Tenant string
+	// HeadRateKey is the SHA-256 of its oldest queued job's rate key, "" for none.
+	HeadRateKey string
+	// Due: that job's not-before (an executor's 503) has passed or was never set.
+	Due bool
+}
 
 // tenantQueuedSQL reads the slot tenant's queued depth, for the refusal's Retry-After.
 const tenantQueuedSQL = `SELECT COALESCE((SELECT queued FROM tenants WHERE tenant = ?), 0)`
@@ -169,7 +180,7 @@ type SlotState struct {
 	TenantQueued int
 	// Waiting are tenants with queued work other than the slot's, by their oldest queued job,
 	// at most TakeSlotParams.WaitingLimit of them.
-	Waiting []string
+	Waiting []Waiting
 }
 
 // TakeSlotParams are one slot request.
@@ -262,11 +273,13 @@ func readSlotState(res *Results) (SlotState, error) {
 		return st, fmt.Errorf("tenants waiting: %w", err)
 	}
 	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
+		var w Waiting
+		var key sql.NullString
+		if err := rows.Scan(&w.Tenant, &key, &w.Due); err != nil {
 			return st, fmt.Errorf("tenants waiting: %w", err)
 		}
-		st.Waiting = append(st.Waiting, t)
+		w.HeadRateKey = key.String
+		st.Waiting = append(st.Waiting, w)
 	}
 	if err := rows.Err(); err != nil {
 		return st, fmt.Errorf("tenants waiting: %w", err)

@@ -44,8 +44,9 @@ func TestTakeSlot(t *testing.T) {
 	k := newKit(t)
 	k.insert(jobSpec{tenant: "a", status: job.Running})
 	k.insert(jobSpec{tenant: "a"})
-	k.insert(jobSpec{tenant: "b", queuedAt: k.now.Add(-time.Minute)})
-	k.insert(jobSpec{tenant: "c", queuedAt: k.now.Add(-2 * time.Minute)})
+	k.insert(jobSpec{tenant: "b", queuedAt: k.now.Add(-time.Minute), rateKey: "kb"})
+	later := k.now.Add(time.Hour)
+	k.insert(jobSpec{tenant: "c", queuedAt: k.now.Add(-2 * time.Minute), notBefore: &later})
 	first := k.take("b", "p1", 30, "search", "gpu")
 	if first.Tenant != "b" || first.Caller != "p1" || !slices.Equal(first.Lanes, []string{"gpu", "search"}) || first.LeaseSeconds != 30 ||
 		first.ExpiresAt.Sub(first.CreatedAt) != 30*time.Second {
@@ -71,7 +72,8 @@ func TestTakeSlot(t *testing.T) {
 		us.Interactive != 0 || us.Tier["default"] != 2 {
 		t.Errorf("usage %+v: want a's running job and b's live slot (c's is expired)", us)
 	}
-	if !slices.Equal(st.Waiting, []string{"c", "b"}) || st.TenantQueued != 1 || st.Config.GlobalInFlight != limits.Default().GlobalInFlight {
+	if !slices.Equal(st.Waiting, []store.Waiting{{Tenant: "c"}, {Tenant: "b", HeadRateKey: "kb", Due: true}}) || st.TenantQueued != 1 ||
+		st.Config.GlobalInFlight != limits.Default().GlobalInFlight {
 		t.Errorf("waiting %v, tenant queued %d", st.Waiting, st.TenantQueued)
 	}
 	if n := k.count("SELECT COUNT(*) FROM slots"); n != 2 {
@@ -86,7 +88,7 @@ func TestTakeSlot(t *testing.T) {
 	// The waiting read is bounded.
 	_, _, err = store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: "a", Caller: "p2", LeaseSeconds: 60, WaitingLimit: 1,
 		Decide: func(got store.SlotState) (bool, store.AuditEvent) { st = got; return false, store.AuditEvent{} }})
-	if err != nil || !slices.Equal(st.Waiting, []string{"c"}) {
+	if err != nil || len(st.Waiting) != 1 || st.Waiting[0].Tenant != "c" {
 		t.Errorf("waiting with limit 1: %v %v", st.Waiting, err)
 	}
 }
