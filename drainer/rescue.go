@@ -10,10 +10,11 @@ import (
 	"github.com/sluicehq/sluice/gate/store"
 )
 
-// rescuer recovers the jobs whose lease expired: their drainer died or froze (SPEC §4). RunOnce
-// is one scan and recovery; the pass's upkeep calls it, and nothing else does. It owns no state:
+// rescuer recovers the jobs whose lease expired: their drainer died or froze (SPEC §4); and it
+// deletes the slots whose lease ran out (SPEC §5a: their holder stopped renewing). RunOnce is one
+// scan, recovery and sweep; the pass's upkeep calls it, and nothing else does. It owns no state:
 // it reads the Drainer's Config and the runtime config in config (re-read through refresh when
-// the pass has not), and wakes a pass (wake) when it requeued something.
+// the pass has not), and wakes a pass (wake) when it requeued something or swept a slot.
 type rescuer struct {
 	cfg     *Config
 	store   *store.Store

@@ -95,11 +95,11 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 	}
 	unit := limits.Unit{Tenant: req.Tenant, Lanes: req.Lanes, Interactive: req.Interactive}
 	var res SlotResult
-	var refusal *SlotRefusal
+	var refused bool
 	var gated map[string]bool // rate keys known gated: nil until looked up
 	var heldBy []string       // the rate keys of the waiting heads that refused the slot
 	take := func() (store.SlotState, *store.Slot, error) {
-		refusal, heldBy = nil, nil
+		refused, heldBy = false, nil
 		return store.TakeSlot(ctx, a.cfg.TxDB, store.TakeSlotParams{
 			Tenant: req.Tenant, Caller: caller, Lanes: req.Lanes, Interactive: req.Interactive,
 			LeaseSeconds: req.LeaseSeconds, WaitingLimit: waitingBound(cur),
@@ -107,7 +107,7 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 				var ok bool
 				res.Decision, res.Verdict, heldBy, ok = decideSlot(st, unit, req.Aware, gated)
 				if !ok {
-					refusal = a.refuseSlot(st, res.Verdict)
+					refused = true
 					return false, store.AuditEvent{}
 				}
 				detail, _ := json.Marshal(slotDetail(res.Verdict, req))
@@ -132,7 +132,8 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 	if err != nil {
 		return SlotResult{}, AsUnavailable(err)
 	}
-	if refusal != nil {
+	if refused {
+		refusal := a.refuseSlot(st, res.Verdict)
 		a.observeSlot(string(Refused), refusal.Verdict.Scope)
 		detail := slotDetail(refusal.Verdict, req)
 		detail["retry_after"] = refusal.Err.Detail["retry_after"]
