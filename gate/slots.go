@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/outbox"
 )
 
 // Slots (SPEC §5a): the decision of a slot request, under the claim lock (store.TakeSlot), with
@@ -319,7 +320,8 @@ func (a *Admitter) RenewSlot(ctx context.Context, caller string, admin bool, id 
 }
 
 // ReleaseSlot deletes slot id (idempotent: a slot already gone is no error) and pokes the
-// drainers. not_found: another caller's slot (admin may release any).
+// drainers: the poke goes through Config.Published at once (a drainer in this process claims
+// without waiting for the relay). not_found: another caller's slot (admin may release any).
 func (a *Admitter) ReleaseSlot(ctx context.Context, caller string, admin bool, id int64) (store.Released, error) {
 	now, err := a.cfg.Clock.Now(ctx)
 	if err != nil {
@@ -331,6 +333,9 @@ func (a *Admitter) ReleaseSlot(ctx context.Context, caller string, admin bool, i
 		return r, job.Errorf(job.CodeNotFound, "no such slot")
 	case err != nil:
 		return r, AsUnavailable(err)
+	}
+	if r.Found && a.cfg.Published != nil {
+		a.cfg.Published([]outbox.Row{r.Poke})
 	}
 	return r, nil
 }

@@ -333,6 +333,8 @@ type Released struct {
 	Found bool
 	// Expired: its lease had run out (the upkeep had not yet swept it).
 	Expired bool
+	// Poke is the release poke written, when Found: for the fast path that publishes it at once.
+	Poke outbox.Row
 }
 
 // ReleaseSlot deletes slot id, fenced on the caller (any, with admin), with its audit row and a
@@ -369,11 +371,15 @@ func (s *Store) ReleaseSlot(ctx context.Context, db *sql.DB, now time.Time, id i
 	detail, _ := json.Marshal(map[string]any{"lease_seconds": sl.LeaseSeconds, "expired": out.Expired, "owner": sl.Caller})
 	aq, aargs := AuditInsertSQL([]AuditEvent{{Event: EventSlotReleased, Tenant: sl.Tenant, SlotID: &slotID,
 		Actor: caller, Detail: detail}})
-	pq, pargs := outbox.Insert(now, outbox.PokeMessage(s.prefix(), outbox.Release, sl.Tenant, 0))
+	msg := outbox.PokeMessage(s.prefix(), outbox.Release, sl.Tenant, 0)
+	pq, pargs := outbox.Insert(now, msg)
 	args := append(append(aargs, id), pargs...)
-	if _, err := tx.ExecCommit(ctx, []string{aq, `DELETE FROM slots WHERE id = ?`, pq}, args...); err != nil {
+	done, err := tx.ExecCommit(ctx, []string{aq, `DELETE FROM slots WHERE id = ?`, pq}, args...)
+	if err != nil {
 		return out, fmt.Errorf("release slot %d: %w", id, err)
 	}
+	pokeID, _ := done.LastInsertId() // the last statement's: the outbox row's
+	out.Poke = outbox.Row{ID: pokeID, Subject: msg.Subject, Payload: msg.Payload, CreatedAt: now}
 	return out, nil
 }
 

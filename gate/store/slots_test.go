@@ -169,6 +169,10 @@ func TestReleaseSlot(t *testing.T) {
 	if err != nil || !r.Found || r.Expired || r.Slot.Tenant != "a" {
 		t.Fatalf("release: %+v %v", r, err)
 	}
+	var subject string
+	if err := k.db.QueryRowContext(k.ctx, "SELECT subject FROM outbox WHERE id = ?", r.Poke.ID).Scan(&subject); err != nil || subject != r.Poke.Subject {
+		t.Errorf("the poke returned %+v, the outbox row's subject %q (%v)", r.Poke, subject, err)
+	}
 	if n := k.count("SELECT COUNT(*) FROM slots"); n != 0 {
 		t.Errorf("%d slots left", n)
 	}
