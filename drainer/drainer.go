@@ -1,7 +1,9 @@
 // Package drainer moves queued jobs to the executor: it reacts to pokes, polls once a second as
 // the backstop, claims eligible jobs under the global and per-tenant caps, dispatches them,
-// records their outcomes (fenced on the claimed version), renews leases and recovers the jobs of
-// drainers that died. One pass of all of that is RunOnce; Run only schedules passes.
+// records their outcomes (fenced on the claimed version), renews leases, recovers the jobs of
+// drainers that died and deletes the slots whose lease ran out. One pass of all of that is
+// RunOnce; Run only schedules passes. Live slots (SPEC §5a) count against the caps with the jobs
+// in flight in every claim (store.LockClaims).
 //
 // The Drainer is a scheduler of small services, each with its own state and a RunOnce of its
 // own that tests may drive without goroutines: the claimer (claimer.go, with tenants.go,
@@ -194,7 +196,9 @@ type Pass struct {
 	Recovered int
 	// Expired counts queued jobs expired for max_queue_age_seconds.
 	Expired int
-	Claimed int
+	// SlotsLost counts the slots whose lease ran out that the upkeep deleted.
+	SlotsLost int
+	Claimed   int
 	// Full is true when the pass stopped at ClaimBatch with capacity possibly left.
 	Full bool
 }
@@ -267,8 +271,8 @@ func (d *Drainer) started(now time.Time, out []claimed) {
 	}
 }
 
-// upkeep renews this drainer's leases (leaseKeeper), recovers expired ones (rescuer) and expires
-// queued jobs past max_queue_age_seconds (expirer), re-reading the runtime config first when
+// upkeep renews this drainer's leases (leaseKeeper), recovers expired ones and sweeps the expired
+// slots (rescuer) and expires queued jobs past max_queue_age_seconds (expirer), re-reading the runtime config first when
 // something depends on it (configNeeded). A config that changed gets a pass of its own at once
 // (Wake). With beat, a heartbeat that is due is written in the lease scan's round trip (two
 // statements a second fewer for an idle drainer than config, scan and heartbeat apart); beaten
@@ -288,7 +292,7 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	if beat {
 		hb = d.beat.due(now)
 	}
-	if p.Recovered, err = d.rescue.RunOnce(ctx, now, hb, fresh); err != nil {
+	if p.Recovered, p.SlotsLost, err = d.rescue.RunOnce(ctx, now, hb, fresh); err != nil {
 		return hb != nil, err
 	}
 	if p.Expired, err = d.expiry.RunOnce(ctx, now); err != nil {

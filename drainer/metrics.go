@@ -14,6 +14,8 @@ type Metrics struct {
 	Recovered       prometheus.Counter
 	Pokes           prometheus.Counter
 	GateUnavailable prometheus.Counter
+	// SlotsLost counts slots whose lease ran out without a release, as the upkeep swept them.
+	SlotsLost prometheus.Counter
 }
 
 // NewMetrics creates the drainer's collectors and registers them on reg.
@@ -31,8 +33,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Pokes received from NATS."}),
 		GateUnavailable: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_gate_unavailable_total",
 			Help: "Gate store lookups that failed open."}),
+		SlotsLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_slots_lost_total",
+			Help: "Slots whose lease ran out without a release (deleted by a drainer's upkeep)."}),
 	}
-	reg.MustRegister(m.LastPoll, m.Passes, m.Claimed, m.Recovered, m.Pokes, m.GateUnavailable)
+	reg.MustRegister(m.LastPoll, m.Passes, m.Claimed, m.Recovered, m.Pokes, m.GateUnavailable, m.SlotsLost)
 	return m
 }
 

@@ -10,10 +10,11 @@ import (
 	"github.com/sluicehq/sluice/gate/store"
 )
 
-// rescuer recovers the jobs whose lease expired: their drainer died or froze (SPEC §4). RunOnce
-// is one scan and recovery; the pass's upkeep calls it, and nothing else does. It owns no state:
+// rescuer recovers the jobs whose lease expired: their drainer died or froze (SPEC §4); and it
+// deletes the slots whose lease ran out (SPEC §5a: their holder stopped renewing). RunOnce is one
+// scan, recovery and sweep; the pass's upkeep calls it, and nothing else does. It owns no state:
 // it reads the Drainer's Config and the runtime config in config (re-read through refresh when
-// the pass has not), and wakes a pass (wake) when it requeued something.
+// the pass has not), and wakes a pass (wake) when it requeued something or swept a slot.
 type rescuer struct {
 	cfg     *Config
 	store   *store.Store
@@ -22,19 +23,46 @@ type rescuer struct {
 	wake    func()
 }
 
-// RunOnce recovers the jobs whose lease expired before now (store.ScanExpired, recover) and returns
-// how many it recovered. hb, if not nil, is written in the scan's round trip; fresh tells whether
-// this pass has already re-read the runtime config.
-func (rs *rescuer) RunOnce(ctx context.Context, now time.Time, hb *store.Heartbeat, fresh bool) (int, error) {
-	db := rs.cfg.DB
-	if hb != nil {
-		db = rs.cfg.TxDB // the heartbeat and the scan are two statements in one round trip
+// slotSweepBatch bounds the expired slots one upkeep deletes: the sweep's transaction stays
+// short, and a backlog of expired slots (they no longer count) drains over a few poll periods.
+const slotSweepBatch = 100
+
+// RunOnce recovers the jobs whose lease expired before now (store.ScanExpiredWithSlots,
+// recover) and sweeps the slots whose lease ran out (sweep), and returns how many jobs it
+// recovered and slots it deleted. hb, if not nil, is written in the scan's round trip; fresh
+// tells whether this pass has already re-read the runtime config.
+func (rs *rescuer) RunOnce(ctx context.Context, now time.Time, hb *store.Heartbeat, fresh bool) (recovered, lost int, err error) {
+	// The heartbeat, the lease scan and the expired slots' scan are one round trip.
+	expired, slots, err := store.ScanExpiredWithSlots(ctx, rs.cfg.TxDB, store.ScanExpiredParams{Now: now, Heartbeat: hb}, slotSweepBatch)
+	if err != nil {
+		return 0, 0, err
 	}
-	expired, err := store.ScanExpired(ctx, db, store.ScanExpiredParams{Now: now, Heartbeat: hb})
+	if lost, err = rs.sweep(ctx, now, slots); err != nil {
+		return 0, lost, err
+	}
+	recovered, err = rs.recover(ctx, now, fresh, expired)
+	return recovered, lost, err
+}
+
+// sweep deletes the expired slots the scan found (store.SweepSlots: their lost audit rows and a
+// release poke per tenant in the same transaction) and wakes a pass, since the capacity they
+// held was counted until their lease ran out. The slots stopped counting at expiry already:
+// the sweep only tidies and tells.
+func (rs *rescuer) sweep(ctx context.Context, now time.Time, slots []store.ExpiredSlot) (int, error) {
+	if len(slots) == 0 {
+		return 0, nil
+	}
+	n, err := rs.store.SweepSlots(ctx, rs.cfg.TxDB, now, rs.cfg.ID, slots)
 	if err != nil {
 		return 0, err
 	}
-	return rs.recover(ctx, now, fresh, expired)
+	if n > 0 {
+		if rs.cfg.Metrics != nil {
+			rs.cfg.Metrics.SlotsLost.Add(float64(n))
+		}
+		rs.wake()
+	}
+	return n, nil
 }
 
 // recover takes back the expired jobs (store.ScanExpired): their drainer died or froze. A job never

@@ -97,6 +97,8 @@ type Admitter struct {
 	depth   depthEstimate
 	combine combiner
 
+	slotRefusals recentRefusals
+
 	logMu        sync.Mutex
 	lastFailOpen time.Time
 	warnedNoRL   bool

@@ -16,6 +16,9 @@ type Metrics struct {
 	// DepthCapRefusals counts queue_full refusals by scope (tenant, global): either cap firing
 	// is a defect signal for the operator (SPEC §5).
 	DepthCapRefusals *prometheus.CounterVec
+	// SlotDecisions counts slot requests by decision (admitted, shadow-refused, refused, or off
+	// with the rollout mode off) and scope (the refusing, else the fullest limit; "" when off).
+	SlotDecisions *prometheus.CounterVec
 }
 
 // NewMetrics creates admission's collectors and registers them on reg. The label values an
@@ -32,7 +35,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.DepthCapRefusals.WithLabelValues("tenant")
 	m.DepthCapRefusals.WithLabelValues("global")
-	reg.MustRegister(m.Admitted, m.DepthCapRefusals)
+	m.SlotDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_slot_decisions_total",
+		Help: "Slot requests, by decision (admitted, shadow-refused, refused, off) and scope."}, []string{"decision", "scope"})
+	reg.MustRegister(m.Admitted, m.DepthCapRefusals, m.SlotDecisions)
 	return m
 }
 

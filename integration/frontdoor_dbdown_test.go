@@ -75,6 +75,10 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 		{http.MethodGet, "/v1/config", "/v1/config", fdAdminToken, nil},
 		{http.MethodPatch, "/v1/config", "/v1/config", fdAdminToken, map[string]any{"changes": map[string]any{"global_in_flight": 7}}},
 		{http.MethodGet, "/v1/config/history", "/v1/config/history", fdAdminToken, nil},
+		{http.MethodPost, "/v1/slots", "/v1/slots", fdStarToken, map[string]any{"tenant": "acme"}},
+		{http.MethodGet, "/v1/slots", "/v1/slots?tenant=acme", fdAdminToken, nil},
+		{http.MethodPost, "/v1/slots/{id}/renew", "/v1/slots/1/renew", fdStarToken, nil},
+		{http.MethodDelete, "/v1/slots/{id}", "/v1/slots/1", fdStarToken, nil},
 	}
 	// The routes that never touch the database, and so have no database outage to answer.
 	noDatabase := map[string]string{

@@ -148,7 +148,7 @@ func mayCall(route string, c caller) bool {
 	case "GET /healthz", "GET /readyz", "GET /metrics":
 		return true
 	case "POST /v1/jobs", "POST /v1/jobs:batch", "GET /v1/jobs", "GET /v1/jobs/{id}", "DELETE /v1/jobs/{id}",
-		"GET /v1/jobs/{id}/events":
+		"GET /v1/jobs/{id}/events", "POST /v1/slots", "POST /v1/slots/{id}/renew", "DELETE /v1/slots/{id}":
 		return c == asScoped || c == asStar || c == asAdmin
 	case "GET /v1/whoami":
 		return c != asNone && c != asInvalid
@@ -187,6 +187,7 @@ type hostile struct {
 
 	ownIDs, otherIDs, anyIDs []int64
 	failedIDs                []int64
+	slotIDs                  []int64 // slots the scoped producer took in setUp
 	nonces                   []string
 	nonceOf                  map[int64]string // the dispatched jobs' nonces, while they are usable
 	cursors                  []string
@@ -358,6 +359,19 @@ func (h *hostile) setUp() {
 	}
 	h.hashes = []string{gate.RateKeyHash("rk-1"), gate.RateKeyHash("rk-2")}
 	h.keys = []string{"k-1", "k-2", otherSecret + "-1", "fz-key"}
+	// Room beside the 36 dispatched jobs, so that slot requests (SPEC §5a) can be granted, and
+	// slots of the scoped producer's for renewals and releases to find.
+	if r := h.env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{
+		"changes": map[string]any{"global_in_flight": 200, "tenant_in_flight": 100}, "note": "fuzz"}); r.Status != http.StatusOK {
+		t.Fatalf("set up: config: HTTP %d %s", r.Status, r.Raw)
+	}
+	for range 4 {
+		r := h.env.Do(t, http.MethodPost, "/v1/slots", scopedToken, map[string]any{"tenant": scopedTenant, "lease_seconds": 900})
+		if r.Status != http.StatusCreated {
+			t.Fatalf("set up: slot: HTTP %d %s", r.Status, r.Raw)
+		}
+		h.slotIDs = append(h.slotIDs, int64(r.Body["id"].(float64)))
+	}
 }
 
 func (h *hostile) addJob(tenant string, id int64) {
@@ -425,6 +439,8 @@ func (h *hostile) fillPath(route, pattern string, c caller) (string, int64) {
 			switch {
 			case route == "POST /v1/jobs/{id}/redrive" && len(h.failedIDs) > 0:
 				named = pick(h, h.failedIDs...)
+			case strings.HasPrefix(route, "POST /v1/slots/") || strings.HasPrefix(route, "DELETE /v1/slots/"):
+				return strconv.FormatInt(pick(h, h.slotIDs...), 10) // not a job: named stays 0
 			case strings.HasSuffix(route, "/start") || strings.HasSuffix(route, "/complete"):
 				if ids := slices.Sorted(maps.Keys(h.nonceOf)); len(ids) > 0 {
 					named = pick(h, ids...)
@@ -681,6 +697,18 @@ func (h *hostile) body(route string, c caller, id int64) []byte {
 		v = m
 	case "POST /v1/releases":
 		v = map[string]any{"tenant": h.tenant(c)}
+	case "POST /v1/slots":
+		m := map[string]any{"tenant": h.tenant(c)}
+		if h.chance(0.3) {
+			m["lanes"] = either[any](h, []any{[]string{}}, []string{"no-such-lane"}, "x", 3)
+		}
+		if h.chance(0.3) {
+			m["interactive"] = either[any](h, []any{true, false}, "yes", 1)
+		}
+		if h.chance(0.5) {
+			m["lease_seconds"] = either[any](h, []any{5, 60, 900}, 4, 901, -1, "60", json.Number("1e400"))
+		}
+		v = m
 	case "PATCH /v1/config":
 		changes := map[string]any{}
 		for range h.rng.IntN(3) + 1 {
@@ -850,7 +878,7 @@ func (h *hostile) checkAnswer(q hostileReq, a answer) {
 		t.Errorf("%s: an error answer without a stable error_code", a.what)
 	case a.status >= 300 && a.status < 400 && a.header.Get("Location") == "":
 		t.Errorf("%s: a redirect to nowhere", a.what)
-	case a.status < 300 && q.method != http.MethodHead && q.route != "GET /metrics" && !json.Valid(a.raw):
+	case a.status < 300 && q.method != http.MethodHead && q.route != "GET /metrics" && a.status != http.StatusNoContent && !json.Valid(a.raw):
 		t.Errorf("%s: a success that is not JSON", a.what)
 	}
 	if a.status < 300 && q.route != "" && !mayCall(q.route, q.caller) {

@@ -35,7 +35,7 @@ func TestOpsStatus(t *testing.T) {
 	}
 	for _, path := range []string{"queue.depth", "queue.oldest_age_seconds", "in_flight", "tenants", "gates", "drainers",
 		"outbox.unpublished", "outbox.oldest_unpublished_age_seconds", "broker.connected", "memcached.reachable",
-		"config.version", "config.stale"} {
+		"config.version", "config.stale", "slots.total", "slots.by_tier", "slots.by_lane"} {
 		var v any = r.Body
 		for _, p := range strings.Split(path, ".") {
 			m, _ := v.(map[string]any)
@@ -67,7 +67,7 @@ func TestOpsStatus(t *testing.T) {
 			return false, err
 		}
 		return s == status.Active && st.InFlight == 2 && st.Queue.Depth == 1 && len(st.Tenants) == 1 &&
-			st.Tenants[0] == status.Tenant{Tenant: "acme", Depth: 1, OldestAgeSeconds: st.Tenants[0].OldestAgeSeconds, InFlight: 2, Cap: 2}, nil
+			st.Tenants[0] == status.Tenant{Tenant: "acme", Depth: 1, OldestAgeSeconds: st.Tenants[0].OldestAgeSeconds, InFlight: 2, Cap: 2, Tier: "default"}, nil
 	})
 
 	// Gated: a job whose executor answers 429 Retry-After 120 is requeued, not before two

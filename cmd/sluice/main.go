@@ -50,6 +50,7 @@ Usage:
   sluice migrate [up|status] [flags]                   apply or list schema migrations
   sluice jobs list|show|cancel|events [flags]          list, read or cancel jobs, or read a job's audit trail
   sluice audit [--tenant T] [--event E] [--since TIME] audit events, newest first, a page at a time (admin token)
+  sluice slots list [--tenant T] | release ID          live slots, newest first; release one (admin token)
   sluice nats init [flags]                             create or update the JetStream stream
   sluice outbox status|replay|restore [flags]          outbox backlog, replay published rows, restore set-aside rows
   sluice simexec [flags]                               run the simulated executor alone
@@ -87,6 +88,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = jobsCmd(ctx, rest, stdout, stderr)
 	case "audit":
 		err = auditCmd(ctx, rest, stdout, stderr)
+	case "slots":
+		err = slotsCmd(ctx, rest, stdout, stderr)
 	case "nats":
 		err = natsCmd(ctx, rest, stdout, stderr)
 	case "outbox":
@@ -250,6 +253,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
 		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,
 		Version: version, Log: log, LogDropped: logQueue.Dropped, Memcached: splitList(c.get("memcached")),
+		CORSOrigins: splitList(c.get("cors-origins")),
 	}
 	var shutdown []func()
 	defer func() {

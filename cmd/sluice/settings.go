@@ -32,6 +32,7 @@ var settings = []setting{
 	{"metrics-tenant-labels", "SLUICE_METRICS_TENANT_LABELS", "true", "tenant names as metric labels (the 20 deepest)"},
 	{"memcached", "SLUICE_MEMCACHED", "127.0.0.1:11211", "memcached servers, comma-separated"},
 	{"listen", "SLUICE_LISTEN", "127.0.0.1:7480", "API listen address"},
+	{"cors-origins", "SLUICE_CORS_ORIGINS", "", "browser origins allowed to call the API, comma-separated"},
 	{"executor-url", "SLUICE_EXECUTOR_URL", "", "executor dispatch URL"},
 	{"executor-secret", "SLUICE_EXECUTOR_SECRET", "", "secret that signs dispatches"},
 	{"executor-confirm-start", "SLUICE_EXECUTOR_CONFIRM_START", "true", "the executor confirms starts with POST /v1/jobs/{id}/start"},

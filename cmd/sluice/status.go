@@ -85,6 +85,9 @@ func printStatus(w io.Writer, st status.Status) {
 		stale = " (stale: re-read failing)"
 	}
 	fmt.Fprintf(w, "queue      %d queued, oldest %s, %d in flight, %d tenants with work\n", st.Queue.Depth, secs(st.Queue.OldestAgeSeconds), st.InFlight, st.TenantsWithWork)
+	if st.Slots.Total > 0 {
+		fmt.Fprintf(w, "slots      %d live, by tier %v, by lane %v\n", st.Slots.Total, st.Slots.ByTier, st.Slots.ByLane)
+	}
 	fmt.Fprintf(w, "outbox     %d unpublished, oldest %s\n", st.Outbox.Unpublished, secs(st.Outbox.OldestUnpublishedAgeSeconds))
 	fmt.Fprintf(w, "broker     %s\n", yes(st.Broker.Connected, "connected", "DISCONNECTED"))
 	fmt.Fprintf(w, "memcached  %s\n", yes(st.Memcached.Reachable, "reachable", "UNREACHABLE (gates fail open)"))

@@ -84,6 +84,10 @@ type Config struct {
 	// 32 MiB of body and about twice that while it is decoded. Past it a batch answers 503 busy
 	// with Retry-After before its body is read. Default DefaultMaxBatches; negative: no bound.
 	MaxBatches int
+	// CORSOrigins are the browser origins allowed to call the API (SLUICE_CORS_ORIGINS): a
+	// request from one of them is answered with Access-Control-Allow-Origin and the capacity
+	// headers exposed, and its preflight is answered. "*" allows every origin. Default none.
+	CORSOrigins []string
 }
 
 // DefaultMaxBatches is Config.MaxBatches' default: four batches of the largest size hold about
@@ -188,6 +192,10 @@ var routeList = []string{
 	"GET /v1/config/history",
 	"GET /v1/whoami",
 	"GET /v1/audit",
+	"POST /v1/slots",
+	"GET /v1/slots",
+	"POST /v1/slots/{id}/renew",
+	"DELETE /v1/slots/{id}",
 }
 
 func (s *Server) routes() {
@@ -222,6 +230,10 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
 	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))
 	s.mux.HandleFunc("GET /v1/whoami", s.auth(s.whoami, Producer, Executor))
+	s.mux.HandleFunc("POST /v1/slots", s.auth(s.takeSlot, Producer))
+	s.mux.HandleFunc("GET /v1/slots", s.auth(s.listSlots, Admin))
+	s.mux.HandleFunc("POST /v1/slots/{id}/renew", s.auth(s.renewSlot, Producer))
+	s.mux.HandleFunc("DELETE /v1/slots/{id}", s.auth(s.releaseSlot, Producer))
 	// The operator console: static files, no token needed to load them (they hold no data;
 	// the console sends the operator's token with each API call).
 	s.mux.Handle("GET "+console.Prefix, console.Handler())
@@ -231,6 +243,9 @@ func (s *Server) routes() {
 // authentication: 405 method_not_allowed with an Allow header for a known path and another
 // method, 404 not_found for an unknown path.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.cors(w, r) {
+		return
+	}
 	// No method-less catch-all is registered, because it would match every method of every
 	// path and hide the mux's own 405. The mux's answers for a miss are plain text, so they
 	// are rewritten as JSON errors; its redirects to a cleaned path pass through. A matched
@@ -353,6 +368,7 @@ var statusOf = map[job.Code]int{
 	job.CodeIdempotencyConflict: http.StatusConflict,
 	job.CodeNotCancelable:       http.StatusConflict,
 	job.CodeNotRedrivable:       http.StatusConflict,
+	job.CodeSlotLost:            http.StatusGone,
 	job.CodeBusy:                http.StatusServiceUnavailable,
 	job.CodeNonceInvalid:        http.StatusConflict,
 	job.CodeNonceExpired:        http.StatusConflict,

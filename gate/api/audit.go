@@ -15,7 +15,8 @@ import (
 const maxJobEvents = 1000
 
 var auditEvents = []string{store.EventAdmitted, store.EventReplayed, store.EventRefused,
-	store.EventShadowRefused, store.EventTransition}
+	store.EventShadowRefused, store.EventTransition, store.EventSlotGranted, store.EventSlotRefused,
+	store.EventSlotReleased, store.EventSlotLost, store.EventSlotRenewFailed}
 
 // jobEvents answers GET /v1/jobs/{id}/events: the job's audit trail, oldest first. Another
 // tenant's job is not_found, as for GET /v1/jobs/{id}.

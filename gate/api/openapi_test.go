@@ -244,6 +244,10 @@ func TestOpenAPIDescribesFailures(t *testing.T) {
 		"PATCH /v1/config":                   {"/v1/config", `{"changes":{"global_in_flight":7}}`},
 		"GET /v1/config/history":             {"/v1/config/history", ""},
 		"GET /v1/whoami":                     {"/v1/whoami", ""},
+		"POST /v1/slots":                     {"/v1/slots", `{"tenant":"acme"}`},
+		"GET /v1/slots":                      {"/v1/slots?tenant=acme", ""},
+		"POST /v1/slots/{id}/renew":          {"/v1/slots/7/renew", ""},
+		"DELETE /v1/slots/{id}":              {"/v1/slots/7", ""},
 	}
 	// Alive, ready (testServer has no readiness check), metrics (an empty registry) and the
 	// token's own caller.

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -27,6 +28,13 @@ type Client struct {
 	Token string
 	// HTTP is the client to use. Default (New): a 30 s timeout and up to 64 idle connections.
 	HTTP *http.Client
+	// SlotDeadline bounds Acquire's request: past it, or when sluice cannot be reached, Acquire
+	// fails open (see Acquire). Default 500 ms.
+	SlotDeadline time.Duration
+	// Log receives one line when Acquire fails open, at most one per 15 s. Default: none.
+	Log *slog.Logger
+
+	slotsOpen slotFailOpen
 }
 
 // New returns a client for baseURL authenticating with token. Its transport keeps up to 64
@@ -73,6 +81,11 @@ type Response struct {
 // Do sends method path with in encoded as JSON (nil: no body) and decodes a 2xx answer into out
 // (nil: discard). A non-2xx answer is returned as *Error.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) (Response, error) {
+	return c.do(ctx, method, path, in, out, nil)
+}
+
+// do is Do with extra request headers.
+func (c *Client) do(ctx context.Context, method, path string, in, out any, header http.Header) (Response, error) {
 	var body io.Reader
 	if in != nil {
 		raw, err := json.Marshal(in)
@@ -87,6 +100,9 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) (Resp
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)

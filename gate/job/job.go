@@ -117,6 +117,8 @@ const (
 	CodeInternal            Code = "internal"
 	CodeMethodNotAllowed    Code = "method_not_allowed"
 	CodeNotRedrivable       Code = "not_redrivable"
+	// CodeSlotLost: a slot's lease ran out before its renewal; it is gone and never revived.
+	CodeSlotLost Code = "slot_lost"
 	// CodeBusy: the API is at its bound of requests in progress (or of batches); retry after
 	// Retry-After. Nothing was read or written.
 	CodeBusy Code = "busy"

@@ -61,6 +61,7 @@ type Collector struct {
 	cfg Config
 
 	queueDepth, queueOldest, inFlight, gatedKeys      *prometheus.Desc
+	slotsInFlight                                     *prometheus.Desc
 	outboxUnpublished, outboxOldest                   *prometheus.Desc
 	tenantDepth, tenantOldest, tenantInFlight         *prometheus.Desc
 	drainers, brokerUp, memcachedUp, cfgVer, cfgStale *prometheus.Desc
@@ -123,6 +124,7 @@ func New(cfg Config) (*Collector, error) {
 		queueDepth:        d("sluice_queue_depth", "Jobs queued, all tenants."),
 		queueOldest:       d("sluice_queue_oldest_age_seconds", "Age of the oldest queued job (0 when the queue is empty)."),
 		inFlight:          d("sluice_in_flight", "Jobs claimed, dispatched or running, all tenants."),
+		slotsInFlight:     d("sluice_slots_in_flight", "Live slots (SPEC §5a), all tenants: they count against the caps with sluice_in_flight."),
 		gatedKeys:         d("sluice_gated_keys", "Gated rate keys among the rate keys of queued jobs."),
 		outboxUnpublished: d("sluice_outbox_unpublished", "Outbox rows not yet acknowledged by the broker."),
 		outboxOldest:      d("sluice_outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished outbox row (0 when none)."),
@@ -246,6 +248,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	g(c.queueDepth, float64(s.Queue.Depth))
 	g(c.queueOldest, s.Queue.OldestAgeSeconds)
 	g(c.inFlight, float64(s.InFlight))
+	g(c.slotsInFlight, float64(s.Slots.Total))
 	g(c.gatedKeys, float64(len(s.Gates)))
 	g(c.outboxUnpublished, float64(s.Outbox.Unpublished))
 	g(c.outboxOldest, s.Outbox.OldestUnpublishedAgeSeconds)

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -124,11 +125,21 @@ type Status struct {
 	Config          ConfigRef `json:"config"`
 	// Caps are the limits in force that in_flight and queue.depth are measured against.
 	Caps Caps `json:"caps"`
+	// Slots are the live slots (SPEC §5a), which count against the caps with in_flight.
+	Slots Slots `json:"slots"`
 	// Recent is the last minutes of job ends and dispatch waits as this process saw them (the
 	// API's completions and cancels, and its drainer's outcomes when it runs one).
 	Recent recent.Series `json:"recent"`
 	// At is the database time the status was read at.
 	At time.Time `json:"at"`
+}
+
+// Slots are the live slots, in total and by tier and lane (a slot naming two lanes counts in
+// both). Per tenant, they are each Tenant's Slots.
+type Slots struct {
+	Total  int            `json:"total"`
+	ByTier map[string]int `json:"by_tier"`
+	ByLane map[string]int `json:"by_lane"`
 }
 
 // Caps are the runtime config's global and default per-tenant limits (SPEC §9).
@@ -153,6 +164,10 @@ type Tenant struct {
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 	InFlight         int     `json:"in_flight"`
 	Cap              int     `json:"cap"`
+	// Slots are the tenant's live slots; they count against its cap with InFlight.
+	Slots int `json:"slots"`
+	// Tier is the tenant's tier (runtime config tenant_tiers).
+	Tier string `json:"tier"`
 }
 
 // Gate is a gated rate key among the keys of queued jobs.
@@ -222,6 +237,11 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 	for _, t := range inFlight {
 		s.InFlight += t.InFlight
 	}
+	slots, perTenant, err := r.slots(ctx, cfg)
+	if err != nil {
+		return s, err
+	}
+	s.Slots = slots
 	if err := r.totals(ctx, now, &s); err != nil {
 		return s, err
 	}
@@ -237,6 +257,15 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 	}
 	for _, t := range inFlight {
 		byTenant[t.Tenant] = t
+	}
+	// Tenants holding slots only are listed too: as many as the global cap allows.
+	for name, n := range perTenant {
+		t, ok := byTenant[name]
+		if !ok {
+			t = Tenant{Tenant: name, Cap: cfg.TenantCap(name), Tier: cfg.Tier(name)}
+		}
+		t.Slots = n
+		byTenant[name] = t
 	}
 	s.Tenants = make([]Tenant, 0, len(byTenant))
 	for _, t := range byTenant {
@@ -259,7 +288,19 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 	if err != nil {
 		return s, err
 	}
-	elig, err := r.eligible(ctx, now, cfg, s.InFlight, inFlight, gated)
+	// Live slots take capacity as jobs in flight do: work left queued behind them is not a
+	// stalled drainer's.
+	units := make([]Tenant, 0, len(inFlight)+len(perTenant))
+	for _, t := range inFlight {
+		t.InFlight += perTenant[t.Tenant]
+		units = append(units, t)
+	}
+	for name, n := range perTenant {
+		if !slices.ContainsFunc(inFlight, func(t Tenant) bool { return t.Tenant == name }) {
+			units = append(units, Tenant{Tenant: name, InFlight: n})
+		}
+	}
+	elig, err := r.eligible(ctx, now, cfg, s.InFlight+s.Slots.Total, units, gated)
 	if err != nil {
 		return s, err
 	}
@@ -366,6 +407,20 @@ func (r *Reader) inFlight(ctx context.Context, now time.Time, cfg limits.Config)
 	return out, nil
 }
 
+// slots reads the live slots (store.LiveSlots: bounded by the live slots, which the global cap
+// bounds) and returns them in total, by tier and lane, and per tenant.
+func (r *Reader) slots(ctx context.Context, cfg limits.Config) (Slots, map[string]int, error) {
+	counts, err := store.LiveSlots(ctx, r.cfg.DB)
+	if err != nil {
+		return Slots{}, nil, fmt.Errorf("status: %w", err)
+	}
+	us := limits.NewUsage()
+	for _, c := range counts {
+		us.Add(cfg, c.Unit(), c.N)
+	}
+	return Slots{Total: us.Total, ByTier: us.Tier, ByLane: us.Lane}, us.Tenant, nil
+}
+
 // totals fills the queue depth, the oldest queued age and the count of tenants with work
 // (store.ReadQueueTotals: from the tenants rows, never a count of jobs).
 func (r *Reader) totals(ctx context.Context, now time.Time, s *Status) error {
@@ -446,7 +501,7 @@ func (r *Reader) tenantRows(ctx context.Context, now time.Time, cfg limits.Confi
 
 // tenantOf is t as status shows it, with its cap under cfg.
 func tenantOf(now time.Time, cfg limits.Config, t store.TenantQueue) Tenant {
-	out := Tenant{Tenant: t.Tenant, Depth: t.Queued, Cap: cfg.TenantCap(t.Tenant)}
+	out := Tenant{Tenant: t.Tenant, Depth: t.Queued, Cap: cfg.TenantCap(t.Tenant), Tier: cfg.Tier(t.Tenant)}
 	if t.HeadAt != nil {
 		out.OldestAgeSeconds = age(now, *t.HeadAt)
 	}
@@ -561,10 +616,10 @@ func (r *Reader) drainers(ctx context.Context, now time.Time, cfg limits.Config,
 			d.State = Idle
 		case !e.ungated:
 			d.State, d.Reason = Gated, "every queued job's rate key is gated or its not-before is in the future"
-		case s.InFlight == 0 && !e.startable:
+		case s.InFlight+s.Slots.Total == 0 && !e.startable:
 			d.State, d.Reason = Gated, "queued work waits on caps that are 0 (paused)"
 		default:
-			d.State = Active // the queue waits for capacity that work in flight holds
+			d.State = Active // the queue waits for capacity that work in flight (or a slot) holds
 		}
 		s.Drainers = append(s.Drainers, d)
 	}

@@ -157,6 +157,13 @@ func TestDrainerStates(t *testing.T) {
 				f.drainer("d", 200*time.Millisecond, 10*time.Second, 0)
 				f.job("acme", "queued", time.Minute, nil, time.Date(2026, 3, 1, 11, 59, 58, 0, time.UTC))
 			}},
+		{name: "active: the queue waits for capacity held by slots", want: status.Active,
+			arrange: func(f *fixture) {
+				f.drainer("d", 200*time.Millisecond, time.Minute, 0)
+				f.exec(`INSERT INTO slots (tenant, caller, lease_seconds, expires_at, created_at) VALUES
+					('acme', 'p', 60, NOW(6) + INTERVAL 1 HOUR, NOW(6)), ('acme', 'p', 60, NOW(6) + INTERVAL 1 HOUR, NOW(6))`)
+				f.job("acme", "queued", time.Minute, nil, nil)
+			}},
 		{name: "active: the queue waits for capacity held by another drainer", want: status.Active,
 			arrange: func(f *fixture) {
 				f.drainer("d", 200*time.Millisecond, time.Minute, 0)
@@ -194,15 +201,24 @@ func TestStatusFigures(t *testing.T) {
 	f.drainer("live", 100*time.Millisecond, 100*time.Millisecond, 2)
 	f.drainer("gone", time.Hour, -1, 0)
 	f.exec(`INSERT INTO drainers (id, host, pid, version, started_at, heartbeat_at, stopped_at) VALUES ('stopped', 'h', 2, 'v', ?, ?, ?)`, f.now, f.now, f.now)
+	// Live slots (one naming two lanes), and an expired one that no longer counts.
+	f.exec(`INSERT INTO slots (tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at) VALUES
+		('acme', 'p', 'gpu,search', 0, 60, NOW(6) + INTERVAL 1 HOUR, NOW(6)),
+		('hooli', 'p', '', 1, 60, NOW(6) + INTERVAL 1 HOUR, NOW(6)),
+		('hooli', 'p', 'search', 0, 60, NOW(6) - INTERVAL 1 SECOND, NOW(6))`)
 
 	s := f.read(fakeGates{keyA: f.now.Add(time.Minute)})
 	if s.Queue.Depth != 3 || s.Queue.OldestAgeSeconds != 90 || s.InFlight != 2 {
 		t.Errorf("queue %+v in flight %d, want depth 3, oldest 90 s, 2 in flight", s.Queue, s.InFlight)
 	}
 	want := []status.Tenant{
-		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2},
-		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5},
-		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2},
+		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2, Slots: 1, Tier: "default"},
+		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5, Tier: "default"},
+		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2, Tier: "default"},
+		{Tenant: "hooli", Depth: 0, OldestAgeSeconds: 0, InFlight: 0, Cap: 2, Slots: 1, Tier: "default"},
+	}
+	if s.Slots.Total != 2 || s.Slots.ByTier["default"] != 2 || s.Slots.ByLane["search"] != 1 || s.Slots.ByLane["gpu"] != 1 || len(s.Slots.ByLane) != 2 {
+		t.Errorf("slots %+v", s.Slots)
 	}
 	if len(s.Tenants) != len(want) {
 		t.Fatalf("tenants %+v, want %+v", s.Tenants, want)

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -46,9 +47,9 @@ type TenantRow struct {
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 	InFlight         int     `json:"in_flight"`
 	Cap              int     `json:"cap"`
-	// Slots held by the tenant; slots are not implemented yet, so always 0.
+	// Slots are the tenant's live slots (SPEC §5a).
 	Slots int `json:"slots"`
-	// Tier is the tenant's tier; "default" until tiers exist.
+	// Tier is the tenant's tier (runtime config tenant_tiers; default "default").
 	Tier string `json:"tier"`
 	// GatedKeys are the gated rate keys (SHA-256 hex, sorted) among the tenant's first
 	// HeadsPerTenant queued jobs: the gates holding its queue back now. Empty without a gate
@@ -62,8 +63,8 @@ type TenantPage struct {
 	Next    *TenantKey
 }
 
-// DefaultTier is the tier of every tenant until tiers exist (SPEC §5a).
-const DefaultTier = "default"
+// DefaultTier is the tier of a tenant the runtime config's tenant_tiers does not name.
+const DefaultTier = limits.DefaultTier
 
 // ErrOrder is returned by ReadTenants for an order other than ByName and ByDepth.
 var ErrOrder = errors.New("status: unknown tenant order")
@@ -119,6 +120,10 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 	for _, t := range inFlight {
 		busy[t.Tenant] = t.InFlight
 	}
+	_, slots, err := r.slots(ctx, lc)
+	if err != nil {
+		return page, err
+	}
 	gated, err := r.headGates(ctx, now, rows)
 	if err != nil {
 		return page, err
@@ -130,8 +135,8 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 			keys = []string{}
 		}
 		page.Tenants = append(page.Tenants, TenantRow{Tenant: t.Tenant, Depth: t.Depth,
-			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: DefaultTier,
-			GatedKeys: keys})
+			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: lc.Tier(t.Tenant),
+			Slots: slots[t.Tenant], GatedKeys: keys})
 	}
 	return page, nil
 }

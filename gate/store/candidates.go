@@ -45,7 +45,7 @@ type TenantHead struct {
 // TenantPage is what ReadTenantPage read.
 type TenantPage struct {
 	Tenants  []TenantHead
-	InFlight map[string]int // WithInFlight: the jobs in flight of each tenant with any
+	InFlight map[string]int // WithInFlight: the jobs in flight and live slots of each tenant with any
 	Total    int            // their sum
 }
 
@@ -73,14 +73,17 @@ func tenantsSQL(p TenantPageParams) (string, []any) {
 }
 
 // ReadTenantPage reads p's page of tenants with work, and with p.WithInFlight the jobs in
-// flight per tenant in the same round trip. The in-flight count reads the claim index over the
-// in-flight states only, so it is bounded by the global cap.
+// flight and the live slots per tenant in the same round trip. The in-flight count reads the
+// claim index over the in-flight states only, and the slots' the live range of their index, so
+// it is bounded by the global cap.
 func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (TenantPage, error) {
 	q, args := tenantsSQL(p)
 	what := "read tenants with queued jobs"
 	if p.WithInFlight {
 		q += ` UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM jobs
-		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`
+		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant
+		UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM slots FORCE INDEX (live)
+		WHERE expires_at > NOW(6) GROUP BY tenant`
 		what = "read in-flight counts and tenants with queued jobs"
 	}
 	page, err := readTenants(ctx, db, q, args)
@@ -109,7 +112,7 @@ func readTenants(ctx context.Context, db sqldb.DB, q string, args []any) (Tenant
 			page.Tenants = append(page.Tenants, r)
 			continue
 		}
-		page.InFlight[r.Tenant] = int(n.Int64)
+		page.InFlight[r.Tenant] += int(n.Int64) // a tenant's jobs and its live slots
 		page.Total += int(n.Int64)
 	}
 	return page, rows.Err()

@@ -61,7 +61,10 @@ func decodeClaimConfig(raw sql.NullString) (limits.Config, error) {
 type ClaimLock struct {
 	// Config is the runtime configuration in force (the newest version, or the defaults).
 	Config limits.Config
-	// InFlight counts the jobs in flight of each tenant with any; Total is their sum.
+	// Usage is what is in flight: the jobs and the live slots (SPEC §5a), counted together.
+	Usage limits.Usage
+	// InFlight counts the units in flight (jobs and live slots) of each tenant with any; Total
+	// is their sum. They are Usage's Tenant and Total.
 	InFlight map[string]int
 	Total    int
 	// Lone is the lone-job probe's answer (ProbeQueue), when asked for.
@@ -69,11 +72,12 @@ type ClaimLock struct {
 }
 
 // LockClaims begins tx in its first round trip, takes the claim lock, reads the runtime
-// configuration in force and counts the jobs in flight per tenant; with probe, the lone-job
-// probe (ProbeQueue) goes in the same round trip, read under the claim lock.
+// configuration in force and counts the jobs in flight and the live slots per tenant (slots.go:
+// a slot's grant counts both under the same lock, so the caps hold for their sum); with probe,
+// the lone-job probe (ProbeQueue) goes in the same round trip, read under the claim lock.
 func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) {
 	var l ClaimLock
-	stmts := []string{lockClaimsSQL, inFlightPerTenant}
+	stmts := []string{lockClaimsSQL, inFlightPerTenant, liveSlotsSQL}
 	if probe {
 		stmts = append(stmts, loneProbeSQL)
 	}
@@ -89,15 +93,13 @@ func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) 
 	if l.Config, err = decodeClaimConfig(raw); err != nil {
 		return l, err
 	}
-	rows, err := res.Next()
-	if err != nil {
-		return l, fmt.Errorf("count in-flight jobs: %w", err)
-	}
-	if l.InFlight, l.Total, err = scanInFlight(rows); err != nil {
+	if l.Usage, err = readUsage(res, l.Config); err != nil {
 		return l, err
 	}
+	l.InFlight, l.Total = l.Usage.Tenant, l.Usage.Total
 	if probe {
-		if rows, err = res.Next(); err != nil {
+		rows, err := res.Next()
+		if err != nil {
 			return l, fmt.Errorf("read the queue's head: %w", err)
 		}
 		if l.Lone, err = scanLone(rows); err != nil {

@@ -111,6 +111,29 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			_, err := store.ReadHeads(ctx, k.db, store.HeadsParams{Tenants: []store.HeadsWant{{Tenant: "acme", N: 1}}})
 			return err
 		},
+		"TakeSlot": func(ctx context.Context) error {
+			_, _, err := store.TakeSlot(ctx, k.db.DB, store.TakeSlotParams{Tenant: "acme", LeaseSeconds: 60, WaitingLimit: 1,
+				Decide: func(store.SlotState) (bool, store.AuditEvent) { return true, store.AuditEvent{} }})
+			return err
+		},
+		"RenewSlot": func(ctx context.Context) error { _, err := store.RenewSlot(ctx, k.db.DB, 1, "p", false); return err },
+		"ReleaseSlot": func(ctx context.Context) error {
+			_, err := st.ReleaseSlot(ctx, k.db.DB, k.now, 1, "p", false)
+			return err
+		},
+		"SweepSlots": func(ctx context.Context) error {
+			_, err := st.SweepSlots(ctx, k.db.DB, k.now, "d", []store.ExpiredSlot{{ID: 1, Tenant: "acme"}})
+			return err
+		},
+		"LiveSlots": func(ctx context.Context) error { _, err := store.LiveSlots(ctx, k.db); return err },
+		"ListSlots": func(ctx context.Context) error {
+			_, err := store.ListSlots(ctx, k.db, store.SlotFilter{Limit: 1})
+			return err
+		},
+		"ScanExpiredWithSlots": func(ctx context.Context) error {
+			_, _, err := store.ScanExpiredWithSlots(ctx, k.db.DB, store.ScanExpiredParams{}, 10)
+			return err
+		},
 	}
 	for name, op := range ops {
 		if err := op(done); !errors.Is(err, context.Canceled) {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -23,6 +24,14 @@ type ScanExpiredParams struct {
 // (Finish) is fenced on the version read here, so a drainer that comes back finds its own
 // writes refused.
 func ScanExpired(ctx context.Context, db sqldb.DB, p ScanExpiredParams) ([]Row, error) {
+	expired, _, err := ScanExpiredWithSlots(ctx, db, p, 0)
+	return expired, err
+}
+
+// ScanExpiredWithSlots is ScanExpired, and with slots > 0 it also reads, in the same round
+// trip (db must then take several statements: an OpenMulti pool), up to that many slots whose
+// lease ran out (database clock), oldest first, for the upkeep's sweep (SweepSlots).
+func ScanExpiredWithSlots(ctx context.Context, db sqldb.DB, p ScanExpiredParams, slots int) ([]Row, []ExpiredSlot, error) {
 	q := "SELECT " + LockColumns + ` FROM jobs
 		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`
 	args := []any{p.Now}
@@ -31,15 +40,26 @@ func ScanExpired(ctx context.Context, db sqldb.DB, p ScanExpiredParams) ([]Row, 
 		q = hq + ";" + q
 		args = append(hargs, p.Now)
 	}
+	if slots > 0 {
+		q += ";" + expiredSlotsSQL
+		args = append(args, slots)
+	}
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("scan expired leases: %w", err)
+		return nil, nil, fmt.Errorf("scan expired leases: %w", err)
 	}
 	var expired []Row
+	var lost []ExpiredSlot
 	res := ResultsOf(rows)
 	err = res.EachRow(func(r Row) { expired = append(expired, r) })
-	if err = errors.Join(err, res.Close()); err != nil {
-		return nil, fmt.Errorf("scan expired leases: %w", err)
+	if err == nil && slots > 0 {
+		var srows *sql.Rows
+		if srows, err = res.Next(); err == nil {
+			lost, err = scanExpiredSlots(srows)
+		}
 	}
-	return expired, nil
+	if err = errors.Join(err, res.Close()); err != nil {
+		return nil, nil, fmt.Errorf("scan expired leases: %w", err)
+	}
+	return expired, lost, nil
 }

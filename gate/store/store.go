@@ -1,5 +1,6 @@
 // Package store owns every statement on the job tables: jobs, tenants (each tenant's queue
-// state), claim_lock and drainers. Admission, the executor-facing API (start, complete, cancel),
+// state), claim_lock, drainers and slots (leases on capacity, counted with the jobs in flight:
+// slots.go). Admission, the executor-facing API (start, complete, cancel),
 // listing, status and the drainer all go through it; none of them builds SQL of its own. Each
 // operation is a function (or, when it logs transitions or writes pokes, a method of Store) with
 // typed parameters and a typed result, and has a conformance test of its own against MariaDB

@@ -50,6 +50,9 @@ type Options struct {
 	// (SLUICE_METRICS_TENANT_LABELS=false).
 	MetricsListen, MetricsToken string
 	NoTenantLabels              bool
+	// CORSOrigins are the browser origins allowed to call the API (SLUICE_CORS_ORIGINS).
+	// Default none.
+	CORSOrigins []string
 	// CoreNATS publishes without JetStream (for brokers without it). Default false.
 	CoreNATS bool
 	// Listen is the API address; ":0" picks a free port. Default DefaultListen.
@@ -469,7 +472,7 @@ func (a *App) startAPI(ctx context.Context) error {
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
 		Gatherer: a.registry, MetricsToken: a.opts.MetricsToken, MetricsElsewhere: a.MetricsAddr(), Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
-		Clock: a.clock, MaxRequests: a.opts.MaxRequests})
+		Clock: a.clock, MaxRequests: a.opts.MaxRequests, CORSOrigins: a.opts.CORSOrigins})
 	if err != nil {
 		return err
 	}

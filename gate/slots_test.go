@@ -1,0 +1,104 @@
+package gate
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// TestRecentRefusals: a scope's refusals count for 5 s, at most 6 of them are kept, and scopes
+// are counted apart.
+func TestRecentRefusals(t *testing.T) {
+	var r recentRefusals
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for i := range 8 {
+		if n := r.note("global", t0.Add(time.Duration(i)*100*time.Millisecond)); n != min(i, refusalCount) {
+			t.Errorf("refusal %d: %d before it", i, n)
+		}
+	}
+	if n := r.note("tenant", t0); n != 0 {
+		t.Errorf("another scope: %d before it", n)
+	}
+	if n := r.note("global", t0.Add(5*time.Second+500*time.Millisecond)); n != 2 {
+		t.Errorf("5.5 s later: %d within the window, want the 2 of the last 0.5 s", n)
+	}
+}
+
+// TestJumpsQueue: the fair-order rule over the tenants waiting ahead, each case one change.
+func TestJumpsQueue(t *testing.T) {
+	cfg := limits.Default() // global 4, tenant 2
+	usage := func(units map[string]int) limits.Usage {
+		us := limits.NewUsage()
+		for tenant, n := range units {
+			us.Add(cfg, limits.Unit{Tenant: tenant}, n)
+		}
+		return us
+	}
+	st := store.SlotState{Config: cfg, Usage: usage(map[string]int{"a": 1, "x": 2}),
+		Waiting: []store.Waiting{{Tenant: "b", Due: true}}}
+	a := limits.Unit{Tenant: "a"}
+	if blocked, _ := jumpsQueue(cfg, st, a, nil); !blocked {
+		t.Error("a's slot with 1 unit left and b (0 in flight) waiting is not refused")
+	}
+	st.Waiting[0].Due = false
+	if blocked, _ := jumpsQueue(cfg, st, a, nil); blocked {
+		t.Error("refused for b whose job is not yet due")
+	}
+	st.Waiting[0] = store.Waiting{Tenant: "b", Due: true, HeadRateKey: "k"}
+	if blocked, keys := jumpsQueue(cfg, st, a, nil); !blocked || !slices.Equal(keys, []string{"k"}) {
+		t.Errorf("b's head with a rate key not looked up: %v %v", blocked, keys)
+	}
+	if blocked, _ := jumpsQueue(cfg, st, a, map[string]bool{"k": true}); blocked {
+		t.Error("refused for b whose head is gated")
+	}
+	if blocked, keys := jumpsQueue(cfg, st, a, map[string]bool{"k": false}); !blocked || len(keys) != 0 {
+		t.Errorf("b's head known not gated: %v %v", blocked, keys)
+	}
+	if blocked, _ := jumpsQueue(cfg, st, limits.Unit{Tenant: "c"}, nil); blocked {
+		t.Error("c, with nothing in flight, refused")
+	}
+	st.Usage = usage(map[string]int{"a": 1, "x": 1})
+	if blocked, _ := jumpsQueue(cfg, st, a, nil); blocked {
+		t.Error("refused with room for b's job and the slot")
+	}
+	// The reserve: an interactive slot within it is exempt; a non-interactive one sees only what
+	// the reserve leaves.
+	cfg.InteractiveReserve = 1
+	st.Config = cfg
+	if blocked, _ := jumpsQueue(cfg, st, limits.Unit{Tenant: "a", Interactive: true}, nil); blocked {
+		t.Error("an interactive slot within the reserve refused")
+	}
+	if blocked, _ := jumpsQueue(cfg, st, a, nil); !blocked {
+		t.Error("a non-interactive slot took the unit b needs, the reserve's aside")
+	}
+}
+
+// TestDecideSlot: the rollout modes over one refusing verdict.
+func TestDecideSlot(t *testing.T) {
+	cfg := limits.Default()
+	cfg.TenantInFlight = 1
+	us := limits.NewUsage()
+	us.Add(cfg, limits.Unit{Tenant: "a"}, 1)
+	unit := limits.Unit{Tenant: "a"}
+	for _, tc := range []struct {
+		mode, enforceFor string
+		aware            bool
+		want             Decision
+		grant            bool
+	}{
+		{limits.ModeEnforce, limits.EnforceAll, false, Refused, false},
+		{limits.ModeEnforce, limits.EnforceAware, false, ShadowRefused, true},
+		{limits.ModeEnforce, limits.EnforceAware, true, Refused, false},
+		{limits.ModeShadow, limits.EnforceAll, true, ShadowRefused, true},
+		{limits.ModeOff, limits.EnforceAll, true, "", true},
+	} {
+		cfg.AdmissionMode, cfg.EnforceFor = tc.mode, tc.enforceFor
+		d, v, _, grant := decideSlot(store.SlotState{Config: cfg, Usage: us}, unit, tc.aware, nil)
+		if d != tc.want || grant != tc.grant || (tc.mode != limits.ModeOff && v.Scope != limits.ScopeTenant) {
+			t.Errorf("%s/%s aware %v: %q %v %+v", tc.mode, tc.enforceFor, tc.aware, d, grant, v)
+		}
+	}
+}

@@ -1,0 +1,496 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/sqldb"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// Slots (SPEC §5a, migration 0015): leases on capacity for work the caller runs itself. A slot
+// counts while its expires_at, on the database's clock, is in the future. Its grant runs under
+// the claim lock, like a claim, and counts the jobs in flight and the live slots together, so
+// every cap holds for their sum; a claim counts the live slots in the same round trip as its
+// jobs (LockClaims). Renewal is fenced on the caller and on the slot being alive: an expired
+// slot is never revived. A release and the upkeep's expiry sweep write a release poke, so the
+// drainers take the freed capacity at once.
+
+// Slot audit events (SPEC §10).
+const (
+	EventSlotGranted     = "slot_granted"
+	EventSlotRefused     = "slot_refused"
+	EventSlotReleased    = "slot_released"
+	EventSlotLost        = "slot_lost"
+	EventSlotRenewFailed = "slot_renew_failed"
+)
+
+// ErrSlotLost is a renewal of a slot whose lease ran out: it is gone and never revived.
+var ErrSlotLost = errors.New("store: the slot's lease ran out")
+
+// ErrSlotNotFound is a slot that does not exist, or that belongs to another caller.
+var ErrSlotNotFound = errors.New("store: slot not found")
+
+// Slot is a row of slots.
+type Slot struct {
+	ID           int64
+	Tenant       string
+	Caller       string
+	Lanes        []string
+	Interactive  bool
+	LeaseSeconds int
+	ExpiresAt    time.Time
+	CreatedAt    time.Time
+}
+
+// Unit is the slot as a unit of capacity.
+func (s Slot) Unit() limits.Unit {
+	return limits.Unit{Tenant: s.Tenant, Lanes: s.Lanes, Interactive: s.Interactive}
+}
+
+// joinLanes is the lanes column of a set of lanes: sorted, comma-separated (lane names hold no
+// comma: limits validates them), so that equal sets group together in the live count.
+func joinLanes(lanes []string) string {
+	s := slices.Clone(lanes)
+	slices.Sort(s)
+	return strings.Join(slices.Compact(s), ",")
+}
+
+func splitLanes(col string) []string {
+	if col == "" {
+		return nil
+	}
+	return strings.Split(col, ",")
+}
+
+// liveSlotsSQL counts the live slots by tenant, interactive and lanes: one range of the live
+// index (covering, so no row is read), bounded by the live slots, which the global cap bounds
+// (shadow grants aside), plus those expired and not yet swept, which the range skips.
+const liveSlotsSQL = `SELECT tenant, interactive, lanes, COUNT(*) FROM slots FORCE INDEX (live)
+	WHERE expires_at > NOW(6) GROUP BY tenant, interactive, lanes`
+
+// SlotCount is a group of live slots of one tenant with the same lanes and interactive flag.
+type SlotCount struct {
+	Tenant      string
+	Interactive bool
+	Lanes       []string
+	N           int
+}
+
+// Unit is the group's slots as a unit of capacity.
+func (c SlotCount) Unit() limits.Unit {
+	return limits.Unit{Tenant: c.Tenant, Lanes: c.Lanes, Interactive: c.Interactive}
+}
+
+func scanSlotCounts(rows *sql.Rows) ([]SlotCount, error) {
+	var out []SlotCount
+	for rows.Next() {
+		var c SlotCount
+		var lanes string
+		if err := rows.Scan(&c.Tenant, &c.Interactive, &lanes, &c.N); err != nil {
+			return nil, fmt.Errorf("count live slots: %w", err)
+		}
+		c.Lanes = splitLanes(lanes)
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count live slots: %w", err)
+	}
+	return out, nil
+}
+
+// AddLiveSlots adds the rows of liveSlotsSQL to us: the slots' part of what is in flight.
+func AddLiveSlots(rows *sql.Rows, cfg limits.Config, us *limits.Usage) error {
+	counts, err := scanSlotCounts(rows)
+	if err != nil {
+		return err
+	}
+	for _, c := range counts {
+		us.Add(cfg, c.Unit(), c.N)
+	}
+	return nil
+}
+
+// LiveSlots returns the live slots, grouped (for /v1/status and the metrics).
+func LiveSlots(ctx context.Context, db sqldb.DB) ([]SlotCount, error) {
+	rows, err := db.QueryContext(ctx, liveSlotsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("count live slots: %w", err)
+	}
+	defer rows.Close()
+	return scanSlotCounts(rows)
+}
+
+// readUsage reads the next two result sets of res, inFlightPerTenant's and liveSlotsSQL's, as
+// what is in flight: the jobs and the live slots together.
+func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
+	us := limits.NewUsage()
+	rows, err := res.Next()
+	if err != nil {
+		return us, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	jobs, _, err := scanInFlight(rows)
+	if err != nil {
+		return us, err
+	}
+	for t, n := range jobs {
+		us.Add(cfg, limits.Unit{Tenant: t}, n)
+	}
+	if rows, err = res.Next(); err != nil {
+		return us, fmt.Errorf("count live slots: %w", err)
+	}
+	return us, AddLiveSlots(rows, cfg, &us)
+}
+
+// waitingSQL reads, in the head index's order (oldest queued job first), the tenants with queued
+// work other than the slot's own, with their oldest job's rate key and whether its not-before
+// has passed: the fair-order check of a slot's grant. It stops after LIMIT rows (a primary-key
+// lookup of each head), so it never grows with the number of tenants with work.
+const waitingSQL = `SELECT STRAIGHT_JOIN t.tenant, j.rate_key_sha256, j.not_before IS NULL OR j.not_before <= NOW(6)
+	FROM tenants t FORCE INDEX (head) JOIN jobs j ON j.id = t.head_id
+	WHERE t.head_at IS NOT NULL AND t.tenant <> ? ORDER BY t.head_at, t.head_id LIMIT ?`
+
+// Waiting is a tenant with queued work, as a slot's grant reads it.
+type Waiting struct {
+	Tenant string
+	// HeadRateKey is the SHA-256 of its oldest queued job's rate key, "" for none.
+	HeadRateKey string
+	// Due: that job's not-before (an executor's 503) has passed or was never set.
+	Due bool
+}
+
+// tenantQueuedSQL reads the slot tenant's queued depth, for the refusal's Retry-After.
+const tenantQueuedSQL = `SELECT COALESCE((SELECT queued FROM tenants WHERE tenant = ?), 0)`
+
+// SlotState is what a slot's grant reads under the claim lock.
+type SlotState struct {
+	// Config is the runtime configuration in force.
+	Config limits.Config
+	// Usage is what is in flight: jobs and live slots.
+	Usage limits.Usage
+	// TenantQueued is the slot tenant's queued depth.
+	TenantQueued int
+	// Waiting are tenants with queued work other than the slot's, by their oldest queued job,
+	// at most TakeSlotParams.WaitingLimit of them.
+	Waiting []Waiting
+}
+
+// TakeSlotParams are one slot request.
+type TakeSlotParams struct {
+	Tenant       string
+	Caller       string
+	Lanes        []string
+	Interactive  bool
+	LeaseSeconds int
+	// WaitingLimit bounds the tenants with work read for the fair-order check.
+	WaitingLimit int
+	// Decide is called under the claim lock with what was read: grant says whether the slot is
+	// written, and event is the audit row of the grant (its SlotID is filled in here).
+	Decide func(SlotState) (grant bool, event AuditEvent)
+}
+
+// TakeSlot decides a slot request under the claim lock and, if Decide grants it, inserts the slot
+// and its audit row and commits: two round trips of a ConnTx on db (an OpenMulti pool). The first
+// begins the transaction, takes the claim lock (reading the runtime config in force, as a claim
+// does), counts the jobs in flight and the live slots, reads the tenants waiting ahead in fair
+// order and the tenant's queued depth; the second inserts, reads back and commits. A refusal
+// rolls back: nothing is written. It returns what was read, and the slot when one was granted.
+//
+// Since the claim lock serialises grants with claims, and both count jobs and live slots under
+// it, no grant or claim puts the sum above a cap as read in its own transaction.
+func TakeSlot(ctx context.Context, db *sql.DB, p TakeSlotParams) (SlotState, *Slot, error) {
+	var st SlotState
+	tx, err := BeginConnTx(ctx, db)
+	if err != nil {
+		return st, nil, fmt.Errorf("take slot: begin: %w", err)
+	}
+	defer tx.Close()
+	res, err := tx.Query(ctx, []string{lockClaimsSQL, inFlightPerTenant, liveSlotsSQL, waitingSQL, tenantQueuedSQL},
+		p.Tenant, max(p.WaitingLimit, 1), p.Tenant)
+	if err != nil {
+		return st, nil, fmt.Errorf("take slot: lock: %w", err)
+	}
+	if st, err = readSlotState(res); err != nil {
+		_ = res.Close()
+		return st, nil, fmt.Errorf("take slot: %w", err)
+	}
+	if err := res.Close(); err != nil {
+		return st, nil, fmt.Errorf("take slot: %w", err)
+	}
+	grant, ev := p.Decide(st)
+	if !grant {
+		return st, nil, nil
+	}
+	lanes := joinLanes(p.Lanes)
+	evArgs := appendAuditArgs(nil, ev)
+	// appendAuditArgs gives event, tenant, job_id, slot_id, ...: the slot id is the INSERT's.
+	evArgs = append(evArgs[:2:2], evArgs[4:]...)
+	args := append([]any{p.Tenant, p.Caller, lanes, p.Interactive, p.LeaseSeconds, p.LeaseSeconds}, evArgs...)
+	rs, err := tx.QueryCommit(ctx, []string{
+		`INSERT INTO slots (tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at)
+			VALUES (?, ?, ?, ?, ?, NOW(6) + INTERVAL ? SECOND, NOW(6))`,
+		`SELECT id, expires_at, created_at FROM slots WHERE id = LAST_INSERT_ID()`,
+		auditInsert + `VALUES (?, ?, NULL, LAST_INSERT_ID(), ?, ?, ?, ?, ?, ?, ?, ?)`,
+	}, args...)
+	if err != nil {
+		return st, nil, fmt.Errorf("take slot: insert: %w", err)
+	}
+	s := &Slot{Tenant: p.Tenant, Caller: p.Caller, Lanes: splitLanes(lanes), Interactive: p.Interactive, LeaseSeconds: p.LeaseSeconds}
+	if err := rs.ScanOne(&s.ID, &s.ExpiresAt, &s.CreatedAt); err != nil {
+		_ = rs.Close()
+		return st, nil, fmt.Errorf("take slot: read back: %w", err)
+	}
+	if err := rs.Close(); err != nil {
+		return st, nil, fmt.Errorf("take slot: commit: %w", err)
+	}
+	return st, s, nil
+}
+
+// readSlotState reads TakeSlot's first round trip.
+func readSlotState(res *Results) (SlotState, error) {
+	var st SlotState
+	var raw sql.NullString
+	if err := res.ScanOne(&raw); err != nil {
+		return st, fmt.Errorf("claim lock: %w", err)
+	}
+	var err error
+	if st.Config, err = decodeClaimConfig(raw); err != nil {
+		return st, err
+	}
+	if st.Usage, err = readUsage(res, st.Config); err != nil {
+		return st, err
+	}
+	rows, err := res.Next()
+	if err != nil {
+		return st, fmt.Errorf("tenants waiting: %w", err)
+	}
+	for rows.Next() {
+		var w Waiting
+		var key sql.NullString
+		if err := rows.Scan(&w.Tenant, &key, &w.Due); err != nil {
+			return st, fmt.Errorf("tenants waiting: %w", err)
+		}
+		w.HeadRateKey = key.String
+		st.Waiting = append(st.Waiting, w)
+	}
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("tenants waiting: %w", err)
+	}
+	if err := res.ScanOne(&st.TenantQueued); err != nil {
+		return st, fmt.Errorf("tenant depth: %w", err)
+	}
+	return st, nil
+}
+
+// RenewSlot extends slot id's lease to now + its own lease_seconds (database clock), fenced on
+// the caller (any, with admin) and on the slot being alive, in one round trip of db (an
+// OpenMulti pool). ErrSlotNotFound: no such slot, or another caller's; ErrSlotLost: its lease
+// had run out (the row may not have been swept yet; it is not revived).
+func RenewSlot(ctx context.Context, db sqldb.DB, id int64, caller string, admin bool) (Slot, error) {
+	// The SELECT after the UPDATE tells the outcome without trusting rows affected (a renewal in
+	// the same microsecond changes nothing): a slot the UPDATE extended is alive, one it did not
+	// has expires_at in the past and stays there.
+	rows, err := db.QueryContext(ctx, `UPDATE slots SET expires_at = NOW(6) + INTERVAL lease_seconds SECOND
+		WHERE id = ? AND (caller = ? OR ?) AND expires_at > NOW(6);
+		SELECT id, tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at, expires_at > NOW(6)
+		FROM slots WHERE id = ? AND (caller = ? OR ?)`, id, caller, admin, id, caller, admin)
+	if err != nil {
+		return Slot{}, fmt.Errorf("renew slot %d: %w", id, err)
+	}
+	res := ResultsOf(rows)
+	defer res.Close()
+	var s Slot
+	var lanes string
+	var alive bool
+	switch err := res.ScanOne(&s.ID, &s.Tenant, &s.Caller, &lanes, &s.Interactive, &s.LeaseSeconds, &s.ExpiresAt, &s.CreatedAt, &alive); {
+	case errors.Is(err, sql.ErrNoRows):
+		return Slot{}, ErrSlotNotFound
+	case err != nil:
+		return Slot{}, fmt.Errorf("renew slot %d: %w", id, err)
+	}
+	s.Lanes = splitLanes(lanes)
+	if err := res.Close(); err != nil {
+		return Slot{}, fmt.Errorf("renew slot %d: %w", id, err)
+	}
+	if !alive {
+		return s, ErrSlotLost
+	}
+	return s, nil
+}
+
+// Released is what ReleaseSlot did.
+type Released struct {
+	Slot Slot
+	// Found: the slot existed and was deleted.
+	Found bool
+	// Expired: its lease had run out (the upkeep had not yet swept it).
+	Expired bool
+	// Poke is the release poke written, when Found: for the fast path that publishes it at once.
+	Poke outbox.Row
+}
+
+// ReleaseSlot deletes slot id, fenced on the caller (any, with admin), with its audit row and a
+// release poke, in two round trips of a ConnTx on db: the first locks and reads the row, the
+// second writes and commits. A slot that is gone is not an error (Found false): a release is
+// idempotent. ErrSlotNotFound: the slot belongs to another caller.
+func (s *Store) ReleaseSlot(ctx context.Context, db *sql.DB, now time.Time, id int64, caller string, admin bool) (Released, error) {
+	var out Released
+	tx, err := BeginConnTx(ctx, db)
+	if err != nil {
+		return out, fmt.Errorf("release slot %d: begin: %w", id, err)
+	}
+	defer tx.Close()
+	res, err := tx.Query(ctx, []string{`SELECT id, tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at,
+		expires_at <= NOW(6) FROM slots WHERE id = ? FOR UPDATE`}, id)
+	if err != nil {
+		return out, fmt.Errorf("release slot %d: %w", id, err)
+	}
+	sl := &out.Slot
+	var lanes string
+	err = res.ScanOne(&sl.ID, &sl.Tenant, &sl.Caller, &lanes, &sl.Interactive, &sl.LeaseSeconds, &sl.ExpiresAt, &sl.CreatedAt, &out.Expired)
+	err = errors.Join(err, res.Close())
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return out, nil
+	case err != nil:
+		return out, fmt.Errorf("release slot %d: %w", id, err)
+	case sl.Caller != caller && !admin:
+		return Released{}, ErrSlotNotFound
+	}
+	sl.Lanes = splitLanes(lanes)
+	out.Found = true
+	slotID := strconv.FormatInt(id, 10)
+	detail, _ := json.Marshal(map[string]any{"lease_seconds": sl.LeaseSeconds, "expired": out.Expired, "owner": sl.Caller})
+	aq, aargs := AuditInsertSQL([]AuditEvent{{Event: EventSlotReleased, Tenant: sl.Tenant, SlotID: &slotID,
+		Actor: caller, Detail: detail}})
+	msg := outbox.PokeMessage(s.prefix(), outbox.Release, sl.Tenant, 0)
+	pq, pargs := outbox.Insert(now, msg)
+	args := append(append(aargs, id), pargs...)
+	done, err := tx.ExecCommit(ctx, []string{aq, `DELETE FROM slots WHERE id = ?`, pq}, args...)
+	if err != nil {
+		return out, fmt.Errorf("release slot %d: %w", id, err)
+	}
+	pokeID, _ := done.LastInsertId() // the last statement's: the outbox row's
+	out.Poke = outbox.Row{ID: pokeID, Subject: msg.Subject, Payload: msg.Payload, CreatedAt: now}
+	return out, nil
+}
+
+// ExpiredSlot is a slot whose lease ran out, as the upkeep's scan read it.
+type ExpiredSlot struct {
+	ID     int64
+	Tenant string
+}
+
+// expiredSlotsSQL reads the slots whose lease ran out, oldest first: the other end of the live
+// index's range, so it reads only expired rows.
+const expiredSlotsSQL = `SELECT id, tenant FROM slots FORCE INDEX (live) WHERE expires_at <= NOW(6)
+	ORDER BY expires_at LIMIT ?`
+
+func scanExpiredSlots(rows *sql.Rows) ([]ExpiredSlot, error) {
+	var out []ExpiredSlot
+	for rows.Next() {
+		var e ExpiredSlot
+		if err := rows.Scan(&e.ID, &e.Tenant); err != nil {
+			return nil, fmt.Errorf("scan expired slots: %w", err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("scan expired slots: %w", err)
+	}
+	return out, nil
+}
+
+// SweepSlots deletes the slots of expired that are still expired (a slot's lease never comes
+// back), each with a lost audit row naming actor, and writes a release poke per tenant, in one
+// round trip and transaction of a ConnTx on db. Another drainer sweeping the same slots meanwhile
+// deletes each once: it returns the slots this call deleted.
+func (s *Store) SweepSlots(ctx context.Context, db *sql.DB, now time.Time, actor string, expired []ExpiredSlot) (int, error) {
+	if len(expired) == 0 {
+		return 0, nil
+	}
+	tx, err := BeginConnTx(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("sweep slots: begin: %w", err)
+	}
+	defer tx.Close()
+	ids := make([]int64, len(expired))
+	var msgs []outbox.Message
+	seen := map[string]bool{}
+	for i, e := range expired {
+		ids[i] = e.ID
+		if !seen[e.Tenant] {
+			seen[e.Tenant] = true
+			msgs = append(msgs, outbox.PokeMessage(s.prefix(), outbox.Release, e.Tenant, 0))
+		}
+	}
+	in := "id IN (" + Placeholders(len(ids)) + ") AND expires_at <= NOW(6)"
+	idArgs := int64Args(ids)
+	pq, pargs := outbox.Insert(now, msgs...)
+	args := append(append(append(append(append([]any{}, idArgs...), actor), idArgs...), idArgs...), pargs...)
+	res, err := tx.ExecCommit(ctx, []string{
+		"SELECT id FROM slots WHERE " + in + " ORDER BY id FOR UPDATE",
+		auditInsert + `SELECT '` + EventSlotLost + `', tenant, NULL, id, ?, NULL, NULL, NULL, NULL, NULL, NULL,
+			JSON_OBJECT('lease_seconds', lease_seconds, 'expires_at', expires_at) FROM slots WHERE ` + in,
+		"DELETE FROM slots WHERE " + in,
+		pq}, args...)
+	if err != nil {
+		return 0, fmt.Errorf("sweep %d slot(s): %w", len(ids), err)
+	}
+	// START TRANSACTION, the lock, the audit rows, the DELETE, the pokes.
+	affected := res.AllRowsAffected()
+	if len(affected) < 5 {
+		return 0, fmt.Errorf("sweep slots: %d results for 5 statements", len(affected))
+	}
+	return int(affected[3]), nil
+}
+
+// SlotFilter selects a page of GET /v1/slots.
+type SlotFilter struct {
+	Tenant string // "" for every tenant
+	Before int64  // a cursor: only ids below it (0: from the newest)
+	Limit  int
+}
+
+// ListSlots returns at most f.Limit slots, live or expired and not yet swept, newest first.
+func ListSlots(ctx context.Context, db sqldb.DB, f SlotFilter) ([]Slot, error) {
+	q := `SELECT id, tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at FROM slots WHERE TRUE`
+	var args []any
+	if f.Tenant != "" {
+		q += ` AND tenant = ?`
+		args = append(args, f.Tenant)
+	}
+	if f.Before > 0 {
+		q += ` AND id < ?`
+		args = append(args, f.Before)
+	}
+	q += ` ORDER BY id DESC LIMIT ?`
+	args = append(args, f.Limit)
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list slots: %w", err)
+	}
+	defer rows.Close()
+	var out []Slot
+	for rows.Next() {
+		var s Slot
+		var lanes string
+		if err := rows.Scan(&s.ID, &s.Tenant, &s.Caller, &lanes, &s.Interactive, &s.LeaseSeconds, &s.ExpiresAt, &s.CreatedAt); err != nil {
+			return nil, fmt.Errorf("list slots: %w", err)
+		}
+		s.Lanes = splitLanes(lanes)
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list slots: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,244 @@
+package store_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// grantAll is a Decide that grants every slot, recording what it was shown.
+func grantAll(seen *store.SlotState) func(store.SlotState) (bool, store.AuditEvent) {
+	return func(st store.SlotState) (bool, store.AuditEvent) {
+		*seen = st
+		return true, store.AuditEvent{Event: store.EventSlotGranted, Tenant: "x", Actor: "p1", Scope: "global"}
+	}
+}
+
+// take grants a slot of tenant to caller and returns it.
+func (k *kit) take(tenant, caller string, lease int, lanes ...string) store.Slot {
+	k.t.Helper()
+	var st store.SlotState
+	_, s, err := store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: tenant, Caller: caller, Lanes: lanes,
+		LeaseSeconds: lease, WaitingLimit: 10, Decide: grantAll(&st)})
+	if err != nil || s == nil {
+		k.t.Fatalf("take slot: %v %v", s, err)
+	}
+	return *s
+}
+
+// expire moves slot id's lease into the past, as the database's clock would.
+func (k *kit) expire(id int64) {
+	k.t.Helper()
+	k.exec("UPDATE slots SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE id = ?", id)
+}
+
+// TestTakeSlot: a grant reads, under the claim lock, the config, the jobs in flight and the live
+// slots together, the tenants with queued work ahead (not the slot's own) and the tenant's depth;
+// it writes the slot with its audit row; a refusal writes nothing.
+func TestTakeSlot(t *testing.T) {
+	k := newKit(t)
+	k.insert(jobSpec{tenant: "a", status: job.Running})
+	k.insert(jobSpec{tenant: "a"})
+	k.insert(jobSpec{tenant: "b", queuedAt: k.now.Add(-time.Minute), rateKey: "kb"})
+	later := k.now.Add(time.Hour)
+	k.insert(jobSpec{tenant: "c", queuedAt: k.now.Add(-2 * time.Minute), notBefore: &later})
+	first := k.take("b", "p1", 30, "search", "gpu")
+	if first.Tenant != "b" || first.Caller != "p1" || !slices.Equal(first.Lanes, []string{"gpu", "search"}) || first.LeaseSeconds != 30 ||
+		first.ExpiresAt.Sub(first.CreatedAt) != 30*time.Second {
+		t.Errorf("granted %+v", first)
+	}
+	expired := k.take("c", "p1", 60)
+	k.expire(expired.ID)
+
+	var st store.SlotState
+	_, s, err := store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: "a", Caller: "p2", Interactive: true,
+		LeaseSeconds: 60, WaitingLimit: 10, Decide: func(got store.SlotState) (bool, store.AuditEvent) {
+			st = got
+			if !k.claimLockHeld() {
+				t.Error("Decide runs without the claim lock")
+			}
+			return false, store.AuditEvent{}
+		}})
+	if err != nil || s != nil {
+		t.Fatalf("refused: %v %v", s, err)
+	}
+	us := st.Usage
+	if us.Total != 2 || us.Tenant["a"] != 1 || us.Tenant["b"] != 1 || us.Tenant["c"] != 0 || us.Lane["search"] != 1 || us.Lane["gpu"] != 1 ||
+		us.Interactive != 0 || us.Tier["default"] != 2 {
+		t.Errorf("usage %+v: want a's running job and b's live slot (c's is expired)", us)
+	}
+	if !slices.Equal(st.Waiting, []store.Waiting{{Tenant: "c"}, {Tenant: "b", HeadRateKey: "kb", Due: true}}) || st.TenantQueued != 1 ||
+		st.Config.GlobalInFlight != limits.Default().GlobalInFlight {
+		t.Errorf("waiting %v, tenant queued %d", st.Waiting, st.TenantQueued)
+	}
+	if n := k.count("SELECT COUNT(*) FROM slots"); n != 2 {
+		t.Errorf("a refusal wrote a slot: %d rows", n)
+	}
+	if k.claimLockHeld() {
+		t.Error("the claim lock is held after a refusal")
+	}
+	if n := k.count("SELECT COUNT(*) FROM audit_events WHERE event = 'slot_granted' AND slot_id = ? AND actor = 'p1'", first.ID); n != 1 {
+		t.Errorf("%d granted audit rows for slot %d", n, first.ID)
+	}
+	// The waiting read is bounded.
+	_, _, err = store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: "a", Caller: "p2", LeaseSeconds: 60, WaitingLimit: 1,
+		Decide: func(got store.SlotState) (bool, store.AuditEvent) { st = got; return false, store.AuditEvent{} }})
+	if err != nil || len(st.Waiting) != 1 || st.Waiting[0].Tenant != "c" {
+		t.Errorf("waiting with limit 1: %v %v", st.Waiting, err)
+	}
+}
+
+// TestLockClaimsCountsSlots: the claim counts the live slots with the jobs in flight, per tenant
+// and in total; an expired slot no longer counts. The tenant page's in-flight read does too.
+func TestLockClaimsCountsSlots(t *testing.T) {
+	k := newKit(t)
+	k.insert(jobSpec{tenant: "a", status: job.Running})
+	k.take("a", "p", 60)
+	k.take("b", "p", 60, "search")
+	k.expire(k.take("b", "p", 60).ID)
+	tx := k.beginConn()
+	l, err := store.LockClaims(k.ctx, tx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx.Close()
+	if l.Total != 3 || l.InFlight["a"] != 2 || l.InFlight["b"] != 1 || l.Usage.Lane["search"] != 1 {
+		t.Errorf("claim lock read %+v", l)
+	}
+	page, err := store.ReadTenantPage(k.ctx, k.db, store.TenantPageParams{FromStart: true, Limit: 5, WithInFlight: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if page.Total != 3 || page.InFlight["a"] != 2 || page.InFlight["b"] != 1 {
+		t.Errorf("tenant page in flight %v total %d", page.InFlight, page.Total)
+	}
+	live, err := store.LiveSlots(k.ctx, k.db)
+	if err != nil || len(live) != 2 {
+		t.Errorf("live slots %+v %v", live, err)
+	}
+}
+
+// TestRenewSlot: renewal extends by the slot's own lease, only for its caller or an admin;
+// an expired slot answers ErrSlotLost and stays expired.
+func TestRenewSlot(t *testing.T) {
+	k := newKit(t)
+	s := k.take("a", "p1", 30)
+	// A shorter lease configured later does not shorten a live slot: the slot's own is used.
+	got, err := store.RenewSlot(k.ctx, k.db.DB, s.ID, "p1", false)
+	if err != nil || got.LeaseSeconds != 30 || got.ExpiresAt.Before(s.ExpiresAt) {
+		t.Fatalf("renew: %+v %v", got, err)
+	}
+	if n := k.count("SELECT TIMESTAMPDIFF(SECOND, NOW(6), expires_at) FROM slots WHERE id = ?", s.ID); n < 28 || n > 30 {
+		t.Errorf("renewed to %d s from now, want 30", n)
+	}
+	if _, err := store.RenewSlot(k.ctx, k.db.DB, s.ID, "p2", false); !errors.Is(err, store.ErrSlotNotFound) {
+		t.Errorf("another caller's renewal: %v", err)
+	}
+	if _, err := store.RenewSlot(k.ctx, k.db.DB, s.ID, "admin", true); err != nil {
+		t.Errorf("an admin's renewal: %v", err)
+	}
+	if _, err := store.RenewSlot(k.ctx, k.db.DB, s.ID+100, "p1", false); !errors.Is(err, store.ErrSlotNotFound) {
+		t.Errorf("no such slot: %v", err)
+	}
+	k.expire(s.ID)
+	for range 2 {
+		if _, err := store.RenewSlot(k.ctx, k.db.DB, s.ID, "p1", false); !errors.Is(err, store.ErrSlotLost) {
+			t.Errorf("expired slot's renewal: %v", err)
+		}
+	}
+	if n := k.count("SELECT COUNT(*) FROM slots WHERE id = ? AND expires_at > NOW(6)", s.ID); n != 0 {
+		t.Error("an expired slot was revived")
+	}
+}
+
+// TestReleaseSlot: a release deletes the slot with its audit row and a release poke, in one
+// transaction; again it finds nothing and is no error; another caller's slot is not found.
+func TestReleaseSlot(t *testing.T) {
+	k := newKit(t)
+	st := &store.Store{}
+	s := k.take("a", "p1", 60)
+	if _, err := st.ReleaseSlot(k.ctx, k.db.DB, k.now, s.ID, "p2", false); !errors.Is(err, store.ErrSlotNotFound) {
+		t.Errorf("another caller's release: %v", err)
+	}
+	r, err := st.ReleaseSlot(k.ctx, k.db.DB, k.now, s.ID, "p1", false)
+	if err != nil || !r.Found || r.Expired || r.Slot.Tenant != "a" {
+		t.Fatalf("release: %+v %v", r, err)
+	}
+	var subject string
+	if err := k.db.QueryRowContext(k.ctx, "SELECT subject FROM outbox WHERE id = ?", r.Poke.ID).Scan(&subject); err != nil || subject != r.Poke.Subject {
+		t.Errorf("the poke returned %+v, the outbox row's subject %q (%v)", r.Poke, subject, err)
+	}
+	if n := k.count("SELECT COUNT(*) FROM slots"); n != 0 {
+		t.Errorf("%d slots left", n)
+	}
+	if n := k.count("SELECT COUNT(*) FROM outbox WHERE subject LIKE '%release%'"); n != 1 {
+		t.Errorf("%d release pokes", n)
+	}
+	if n := k.count("SELECT COUNT(*) FROM audit_events WHERE event = 'slot_released' AND slot_id = ?", s.ID); n != 1 {
+		t.Errorf("%d released audit rows", n)
+	}
+	if r, err := st.ReleaseSlot(k.ctx, k.db.DB, k.now, s.ID, "p1", false); err != nil || r.Found {
+		t.Errorf("second release: %+v %v", r, err)
+	}
+	old := k.take("a", "p1", 60)
+	k.expire(old.ID)
+	if r, err := st.ReleaseSlot(k.ctx, k.db.DB, k.now, old.ID, "admin", true); err != nil || !r.Found || !r.Expired {
+		t.Errorf("an admin's release of an expired slot: %+v %v", r, err)
+	}
+}
+
+// TestSweepSlots: the upkeep's scan reads the expired slots in its round trip, and the sweep
+// deletes those still expired with a lost audit row each and a poke per tenant; a second sweep
+// of the same slots deletes nothing.
+func TestSweepSlots(t *testing.T) {
+	k := newKit(t)
+	st := &store.Store{}
+	live := k.take("a", "p", 60)
+	gone := []int64{k.take("a", "p", 60).ID, k.take("a", "p", 60).ID, k.take("b", "p", 60).ID}
+	for _, id := range gone {
+		k.expire(id)
+	}
+	hb := &store.Heartbeat{DrainerID: "d1", Host: "h", PID: 1, Version: "t", Now: k.now, PollInterval: time.Second}
+	jobs, expired, err := store.ScanExpiredWithSlots(k.ctx, k.db.DB, store.ScanExpiredParams{Now: k.now, Heartbeat: hb}, 10)
+	if err != nil || len(jobs) != 0 || len(expired) != 3 {
+		t.Fatalf("scan: %v %v %v", jobs, expired, err)
+	}
+	n, err := st.SweepSlots(k.ctx, k.db.DB, k.now, "d1", expired)
+	if err != nil || n != 3 {
+		t.Fatalf("sweep: %d %v", n, err)
+	}
+	if n, err := st.SweepSlots(k.ctx, k.db.DB, k.now, "d1", expired); err != nil || n != 0 {
+		t.Errorf("second sweep: %d %v", n, err)
+	}
+	if n := k.count("SELECT COUNT(*) FROM slots"); n != 1 {
+		t.Errorf("%d slots left, want the live one %d", n, live.ID)
+	}
+	if n := k.count("SELECT COUNT(*) FROM audit_events WHERE event = 'slot_lost' AND actor = 'd1'"); n != 3 {
+		t.Errorf("%d lost audit rows", n)
+	}
+	if n := k.count("SELECT COUNT(*) FROM outbox"); n != 4 {
+		t.Errorf("%d outbox rows, want a poke per tenant per sweep", n)
+	}
+	if _, expired, err = store.ScanExpiredWithSlots(k.ctx, k.db.DB, store.ScanExpiredParams{Now: k.now}, 10); err != nil || len(expired) != 0 {
+		t.Errorf("scan after the sweep: %v %v", expired, err)
+	}
+}
+
+// TestListSlots: newest first, by tenant, a page at a time.
+func TestListSlots(t *testing.T) {
+	k := newKit(t)
+	a1, b1, a2 := k.take("a", "p", 60), k.take("b", "p", 60), k.take("a", "p", 60)
+	page, err := store.ListSlots(k.ctx, k.db, store.SlotFilter{Limit: 2})
+	if err != nil || len(page) != 2 || page[0].ID != a2.ID || page[1].ID != b1.ID {
+		t.Fatalf("first page %+v %v", page, err)
+	}
+	page, err = store.ListSlots(k.ctx, k.db, store.SlotFilter{Tenant: "a", Before: a2.ID, Limit: 2})
+	if err != nil || len(page) != 1 || page[0].ID != a1.ID || page[0].Caller != "p" {
+		t.Errorf("tenant a after %d: %+v %v", a2.ID, page, err)
+	}
+}

@@ -1,0 +1,71 @@
+package integration_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// BenchmarkSlotTakeRelease measures a slot's take and release (gate.Admitter.TakeSlot and
+// ReleaseSlot: the grant under the claim lock with the counts of jobs and slots, the INSERT with
+// its audit row, then the release's lock, audit row, DELETE and poke) one after the other on one
+// client, beside the raw two-statement transaction on the same database (SPEC §14: take + release
+// p50 at most twice the raw transaction's). One JSON line.
+func BenchmarkSlotTakeRelease(b *testing.B) {
+	ctx := context.Background()
+	for range b.N {
+		db := testdb.New(b)
+		setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
+		lim := limits.NewCache(db.DB, nil)
+		if err := lim.Reload(ctx); err != nil {
+			b.Fatal(err)
+		}
+		adm, err := gate.New(gate.Config{DB: db.DB, Limits: lim})
+		if err != nil {
+			b.Fatal(err)
+		}
+		const samples = 300
+		raw := rawTx(b, db, samples)
+		took := make([]time.Duration, 0, samples)
+		for range samples {
+			start := time.Now()
+			res, err := adm.TakeSlot(ctx, "bench", gate.SlotRequest{Tenant: "acme"}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := adm.ReleaseSlot(ctx, "bench", false, res.Slot.ID); err != nil {
+				b.Fatal(err)
+			}
+			took = append(took, time.Since(start))
+		}
+		s := harness.Percentiles(took, 50, 99)
+		r := harness.Percentiles(raw, 50, 99)
+		harness.Emit("slot_take_release", map[string]any{"samples": samples,
+			"take_release_p50_ms": s[0], "take_release_p99_ms": s[1],
+			"raw_two_statement_tx_p50_ms": r[0], "raw_two_statement_tx_p99_ms": r[1],
+			"ratio_p50": round2(s[0] / r[0]), "target_ratio_p50": 2})
+	}
+}
+
+// BenchmarkDrainWithSlots drains the same queue twice into fresh databases with caps 64: once
+// alone, once beside 8 live slots of another tenant held all along (drainThroughput checks that
+// the jobs in flight never exceed the 56 units the slots leave). The slots' own share of the
+// capacity is 8/64: the drain should slow by no more than that. One JSON line.
+func BenchmarkDrainWithSlots(b *testing.B) {
+	const jobs = 5000
+	for range b.N {
+		none, raw := drainThroughput(b, 64, jobs, 0)
+		eight, _ := drainThroughput(b, 64, jobs, 8)
+		r := harness.Percentiles(raw, 50)
+		harness.Emit("drain_with_slots", map[string]any{"jobs": jobs, "caps": 64,
+			"jobs_per_s_0_slots": int(float64(jobs) / none.el.Seconds()), "jobs_per_s_8_slots": int(float64(jobs) / eight.el.Seconds()),
+			"ratio": round2(none.el.Seconds() / eight.el.Seconds()), "slots_share_floor": round2(56.0 / 64),
+			"peak_in_flight_sampled_0_slots": none.peak, "peak_in_flight_sampled_8_slots": eight.peak,
+			"raw_two_statement_tx_p50_ms": r[0]})
+	}
+}

@@ -1,0 +1,242 @@
+package integration_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/integration/harness"
+)
+
+// Slots with drainers: one accounting for jobs and slots (the caps hold for their sum with three
+// processes taking slots and draining at once), a release or an expiry frees capacity for the
+// queue at once.
+
+// slotJobStatus reads job id's status.
+func slotJobStatus(t *testing.T, e *harness.Env, id int64) string {
+	t.Helper()
+	var s string
+	if err := e.DB.QueryRowContext(context.Background(), "SELECT status FROM jobs WHERE id = ?", id).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestSlotReleaseStartsQueuedJob: a job queued behind a slot that holds the only unit waits
+// while the drainer runs passes, and starts once the slot is released (the release's poke).
+func TestSlotReleaseStartsQueuedJob(t *testing.T) {
+	t.Parallel()
+	e := startSlotsEnv(t, harness.Options{})
+	patchConfig(t, e, map[string]any{"global_in_flight": 1})
+	id := slotIDOf(t, takeSlot(t, e, harness.ProducerToken, true, map[string]any{"tenant": "acme"}))
+	passes := harness.Counter(t, e.App.Registry(), "sluice_drainer_passes_total")
+	job := e.Admit(t, "beta", map[string]any{})
+	// The admission's poke runs passes; none may claim the job while the slot holds the unit.
+	harness.WaitFor(t, 10*time.Second, "two drain passes after the admission", func() (bool, error) {
+		return harness.Counter(t, e.App.Registry(), "sluice_drainer_passes_total") >= passes+2, nil
+	})
+	if s := slotJobStatus(t, e, job); s != "queued" {
+		t.Fatalf("job %d is %s while a slot holds the only unit", job, s)
+	}
+	if r := e.Do(t, http.MethodDelete, "/v1/slots/"+id, harness.ProducerToken, nil); r.Status != http.StatusNoContent {
+		t.Fatalf("release: HTTP %d", r.Status)
+	}
+	harness.WaitFor(t, 10*time.Second, "the queued job's start after the release", func() (bool, error) {
+		return slotJobStatus(t, e, job) == "succeeded", nil
+	})
+}
+
+// TestSlotExpiryFreesCapacity: a slot whose lease ran out stops counting, the upkeep deletes it
+// (a lost audit row, sluice_slots_lost_total) and the queued job behind it starts.
+func TestSlotExpiryFreesCapacity(t *testing.T) {
+	t.Parallel()
+	e := startSlotsEnv(t, harness.Options{})
+	patchConfig(t, e, map[string]any{"global_in_flight": 1})
+	id := slotIDOf(t, takeSlot(t, e, harness.ProducerToken, true, map[string]any{"tenant": "acme"}))
+	job := e.Admit(t, "beta", map[string]any{})
+	expireSlot(t, e, id)
+	// The expired slot stops counting at once, so the job may start before the sweep; the sweep
+	// counts the slot after its transaction commits.
+	harness.WaitFor(t, 10*time.Second, "the expired slot's sweep and the job's start", func() (bool, error) {
+		var n int
+		err := e.DB.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM slots").Scan(&n)
+		return err == nil && n == 0 && slotJobStatus(t, e, job) == "succeeded" &&
+			harness.Counter(t, e.App.Registry(), "sluice_slots_lost_total") == 1, err
+	})
+	var lost int
+	if err := e.DB.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM audit_events WHERE event = 'slot_lost' AND slot_id = ?", id).Scan(&lost); err != nil || lost != 1 {
+		t.Errorf("%d lost audit rows (%v)", lost, err)
+	}
+}
+
+// capLimits are the limits the property test checks.
+type capLimits struct {
+	global, tenant, lane int
+	tierTenants          map[string]bool
+	tier                 int
+}
+
+// checkCaps reads, in one consistent snapshot, the jobs in flight and the live slots, and
+// returns what breaks a limit, if anything.
+func checkCaps(ctx context.Context, db *sql.DB, l capLimits) (string, error) {
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = tx.Rollback() }()
+	rows, err := tx.QueryContext(ctx, `SELECT 'job', tenant, '', COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') GROUP BY tenant
+		UNION ALL SELECT 'slot', tenant, lanes, COUNT(*) FROM slots WHERE expires_at > NOW(6) GROUP BY tenant, lanes`)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	total, tier, lane := 0, 0, 0
+	tenants := map[string]int{}
+	for rows.Next() {
+		var kind, tenant, lanes string
+		var n int
+		if err := rows.Scan(&kind, &tenant, &lanes, &n); err != nil {
+			return "", err
+		}
+		total += n
+		tenants[tenant] += n
+		if l.tierTenants[tenant] {
+			tier += n
+		}
+		if strings.Contains(lanes, "search") {
+			lane += n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	var bad []string
+	if total > l.global {
+		bad = append(bad, fmt.Sprintf("total %d > %d", total, l.global))
+	}
+	for t, n := range tenants {
+		if n > l.tenant {
+			bad = append(bad, fmt.Sprintf("tenant %s %d > %d", t, n, l.tenant))
+		}
+	}
+	if lane > l.lane {
+		bad = append(bad, fmt.Sprintf("lane search %d > %d", lane, l.lane))
+	}
+	if tier > l.tier {
+		bad = append(bad, fmt.Sprintf("tier gold %d > %d", tier, l.tier))
+	}
+	return strings.Join(bad, "; "), nil
+}
+
+// TestSlotCapsExactWithThreeProcesses is a property test: three processes (API, relay and
+// drainer each) share one database while workers take, renew and release slots and admit jobs
+// that the drainers claim and finish, in random interleavings; a checker reads every instant it
+// can (one consistent snapshot each) and no snapshot may break a limit: the global cap, the
+// tenant cap, a lane's limit and a tier's ceiling, for jobs and slots together.
+func TestSlotCapsExactWithThreeProcesses(t *testing.T) {
+	t.Parallel()
+	e := startSlotsEnv(t, harness.Options{})
+	patchConfig(t, e, map[string]any{"global_in_flight": 4, "tenant_in_flight": 2, "lanes": map[string]int{"search": 2},
+		"tenant_tiers": map[string]string{"t3": "gold"}, "tier_in_flight": map[string]int{"gold": 1}})
+	l := capLimits{global: 4, tenant: 2, lane: 2, tier: 1, tierTenants: map[string]bool{"t3": true}}
+	urls := []string{e.URL}
+	for range 2 {
+		a := e.StartApp(t, harness.Options{})
+		urls = append(urls, "http://"+a.Addr())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var violations []string
+	snapshots := 0
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		for ctx.Err() == nil {
+			bad, err := checkCaps(ctx, e.DB.DB, l)
+			if err != nil {
+				if ctx.Err() == nil {
+					violations = append(violations, "check: "+err.Error())
+				}
+				return
+			}
+			snapshots++
+			if bad != "" {
+				violations = append(violations, bad)
+			}
+		}
+	}()
+
+	tenants, jobTenants := []string{"t1", "t2", "t3", "t4"}, []string{"t1", "t2", "t4"}
+	var mu sync.Mutex
+	var jobs []int64
+	stats := map[string]int{}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 18))
+			var held []string
+			for range 40 {
+				env := &harness.Env{URL: urls[rng.IntN(len(urls))], HTTP: e.HTTP}
+				switch op := rng.IntN(10); {
+				case op < 4:
+					body := map[string]any{"tenant": tenants[rng.IntN(len(tenants))], "interactive": rng.IntN(4) == 0,
+						"lease_seconds": 5 + rng.IntN(2)*55}
+					if rng.IntN(2) == 0 {
+						body["lanes"] = []string{"search"}
+					}
+					r := takeSlot(t, env, harness.ProducerToken, true, body)
+					mu.Lock()
+					stats[fmt.Sprint("take ", r.Status)]++
+					mu.Unlock()
+					if r.Status == http.StatusCreated {
+						held = append(held, fmt.Sprint(int64(r.Body["id"].(float64))))
+					}
+				case op < 5 && len(held) > 0:
+					r := env.Do(t, http.MethodPost, "/v1/slots/"+held[rng.IntN(len(held))]+"/renew", harness.ProducerToken, nil)
+					mu.Lock()
+					stats[fmt.Sprint("renew ", r.Status)]++
+					mu.Unlock()
+				case op < 7 && len(held) > 0:
+					i := rng.IntN(len(held))
+					if r := env.Do(t, http.MethodDelete, "/v1/slots/"+held[i], harness.ProducerToken, nil); r.Status != http.StatusNoContent {
+						t.Errorf("release: HTTP %d %s", r.Status, r.Raw)
+					}
+					held = append(held[:i], held[i+1:]...)
+				default:
+					// Jobs go to the tenants outside the tier: the claim honours tiers with the
+					// lanes of jobs (branch h-lanes); once merged, t3 takes jobs too.
+					id := env.Admit(t, jobTenants[rng.IntN(len(jobTenants))], map[string]any{"sleep_ms": rng.IntN(40)})
+					mu.Lock()
+					jobs = append(jobs, id)
+					mu.Unlock()
+				}
+			}
+			for _, id := range held {
+				(&harness.Env{URL: urls[0], HTTP: e.HTTP}).Do(t, http.MethodDelete, "/v1/slots/"+id, harness.ProducerToken, nil)
+			}
+		}()
+	}
+	wg.Wait()
+	harness.WaitFor(t, 60*time.Second, "every job finished", func() (bool, error) {
+		var n int
+		err := e.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status NOT IN ('succeeded')").Scan(&n)
+		return n == 0, err
+	})
+	cancel()
+	<-checked
+	if len(violations) > 0 {
+		t.Errorf("%d of %d snapshots broke a limit, first: %v", len(violations), snapshots, violations[:min(5, len(violations))])
+	}
+	t.Logf("%d snapshots; %d jobs; %v", snapshots, len(jobs), stats)
+	if stats["take 201"] == 0 || stats["take 429"] == 0 || len(jobs) == 0 {
+		t.Errorf("the run did not exercise grants, refusals and jobs: %v, %d jobs", stats, len(jobs))
+	}
+}
