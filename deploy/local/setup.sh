@@ -27,6 +27,9 @@ install() {
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
+# Each service is started with a pidfile of its own: start-stop-daemon matching on the
+# executable alone would take any other mariadbd (a private server on another port, say) for
+# ours and start nothing.
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 wait_for() { # name port seconds
@@ -45,7 +48,7 @@ if ! port_open 3306; then
   say "starting MariaDB"
   $SUDO mkdir -p /run/mysqld
   $SUDO chown mysql:mysql /run/mysqld 2>/dev/null || true
-  $SUDO start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql --bind-address=127.0.0.1
+  $SUDO start-stop-daemon --start --oknodo --background --make-pidfile --pidfile /run/mysqld/sluice-setup.pid --exec /usr/sbin/mariadbd -- --user=mysql --bind-address=127.0.0.1
   wait_for MariaDB 3306 60
 fi
 mysql_ok() { mysql --protocol=tcp -h127.0.0.1 -uroot -e 'SELECT 1' >/dev/null 2>&1; }
@@ -65,7 +68,7 @@ if ! port_open 4222; then
   bin=$(command -v nats-server || echo /usr/sbin/nats-server)
   say "starting nats-server with JetStream"
   $SUDO mkdir -p /var/lib/nats-server
-  $SUDO start-stop-daemon --start --oknodo --background --exec "$bin" -- \
+  $SUDO start-stop-daemon --start --oknodo --background --make-pidfile --pidfile /run/sluice-setup-nats.pid --exec "$bin" -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
   wait_for nats-server 4222 30
 fi
@@ -75,7 +78,7 @@ say "NATS ready on 127.0.0.1:4222"
 if ! port_open 11211; then
   [ -x /usr/bin/memcached ] || install memcached
   say "starting memcached"
-  $SUDO start-stop-daemon --start --oknodo --background --exec /usr/bin/memcached -- \
+  $SUDO start-stop-daemon --start --oknodo --background --make-pidfile --pidfile /run/sluice-setup-memcached.pid --exec /usr/bin/memcached -- \
     -u memcache -l 127.0.0.1 -p 11211 -m 64
   wait_for memcached 11211 30
 fi
