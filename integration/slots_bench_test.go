@@ -32,23 +32,29 @@ func BenchmarkSlotTakeRelease(b *testing.B) {
 		const samples = 300
 		raw := rawTx(b, db, samples)
 		took := make([]time.Duration, 0, samples)
+		released := make([]time.Duration, 0, samples)
 		for range samples {
 			start := time.Now()
 			res, err := adm.TakeSlot(ctx, "bench", gate.SlotRequest{Tenant: "acme"}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
+			mid := time.Now()
 			if _, err := adm.ReleaseSlot(ctx, "bench", false, res.Slot.ID); err != nil {
 				b.Fatal(err)
 			}
-			took = append(took, time.Since(start))
+			took, released = append(took, mid.Sub(start)), append(released, time.Since(mid))
 		}
-		s := harness.Percentiles(took, 50, 99)
+		t := harness.Percentiles(took, 50, 99)
+		l := harness.Percentiles(released, 50, 99)
 		r := harness.Percentiles(raw, 50, 99)
+		// SPEC §14: taking a slot and releasing one cost one transaction each, so each is set
+		// against the raw two-statement transaction.
 		harness.Emit("slot_take_release", map[string]any{"samples": samples,
-			"take_release_p50_ms": s[0], "take_release_p99_ms": s[1],
+			"take_p50_ms": t[0], "take_p99_ms": t[1], "release_p50_ms": l[0], "release_p99_ms": l[1],
 			"raw_two_statement_tx_p50_ms": r[0], "raw_two_statement_tx_p99_ms": r[1],
-			"ratio_p50": round2(s[0] / r[0]), "target_ratio_p50": 2})
+			"take_over_raw_p50": round2(t[0] / r[0]), "release_over_raw_p50": round2(l[0] / r[0]),
+			"target_ratio_p50": 2})
 	}
 }
 
