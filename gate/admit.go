@@ -276,6 +276,10 @@ func (a *Admitter) newItem(caller string, req Request, cfg limits.Config) *item 
 		it.invalid = err
 		return it
 	}
+	if err := it.req.knownLanes(cfg); err != nil {
+		it.invalid = err
+		return it
+	}
 	if it.req.RateKey != nil {
 		h := RateKeyHash(*it.req.RateKey)
 		it.hash = &h

@@ -20,6 +20,10 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"tenant":1}`))
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`null`))
+	f.Add([]byte(`{"tenant":"acme","lanes":["gpu","search","gpu"],"interactive":true}`))
+	f.Add([]byte(`{"tenant":"acme","lanes":"gpu"}`))
+	f.Add([]byte(`{"tenant":"acme","lanes":[""]}`))
+	f.Add([]byte(`{"tenant":"acme","lanes":["a,b"],"interactive":1}`))
 	const maxPayload = 1024
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := DecodeRequest(data)
@@ -50,6 +54,14 @@ func FuzzDecodeRequest(f *testing.F) {
 		if !utf8.Valid(data) {
 			t.Fatalf("accepted invalid UTF-8 %q", data)
 		}
+		if len(req.Lanes) > MaxLanes {
+			t.Fatalf("accepted %d lanes", len(req.Lanes))
+		}
+		for i, l := range req.Lanes {
+			if l == "" || strings.Contains(l, ",") || len(l) > limits.MaxNameBytes || (i > 0 && l <= req.Lanes[i-1]) {
+				t.Fatalf("accepted lanes %q (not sorted, distinct lane names)", req.Lanes)
+			}
+		}
 		if len(req.fingerprint()) != 32 {
 			t.Fatal("fingerprint is not a SHA-256")
 		}
@@ -62,6 +74,9 @@ func TestDecodeRequestNamesTheField(t *testing.T) {
 		`{"tenant": "a", "queue": "yes"}`:              "queue",
 		`{"tenant": "a", "rate_key": [1]}`:             "rate_key",
 		`{"tenant": "a", "idempotency_key": 1}`:        "idempotency_key",
+		`{"tenant": "a", "lanes": "gpu"}`:              "lanes",
+		`{"tenant": "a", "lanes": [1]}`:                "lanes",
+		`{"tenant": "a", "interactive": "yes"}`:        "interactive",
 		"{\"tenant\": \"a\", \"rate_key\": \"\xfe\"}":  "rate_key",
 		"{\"tenant\": \"a\", \"payload\": [\"\xfe\"]}": "payload",
 		`{"tenant": "a",}`:                             "body",
