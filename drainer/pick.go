@@ -6,11 +6,12 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 )
 
-// pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may.
-func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) string {
+// pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may. The
+// tenants in skip are left out (none of their candidates fits the caps now).
+func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, skip map[string]bool) string {
 	var tenants []string
 	for t, cs := range cands {
-		if len(cs) > 0 && inFlight[t] < cfg.TenantCap(t) {
+		if len(cs) > 0 && inFlight[t] < cfg.TenantCap(t) && !skip[t] {
 			tenants = append(tenants, t)
 		}
 	}

@@ -15,7 +15,7 @@ func cand(id int64, tenant string, at int) candidate {
 func pickAll(d *claimer, cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, free int) []int64 {
 	var out []int64
 	for len(out) < free {
-		t := d.pick(cfg, cands, inFlight)
+		t := d.pick(cfg, cands, inFlight, nil)
 		if t == "" {
 			break
 		}

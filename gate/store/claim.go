@@ -23,27 +23,42 @@ import (
 // (completions can only lower them), so no claim puts more jobs in flight than the caps as read
 // in its own transaction.
 
-// inFlightPerTenant counts the jobs in flight of each tenant with any.
-const inFlightPerTenant = `SELECT tenant, COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`
+// inFlightUsageSQL counts the jobs in flight by tenant and capacity class (SPEC §5a): what
+// limits.Usage holds. It reads the claim index over the in-flight states and each such job's row
+// (lanes, interactive), so its cost is bounded by the global cap, not by any backlog.
+const inFlightUsageSQL = `SELECT tenant, interactive, lanes, COUNT(*) FROM jobs
+	WHERE status IN ('claimed','dispatched','running') GROUP BY tenant, interactive, lanes`
 
-// scanInFlight reads the rows of inFlightPerTenant. The count reads the claim index over the
-// in-flight states only, so its cost is bounded by the global cap, not by any backlog.
-func scanInFlight(rows *sql.Rows) (map[string]int, int, error) {
-	out := map[string]int{}
-	total := 0
+// scanUsage adds the rows of inFlightUsageSQL to us, each tenant's tier as cfg says.
+func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage) error {
 	for rows.Next() {
-		var t string
+		var u limits.Unit
+		var lanes string
 		var n int
-		if err := rows.Scan(&t, &n); err != nil {
-			return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
+		if err := rows.Scan(&u.Tenant, &u.Interactive, &lanes, &n); err != nil {
+			return fmt.Errorf("count in-flight jobs: %w", err)
 		}
-		out[t] = n
-		total += n
+		if lanes != "" {
+			u.Lanes = SplitLanes(lanes)
+		}
+		us.Add(cfg, u, n)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
+		return fmt.Errorf("count in-flight jobs: %w", err)
 	}
-	return out, total, nil
+	return nil
+}
+
+// ReadInFlightUsage returns the jobs in flight as a limits.Usage (tiers as cfg says), read in one
+// statement bounded by the global cap.
+func ReadInFlightUsage(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
+	us := limits.NewUsage()
+	rows, err := db.QueryContext(ctx, inFlightUsageSQL)
+	if err != nil {
+		return us, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	defer rows.Close()
+	return us, scanUsage(rows, cfg, &us)
 }
 
 // lockClaimsSQL takes the claim lock and reads the runtime configuration in force.
@@ -61,19 +76,19 @@ func decodeClaimConfig(raw sql.NullString) (limits.Config, error) {
 type ClaimLock struct {
 	// Config is the runtime configuration in force (the newest version, or the defaults).
 	Config limits.Config
-	// InFlight counts the jobs in flight of each tenant with any; Total is their sum.
-	InFlight map[string]int
-	Total    int
+	// Usage is what is in flight, by tenant, tier, lane and interactive, as read under the
+	// claim lock: the jobs in flight (inFlightUsageSQL).
+	Usage limits.Usage
 	// Lone is the lone-job probe's answer (ProbeQueue), when asked for.
 	Lone []QueuedJob
 }
 
 // LockClaims begins tx in its first round trip, takes the claim lock, reads the runtime
-// configuration in force and counts the jobs in flight per tenant; with probe, the lone-job
-// probe (ProbeQueue) goes in the same round trip, read under the claim lock.
+// configuration in force and what is in flight (Usage); with probe, the lone-job probe
+// (ProbeQueue) goes in the same round trip, read under the claim lock.
 func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) {
-	var l ClaimLock
-	stmts := []string{lockClaimsSQL, inFlightPerTenant}
+	l := ClaimLock{Usage: limits.NewUsage()}
+	stmts := []string{lockClaimsSQL, inFlightUsageSQL}
 	if probe {
 		stmts = append(stmts, loneProbeSQL)
 	}
@@ -93,7 +108,7 @@ func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) 
 	if err != nil {
 		return l, fmt.Errorf("count in-flight jobs: %w", err)
 	}
-	if l.InFlight, l.Total, err = scanInFlight(rows); err != nil {
+	if err := scanUsage(rows, l.Config, &l.Usage); err != nil {
 		return l, err
 	}
 	if probe {
@@ -109,15 +124,26 @@ func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) 
 
 // Head is a queued job at the head of its tenant's queue: a job a claim may take.
 type Head struct {
-	ID       int64
-	Tenant   string
-	RateKey  sql.NullString // the rate key's SHA-256
-	QueuedAt time.Time
-	Version  int64
+	ID          int64
+	Tenant      string
+	RateKey     sql.NullString // the rate key's SHA-256
+	QueuedAt    time.Time
+	Version     int64
+	Lanes       []string // nil for none
+	Interactive bool
 }
 
-// before reports whether h goes before o in a tenant's queue: (queued_at, id) order.
+// Unit is what h asks of the caps.
+func (h Head) Unit() limits.Unit {
+	return limits.Unit{Tenant: h.Tenant, Lanes: h.Lanes, Interactive: h.Interactive}
+}
+
+// before reports whether h goes before o in a tenant's queue: its interactive jobs first (SPEC
+// §5a), each kind in (queued_at, id) order.
 func (h Head) before(o Head) bool {
+	if h.Interactive != o.Interactive {
+		return h.Interactive
+	}
 	if !h.QueuedAt.Equal(o.QueuedAt) {
 		return h.QueuedAt.Before(o.QueuedAt)
 	}
