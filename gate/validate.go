@@ -26,6 +26,9 @@ type Request struct {
 	// sorts them and drops repeats.
 	Lanes       []string `json:"lanes,omitempty"`
 	Interactive *bool    `json:"interactive,omitempty"`
+	// Aware: the request carried Sluice-Capacity-Aware: true, so its client handles a capacity
+	// refusal; with enforce_for=aware only such requests are refused on capacity (SPEC §5a).
+	Aware bool `json:"-"`
 }
 
 // MaxLanes bounds the lanes one job may name: each is a limit the claim checks, and they are
@@ -115,6 +118,11 @@ func (r *Request) knownLanes(cfg limits.Config) error {
 
 // interactive reports whether r asks for an interactive job.
 func (r *Request) interactive() bool { return r.Interactive != nil && *r.Interactive }
+
+// unit is what a job of r asks of the caps.
+func (r *Request) unit() limits.Unit {
+	return limits.Unit{Tenant: r.Tenant, Lanes: r.Lanes, Interactive: r.interactive()}
+}
 
 // RateKeyHash returns the SHA-256 hex of a raw rate key: the only form sluice stores or logs.
 func RateKeyHash(raw string) string {
