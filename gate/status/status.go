@@ -124,6 +124,8 @@ type Status struct {
 	Config          ConfigRef `json:"config"`
 	// Caps are the limits in force that in_flight and queue.depth are measured against.
 	Caps Caps `json:"caps"`
+	// Lanes are the configured lanes with their limits and what is in flight in each (SPEC §5a).
+	Lanes map[string]LaneUse `json:"lanes"`
 	// Recent is the last minutes of job ends and dispatch waits as this process saw them (the
 	// API's completions and cancels, and its drainer's outcomes when it runs one).
 	Recent recent.Series `json:"recent"`
@@ -137,6 +139,29 @@ type Caps struct {
 	TenantInFlight   int `json:"tenant_in_flight"`
 	GlobalQueueDepth int `json:"global_queue_depth"`
 	TenantQueueDepth int `json:"tenant_queue_depth"`
+}
+
+// LaneUse is one lane's limit and its jobs in flight.
+type LaneUse struct {
+	Limit    int `json:"limit"`
+	InFlight int `json:"in_flight"`
+}
+
+// lanes returns every lane cfg configures with what is in flight in it, read in one statement
+// bounded by the global cap (store.ReadInFlightUsage).
+func (r *Reader) lanes(ctx context.Context, cfg limits.Config) (map[string]LaneUse, error) {
+	out := make(map[string]LaneUse, len(cfg.Lanes))
+	if len(cfg.Lanes) == 0 {
+		return out, nil
+	}
+	us, err := store.ReadInFlightUsage(ctx, r.cfg.DB, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	for l, n := range cfg.Lanes {
+		out[l] = LaneUse{Limit: n, InFlight: us.Lane[l]}
+	}
+	return out, nil
 }
 
 // Queue is the whole queue.
@@ -153,6 +178,7 @@ type Tenant struct {
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 	InFlight         int     `json:"in_flight"`
 	Cap              int     `json:"cap"`
+	Tier             string  `json:"tier"`
 }
 
 // Gate is a gated rate key among the keys of queued jobs.
@@ -215,6 +241,9 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 	s.Caps = Caps{GlobalInFlight: cfg.GlobalInFlight, TenantInFlight: cfg.TenantInFlight,
 		GlobalQueueDepth: cfg.GlobalQueueDepth, TenantQueueDepth: cfg.TenantQueueDepth}
 	s.Recent = r.cfg.Recent.Series(now)
+	if s.Lanes, err = r.lanes(ctx, cfg); err != nil {
+		return s, err
+	}
 	inFlight, err := r.inFlight(ctx, now, cfg)
 	if err != nil {
 		return s, err
@@ -446,7 +475,7 @@ func (r *Reader) tenantRows(ctx context.Context, now time.Time, cfg limits.Confi
 
 // tenantOf is t as status shows it, with its cap under cfg.
 func tenantOf(now time.Time, cfg limits.Config, t store.TenantQueue) Tenant {
-	out := Tenant{Tenant: t.Tenant, Depth: t.Queued, Cap: cfg.TenantCap(t.Tenant)}
+	out := Tenant{Tenant: t.Tenant, Depth: t.Queued, Cap: cfg.TenantCap(t.Tenant), Tier: cfg.Tier(t.Tenant)}
 	if t.HeadAt != nil {
 		out.OldestAgeSeconds = age(now, *t.HeadAt)
 	}

@@ -48,7 +48,7 @@ type TenantRow struct {
 	Cap              int     `json:"cap"`
 	// Slots held by the tenant; slots are not implemented yet, so always 0.
 	Slots int `json:"slots"`
-	// Tier is the tenant's tier; "default" until tiers exist.
+	// Tier is the tenant's tier (runtime config tenant_tiers; limits.DefaultTier if not named).
 	Tier string `json:"tier"`
 	// GatedKeys are the gated rate keys (SHA-256 hex, sorted) among the tenant's first
 	// HeadsPerTenant queued jobs: the gates holding its queue back now. Empty without a gate
@@ -60,10 +60,9 @@ type TenantRow struct {
 type TenantPage struct {
 	Tenants []TenantRow
 	Next    *TenantKey
+	// Lanes are the configured lanes with their limits and in flight, as in Status.
+	Lanes map[string]LaneUse
 }
-
-// DefaultTier is the tier of every tenant until tiers exist (SPEC §5a).
-const DefaultTier = "default"
 
 // ErrOrder is returned by ReadTenants for an order other than ByName and ByDepth.
 var ErrOrder = errors.New("status: unknown tenant order")
@@ -119,6 +118,9 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 	for _, t := range inFlight {
 		busy[t.Tenant] = t.InFlight
 	}
+	if page.Lanes, err = r.lanes(ctx, lc); err != nil {
+		return page, err
+	}
 	gated, err := r.headGates(ctx, now, rows)
 	if err != nil {
 		return page, err
@@ -130,7 +132,7 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 			keys = []string{}
 		}
 		page.Tenants = append(page.Tenants, TenantRow{Tenant: t.Tenant, Depth: t.Depth,
-			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: DefaultTier,
+			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: t.Tier,
 			GatedKeys: keys})
 	}
 	return page, nil
