@@ -78,27 +78,27 @@ func TestClaimSkipsFullLane(t *testing.T) {
 }
 
 // TestClaimInteractiveFirst: within a tenant, an interactive job admitted last starts before
-// the tenant's older plain jobs.
+// the tenant's older plain jobs, however many there are (more than a pass reads of a tenant).
 func TestClaimInteractiveFirst(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{})
 	patchConfig(t, env, map[string]any{"global_in_flight": 0, "tenant_in_flight": 1})
 	var plain []int64
-	for range 3 {
-		plain = append(plain, admitLaneJob(t, env, laneJob{tenant: "X", sleepMS: 200}))
+	for range 30 {
+		plain = append(plain, admitLaneJob(t, env, laneJob{tenant: "X", sleepMS: 5}))
 	}
-	inter := admitLaneJob(t, env, laneJob{tenant: "X", interactive: true, sleepMS: 200})
+	inter := admitLaneJob(t, env, laneJob{tenant: "X", interactive: true, sleepMS: 5})
 	patchConfig(t, env, map[string]any{"global_in_flight": 4})
-	harness.WaitFor(t, 30*time.Second, "all four to succeed", func() (bool, error) {
+	harness.WaitFor(t, 60*time.Second, "all 31 to succeed", func() (bool, error) {
 		c, err := env.CountJobs(context.Background())
-		return c["succeeded"] == 4, err
+		return c["succeeded"] == 31, err
 	})
 	var first int64
 	if err := env.DB.QueryRowContext(context.Background(), "SELECT id FROM jobs ORDER BY dispatched_at, id LIMIT 1").Scan(&first); err != nil {
 		t.Fatal(err)
 	}
 	if first != inter {
-		t.Errorf("job %d was dispatched first; want the interactive job %d before the older plain ones %v", first, inter, plain)
+		t.Errorf("job %d was dispatched first; want the interactive job %d before the older plain ones (%d to %d)", first, inter, plain[0], plain[len(plain)-1])
 	}
 }
 
@@ -209,4 +209,33 @@ func TestThreeDrainersLanesTiersReserve(t *testing.T) {
 		}
 	}
 	assertCapsHeld(t, env, 6, 3)
+}
+
+// TestLoneJobHonoursLanes: the lone-job path (an idle queue's only job, claimed at once) decides
+// with the same capacity check: a lone job whose lane is full stays queued until the lane frees,
+// then starts.
+func TestLoneJobHonoursLanes(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{})
+	patchConfig(t, env, map[string]any{"lanes": map[string]any{"gpu": 1}})
+	first := admitLaneJob(t, env, laneJob{tenant: "A", lanes: []string{"gpu"}, sleepMS: 1500, groups: []string{"lane:gpu"}})
+	harness.WaitFor(t, 15*time.Second, "the first gpu job to start", func() (bool, error) {
+		return inFlightStatus(jobStatus(t, env.DB, first)), nil
+	})
+	// The queue is empty again: the next pass probes for a lone job, and finds this one.
+	second := admitLaneJob(t, env, laneJob{tenant: "B", lanes: []string{"gpu"}, sleepMS: 10, groups: []string{"lane:gpu"}})
+	harness.WaitFor(t, 30*time.Second, "both to succeed", func() (bool, error) {
+		return jobStatus(t, env.DB, first) == "succeeded" && jobStatus(t, env.DB, second) == "succeeded", nil
+	})
+	var firstDone, secondDispatched time.Time
+	if err := env.DB.QueryRowContext(context.Background(), "SELECT (SELECT finished_at FROM jobs WHERE id = ?), (SELECT dispatched_at FROM jobs WHERE id = ?)",
+		first, second).Scan(&firstDone, &secondDispatched); err != nil {
+		t.Fatal(err)
+	}
+	if secondDispatched.Before(firstDone) {
+		t.Errorf("the second gpu job was dispatched at %v, before the first finished at %v", secondDispatched, firstDone)
+	}
+	if n := env.Exec.Stats().MaxInFlightByGroup["lane:gpu"]; n != 1 {
+		t.Errorf("the executor saw %d gpu jobs at once; the lane's limit is 1", n)
+	}
 }
