@@ -170,6 +170,9 @@ func TestInteractiveHeads(t *testing.T) {
 	if h := got["a"][0]; !h.Interactive || !slices.Equal(h.Lanes, []string{"gpu"}) || got["a"][2].Interactive || got["a"][2].Lanes != nil {
 		t.Errorf("heads' lanes and flags: %+v", got["a"])
 	}
+	if u := got["a"][0].Unit(); u.Tenant != "a" || !u.Interactive || !slices.Equal(u.Lanes, []string{"gpu"}) {
+		t.Errorf("a head's unit %+v", u)
+	}
 	if !slices.Equal(ids(got["b"]), []int64{b1}) {
 		t.Errorf("b's heads %v", ids(got["b"]))
 	}
