@@ -201,9 +201,9 @@ func TestStatusFigures(t *testing.T) {
 		t.Errorf("queue %+v in flight %d, want depth 3, oldest 90 s, 2 in flight", s.Queue, s.InFlight)
 	}
 	want := []status.Tenant{
-		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2},
-		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5},
-		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2},
+		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2, Tier: limits.DefaultTier},
+		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5, Tier: limits.DefaultTier},
+		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2, Tier: limits.DefaultTier},
 	}
 	if len(s.Tenants) != len(want) {
 		t.Fatalf("tenants %+v, want %+v", s.Tenants, want)
