@@ -56,8 +56,8 @@ type TenantPage struct {
 }
 
 // tenantsSQL is the read of p's page of tenants with work, as rows (tenant, NULL, head_at,
-// head_id, has interactive queued jobs, NULL) (ReadTenantPage adds the in-flight counts as rows
-// (tenant, count, NULL, NULL, interactive, lanes)). fair and fifo walk the head index (every
+// head_id, has interactive queued jobs, NULL) (ReadTenantPage adds the jobs in flight as rows
+// (tenant, 1, NULL, NULL, interactive, lanes)). fair and fifo walk the head index (every
 // tenant's oldest queued job, oldest first); round_robin walks work_tenant by name from the
 // tenant served last to the end, then from the first name up to it. Whether a tenant has
 // interactive queued jobs is one dive into the interactive_queue index per tenant read
@@ -88,8 +88,9 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 	q, args := tenantsSQL(p)
 	what := "read tenants with queued jobs"
 	if p.WithInFlight {
-		q += ` UNION ALL SELECT tenant, COUNT(*), NULL, NULL, interactive, lanes FROM jobs
-		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant, interactive, lanes`
+		// One row per job in flight (see inFlightUsageSQL: no GROUP BY, no temporary table).
+		q += ` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes FROM jobs
+		WHERE status IN ('claimed','dispatched','running')`
 		what = "read in-flight counts and tenants with queued jobs"
 	}
 	page, err := readTenants(ctx, db, q, args, p.Config)
@@ -100,7 +101,7 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 }
 
 // readTenants runs q, whose rows are tenants with work (tenant, NULL, head_at, head_id,
-// interactive, NULL) and, WithInFlight, in-flight counts (tenant, count, NULL, NULL, interactive,
+// interactive, NULL) and, WithInFlight, the jobs in flight (tenant, 1, NULL, NULL, interactive,
 // lanes), and counts the latter in the page's Usage with cfg's tiers.
 func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg limits.Config) (TenantPage, error) {
 	page := TenantPage{InFlight: map[string]int{}, Usage: limits.NewUsage()}

@@ -23,11 +23,15 @@ import (
 // (completions can only lower them), so no claim puts more jobs in flight than the caps as read
 // in its own transaction.
 
-// inFlightUsageSQL counts the jobs in flight by tenant and capacity class (SPEC §5a): what
-// limits.Usage holds. It reads the claim index over the in-flight states and each such job's row
-// (lanes, interactive), so its cost is bounded by the global cap, not by any backlog.
-const inFlightUsageSQL = `SELECT tenant, interactive, lanes, COUNT(*) FROM jobs
-	WHERE status IN ('claimed','dispatched','running') GROUP BY tenant, interactive, lanes`
+// inFlightUsageSQL reads the jobs in flight by tenant and capacity class (SPEC §5a): what
+// limits.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the claim
+// index over the in-flight states and each such job's row (lanes, interactive), so its cost is
+// bounded by the global cap, not by any backlog. It does not GROUP BY: grouping on lanes (up to
+// 520 bytes) with the tenant makes MariaDB build an on-disk (Aria) temporary table for every
+// read (Created_tmp_disk_tables went up by one a statement), where the rows themselves are at
+// most the global cap.
+const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 FROM jobs
+	WHERE status IN ('claimed','dispatched','running')`
 
 // scanUsage adds the rows of inFlightUsageSQL to us, each tenant's tier as cfg says.
 func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage) error {
