@@ -11,25 +11,36 @@ import (
 // want is how many queue heads a pass reads for one tenant.
 type want struct {
 	tenant string
-	n      int // heads to read: room plus gateSlack
+	n      int // heads to read: room plus gateSlack, plus deeper while a lane is full
 	room   int // jobs the tenant could start now
+	// interactive: the tenant has interactive queued jobs, read first (store.HeadsWant).
+	interactive bool
+	// deeper: a lane is full, so the tenant's heads may be jobs the claim skips (SPEC §5a).
+	deeper bool
 }
 
-// wants returns the tenants of withWork below their cap, with how many heads to read for each,
+// wants returns the tenants of page below their cap, with how many heads to read for each,
 // and whether a tenant with work was left out at a cap. A tenant at its cap is skipped without
-// reading its backlog.
-func (cl *claimer) wants(cfg limits.Config, inFlight map[string]int, total int, withWork []string) (ws []want, capped bool) {
-	free := cfg.GlobalInFlight - total
+// reading its backlog. While a lane is full (as us counts it), the claim skips the jobs that
+// name it without blocking their tenants' other jobs, so each tenant is read deeper, by as many
+// heads as the pass has free slots: how far a pass looks past a tenant's head is bounded by its
+// free slots, never by the tenant's backlog.
+func (cl *claimer) wants(cfg limits.Config, us limits.Usage, page tenantPage) (ws []want, capped bool) {
+	free := cfg.GlobalInFlight - us.Total
 	if free <= 0 {
-		return nil, len(withWork) > 0
+		return nil, len(page.tenants) > 0
 	}
-	for _, t := range withWork {
-		room := cfg.TenantCap(t) - inFlight[t]
+	for _, t := range page.tenants {
+		room := cfg.TenantCap(t) - us.Tenant[t]
 		if room <= 0 {
 			capped = true
 			continue
 		}
-		ws = append(ws, want{tenant: t, room: min(room, free, cl.cfg.ClaimBatch)})
+		ws = append(ws, want{tenant: t, room: min(room, free, cl.cfg.ClaimBatch), interactive: page.interactive[t]})
+	}
+	deeper := 0
+	if laneFull(cfg, us) {
+		deeper = min(free, cl.cfg.ClaimBatch)
 	}
 	// A pass reads each tenant's fair share of the free slots, not each tenant's full room: with
 	// 64 tenants and 64 free slots that is 1 head each instead of 64. A tenant whose share runs
@@ -37,9 +48,20 @@ func (cl *claimer) wants(cfg limits.Config, inFlight map[string]int, total int, 
 	share := (min(free, cl.cfg.ClaimBatch) + len(ws) - 1) / max(len(ws), 1)
 	for i := range ws {
 		ws[i].room = min(ws[i].room, max(share, 1))
-		ws[i].n = ws[i].room + gateSlack
+		ws[i].n = ws[i].room + gateSlack + deeper
+		ws[i].deeper = deeper > 0
 	}
 	return ws, capped
+}
+
+// laneFull reports whether some configured lane has no room left in us.
+func laneFull(cfg limits.Config, us limits.Usage) bool {
+	for l, n := range cfg.Lanes {
+		if us.Lane[l] >= n {
+			return true
+		}
+	}
+	return false
 }
 
 // heads returns, for each tenant of ws, its oldest eligible queued jobs (at most w.n), leaving
@@ -48,7 +70,7 @@ func (cl *claimer) wants(cfg limits.Config, inFlight map[string]int, total int, 
 func (cl *claimer) heads(ctx context.Context, now time.Time, ws []want, excluded []string) (map[string][]candidate, error) {
 	p := store.HeadsParams{Now: now, Excluded: excluded, Tenants: make([]store.HeadsWant, len(ws))}
 	for i, w := range ws {
-		p.Tenants[i] = store.HeadsWant{Tenant: w.tenant, N: w.n}
+		p.Tenants[i] = store.HeadsWant{Tenant: w.tenant, N: w.n, Interactive: w.interactive}
 	}
 	read, err := store.ReadHeads(ctx, cl.cfg.DB, p)
 	if err != nil {
@@ -120,15 +142,16 @@ func (g *gatedSeen) learn(nb map[string]time.Time, now time.Time, memory time.Du
 // read was full (so more may exist), is read again with the gated keys excluded, so a gated key
 // never hides the tenant's other keys. A failing gate store fails open: whatever is not known to
 // be gated is a candidate. No transaction is open while memcached is asked.
-func (cl *claimer) candidates(ctx context.Context, now time.Time, cfg limits.Config, inFlight map[string]int, total int, page tenantPage) (map[string][]candidate, map[string]bool, bool, error) {
+func (cl *claimer) candidates(ctx context.Context, now time.Time, cfg limits.Config, us limits.Usage, page tenantPage) (map[string][]candidate, map[string]bool, bool, error) {
 	cands, more := map[string][]candidate{}, map[string]bool{}
-	free := min(cfg.GlobalInFlight-total, cl.cfg.ClaimBatch)
+	free := min(cfg.GlobalInFlight-us.Total, cl.cfg.ClaimBatch)
+	inFlight := us.Tenant
 	capped := false
 	for pages := 1; ; pages++ {
-		ws, c := cl.wants(cfg, inFlight, total, page.tenants)
+		ws, c := cl.wants(cfg, us, page)
 		capped = capped || c
 		if len(ws) > 0 {
-			pc, pm, err := cl.gatedCandidates(ctx, now, ws)
+			pc, pm, err := cl.gatedCandidates(ctx, now, cfg, us, ws)
 			if err != nil {
 				return nil, nil, false, err
 			}
@@ -195,15 +218,18 @@ func enough(cfg limits.Config, cands map[string][]candidate, inFlight map[string
 
 // firstHeads returns the heads of ws: a tenant's cached ones when it has more than its share of
 // this pass (see headCache), else read, headsPerRead at least, and the full reads cached. full
-// reports, per tenant, whether more queued jobs exist beyond the heads returned.
-func (cl *claimer) firstHeads(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
+// reports, per tenant, whether more queued jobs exist beyond the heads returned. A tenant with
+// interactive queued jobs is always read (an interactive job admitted after its heads were
+// cached goes before them), and while a lane is full a tenant's cached heads are used only if
+// one of them fits (us), else it is read deeper.
+func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg limits.Config, us limits.Usage, ws []want) (map[string][]candidate, map[string]bool, error) {
 	cands := map[string][]candidate{}
 	full := map[string]bool{}
 	var miss []want
 	for _, w := range ws {
 		// More cached heads than the tenant's share: the pass ends at a tenant's last known
 		// head (see choose), and that should not happen on a cached one.
-		if cs := cl.headCache.take(w.tenant); len(cs) > w.room {
+		if cs := cl.headCache.take(w.tenant); len(cs) > w.room && !w.interactive && (!w.deeper || fits(cfg, us, cs) >= 0) {
 			cands[w.tenant], full[w.tenant] = cs, true
 			continue
 		}
@@ -228,8 +254,8 @@ func (cl *claimer) firstHeads(ctx context.Context, now time.Time, ws []want) (ma
 
 // gatedCandidates returns the heads of ws without those of gated rate keys, re-reading tenants
 // whose heads were all gated, and whether each tenant may have more eligible jobs than returned.
-func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, ws []want) (map[string][]candidate, map[string]bool, error) {
-	cands, full, err := cl.firstHeads(ctx, now, ws)
+func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, cfg limits.Config, us limits.Usage, ws []want) (map[string][]candidate, map[string]bool, error) {
+	cands, full, err := cl.firstHeads(ctx, now, cfg, us, ws)
 	if err != nil || cl.cfg.Gates == nil {
 		return cands, full, err
 	}

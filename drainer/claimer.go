@@ -69,11 +69,11 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time) ([]claimed, bool,
 		}
 	}
 	cfg := cl.config.get()
-	inFlight, total, page, err := cl.passState(ctx, cfg)
+	us, page, err := cl.passState(ctx, cfg)
 	if err != nil {
 		return nil, false, err
 	}
-	cands, more, unread, err := cl.candidates(ctx, now, cfg, inFlight, total, page)
+	cands, more, unread, err := cl.candidates(ctx, now, cfg, us, page)
 	if err != nil || len(cands) == 0 {
 		return nil, false, err
 	}
@@ -92,12 +92,12 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}
 	defer tx.Close()
-	cfg, inFlight, total, err := lockAndCount(ctx, tx)
+	cfg, us, err := lockAndCount(ctx, tx)
 	if err != nil {
 		return nil, false, err
 	}
 	cl.config.set(cfg)
-	chosen, full, total := cl.choose(cfg, cands, more, inFlight, total)
+	chosen, full := cl.choose(cfg, cands, more, &us)
 	if len(chosen) == 0 {
 		return nil, false, nil
 	}
@@ -130,38 +130,57 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 	cl.own(ctx, now, out)
 	// Tenants left unread with slots still free: the next pass goes on at once. Only after a
 	// pass that claimed something, so tenants whose work is all gated never spin the loop.
-	return out, full || (unread && total < cfg.GlobalInFlight), nil
+	return out, full || (unread && us.Total < cfg.GlobalInFlight), nil
 }
 
-// choose takes candidates from cands in cfg's ordering while the caps allow, up to ClaimBatch,
-// counting each in inFlight and total (both as read under the claim lock). It returns them,
-// whether the pass stopped with capacity possibly left (full), and the new total. cands loses
-// the jobs chosen.
-func (cl *claimer) choose(cfg limits.Config, cands map[string][]candidate, more map[string]bool, inFlight map[string]int, total int) ([]candidate, bool, int) {
+// choose takes candidates from cands in cfg's ordering while the caps allow, up to ClaimBatch:
+// each is decided by cfg.Check against us (what is in flight, as read under the claim lock) plus
+// the jobs chosen before it, which choose adds to us. Within a tenant the first candidate that
+// fits goes: a job whose lane is full, or a non-interactive one when only the interactive
+// reserve is left, is passed over and the tenant's later jobs may go (SPEC §5a); a tenant none
+// of whose candidates fits (its tier full, say) is left for this pass. It returns the jobs
+// chosen and whether the pass stopped with capacity possibly left (full). cands loses the jobs
+// chosen.
+func (cl *claimer) choose(cfg limits.Config, cands map[string][]candidate, more map[string]bool, us *limits.Usage) ([]candidate, bool) {
 	var chosen []candidate
 	full := false
-	for total < cfg.GlobalInFlight {
+	skip := map[string]bool{}
+	for us.Total < cfg.GlobalInFlight {
 		if len(chosen) >= cl.cfg.ClaimBatch {
 			full = true
 			break
 		}
-		t := cl.pick(cfg, cands, inFlight)
+		t := cl.pick(cfg, cands, us.Tenant, skip)
 		if t == "" {
 			break
 		}
-		if len(cands[t]) == 1 && more[t] {
+		i := fits(cfg, *us, cands[t])
+		if i < 0 {
+			skip[t] = true
+			continue
+		}
+		c := cands[t][i]
+		chosen = append(chosen, c)
+		if i == len(cands[t])-1 && more[t] {
 			// The tenant's last read head: it may have more that should go before other
 			// tenants' jobs, so after this one the pass ends and the next reads again.
 			full = true
-			chosen = append(chosen, cands[t][0])
 			break
 		}
-		chosen = append(chosen, cands[t][0])
-		cands[t] = cands[t][1:]
-		inFlight[t]++
-		total++
+		cands[t] = append(cands[t][:i:i], cands[t][i+1:]...)
+		us.Add(cfg, c.unit, 1)
 	}
-	return chosen, full, total
+	return chosen, full
+}
+
+// fits returns the index of the first of cs that cfg's caps admit with us in flight, or -1.
+func fits(cfg limits.Config, us limits.Usage, cs []candidate) int {
+	for i, c := range cs {
+		if cfg.Check(us, c.unit).OK {
+			return i
+		}
+	}
+	return -1
 }
 
 // drained reports whether a pass took every candidate it read and no tenant may have more.

@@ -20,11 +20,12 @@ type candidate struct {
 	rateKey  sql.NullString
 	queuedAt time.Time
 	version  int64
+	unit     limits.Unit // what it asks of the caps: its tenant, lanes and interactive flag
 }
 
 // candidateOf is h as a candidate.
 func candidateOf(h store.Head) candidate {
-	return candidate{id: h.ID, tenant: h.Tenant, rateKey: h.RateKey, queuedAt: h.QueuedAt, version: h.Version}
+	return candidate{id: h.ID, tenant: h.Tenant, rateKey: h.RateKey, queuedAt: h.QueuedAt, version: h.Version, unit: h.Unit()}
 }
 
 func (c candidate) before(o candidate) bool {
@@ -43,20 +44,20 @@ type claimed struct {
 }
 
 // lockAndCount takes the claim lock of tx, reading the runtime configuration in force, and
-// counts the jobs in flight per tenant, in the transaction's first round trip (store.LockClaims).
-func lockAndCount(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, inFlight map[string]int, total int, err error) {
-	cfg, inFlight, total, _, err = lockCountAndProbe(ctx, tx, false)
-	return cfg, inFlight, total, err
+// reads what is in flight, in the transaction's first round trip (store.LockClaims).
+func lockAndCount(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, us limits.Usage, err error) {
+	cfg, us, _, err = lockCountAndProbe(ctx, tx, false)
+	return cfg, us, err
 }
 
 // lockCountAndProbe is lockAndCount, and with probe the lone-job probe (store.ProbeQueue) in the
 // same round trip, read under the claim lock.
-func lockCountAndProbe(ctx context.Context, tx *store.ConnTx, probe bool) (cfg limits.Config, inFlight map[string]int, total int, found []loneJob, err error) {
+func lockCountAndProbe(ctx context.Context, tx *store.ConnTx, probe bool) (cfg limits.Config, us limits.Usage, found []loneJob, err error) {
 	l, err := store.LockClaims(ctx, tx, probe)
 	if err != nil {
-		return l.Config, nil, 0, nil, err
+		return l.Config, l.Usage, nil, err
 	}
-	return l.Config, l.InFlight, l.Total, loneJobs(l.Lone), nil
+	return l.Config, l.Usage, loneJobs(l.Lone), nil
 }
 
 // claimUpdate is a claim's UPDATE (store.ClaimParams), with the nonces it gives the chosen jobs

@@ -58,10 +58,9 @@ func (cl *claimer) claimLone(ctx context.Context, now time.Time, poked bool) (ou
 	defer tx.Close()
 	var found []loneJob
 	var cfg limits.Config
-	var inFlight map[string]int
-	var total int
+	var us limits.Usage
 	if poked {
-		if cfg, inFlight, total, found, err = lockCountAndProbe(ctx, tx, true); err != nil {
+		if cfg, us, found, err = lockCountAndProbe(ctx, tx, true); err != nil {
 			return nil, false, err
 		}
 		cl.config.set(cfg)
@@ -86,13 +85,14 @@ func (cl *claimer) claimLone(ctx context.Context, now time.Time, poked bool) (ou
 	if !poked {
 		// Two round trips more: one begins the transaction, takes the claim lock and counts; the
 		// other claims and commits (store.ConnTx).
-		if cfg, inFlight, total, err = lockAndCount(ctx, tx); err != nil {
+		if cfg, us, err = lockAndCount(ctx, tx); err != nil {
 			return nil, false, err
 		}
 		cl.config.set(cfg)
 	}
-	if total >= cfg.GlobalInFlight || inFlight[j.tenant] >= cfg.TenantCap(j.tenant) {
-		return nil, true, nil // at a cap: no ordering could start anything now
+	if !cfg.Check(us, j.unit).OK {
+		// A cap, a full lane or the reserve: no ordering could start anything now.
+		return nil, true, nil
 	}
 	// If the commit's answer is lost, the job may be claimed: lease recovery requeues it.
 	if out, err = cl.claimAndCommit(ctx, tx, now, cfg, []candidate{j.candidate}); err != nil || len(out) == 0 {

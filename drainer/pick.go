@@ -9,13 +9,14 @@ import (
 // tenants and 64 free slots a pass makes 4,096 steps (gathering the eligible tenants into a
 // fresh slice first, and sorting it for round_robin, made pick a third of the claim's Go CPU
 // time in BenchmarkDrainThroughput). Every ordering is a total order (job ids break the ties),
-// so the map's iteration order does not matter.
-func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) string {
+// so the map's iteration order does not matter. The tenants in skip are left out (none of their
+// candidates fits the caps now).
+func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, skip map[string]bool) string {
 	best, first := "", ""
 	var bestN int // inFlight[best]
 	var bestHead candidate
 	for t, cs := range cands {
-		if len(cs) == 0 {
+		if len(cs) == 0 || skip[t] {
 			continue
 		}
 		n := inFlight[t]

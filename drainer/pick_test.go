@@ -1,6 +1,7 @@
 package drainer
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ func cand(id int64, tenant string, at int) candidate {
 func pickAll(d *claimer, cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, free int) []int64 {
 	var out []int64
 	for len(out) < free {
-		t := d.pick(cfg, cands, inFlight)
+		t := d.pick(cfg, cands, inFlight, nil)
 		if t == "" {
 			break
 		}
@@ -109,5 +110,65 @@ func TestGatedSeen(t *testing.T) {
 	}
 	if got := g.at(t0.Add(time.Second)); len(got) != 0 || len(g) != 0 {
 		t.Errorf("at +1s: %v (held %v), want nothing: a poll period of memory at most", got, g)
+	}
+}
+
+// TestChooseCapacity: choose decides each job with Config.Check against what is in flight plus
+// the jobs chosen before it: a job of a full lane is passed over and its tenant's next job goes;
+// a tenant whose tier is full gives way to others; plain jobs leave the interactive reserve to an
+// interactive job; the tenant's last read head ends the pass.
+func TestChooseCapacity(t *testing.T) {
+	cfg := limits.Default()
+	cfg.GlobalInFlight, cfg.TenantInFlight = 5, 3
+	cfg.Lanes = map[string]int{"gpu": 1}
+	cfg.TenantTiers = map[string]string{"G": "gold"}
+	cfg.TierInFlight = map[string]int{"gold": 1}
+	cfg.InteractiveReserve = 1
+	with := func(c candidate, lanes []string, interactive bool) candidate {
+		c.unit = limits.Unit{Tenant: c.tenant, Lanes: lanes, Interactive: interactive}
+		return c
+	}
+	cands := map[string][]candidate{
+		"A": {with(cand(1, "A", 1), []string{"gpu"}, false), with(cand(2, "A", 2), []string{"gpu"}, false), with(cand(3, "A", 3), nil, false)},
+		"G": {with(cand(4, "G", 4), nil, false), with(cand(5, "G", 5), nil, false)},
+		"P": {with(cand(6, "P", 6), nil, false), with(cand(7, "P", 7), nil, false)},
+		"I": {with(cand(8, "I", 8), nil, true)},
+	}
+	d := &claimer{cfg: &Config{ClaimBatch: 64}}
+	us := limits.NewUsage()
+	chosen, full := d.choose(cfg, cands, map[string]bool{}, &us)
+	var ids []int64
+	for _, c := range chosen {
+		ids = append(ids, c.id)
+	}
+	// fair: A's 1 (the gpu lane's one unit), G's 4 (the gold tier's one), P's 6, I's 8; then
+	// A's 2 is passed over (gpu full) for its 3, the fourth plain unit, and the box is full.
+	want := []int64{1, 4, 6, 8, 3}
+	if !slices.Equal(ids, want) || full {
+		t.Errorf("chose %v (full %v), want %v", ids, full, want)
+	}
+	if us.Total != 5 || us.Lane["gpu"] != 1 || us.Tier["gold"] != 1 || us.Interactive != 1 {
+		t.Errorf("usage after the pass %+v", us)
+	}
+
+	// The reserve: with one unit left of five and it reserved, plain jobs are passed over and
+	// the interactive one takes it.
+	us = limits.NewUsage()
+	us.Add(cfg, limits.Unit{Tenant: "Z"}, 4)
+	cands = map[string][]candidate{
+		"P": {with(cand(1, "P", 1), nil, false)},
+		"I": {with(cand(2, "I", 2), nil, true)},
+	}
+	if chosen, _ := d.choose(cfg, cands, map[string]bool{}, &us); len(chosen) != 1 || chosen[0].id != 2 {
+		t.Errorf("with only the reserve left: chose %+v, want the interactive job 2", chosen)
+	}
+
+	// A tenant's last read head, when it may have more, ends the pass.
+	us = limits.NewUsage()
+	cands = map[string][]candidate{"A": {with(cand(1, "A", 1), []string{"gpu"}, false), with(cand(2, "A", 2), nil, false)}}
+	cands["A"][0].unit.Lanes = nil
+	chosen, full = d.choose(cfg, cands, map[string]bool{"A": true}, &us)
+	if len(chosen) != 2 || !full {
+		t.Errorf("at the last read head: chose %d (full %v), want 2 and full", len(chosen), full)
 	}
 }

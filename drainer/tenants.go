@@ -15,6 +15,8 @@ type tenantPage struct {
 	tenants []string
 	full    bool
 	after   tenantKey
+	// interactive are the tenants read that have interactive queued jobs (they go first).
+	interactive map[string]bool
 }
 
 // tenantKey is a position in the tenants index of an ordering: (head_at, head_id) for fair and
@@ -40,17 +42,17 @@ func (cl *claimer) tenantsPerPage(cfg limits.Config) int {
 	return max(min(cfg.GlobalInFlight, cl.cfg.ClaimBatch), 1) + gateSlack
 }
 
-// passState reads, in one round trip, the jobs in flight per tenant and the first page of
-// tenants with queued work in cfg's ordering (store.ReadTenantPage). Neither grows with the
-// number of tenants that have work or ever had it, nor with any tenant's backlog.
-func (cl *claimer) passState(ctx context.Context, cfg limits.Config) (inFlight map[string]int, total int, page tenantPage, err error) {
+// passState reads, in one round trip, what is in flight and the first page of tenants with
+// queued work in cfg's ordering (store.ReadTenantPage). Neither grows with the number of tenants
+// that have work or ever had it, nor with any tenant's backlog.
+func (cl *claimer) passState(ctx context.Context, cfg limits.Config) (us limits.Usage, page tenantPage, err error) {
 	p := cl.tenantsParams(cfg, tenantKey{}, true)
-	p.WithInFlight = true
+	p.WithInFlight, p.Config = true, cfg
 	read, err := store.ReadTenantPage(ctx, cl.cfg.DB, p)
 	if err != nil {
-		return nil, 0, page, err
+		return us, page, err
 	}
-	return read.InFlight, read.Total, cl.pageOf(cfg, tenantKey{}, read.Tenants), nil
+	return read.Usage, cl.pageOf(cfg, tenantKey{}, read.Tenants), nil
 }
 
 // nextTenants reads the page of tenants with work that follows prev.
@@ -79,9 +81,12 @@ func (cl *claimer) tenantsParams(cfg limits.Config, from tenantKey, first bool) 
 
 // pageOf turns the rows of a tenants page read from from into a page.
 func (cl *claimer) pageOf(cfg limits.Config, from tenantKey, rows []store.TenantHead) tenantPage {
-	p := tenantPage{full: len(rows) >= cl.tenantsPerPage(cfg), after: from}
+	p := tenantPage{full: len(rows) >= cl.tenantsPerPage(cfg), after: from, interactive: map[string]bool{}}
 	for _, r := range rows {
 		p.tenants = append(p.tenants, r.Tenant)
+		if r.Interactive {
+			p.interactive[r.Tenant] = true
+		}
 	}
 	if len(rows) > 0 {
 		last := rows[len(rows)-1]

@@ -161,9 +161,13 @@ type Result struct {
 	Job      job.Job
 	Replayed bool
 	Decision Decision
-	// Limit and InFlight describe the tenant's in-flight cap at admission, for the headers.
+	// Limit and InFlight describe the tenant's in-flight cap at admission, for the audit trail.
 	Limit    int
 	InFlight int
+	// Verdict is the capacity decision (SPEC §5a) for a job like this one as things stand: the
+	// refusing scope of a capacity refusal, else the fullest limit that applies. The headers
+	// show it. Zero with the rollout mode off.
+	Verdict limits.Verdict
 }
 
 // ItemResult is one batch item's outcome: a Result, or Err (a *job.Error for refusals).
@@ -257,7 +261,12 @@ func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result
 			Detail: map[string]any{"status": old.Status}}
 	}
 	cfg := a.cfg.Limits.Current().Config
-	it := &item{req: Request{Tenant: old.Tenant, Payload: old.Payload}, hash: old.RateKeySHA256,
+	var lanes []string
+	if len(old.Lanes) > 0 {
+		lanes = old.Lanes
+	}
+	interactive := old.Interactive
+	it := &item{req: Request{Tenant: old.Tenant, Payload: old.Payload, Lanes: lanes, Interactive: &interactive}, hash: old.RateKeySHA256,
 		retryOf: &id, noRate: true, caller: old.Caller, actor: caller}
 	it.fp = it.req.fingerprint()
 	if err := a.run(ctx, []*item{it}, cfg, false); err != nil {
@@ -275,6 +284,10 @@ func forbiddenTenant() error {
 func (a *Admitter) newItem(caller string, req Request, cfg limits.Config) *item {
 	it := &item{req: req, caller: caller}
 	if err := it.req.Validate(cfg.MaxPayloadBytes); err != nil {
+		it.invalid = err
+		return it
+	}
+	if err := it.req.knownLanes(cfg); err != nil {
 		it.invalid = err
 		return it
 	}

@@ -74,11 +74,12 @@ type state struct {
 	tenantInFlight map[string]int
 	globalDepth    int
 	globalInFlight int
-	// startingNow counts the queue=false jobs this transaction admitted: each was promised a
-	// global slot, so the next one's "could be claimed now" counts them as in flight.
-	startingNow int
-	keyed       map[string]*store.Row // by tenant+"\x00"+idempotency key
-	redriven    map[int64]*store.Row  // retry_of → the job an earlier redrive created
+	// usage is what is in flight (read unless the rollout mode is off), plus the queue=false
+	// jobs this transaction admitted: each was promised a unit, so the next one's "could be
+	// claimed now" counts them as in flight.
+	usage    limits.Usage
+	keyed    map[string]*store.Row // by tenant+"\x00"+idempotency key
+	redriven map[int64]*store.Row  // retry_of → the job an earlier redrive created
 	// rate holds each tenant's rate-limit reservation; a tenant without one is not limited
 	// (no limit, no limiter, or the limiter failed: fail open). Nil until the first one.
 	rate map[string]rateGrant
@@ -91,7 +92,7 @@ type rateGrant struct {
 }
 
 func newState() *state {
-	return &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{},
+	return &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{}, usage: limits.NewUsage(),
 		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
 }
 
@@ -106,6 +107,7 @@ func replays(items []*item, cfg limits.Config, st *state) {
 		r := Result{Job: j, Replayed: true}
 		if cfg.AdmissionMode != limits.ModeOff {
 			r.Decision, r.Limit, r.InFlight = Admitted, cfg.TenantCap(j.Tenant), st.tenantInFlight[j.Tenant]
+			r.Verdict = cfg.Check(st.usage, limits.Unit{Tenant: j.Tenant, Lanes: j.Lanes, Interactive: j.Interactive})
 		}
 		return r
 	}
@@ -183,9 +185,11 @@ func rateCharges(items []*item, cfg limits.Config) []rateCharge {
 
 // decide applies the admission rate limit (st.rate), the depth caps and immediate-or-refuse to
 // the pending items, in order: an admitted item counts in its tenant's and the global depth
-// (and, for queue=false, in the global in-flight count) for the items after it. In shadow mode
-// a refusal is recorded (it.shadow, Decision shadow-refused) and the item admitted; in off mode
-// nothing is checked. It returns the units of each tenant's reservation held by items it
+// (and, for queue=false, in what is in flight) for the items after it. In shadow mode a refusal
+// is recorded (it.shadow, Decision shadow-refused) and the item admitted; so is a capacity
+// refusal of a request that did not say it handles one while enforce_for is aware (SPEC §5a);
+// in off mode nothing is checked. Every item decided (not in off mode) carries the capacity
+// verdict its headers show. It returns the units of each tenant's reservation held by items it
 // refused (nil if none), which the runner refunds.
 func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int) {
 	limitRate(items, cfg, st)
@@ -207,6 +211,9 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 		}
 		t := it.req.Tenant
 		it.res.Limit, it.res.InFlight = cfg.TenantCap(t), st.tenantInFlight[t]
+		if !off {
+			it.res.Verdict = cfg.Check(st.usage, it.req.unit())
+		}
 		shadow := it.res.Decision == ShadowRefused
 		if scope := depthScope(cfg, t, st); scope != "" && !off {
 			if enforce {
@@ -217,15 +224,19 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 			shadow, it.shadow.scope = true, scope
 		}
 		if !off && it.req.Queue != nil && !*it.req.Queue {
-			if err := immediate(cfg, t, st, it.gatedFor); err != nil {
-				if enforce {
+			if scope, err := immediate(cfg, it.req.unit(), st, it.gatedFor); err != nil {
+				it.res.Verdict.Scope = scope
+				if scope == limits.ScopeTenant {
+					it.res.Verdict.Limit, it.res.Verdict.InFlight = cfg.TenantCap(t), st.usage.Tenant[t]
+				}
+				if enforce && (cfg.EnforceFor != limits.EnforceAware || it.req.Aware) {
 					it.err = err
 					refuse(it)
 					continue
 				}
 				shadow, it.shadow.immediate = true, true
 			}
-			st.startingNow++
+			st.usage.Add(cfg, it.req.unit(), 1)
 		}
 		switch {
 		case off:
@@ -268,7 +279,8 @@ func limitRate(items []*item, cfg limits.Config, st *state) {
 		if cfg.AdmissionMode == limits.ModeEnforce {
 			it.err = &job.Error{Code: job.CodeRateLimited, Message: "the tenant's admission rate limit is spent",
 				Detail: map[string]any{"retry_after": g.retryAfter, "limit_per_minute": cfg.AdmissionRatePerMinute}}
-			it.res = Result{Decision: Refused, Limit: cfg.TenantCap(t), InFlight: st.tenantInFlight[t]}
+			it.res = Result{Decision: Refused, Limit: cfg.TenantCap(t), InFlight: st.tenantInFlight[t],
+				Verdict: cfg.Check(st.usage, it.req.unit())}
 		} else {
 			it.res.Decision = ShadowRefused
 			it.shadow.rate = true
@@ -288,35 +300,39 @@ func depthScope(cfg limits.Config, tenant string, st *state) string {
 	return ""
 }
 
-// immediate decides a queue=false admission (SPEC §5): admitted only if the job could be
-// claimed now. Of several reasons to refuse, the one with the longest wait is reported: 120 s
-// while a cap is 0 (paused), the remaining gate time for a gated key, else
-// min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the fullest scope.
-func immediate(cfg limits.Config, tenant string, st *state, gatedFor int) error {
+// immediate decides a queue=false admission of unit (SPEC §5, §5a): admitted only if the job
+// could be claimed now: every limit that applies (cfg.Check: global, the interactive reserve,
+// the tier, the tenant, the lanes) has room in st.usage, its key is not gated and nothing of its
+// tenant is queued ahead. Of several reasons to refuse, the one with the longest wait is
+// reported, with its scope: 120 s while a limit is 0 (paused), the remaining gate time for a
+// gated key (rate_key), else min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the
+// fullest scope (the tenant's for tenant, the whole queue's otherwise).
+func immediate(cfg limits.Config, unit limits.Unit, st *state, gatedFor int) (string, error) {
 	type reason struct {
 		scope  string
 		after  int
 		paused bool
 	}
 	var reasons []reason
-	tenantCap := cfg.TenantCap(tenant)
-	if tenantCap == 0 {
-		reasons = append(reasons, reason{"tenant", 120, true})
-	}
-	if cfg.GlobalInFlight == 0 {
-		reasons = append(reasons, reason{"global", 120, true})
+	v := cfg.Check(st.usage, unit)
+	if v.Paused {
+		reasons = append(reasons, reason{v.Scope, 120, true})
 	}
 	if gatedFor > 0 {
 		reasons = append(reasons, reason{"rate_key", gatedFor, false})
 	}
-	if d := st.tenantDepth[tenant]; d > 0 || st.tenantInFlight[tenant] >= tenantCap {
-		reasons = append(reasons, reason{"tenant", min(30, 5*(d+1)), false})
+	if d := st.tenantDepth[unit.Tenant]; d > 0 {
+		reasons = append(reasons, reason{limits.ScopeTenant, min(30, 5*(d+1)), false})
 	}
-	if st.globalInFlight+st.startingNow >= cfg.GlobalInFlight {
-		reasons = append(reasons, reason{"global", min(30, 5*(st.globalDepth+1)), false})
+	if !v.OK && !v.Paused {
+		ahead := st.globalDepth
+		if v.Scope == limits.ScopeTenant {
+			ahead = st.tenantDepth[unit.Tenant]
+		}
+		reasons = append(reasons, reason{v.Scope, min(30, 5*(ahead+1)), false})
 	}
 	if len(reasons) == 0 {
-		return nil
+		return "", nil
 	}
 	worst := reasons[0]
 	for _, r := range reasons[1:] {
@@ -324,7 +340,7 @@ func immediate(cfg limits.Config, tenant string, st *state, gatedFor int) error 
 			worst = r
 		}
 	}
-	return &job.Error{Code: job.CodeCapacityExceeded, Message: "no capacity to start the job now",
+	return worst.scope, &job.Error{Code: job.CodeCapacityExceeded, Message: "no capacity to start the job now",
 		Detail: map[string]any{"scope": worst.scope, "retry_after": worst.after, "paused": worst.paused}}
 }
 

@@ -183,11 +183,11 @@ func TestDecide(t *testing.T) {
 			items: []*item{newTestItem("a", notQueued()), newTestItem("b", notQueued())},
 			want:  []string{"capacity_exceeded tenant 20 paused=false", "capacity_exceeded tenant 30 paused=false"}},
 		{name: "queue=false with the tenant at its in-flight cap",
-			st:    func(s *state) { s.tenantInFlight["a"], s.globalInFlight = 2, 2 },
+			st:    func(s *state) { busy(s, "a", 2) },
 			items: []*item{newTestItem("a", notQueued())},
 			want:  []string{"capacity_exceeded tenant 5 paused=false"}},
 		{name: "queue=false with the global in-flight cap reached",
-			st:    func(s *state) { s.globalInFlight, s.globalDepth = 4, 1 },
+			st:    func(s *state) { busy(s, "x", 2); busy(s, "y", 2); s.globalDepth = 1 },
 			items: []*item{newTestItem("a", notQueued())},
 			want:  []string{"capacity_exceeded global 10 paused=false"}},
 		{name: "queue=false while a limit is 0: 120 s, paused",
@@ -257,7 +257,7 @@ func TestDecide(t *testing.T) {
 			items: []*item{newTestItem("a"), newTestItem("b")},
 			want:  []string{`"admitted" pos=1`, `queue_full global "refused"`}},
 		{name: "queue=false jobs of one transaction take each other's free slots",
-			st:    func(s *state) { s.globalInFlight = 2 },
+			st:    func(s *state) { busy(s, "x", 2) },
 			items: []*item{newTestItem("a", notQueued()), newTestItem("b", notQueued()), newTestItem("c", notQueued())},
 			want:  []string{`"admitted" pos=1`, `"admitted" pos=1`, "capacity_exceeded global 15 paused=false"}},
 		{name: "a queued job of the tenant ahead refuses its later queue=false job",
@@ -346,4 +346,11 @@ func TestRateCharges(t *testing.T) {
 			t.Errorf("charges %+v, want none", got)
 		}
 	}
+}
+
+// busy counts n jobs of tenant in flight in s, as the admission read would (default tiers).
+func busy(s *state, tenant string, n int) {
+	s.usage.Add(limits.Default(), limits.Unit{Tenant: tenant}, n)
+	s.tenantInFlight[tenant] += n
+	s.globalInFlight += n
 }

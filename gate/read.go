@@ -22,7 +22,7 @@ func (a *Admitter) read(ctx context.Context, tx txConn, items []*item, cfg limit
 	}
 	st := newState()
 	st.now, st.globalDepth, st.globalInFlight = got.Now, got.GlobalDepth, got.GlobalInFlight
-	st.tenantDepth, st.tenantInFlight = got.TenantDepth, got.TenantInFlight
+	st.tenantDepth, st.tenantInFlight, st.usage = got.TenantDepth, got.TenantInFlight, got.Usage
 	for _, r := range got.Keyed {
 		st.keyed[keyOf(r.Tenant, *r.IdempotencyKey)] = &r
 	}
@@ -33,9 +33,10 @@ func (a *Admitter) read(ctx context.Context, tx txConn, items []*item, cfg limit
 }
 
 // readParams is what read asks for: the items' tenants, locked without waiting for a combiner
-// group (shared: see errGroupLocked), the global depth counted or estimated, the global
-// in-flight count for queue=false, and the idempotency keys and redrives of the items. started
-// dates a global depth count (see depthEstimate).
+// group (shared: see errGroupLocked), the global depth counted or estimated, what is in flight
+// (for queue=false and every admission's capacity headers, unless the rollout mode is off), and
+// the idempotency keys and redrives of the items. started dates a global depth count (see
+// depthEstimate).
 func (a *Admitter) readParams(items []*item, cfg limits.Config, shared bool, started time.Time) store.AdmissionRead {
 	seen := map[string]bool{}
 	p := store.AdmissionRead{NoWait: shared}
@@ -60,7 +61,7 @@ func (a *Admitter) readParams(items []*item, cfg limits.Config, shared bool, sta
 	} else {
 		p.GlobalEstimate = int64(est)
 	}
-	p.CountInFlight = immediate
+	p.CountInFlight, p.Config = cfg.AdmissionMode != limits.ModeOff, cfg
 	for _, it := range items {
 		if it.req.IdempotencyKey != nil {
 			p.IdempotencyKeys = append(p.IdempotencyKeys, *it.req.IdempotencyKey)

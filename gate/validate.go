@@ -7,9 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"sort"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
 )
 
 // Request is one admission as the API decodes it (SPEC §6 POST /v1/jobs).
@@ -19,7 +22,18 @@ type Request struct {
 	Payload        json.RawMessage `json:"payload,omitempty"`
 	IdempotencyKey *string         `json:"idempotency_key,omitempty"`
 	Queue          *bool           `json:"queue,omitempty"`
+	// Lanes name configured lanes the job counts toward while in flight (SPEC §5a); Validate
+	// sorts them and drops repeats.
+	Lanes       []string `json:"lanes,omitempty"`
+	Interactive *bool    `json:"interactive,omitempty"`
+	// Aware: the request carried Sluice-Capacity-Aware: true, so its client handles a capacity
+	// refusal; with enforce_for=aware only such requests are refused on capacity (SPEC §5a).
+	Aware bool `json:"-"`
 }
+
+// MaxLanes bounds the lanes one job may name: each is a limit the claim checks, and they are
+// stored inline in the job's row (migration 0014).
+const MaxLanes = 8
 
 // Limits on request fields (SPEC §6, issue "front door").
 const (
@@ -54,6 +68,9 @@ func (r *Request) Validate(maxPayload int) error {
 			return job.Invalid("idempotency_key", "idempotency_key is not valid UTF-8")
 		}
 	}
+	if err := r.normalLanes(); err != nil {
+		return err
+	}
 	if len(r.Payload) > maxPayload {
 		return &job.Error{Code: job.CodePayloadTooLarge,
 			Message: "payload is larger than the limit",
@@ -63,6 +80,48 @@ func (r *Request) Validate(maxPayload int) error {
 		r.Payload = nil
 	}
 	return nil
+}
+
+// normalLanes sorts r.Lanes and drops repeats; more than MaxLanes distinct names, or a name that
+// could not be configured, is invalid.
+func (r *Request) normalLanes() error {
+	if len(r.Lanes) == 0 {
+		r.Lanes = nil
+		return nil
+	}
+	ls := append([]string(nil), r.Lanes...)
+	sort.Strings(ls)
+	out := ls[:0]
+	for i, l := range ls {
+		if i > 0 && l == ls[i-1] {
+			continue
+		}
+		if l == "" || len(l) > limits.MaxNameBytes || strings.ContainsRune(l, ',') || !utf8.ValidString(l) {
+			return job.Invalid("lanes", "lanes: %q is not a lane name", l)
+		}
+		out = append(out, l)
+	}
+	if len(out) > MaxLanes {
+		return job.Invalid("lanes", "lanes names %d lanes; at most %d", len(out), MaxLanes)
+	}
+	r.Lanes = out
+	return nil
+}
+
+// knownLanes refuses a lane that cfg does not configure (SPEC §5a: an unknown name is a 400).
+func (r *Request) knownLanes(cfg limits.Config) error {
+	if l, ok := cfg.Known(r.Lanes); !ok {
+		return job.Invalid("lanes", "lanes: %q is not a configured lane", l)
+	}
+	return nil
+}
+
+// interactive reports whether r asks for an interactive job.
+func (r *Request) interactive() bool { return r.Interactive != nil && *r.Interactive }
+
+// unit is what a job of r asks of the caps.
+func (r *Request) unit() limits.Unit {
+	return limits.Unit{Tenant: r.Tenant, Lanes: r.Lanes, Interactive: r.interactive()}
 }
 
 // RateKeyHash returns the SHA-256 hex of a raw rate key: the only form sluice stores or logs.
@@ -99,6 +158,14 @@ func (r *Request) fingerprint() []byte {
 		write([]byte("q0"))
 	} else {
 		write([]byte("q1"))
+	}
+	// Written only when not the default, so that a job keyed before lanes existed still
+	// replays.
+	if len(r.Lanes) > 0 {
+		write([]byte("l" + strings.Join(r.Lanes, ",")))
+	}
+	if r.interactive() {
+		write([]byte("i1"))
 	}
 	return h.Sum(nil)
 }

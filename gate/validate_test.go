@@ -20,6 +20,10 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"tenant":1}`))
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`null`))
+	f.Add([]byte(`{"tenant":"acme","lanes":["gpu","search","gpu"],"interactive":true}`))
+	f.Add([]byte(`{"tenant":"acme","lanes":"gpu"}`))
+	f.Add([]byte(`{"tenant":"acme","lanes":[""]}`))
+	f.Add([]byte(`{"tenant":"acme","lanes":["a,b"],"interactive":1}`))
 	const maxPayload = 1024
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := DecodeRequest(data)
@@ -50,6 +54,14 @@ func FuzzDecodeRequest(f *testing.F) {
 		if !utf8.Valid(data) {
 			t.Fatalf("accepted invalid UTF-8 %q", data)
 		}
+		if len(req.Lanes) > MaxLanes {
+			t.Fatalf("accepted %d lanes", len(req.Lanes))
+		}
+		for i, l := range req.Lanes {
+			if l == "" || strings.Contains(l, ",") || len(l) > limits.MaxNameBytes || (i > 0 && l <= req.Lanes[i-1]) {
+				t.Fatalf("accepted lanes %q (not sorted, distinct lane names)", req.Lanes)
+			}
+		}
 		if len(req.fingerprint()) != 32 {
 			t.Fatal("fingerprint is not a SHA-256")
 		}
@@ -62,6 +74,9 @@ func TestDecodeRequestNamesTheField(t *testing.T) {
 		`{"tenant": "a", "queue": "yes"}`:              "queue",
 		`{"tenant": "a", "rate_key": [1]}`:             "rate_key",
 		`{"tenant": "a", "idempotency_key": 1}`:        "idempotency_key",
+		`{"tenant": "a", "lanes": "gpu"}`:              "lanes",
+		`{"tenant": "a", "lanes": [1]}`:                "lanes",
+		`{"tenant": "a", "interactive": "yes"}`:        "interactive",
 		"{\"tenant\": \"a\", \"rate_key\": \"\xfe\"}":  "rate_key",
 		"{\"tenant\": \"a\", \"payload\": [\"\xfe\"]}": "payload",
 		`{"tenant": "a",}`:                             "body",
@@ -90,7 +105,7 @@ func TestFingerprintIgnoresPayloadFormatting(t *testing.T) {
 
 func TestImmediateRetryAfter(t *testing.T) {
 	base := func() *state {
-		return &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{}}
+		return &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{}, usage: limits.NewUsage()}
 	}
 	cases := []struct {
 		name     string
@@ -101,24 +116,47 @@ func TestImmediateRetryAfter(t *testing.T) {
 		scope    string
 		after    int
 		paused   bool
+		unit     limits.Unit
+		cfg      func(*limits.Config)
 	}{
-		{"free", 4, 2, func(*state) {}, 0, "", 0, false},
-		{"one ahead", 4, 2, func(s *state) { s.tenantDepth["t"] = 1 }, 0, "tenant", 10, false},
-		{"many ahead", 4, 2, func(s *state) { s.tenantDepth["t"] = 40 }, 0, "tenant", 30, false},
-		{"tenant full", 4, 2, func(s *state) { s.tenantInFlight["t"] = 2 }, 0, "tenant", 5, false},
-		{"global full", 4, 2, func(s *state) { s.globalInFlight, s.globalDepth = 4, 2 }, 0, "global", 15, false},
-		{"fullest scope wins", 4, 2, func(s *state) { s.globalInFlight, s.globalDepth, s.tenantDepth["t"] = 4, 9, 1 }, 0, "global", 30, false},
-		{"paused", 0, 2, func(*state) {}, 0, "global", 120, true},
-		{"tenant paused", 4, 0, func(*state) {}, 0, "tenant", 120, true},
-		{"gated", 4, 2, func(*state) {}, 77, "rate_key", 77, false},
-		{"gated longer than queue", 4, 2, func(s *state) { s.tenantDepth["t"] = 1 }, 12, "rate_key", 12, false},
+		{"free", 4, 2, func(*state) {}, 0, "", 0, false, limits.Unit{}, nil},
+		{"one ahead", 4, 2, func(s *state) { s.tenantDepth["t"] = 1 }, 0, "tenant", 10, false, limits.Unit{}, nil},
+		{"many ahead", 4, 2, func(s *state) { s.tenantDepth["t"] = 40 }, 0, "tenant", 30, false, limits.Unit{}, nil},
+		{"tenant full", 4, 2, func(s *state) { busy(s, "t", 2) }, 0, "tenant", 5, false, limits.Unit{}, nil},
+		{"global full", 4, 2, func(s *state) { busy(s, "o", 4); s.globalDepth = 2 }, 0, "global", 15, false, limits.Unit{}, nil},
+		{"fullest scope wins", 4, 2, func(s *state) { busy(s, "o", 4); s.globalDepth, s.tenantDepth["t"] = 9, 1 }, 0, "global", 30, false, limits.Unit{}, nil},
+		{"lane full", 4, 2, func(s *state) {
+			s.usage.Add(limits.Default(), limits.Unit{Tenant: "o", Lanes: []string{"gpu"}}, 1)
+			s.globalDepth = 3
+		}, 0, "lane:gpu", 20, false, limits.Unit{Tenant: "t", Lanes: []string{"gpu"}}, func(c *limits.Config) { c.Lanes = map[string]int{"gpu": 1} }},
+		{"lane paused", 4, 2, func(*state) {}, 0, "lane:gpu", 120, true, limits.Unit{Tenant: "t", Lanes: []string{"gpu"}},
+			func(c *limits.Config) { c.Lanes = map[string]int{"gpu": 0} }},
+		{"tier full", 4, 2, func(s *state) { busy(s, "o", 1) }, 0, "tier", 5, false, limits.Unit{},
+			func(c *limits.Config) { c.TierInFlight = map[string]int{"default": 1} }},
+		{"reserve", 4, 2, func(s *state) { busy(s, "o", 3) }, 0, "reserve", 5, false, limits.Unit{},
+			func(c *limits.Config) { c.InteractiveReserve = 1 }},
+		{"interactive takes the reserve", 4, 2, func(s *state) { busy(s, "o", 3) }, 0, "", 0, false, limits.Unit{Tenant: "t", Interactive: true},
+			func(c *limits.Config) { c.InteractiveReserve = 1 }},
+		{"paused", 0, 2, func(*state) {}, 0, "global", 120, true, limits.Unit{}, nil},
+		{"tenant paused", 4, 0, func(*state) {}, 0, "tenant", 120, true, limits.Unit{}, nil},
+		{"gated", 4, 2, func(*state) {}, 77, "rate_key", 77, false, limits.Unit{}, nil},
+		{"gated longer than queue", 4, 2, func(s *state) { s.tenantDepth["t"] = 1 }, 12, "rate_key", 12, false, limits.Unit{}, nil},
 	}
 	for _, c := range cases {
 		st := base()
 		c.st(st)
 		l := defaultLimits()
 		l.GlobalInFlight, l.TenantInFlight = c.global, c.tenant
-		err := immediate(l, "t", st, c.gatedFor)
+		if c.cfg != nil {
+			c.cfg(l)
+		}
+		if c.unit.Tenant == "" {
+			c.unit.Tenant = "t"
+		}
+		scope, err := immediate(*l, c.unit, st, c.gatedFor)
+		if scope != c.scope {
+			t.Errorf("%s: scope %q, want %q", c.name, scope, c.scope)
+		}
 		if c.scope == "" {
 			if err != nil {
 				t.Errorf("%s: %v, want admitted", c.name, err)
@@ -132,4 +170,7 @@ func TestImmediateRetryAfter(t *testing.T) {
 	}
 }
 
-func defaultLimits() limits.Config { return limits.Default() }
+func defaultLimits() *limits.Config {
+	c := limits.Default()
+	return &c
+}

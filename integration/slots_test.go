@@ -23,14 +23,6 @@ func startSlotsEnv(t *testing.T, o harness.Options) *harness.Env {
 	return harness.Start(t, o)
 }
 
-// patchConfig changes the runtime config through the API, which reloads it at once.
-func patchConfig(t *testing.T, e *harness.Env, changes map[string]any) {
-	t.Helper()
-	if r := e.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": changes, "note": "test"}); r.Status != http.StatusOK {
-		t.Fatalf("patch config %v: HTTP %d %s", changes, r.Status, r.Raw)
-	}
-}
-
 // takeSlot posts a slot request, aware or not.
 func takeSlot(t *testing.T, e *harness.Env, token string, aware bool, body map[string]any) harness.Response {
 	t.Helper()
@@ -40,22 +32,11 @@ func takeSlot(t *testing.T, e *harness.Env, token string, aware bool, body map[s
 // doWith is Env.Do with extra request headers.
 func doWith(t *testing.T, e *harness.Env, method, path, token string, body any, headers map[string]string) harness.Response {
 	t.Helper()
-	tr := &headerTransport{headers: headers, base: http.DefaultTransport}
-	c := &harness.Env{URL: e.URL, HTTP: &http.Client{Timeout: 30 * time.Second, Transport: tr}}
-	return c.Do(t, method, path, token, body)
-}
-
-type headerTransport struct {
-	headers map[string]string
-	base    http.RoundTripper
-}
-
-func (h *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	for k, v := range h.headers {
-		r.Header.Set(k, v)
+	h := http.Header{}
+	for k, v := range headers {
+		h.Set(k, v)
 	}
-	return h.base.RoundTrip(r)
+	return e.DoHeader(t, method, path, token, body, h)
 }
 
 func slotIDOf(t *testing.T, r harness.Response) string {

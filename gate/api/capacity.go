@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/sluicehq/sluice/gate/limits"
 )
@@ -27,4 +28,10 @@ func setVerdictHeaders(h http.Header, decision string, v limits.Verdict) {
 	h.Set("Sluice-Capacity-Tier-Limit", strconv.Itoa(v.TierLimit))
 	h.Set("Sluice-Capacity-Tier-In-Flight", strconv.Itoa(v.TierInFlight))
 	h.Set("Sluice-Capacity-Suggested-Concurrency", strconv.Itoa(v.Suggested))
+}
+
+// capacityAware reports whether r says its client handles a capacity refusal (SPEC §5a: with
+// enforce_for=aware only such requests are refused on capacity).
+func capacityAware(r *http.Request) bool {
+	return strings.EqualFold(strings.TrimSpace(r.Header.Get(AwareHeader)), "true")
 }

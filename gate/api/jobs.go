@@ -52,14 +52,13 @@ func tooLarge(limit int) error {
 		Detail: map[string]any{"limit_bytes": limit}}
 }
 
-// setCapacityHeaders writes the SPEC §5 admission headers (none when the rollout mode is off).
+// setCapacityHeaders writes the SPEC §5 and §5a admission headers (none when the rollout mode
+// is off): the capacity verdict's, and the queue position of a queued job.
 func setCapacityHeaders(w http.ResponseWriter, res gate.Result) {
 	if res.Decision == "" {
 		return
 	}
-	w.Header().Set("Sluice-Capacity-Decision", string(res.Decision))
-	w.Header().Set("Sluice-Capacity-Limit", strconv.Itoa(res.Limit))
-	w.Header().Set("Sluice-Capacity-In-Flight", strconv.Itoa(res.InFlight))
+	setVerdictHeaders(w.Header(), string(res.Decision), res.Verdict)
 	if res.Job.Position != nil && res.Job.Status == job.Queued {
 		w.Header().Set("Sluice-Queue-Position", strconv.FormatInt(*res.Job.Position, 10))
 	}
@@ -78,6 +77,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	req.Aware = capacityAware(r)
 	res, err := s.cfg.Admitter.Admit(r.Context(), c.Name, req, c.MayActFor)
 	setCapacityHeaders(w, res)
 	if err != nil {
@@ -117,6 +117,10 @@ func (s *Server) admitBatch(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	aware := capacityAware(r)
+	for i := range reqs {
+		reqs[i].Aware = aware
 	}
 	results, err := s.cfg.Admitter.AdmitBatch(r.Context(), c.Name, reqs, c.MayActFor, decodeErrs)
 	if err != nil {

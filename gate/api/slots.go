@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gate"
@@ -56,7 +55,7 @@ func (s *Server) takeSlot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	req.Aware = strings.EqualFold(strings.TrimSpace(r.Header.Get(AwareHeader)), "true")
+	req.Aware = capacityAware(r)
 	c := callerOf(r)
 	res, err := s.cfg.Admitter.TakeSlot(r.Context(), c.Name, req, c.MayActFor)
 	if err != nil {

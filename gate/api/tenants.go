@@ -100,5 +100,9 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) {
 		c := tenantsCursor(tq.Order, *page.Next)
 		cursor = &c
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"tenants": page.Tenants, "next_cursor": cursor})
+	lanes := page.Lanes
+	if lanes == nil {
+		lanes = map[string]status.LaneUse{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tenants": page.Tenants, "next_cursor": cursor, "lanes": lanes})
 }

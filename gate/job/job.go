@@ -64,6 +64,10 @@ type Job struct {
 	ErrorMessage  *string         `json:"error_message"`
 	Result        json.RawMessage `json:"result"`
 	RetryOf       *int64          `json:"retry_of"`
+	// Lanes are the lanes the job counts toward while in flight (SPEC §5a), sorted; [] when none.
+	Lanes []string `json:"lanes"`
+	// Interactive jobs may use the interactive reserve and go first within their tenant.
+	Interactive bool `json:"interactive"`
 }
 
 // TimeFormat is how the API writes a timestamp (SPEC §4: RFC 3339, UTC, microseconds). It
@@ -81,14 +85,19 @@ func (j Job) MarshalJSON() ([]byte, error) {
 		s := t.UTC().Format(TimeFormat)
 		return &s
 	}
+	lanes := j.Lanes
+	if lanes == nil {
+		lanes = []string{}
+	}
 	return json.Marshal(struct {
 		plain
-		QueuedAt     string  `json:"queued_at"`
-		ClaimedAt    *string `json:"claimed_at"`
-		DispatchedAt *string `json:"dispatched_at"`
-		StartedAt    *string `json:"started_at"`
-		FinishedAt   *string `json:"finished_at"`
-	}{plain(j), j.QueuedAt.UTC().Format(TimeFormat), opt(j.ClaimedAt), opt(j.DispatchedAt), opt(j.StartedAt), opt(j.FinishedAt)})
+		QueuedAt     string   `json:"queued_at"`
+		ClaimedAt    *string  `json:"claimed_at"`
+		DispatchedAt *string  `json:"dispatched_at"`
+		StartedAt    *string  `json:"started_at"`
+		FinishedAt   *string  `json:"finished_at"`
+		Lanes        []string `json:"lanes"`
+	}{plain(j), j.QueuedAt.UTC().Format(TimeFormat), opt(j.ClaimedAt), opt(j.DispatchedAt), opt(j.StartedAt), opt(j.FinishedAt), lanes})
 }
 
 // Code is a stable error code (SPEC §6 `error_code`).

@@ -127,6 +127,9 @@ type Status struct {
 	Caps Caps `json:"caps"`
 	// Slots are the live slots (SPEC §5a), which count against the caps with in_flight.
 	Slots Slots `json:"slots"`
+	// Lanes are the configured lanes with their limits and what is in flight in each (SPEC §5a):
+	// jobs and live slots.
+	Lanes map[string]LaneUse `json:"lanes"`
 	// Recent is the last minutes of job ends and dispatch waits as this process saw them (the
 	// API's completions and cancels, and its drainer's outcomes when it runs one).
 	Recent recent.Series `json:"recent"`
@@ -148,6 +151,30 @@ type Caps struct {
 	TenantInFlight   int `json:"tenant_in_flight"`
 	GlobalQueueDepth int `json:"global_queue_depth"`
 	TenantQueueDepth int `json:"tenant_queue_depth"`
+}
+
+// LaneUse is one lane's limit and what is in flight in it: jobs and live slots.
+type LaneUse struct {
+	Limit    int `json:"limit"`
+	InFlight int `json:"in_flight"`
+}
+
+// lanes returns every lane cfg configures with what is in flight in it: the jobs, read in one
+// statement bounded by the global cap (store.ReadInFlightUsage), and slots, the live slots by
+// lane.
+func (r *Reader) lanes(ctx context.Context, cfg limits.Config, slots map[string]int) (map[string]LaneUse, error) {
+	out := make(map[string]LaneUse, len(cfg.Lanes))
+	if len(cfg.Lanes) == 0 {
+		return out, nil
+	}
+	us, err := store.ReadInFlightUsage(ctx, r.cfg.DB, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	for l, n := range cfg.Lanes {
+		out[l] = LaneUse{Limit: n, InFlight: us.Lane[l] + slots[l]}
+	}
+	return out, nil
 }
 
 // Queue is the whole queue.
@@ -242,6 +269,9 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 		return s, err
 	}
 	s.Slots = slots
+	if s.Lanes, err = r.lanes(ctx, cfg, slots.ByLane); err != nil {
+		return s, err
+	}
 	if err := r.totals(ctx, now, &s); err != nil {
 		return s, err
 	}

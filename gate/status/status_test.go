@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/recent"
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/gate/store"
@@ -212,10 +213,10 @@ func TestStatusFigures(t *testing.T) {
 		t.Errorf("queue %+v in flight %d, want depth 3, oldest 90 s, 2 in flight", s.Queue, s.InFlight)
 	}
 	want := []status.Tenant{
-		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2, Slots: 1, Tier: "default"},
-		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5, Tier: "default"},
-		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2, Tier: "default"},
-		{Tenant: "hooli", Depth: 0, OldestAgeSeconds: 0, InFlight: 0, Cap: 2, Slots: 1, Tier: "default"},
+		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2, Slots: 1, Tier: limits.DefaultTier},
+		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5, Tier: limits.DefaultTier},
+		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2, Tier: limits.DefaultTier},
+		{Tenant: "hooli", Depth: 0, OldestAgeSeconds: 0, InFlight: 0, Cap: 2, Slots: 1, Tier: limits.DefaultTier},
 	}
 	if s.Slots.Total != 2 || s.Slots.ByTier["default"] != 2 || s.Slots.ByLane["search"] != 1 || s.Slots.ByLane["gpu"] != 1 || len(s.Slots.ByLane) != 2 {
 		t.Errorf("slots %+v", s.Slots)
@@ -292,7 +293,7 @@ func TestDeepestTenants(t *testing.T) {
 			var names []string
 			for _, row := range p.Tenants {
 				names = append(names, row.Tenant)
-				if row.Depth != depths[row.Tenant] || row.Tier != status.DefaultTier || row.Cap != 2 {
+				if row.Depth != depths[row.Tenant] || row.Tier != limits.DefaultTier || row.Cap != 2 {
 					t.Errorf("%s: row %+v, want depth %d, cap 2, tier default", tc.order, row, depths[row.Tenant])
 				}
 				if want := 0; row.Tenant == "e" {
@@ -401,5 +402,45 @@ func TestTenantGatedKeys(t *testing.T) {
 		case c.depth >= 0 && (len(p.Tenants) != 1 || p.Tenants[0].Tenant != c.tenant || p.Tenants[0].Depth != c.depth || p.Next != nil):
 			t.Errorf("%s: %+v (next %v), want its row alone with depth %d", c.tenant, p.Tenants, p.Next, c.depth)
 		}
+	}
+}
+
+// TestTiersAndLanes: /v1/status and the tenants pages show each tenant's tier from the runtime
+// config and every configured lane with its limit and jobs in flight.
+func TestTiersAndLanes(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	testdb.SetLimits(t, f.db.DB, func(c *limits.Config) {
+		c.Lanes = map[string]int{"gpu": 2, "search": 5}
+		c.TenantTiers = map[string]string{"g": "gold"}
+	})
+	f.job("g", "queued", time.Second, nil, nil)
+	f.job("g", "running", time.Second, nil, nil)
+	f.job("p", "queued", time.Second, nil, nil)
+	f.exec("UPDATE jobs SET lanes = 'gpu,search' WHERE tenant = 'g' AND status = 'running'")
+	f.job("p", "dispatched", time.Second, nil, nil)
+	f.exec("UPDATE jobs SET lanes = 'gpu' WHERE tenant = 'p' AND status = 'dispatched'")
+	s := f.read(nil)
+	want := map[string]status.LaneUse{"gpu": {Limit: 2, InFlight: 2}, "search": {Limit: 5, InFlight: 1}}
+	if fmt.Sprint(s.Lanes) != fmt.Sprint(want) {
+		t.Errorf("status lanes %v, want %v", s.Lanes, want)
+	}
+	tiers := map[string]string{}
+	for _, tn := range s.Tenants {
+		tiers[tn.Tenant] = tn.Tier
+	}
+	if tiers["g"] != "gold" || tiers["p"] != limits.DefaultTier {
+		t.Errorf("status tiers %v, want g gold, p default", tiers)
+	}
+	r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := r.ReadTenants(context.Background(), status.TenantsQuery{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Tenants) != 2 || p.Tenants[0].Tier != "gold" || p.Tenants[1].Tier != limits.DefaultTier || fmt.Sprint(p.Lanes) != fmt.Sprint(want) {
+		t.Errorf("tenants page %+v lanes %v", p.Tenants, p.Lanes)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -49,7 +48,7 @@ type TenantRow struct {
 	Cap              int     `json:"cap"`
 	// Slots are the tenant's live slots (SPEC §5a).
 	Slots int `json:"slots"`
-	// Tier is the tenant's tier (runtime config tenant_tiers; default "default").
+	// Tier is the tenant's tier (runtime config tenant_tiers; limits.DefaultTier if not named).
 	Tier string `json:"tier"`
 	// GatedKeys are the gated rate keys (SHA-256 hex, sorted) among the tenant's first
 	// HeadsPerTenant queued jobs: the gates holding its queue back now. Empty without a gate
@@ -61,10 +60,9 @@ type TenantRow struct {
 type TenantPage struct {
 	Tenants []TenantRow
 	Next    *TenantKey
+	// Lanes are the configured lanes with their limits and in flight, as in Status.
+	Lanes map[string]LaneUse
 }
-
-// DefaultTier is the tier of a tenant the runtime config's tenant_tiers does not name.
-const DefaultTier = limits.DefaultTier
 
 // ErrOrder is returned by ReadTenants for an order other than ByName and ByDepth.
 var ErrOrder = errors.New("status: unknown tenant order")
@@ -120,8 +118,11 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 	for _, t := range inFlight {
 		busy[t.Tenant] = t.InFlight
 	}
-	_, slots, err := r.slots(ctx, lc)
+	live, slots, err := r.slots(ctx, lc)
 	if err != nil {
+		return page, err
+	}
+	if page.Lanes, err = r.lanes(ctx, lc, live.ByLane); err != nil {
 		return page, err
 	}
 	gated, err := r.headGates(ctx, now, rows)
@@ -135,7 +136,7 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 			keys = []string{}
 		}
 		page.Tenants = append(page.Tenants, TenantRow{Tenant: t.Tenant, Depth: t.Depth,
-			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: lc.Tier(t.Tenant),
+			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: t.Tier,
 			Slots: slots[t.Tenant], GatedKeys: keys})
 	}
 	return page, nil

@@ -37,7 +37,7 @@ func TestReadAdmission(t *testing.T) {
 	q1 := k.insert(jobSpec{tenant: "a"})
 	k.insert(jobSpec{tenant: "a"})
 	k.insert(jobSpec{tenant: "a", status: job.Running})
-	k.insert(jobSpec{tenant: "b", status: job.Dispatched})
+	k.insert(jobSpec{tenant: "b", status: job.Dispatched, lanes: "gpu", interactive: true})
 	k.insert(jobSpec{tenant: "c"})
 	keyed := k.insert(jobSpec{tenant: "b", status: job.Succeeded, idemKey: key})
 	failed := k.insert(jobSpec{tenant: "b", status: job.Failed})
@@ -53,6 +53,9 @@ func TestReadAdmission(t *testing.T) {
 		}
 		if st.TenantDepth["a"] != 2 || st.TenantInFlight["a"] != 1 || st.GlobalDepth != 5 || st.GlobalInFlight != 2 {
 			t.Errorf("state %+v, want a: 2 queued, 1 in flight; 5 queued and 2 in flight in all", st)
+		}
+		if u := st.Usage; u.Total != 2 || u.Interactive != 1 || u.Lane["gpu"] != 1 || u.Tenant["b"] != 1 || u.Tier["default"] != 2 {
+			t.Errorf("in flight %+v, want 2 (b's interactive on gpu, a's plain)", u)
 		}
 		if st.Now.Location() != time.UTC || st.Now.Before(k.now) {
 			t.Errorf("database time %v, want UTC, not before %v", st.Now, k.now)

@@ -16,6 +16,9 @@ type NewJob struct {
 	RateKeySHA256 *string
 	Caller        string
 	RetryOf       *int64
+	// Lanes (distinct, configured) and Interactive are the job's capacity class (SPEC §5a).
+	Lanes       []string
+	Interactive bool
 	// Rejected, if not empty, is the message of a depth cap's refusal: the row is written
 	// rejected (queue_full), finished at once, without the payload, and without the idempotency
 	// key, which it does not consume (the caller may retry with it).
@@ -104,15 +107,15 @@ func insertStatements(p NewJobs) writes {
 		end := min(len(p.Jobs), start+insertChunk)
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
-			request_sha256, queued_at, finished_at, error_code, error_message, retry_of) VALUES `)
+			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, lanes, interactive) VALUES `)
 		c := written{stmt: len(w.stmts)}
 		var pokes []outbox.NewPoke
-		rowArgs := make([]any, 0, 12*(end-start))
+		rowArgs := make([]any, 0, 14*(end-start))
 		for i := start; i < end; i++ {
 			if i > start {
 				q.WriteString(",")
 			}
-			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?)")
+			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
 			j := p.Jobs[i]
 			rowArgs = appendJobRow(rowArgs, j, p.Now)
 			c.jobs = append(c.jobs, i)
@@ -219,5 +222,5 @@ func appendJobRow(args []any, j NewJob, now time.Time) []any {
 		}
 	}
 	return append(args, j.Tenant, rateKey, payload, string(status), j.Caller, idem, fp,
-		now, finished, code, msg, retryOf)
+		now, finished, code, msg, retryOf, JoinLanes(j.Lanes), j.Interactive)
 }

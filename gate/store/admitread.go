@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/gate/limits"
 )
 
 // AdmissionRead is what an admission transaction reads under its tenants' locks.
@@ -20,8 +22,10 @@ type AdmissionRead struct {
 	// else GlobalEstimate is returned as the global depth without a count.
 	GlobalCountUpTo int64
 	GlobalEstimate  int64
-	// CountInFlight counts the jobs in flight of every tenant (queue=false admissions).
+	// CountInFlight reads what is in flight (AdmissionState.Usage, tiers as Config says): the
+	// capacity decision of queue=false admissions and the headers of every admission (SPEC §5a).
 	CountInFlight bool
+	Config        limits.Config
 	// IdempotencyKeys are looked up among Tenants' jobs.
 	IdempotencyKeys []string
 	// Redrives are the jobs redriven: the job each one's first redrive created is read.
@@ -35,8 +39,10 @@ type AdmissionState struct {
 	TenantInFlight map[string]int
 	GlobalDepth    int // counted, or the estimate given
 	GlobalInFlight int // 0 unless counted
-	Keyed          []Row
-	Redriven       []Row
+	// Usage is what is in flight by tenant, tier, lane and interactive, when counted.
+	Usage    limits.Usage
+	Keyed    []Row
+	Redriven []Row
 }
 
 // lockTenantsSQL is the statement that takes the row lock of n tenants, given in sorted order so
@@ -49,8 +55,6 @@ func lockTenantsSQL(n int) string {
 		" ON DUPLICATE KEY UPDATE tenant = tenant"
 }
 
-const inFlightStates = "('claimed','dispatched','running')"
-
 // ReadAdmission begins the transaction, locks p's tenants and reads the database clock, the
 // depths, in-flight counts, idempotency keys and redrives p asks for, all in one round trip.
 // Each read is its own statement after the lock: a statement that both locked and read would
@@ -62,7 +66,7 @@ const inFlightStates = "('claimed','dispatched','running')"
 // key. Under READ COMMITTED each later statement of the round trip reads after the lock is held.
 func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (AdmissionState, error) {
 	stmts, args := admissionReadSQL(p)
-	st := AdmissionState{TenantDepth: map[string]int{}, TenantInFlight: map[string]int{}}
+	st := AdmissionState{TenantDepth: map[string]int{}, TenantInFlight: map[string]int{}, Usage: limits.NewUsage()}
 	res, err := t.query(ctx, stmts, args)
 	if err != nil {
 		return st, fmt.Errorf("read admission state: %w", err)
@@ -72,6 +76,16 @@ func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (Admis
 		return st, err
 	}
 	st.Now = st.Now.UTC()
+	if p.CountInFlight {
+		rows, err := res.Next()
+		if err != nil {
+			return st, fmt.Errorf("count in-flight jobs: %w", err)
+		}
+		if err := scanUsage(rows, p.Config, &st.Usage); err != nil {
+			return st, err
+		}
+		st.GlobalInFlight = st.Usage.Total
+	}
 	if len(p.IdempotencyKeys) > 0 {
 		if err := res.EachRow(func(r Row) { st.Keyed = append(st.Keyed, r) }); err != nil {
 			return st, fmt.Errorf("read idempotency keys: %w", err)
@@ -103,25 +117,25 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 		globalSQL = "(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g)"
 		globalArg = p.GlobalCountUpTo
 	}
-	inFlightSQL := "(SELECT 0)"
-	if p.CountInFlight {
-		inFlightSQL = "(SELECT COUNT(*) FROM jobs WHERE status IN " + inFlightStates + ")"
-	}
 	if len(p.Tenants) == 1 {
 		// One scan of the tenant's (tenant, status) index range gives both its depth and its
 		// in-flight count.
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6),
 			COALESCE(SUM(status = 'queued'), 0), COALESCE(SUM(status <> 'queued'), 0),
-			`+globalSQL+`, `+inFlightSQL+`
+			`+globalSQL+`
 			FROM jobs WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`)
 		args = append(args, globalArg, p.Tenants[0])
 	} else {
-		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL+`, `+inFlightSQL,
+		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL,
 			`SELECT tenant, status = 'queued', COUNT(*) FROM jobs
 			WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+Placeholders(len(p.Tenants))+`)
 			GROUP BY tenant, status = 'queued'`)
 		args = append(args, globalArg)
 		args = append(args, tenantArgs...)
+	}
+	if p.CountInFlight {
+		// A statement of the same round trip, read after the lock like the others.
+		stmts = append(stmts, inFlightUsageSQL)
 	}
 	if len(p.IdempotencyKeys) > 0 {
 		stmts = append(stmts, "SELECT "+Columns+" FROM jobs WHERE tenant IN ("+
@@ -144,13 +158,13 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 func scanDepths(res *Results, tenants []string, st *AdmissionState) error {
 	if len(tenants) == 1 {
 		var depth, inFlight int
-		if err := res.ScanOne(&st.Now, &depth, &inFlight, &st.GlobalDepth, &st.GlobalInFlight); err != nil {
+		if err := res.ScanOne(&st.Now, &depth, &inFlight, &st.GlobalDepth); err != nil {
 			return fmt.Errorf("read admission state: %w", err)
 		}
 		st.TenantDepth[tenants[0]], st.TenantInFlight[tenants[0]] = depth, inFlight
 		return nil
 	}
-	if err := res.ScanOne(&st.Now, &st.GlobalDepth, &st.GlobalInFlight); err != nil {
+	if err := res.ScanOne(&st.Now, &st.GlobalDepth); err != nil {
 		return fmt.Errorf("read admission state: %w", err)
 	}
 	rows, err := res.Next()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
@@ -30,9 +31,10 @@ type TenantPageParams struct {
 	HeadAt    time.Time
 	HeadID    int64
 	Limit     int
-	// WithInFlight also counts the jobs in flight per tenant, in the same statement: a pass's
-	// first read.
+	// WithInFlight also counts the jobs in flight, in the same statement: a pass's first read.
+	// Config gives their tenants' tiers.
 	WithInFlight bool
+	Config       limits.Config
 }
 
 // TenantHead is a tenant with work and its place in the index read.
@@ -40,6 +42,9 @@ type TenantHead struct {
 	Tenant string
 	HeadAt sql.NullTime
 	HeadID sql.NullInt64
+	// Interactive: the tenant has interactive queued jobs, which go before its others (read
+	// them with HeadsWant.Interactive).
+	Interactive bool
 }
 
 // TenantPage is what ReadTenantPage read.
@@ -47,16 +52,20 @@ type TenantPage struct {
 	Tenants  []TenantHead
 	InFlight map[string]int // WithInFlight: the jobs in flight and live slots of each tenant with any
 	Total    int            // their sum
+	Usage    limits.Usage   // WithInFlight: the jobs in flight and live slots by capacity class
 }
 
-// tenantsSQL is the read of p's page of tenants with work, with the columns of
-// inFlightPerTenant's rows (tenant, NULL) plus the tenant's index position (ReadTenantPage adds
-// the in-flight counts as rows (tenant, count, NULL, NULL)). fair and fifo walk the head index
-// (every tenant's oldest queued job, oldest first); round_robin walks work_tenant by name from
-// the tenant served last to the end, then from the first name up to it.
+// tenantsSQL is the read of p's page of tenants with work, as rows (tenant, NULL, head_at,
+// head_id, has interactive queued jobs, NULL) (ReadTenantPage adds the jobs in flight as rows
+// (tenant, 1, NULL, NULL, interactive, lanes)). fair and fifo walk the head index (every
+// tenant's oldest queued job, oldest first); round_robin walks work_tenant by name from the
+// tenant served last to the end, then from the first name up to it. Whether a tenant has
+// interactive queued jobs is one dive into the interactive_queue index per tenant read
+// (migration 0014).
 func tenantsSQL(p TenantPageParams) (string, []any) {
 	n := p.Limit
-	const cols = "SELECT tenant, NULL, head_at, head_id FROM tenants"
+	const cols = `SELECT tenant, NULL, head_at, head_id,
+		EXISTS (SELECT 1 FROM jobs FORCE INDEX (interactive_queue) WHERE interactive_tenant = tenants.tenant), NULL FROM tenants`
 	if p.ByName {
 		if p.Wrapped {
 			return "(" + cols + " FORCE INDEX (work_tenant) WHERE work_tenant > ? AND work_tenant <= ? ORDER BY work_tenant LIMIT ?)",
@@ -80,23 +89,26 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 	q, args := tenantsSQL(p)
 	what := "read tenants with queued jobs"
 	if p.WithInFlight {
-		q += ` UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM jobs
-		WHERE status IN ('claimed','dispatched','running') GROUP BY tenant
-		UNION ALL SELECT tenant, COUNT(*), NULL, NULL FROM slots FORCE INDEX (live)
-		WHERE expires_at > NOW(6) GROUP BY tenant`
+		// One row per job in flight and per live slot (see inFlightUsageSQL: no GROUP BY, no
+		// temporary table).
+		q += ` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes FROM jobs
+		WHERE status IN ('claimed','dispatched','running')
+		UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes FROM slots FORCE INDEX (live)
+		WHERE expires_at > NOW(6)`
 		what = "read in-flight counts and tenants with queued jobs"
 	}
-	page, err := readTenants(ctx, db, q, args)
+	page, err := readTenants(ctx, db, q, args, p.Config)
 	if err != nil {
 		return page, fmt.Errorf("%s: %w", what, err)
 	}
 	return page, nil
 }
 
-// readTenants runs q, whose rows are tenants with work (tenant, NULL, head_at, head_id) and,
-// WithInFlight, in-flight counts (tenant, count, NULL, NULL).
-func readTenants(ctx context.Context, db sqldb.DB, q string, args []any) (TenantPage, error) {
-	page := TenantPage{InFlight: map[string]int{}}
+// readTenants runs q, whose rows are tenants with work (tenant, NULL, head_at, head_id,
+// interactive, NULL) and, WithInFlight, the jobs in flight and live slots (tenant, 1, NULL,
+// NULL, interactive, lanes), and counts the latter in the page's Usage with cfg's tiers.
+func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg limits.Config) (TenantPage, error) {
+	page := TenantPage{InFlight: map[string]int{}, Usage: limits.NewUsage()}
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return page, err
@@ -105,7 +117,8 @@ func readTenants(ctx context.Context, db sqldb.DB, q string, args []any) (Tenant
 	for rows.Next() {
 		var r TenantHead
 		var n sql.NullInt64
-		if err := rows.Scan(&r.Tenant, &n, &r.HeadAt, &r.HeadID); err != nil {
+		var lanes sql.NullString
+		if err := rows.Scan(&r.Tenant, &n, &r.HeadAt, &r.HeadID, &r.Interactive, &lanes); err != nil {
 			return page, err
 		}
 		if !n.Valid {
@@ -114,6 +127,11 @@ func readTenants(ctx context.Context, db sqldb.DB, q string, args []any) (Tenant
 		}
 		page.InFlight[r.Tenant] += int(n.Int64) // a tenant's jobs and its live slots
 		page.Total += int(n.Int64)
+		u := limits.Unit{Tenant: r.Tenant, Interactive: r.Interactive}
+		if lanes.String != "" {
+			u.Lanes = SplitLanes(lanes.String)
+		}
+		page.Usage.Add(cfg, u, int(n.Int64))
 	}
 	return page, rows.Err()
 }
@@ -122,6 +140,8 @@ func readTenants(ctx context.Context, db sqldb.DB, q string, args []any) (Tenant
 type HeadsWant struct {
 	Tenant string
 	N      int
+	// Interactive also reads the tenant's interactive queued jobs (at most N), which go first.
+	Interactive bool
 }
 
 // HeadsParams ask for the oldest eligible queued jobs of some tenants.
@@ -141,7 +161,12 @@ const maxStatementBytes = 48 << 10
 
 // ReadHeads returns, for each tenant of p, its oldest eligible queued jobs (at most its N) in
 // queue order, leaving out the jobs of the rate keys in p.Excluded: one sub-select per tenant,
-// joined by UNION ALL into statements of at most 48 KiB.
+// joined by UNION ALL into statements of at most 48 KiB. For a tenant read with Interactive, a
+// second sub-select reads its oldest eligible interactive jobs (at most N) from the
+// interactive_queue index, and they go first (SPEC §5a): the tenant's heads are then its
+// interactive jobs read, then the rest of the first N in queue order. Whether more exist beyond
+// them is still whether the heads number at least N: the interactive read adds only jobs the
+// plain read would have found had it been longer.
 func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]Head, error) {
 	out := map[string][]Head{}
 	exclude := ""
@@ -163,9 +188,15 @@ func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]He
 		// The claim index is forced and walked in (queued_at, id) order, stopping after LIMIT
 		// rows: without the hint MariaDB may pick tenant_id and sort the whole backlog, and
 		// naming the equality columns in ORDER BY (status is an ENUM) also makes it sort.
-		sub := `(SELECT id, tenant, rate_key_sha256, queued_at, version FROM jobs FORCE INDEX (claim)
+		sub := `(SELECT id, tenant, rate_key_sha256, queued_at, version, lanes, interactive FROM jobs FORCE INDEX (claim)
 			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)` + exclude + `
 			ORDER BY queued_at, id LIMIT ?)`
+		if w.Interactive {
+			sub += ` UNION ALL (SELECT id, tenant, rate_key_sha256, queued_at, version, lanes, interactive
+				FROM jobs FORCE INDEX (interactive_queue)
+				WHERE interactive_tenant = ? AND (not_before IS NULL OR not_before <= ?)` + exclude + `
+				ORDER BY queued_at, id LIMIT ?)`
+		}
 		if q.Len() > 0 && q.Len()+len(sub)+len(" UNION ALL ") > maxStatementBytes {
 			if err := flush(); err != nil {
 				return nil, err
@@ -175,19 +206,38 @@ func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]He
 			q.WriteString(" UNION ALL ")
 		}
 		q.WriteString(sub)
-		args = append(args, w.Tenant, p.Now)
-		for _, k := range p.Excluded {
-			args = append(args, k)
+		for range 1 + boolInt(w.Interactive) {
+			args = append(args, w.Tenant, p.Now)
+			for _, k := range p.Excluded {
+				args = append(args, k)
+			}
+			args = append(args, w.N)
 		}
-		args = append(args, w.N)
 	}
 	if err := flush(); err != nil {
 		return nil, err
 	}
-	for _, hs := range out {
+	for t, hs := range out {
 		sort.Slice(hs, func(i, j int) bool { return hs[i].before(hs[j]) })
+		// An interactive job read by both sub-selects is kept once.
+		kept := hs[:0]
+		seen := map[int64]bool{}
+		for _, h := range hs {
+			if !seen[h.ID] {
+				seen[h.ID] = true
+				kept = append(kept, h)
+			}
+		}
+		out[t] = kept
 	}
 	return out, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // readHeads runs one statement of ReadHeads and adds its rows to out.
@@ -199,8 +249,12 @@ func readHeads(ctx context.Context, db sqldb.DB, q string, args []any, out map[s
 	defer hr.Close()
 	for hr.Next() {
 		var h Head
-		if err := hr.Scan(&h.ID, &h.Tenant, &h.RateKey, &h.QueuedAt, &h.Version); err != nil {
+		var lanes string
+		if err := hr.Scan(&h.ID, &h.Tenant, &h.RateKey, &h.QueuedAt, &h.Version, &lanes, &h.Interactive); err != nil {
 			return fmt.Errorf("read queue heads: %w", err)
+		}
+		if lanes != "" {
+			h.Lanes = SplitLanes(lanes)
 		}
 		out[h.Tenant] = append(out[h.Tenant], h)
 	}

@@ -2,12 +2,15 @@ package store_test
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/testdb"
 )
 
 // TestReadTenantPage: a claim pass's pages of tenants with work, by oldest head (from the start
@@ -108,4 +111,79 @@ func TestReadHeads(t *testing.T) {
 		t.Errorf("heads of 402 tenants: %v", got)
 	}
 	k.wantLocked("after the reads", []int64{a1, a2, a3, a4, b1})
+}
+
+// TestInteractiveHeads: a tenant page flags the tenants with interactive queued jobs (not those
+// whose interactive jobs are in flight or not queued), counts the jobs in flight by lane and
+// interactive, and a tenant read with Interactive gets its interactive jobs first, in queue
+// order, each job once, even those beyond its oldest N; its heads number at least N exactly
+// when more may exist.
+func TestInteractiveHeads(t *testing.T) {
+	k := newKit(t)
+	testdb.SetLimits(t, k.db.DB, func(c *limits.Config) { c.Lanes = map[string]int{"gpu": 2} })
+	at := func(s int) time.Time { return k.now.Add(time.Duration(s) * time.Second) }
+	p1 := k.insert(jobSpec{tenant: "a", queuedAt: at(-5)})
+	i1 := k.insert(jobSpec{tenant: "a", queuedAt: at(-4), interactive: true, lanes: "gpu"})
+	p2 := k.insert(jobSpec{tenant: "a", queuedAt: at(-3)})
+	p3 := k.insert(jobSpec{tenant: "a", queuedAt: at(-2)})
+	i2 := k.insert(jobSpec{tenant: "a", queuedAt: at(-1), interactive: true})
+	b1 := k.insert(jobSpec{tenant: "b", queuedAt: at(-6)})
+	k.insert(jobSpec{tenant: "b", status: job.Running, interactive: true, lanes: "gpu"})
+	k.insert(jobSpec{tenant: "c", status: job.Canceled, interactive: true})
+	k.insert(jobSpec{tenant: "c", queuedAt: at(-7)})
+	tx := k.begin()
+	cfg := limits.Default()
+	cfg.Lanes = map[string]int{"gpu": 2}
+	page, err := store.ReadTenantPage(k.ctx, tx, store.TenantPageParams{FromStart: true, Limit: 5, WithInFlight: true, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := map[string]bool{}
+	for _, h := range page.Tenants {
+		flags[h.Tenant] = h.Interactive
+	}
+	if !reflect.DeepEqual(flags, map[string]bool{"a": true, "b": false, "c": false}) {
+		t.Errorf("interactive flags %v", flags)
+	}
+	if page.Usage.Total != 1 || page.Usage.Interactive != 1 || page.Usage.Lane["gpu"] != 1 || page.Usage.Tenant["b"] != 1 {
+		t.Errorf("usage %+v", page.Usage)
+	}
+	read := func(w ...store.HeadsWant) map[string][]store.Head {
+		t.Helper()
+		got, err := store.ReadHeads(k.ctx, tx, store.HeadsParams{Now: k.now, Tenants: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	ids := func(hs []store.Head) []int64 {
+		var out []int64
+		for _, h := range hs {
+			out = append(out, h.ID)
+		}
+		return out
+	}
+	got := read(store.HeadsWant{Tenant: "a", N: 2, Interactive: true}, store.HeadsWant{Tenant: "b", N: 2, Interactive: true})
+	if want := []int64{i1, i2, p1}; !slices.Equal(ids(got["a"]), want) {
+		t.Errorf("a's heads %v, want %v (interactive first)", ids(got["a"]), want)
+	}
+	if h := got["a"][0]; !h.Interactive || !slices.Equal(h.Lanes, []string{"gpu"}) || got["a"][2].Interactive || got["a"][2].Lanes != nil {
+		t.Errorf("heads' lanes and flags: %+v", got["a"])
+	}
+	if u := got["a"][0].Unit(); u.Tenant != "a" || !u.Interactive || !slices.Equal(u.Lanes, []string{"gpu"}) {
+		t.Errorf("a head's unit %+v", u)
+	}
+	if !slices.Equal(ids(got["b"]), []int64{b1}) {
+		t.Errorf("b's heads %v", ids(got["b"]))
+	}
+	if got := read(store.HeadsWant{Tenant: "a", N: 9, Interactive: true}); !slices.Equal(ids(got["a"]), []int64{i1, i2, p1, p2, p3}) {
+		t.Errorf("a's whole queue: %v", ids(got["a"]))
+	}
+	if got := read(store.HeadsWant{Tenant: "a", N: 2}); !slices.Equal(ids(got["a"]), []int64{i1, p1}) {
+		t.Errorf("a read without Interactive: %v, want its oldest two, interactive first", ids(got["a"]))
+	}
+	us, err := store.ReadInFlightUsage(k.ctx, tx, cfg)
+	if err != nil || us.Total != 1 || us.Lane["gpu"] != 1 || us.Tier["default"] != 1 {
+		t.Errorf("ReadInFlightUsage: %+v (%v)", us, err)
+	}
 }

@@ -23,27 +23,46 @@ import (
 // (completions can only lower them), so no claim puts more jobs in flight than the caps as read
 // in its own transaction.
 
-// inFlightPerTenant counts the jobs in flight of each tenant with any.
-const inFlightPerTenant = `SELECT tenant, COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') GROUP BY tenant`
+// inFlightUsageSQL reads the jobs in flight by tenant and capacity class (SPEC §5a): what
+// limits.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the claim
+// index over the in-flight states and each such job's row (lanes, interactive), so its cost is
+// bounded by the global cap, not by any backlog. It does not GROUP BY: grouping on lanes (up to
+// 520 bytes) with the tenant makes MariaDB build an on-disk (Aria) temporary table for every
+// read (Created_tmp_disk_tables went up by one a statement), where the rows themselves are at
+// most the global cap.
+const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 FROM jobs
+	WHERE status IN ('claimed','dispatched','running')`
 
-// scanInFlight reads the rows of inFlightPerTenant. The count reads the claim index over the
-// in-flight states only, so its cost is bounded by the global cap, not by any backlog.
-func scanInFlight(rows *sql.Rows) (map[string]int, int, error) {
-	out := map[string]int{}
-	total := 0
+// scanUsage adds the rows of inFlightUsageSQL to us, each tenant's tier as cfg says.
+func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage) error {
 	for rows.Next() {
-		var t string
+		var u limits.Unit
+		var lanes string
 		var n int
-		if err := rows.Scan(&t, &n); err != nil {
-			return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
+		if err := rows.Scan(&u.Tenant, &u.Interactive, &lanes, &n); err != nil {
+			return fmt.Errorf("count in-flight jobs: %w", err)
 		}
-		out[t] = n
-		total += n
+		if lanes != "" {
+			u.Lanes = SplitLanes(lanes)
+		}
+		us.Add(cfg, u, n)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("count in-flight jobs: %w", err)
+		return fmt.Errorf("count in-flight jobs: %w", err)
 	}
-	return out, total, nil
+	return nil
+}
+
+// ReadInFlightUsage returns the jobs in flight as a limits.Usage (tiers as cfg says), read in one
+// statement bounded by the global cap.
+func ReadInFlightUsage(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
+	us := limits.NewUsage()
+	rows, err := db.QueryContext(ctx, inFlightUsageSQL)
+	if err != nil {
+		return us, fmt.Errorf("count in-flight jobs: %w", err)
+	}
+	defer rows.Close()
+	return us, scanUsage(rows, cfg, &us)
 }
 
 // lockClaimsSQL takes the claim lock and reads the runtime configuration in force.
@@ -61,7 +80,9 @@ func decodeClaimConfig(raw sql.NullString) (limits.Config, error) {
 type ClaimLock struct {
 	// Config is the runtime configuration in force (the newest version, or the defaults).
 	Config limits.Config
-	// Usage is what is in flight: the jobs and the live slots (SPEC §5a), counted together.
+	// Usage is what is in flight, by tenant, tier, lane and interactive, as read under the
+	// claim lock: the jobs in flight (inFlightUsageSQL) and the live slots (SPEC §5a), counted
+	// together.
 	Usage limits.Usage
 	// InFlight counts the units in flight (jobs and live slots) of each tenant with any; Total
 	// is their sum. They are Usage's Tenant and Total.
@@ -72,12 +93,13 @@ type ClaimLock struct {
 }
 
 // LockClaims begins tx in its first round trip, takes the claim lock, reads the runtime
-// configuration in force and counts the jobs in flight and the live slots per tenant (slots.go:
-// a slot's grant counts both under the same lock, so the caps hold for their sum); with probe,
-// the lone-job probe (ProbeQueue) goes in the same round trip, read under the claim lock.
+// configuration in force and what is in flight (Usage: the jobs in flight and the live slots;
+// slots.go: a slot's grant counts both under the same lock, so the caps hold for their sum);
+// with probe, the lone-job probe (ProbeQueue) goes in the same round trip, read under the
+// claim lock.
 func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) {
 	var l ClaimLock
-	stmts := []string{lockClaimsSQL, inFlightPerTenant, liveSlotsSQL}
+	stmts := []string{lockClaimsSQL, inFlightUsageSQL, liveSlotsSQL}
 	if probe {
 		stmts = append(stmts, loneProbeSQL)
 	}
@@ -111,15 +133,26 @@ func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) 
 
 // Head is a queued job at the head of its tenant's queue: a job a claim may take.
 type Head struct {
-	ID       int64
-	Tenant   string
-	RateKey  sql.NullString // the rate key's SHA-256
-	QueuedAt time.Time
-	Version  int64
+	ID          int64
+	Tenant      string
+	RateKey     sql.NullString // the rate key's SHA-256
+	QueuedAt    time.Time
+	Version     int64
+	Lanes       []string // nil for none
+	Interactive bool
 }
 
-// before reports whether h goes before o in a tenant's queue: (queued_at, id) order.
+// Unit is what h asks of the caps.
+func (h Head) Unit() limits.Unit {
+	return limits.Unit{Tenant: h.Tenant, Lanes: h.Lanes, Interactive: h.Interactive}
+}
+
+// before reports whether h goes before o in a tenant's queue: its interactive jobs first (SPEC
+// §5a), each kind in (queued_at, id) order.
 func (h Head) before(o Head) bool {
+	if h.Interactive != o.Interactive {
+		return h.Interactive
+	}
 	if !h.QueuedAt.Equal(o.QueuedAt) {
 		return h.QueuedAt.Before(o.QueuedAt)
 	}

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"bytes"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -15,12 +16,17 @@ import (
 
 // TestLockClaims: the claim's first round trip holds the claim lock (and no job or tenant row),
 // reads the runtime config in force (the defaults before any version) and the jobs in flight
-// per tenant, and with the probe the queue's first two jobs with their payloads.
+// by tenant, tier, lane and interactive, and with the probe the queue's first two jobs with
+// their payloads, lanes and interactive flags.
 func TestLockClaims(t *testing.T) {
 	k := newKit(t)
-	q := k.insert(jobSpec{tenant: "a", payload: `{"p":1}`, rateKey: "k"})
-	r := k.insert(jobSpec{tenant: "a", status: job.Running})
-	d := k.insert(jobSpec{tenant: "b", status: job.Dispatched})
+	testdb.SetLimits(t, k.db.DB, func(c *limits.Config) {
+		c.Lanes = map[string]int{"gpu": 3, "search": 3}
+		c.TenantTiers = map[string]string{"b": "gold"}
+	})
+	q := k.insert(jobSpec{tenant: "a", payload: `{"p":1}`, rateKey: "k", lanes: "gpu", interactive: true})
+	r := k.insert(jobSpec{tenant: "a", status: job.Running, lanes: "gpu,search"})
+	d := k.insert(jobSpec{tenant: "b", status: job.Dispatched, interactive: true, lanes: "gpu"})
 	c := k.insert(jobSpec{tenant: "b", status: job.Claimed})
 	done := k.insert(jobSpec{tenant: "c", status: job.Succeeded})
 	all := []int64{q, r, d, c, done}
@@ -30,9 +36,10 @@ func TestLockClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Config.GlobalInFlight != limits.Default().GlobalInFlight || l.Total != 3 || l.InFlight["a"] != 1 || l.InFlight["b"] != 2 ||
-		len(l.InFlight) != 2 || l.Lone != nil {
-		t.Errorf("claim lock read %+v", l)
+	want := limits.Usage{Total: 3, Interactive: 1, Tenant: map[string]int{"a": 1, "b": 2},
+		Tier: map[string]int{"default": 1, "gold": 2}, Lane: map[string]int{"gpu": 2, "search": 1}}
+	if l.Config.GlobalInFlight != limits.Default().GlobalInFlight || !reflect.DeepEqual(l.Usage, want) || l.Lone != nil {
+		t.Errorf("claim lock read %+v, want usage %+v", l, want)
 	}
 	if !k.claimLockHeld() {
 		t.Error("the claim lock is not held")
@@ -54,7 +61,8 @@ func TestLockClaims(t *testing.T) {
 	if l.Config.GlobalInFlight != 7 || len(l.Lone) != 2 {
 		t.Fatalf("with a config and the probe: %+v", l)
 	}
-	if j := l.Lone[0]; j.ID != q || j.Tenant != "a" || string(j.Payload) != `{"p":1}` || j.RateKey.String != "k" || j.Version != 0 {
+	if j := l.Lone[0]; j.ID != q || j.Tenant != "a" || string(j.Payload) != `{"p":1}` || j.RateKey.String != "k" || j.Version != 0 ||
+		!slices.Equal(j.Lanes, []string{"gpu"}) || !j.Interactive {
 		t.Errorf("the probe's first job: %+v", j)
 	}
 }

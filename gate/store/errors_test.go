@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -70,7 +71,11 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			_, err := store.ReadTenantQueues(ctx, k.db, store.TenantQueuesParams{Limit: 1})
 			return err
 		},
-		"ReadInFlight":    func(ctx context.Context) error { _, err := store.ReadInFlight(ctx, k.db); return err },
+		"ReadInFlight": func(ctx context.Context) error { _, err := store.ReadInFlight(ctx, k.db); return err },
+		"ReadInFlightUsage": func(ctx context.Context) error {
+			_, err := store.ReadInFlightUsage(ctx, k.db, limits.Default())
+			return err
+		},
 		"ReadQueueTotals": func(ctx context.Context) error { _, err := store.ReadQueueTotals(ctx, k.db); return err },
 		"TenantsByHead":   func(ctx context.Context) error { _, err := store.TenantsByHead(ctx, k.db, 1); return err },
 		"HeadsRead": func(ctx context.Context) error {

@@ -38,20 +38,22 @@ func newKit(t *testing.T) *kit {
 
 // jobSpec is a job row to insert; zero fields take the defaults of insert.
 type jobSpec struct {
-	tenant     string     // default "acme"
-	status     job.Status // default queued
-	version    int64
-	queuedAt   time.Time // default kit.now
-	rateKey    string
-	notBefore  *time.Time
-	payload    string
-	drainer    string     // in flight: default "d1"
-	dispatched *time.Time // in flight: default queuedAt
-	lease      *time.Time // in flight: default queuedAt + 1 h
-	idemKey    string
-	retryOf    int64
-	result     string
-	finished   *time.Time // terminal: default queuedAt
+	tenant      string     // default "acme"
+	status      job.Status // default queued
+	version     int64
+	queuedAt    time.Time // default kit.now
+	rateKey     string
+	notBefore   *time.Time
+	payload     string
+	drainer     string     // in flight: default "d1"
+	dispatched  *time.Time // in flight: default queuedAt
+	lease       *time.Time // in flight: default queuedAt + 1 h
+	idemKey     string
+	retryOf     int64
+	result      string
+	finished    *time.Time // terminal: default queuedAt
+	lanes       string     // stored form: sorted, comma-joined
+	interactive bool
 }
 
 // insert writes spec as a job row (and its tenant's row if missing), recounts its tenant's
@@ -103,10 +105,11 @@ func (k *kit) insert(spec jobSpec) int64 {
 	}
 	k.exec("INSERT IGNORE INTO tenants (tenant, created_at) VALUES (?, ?)", spec.tenant, spec.queuedAt)
 	res, err := k.db.ExecContext(k.ctx, `INSERT INTO jobs (tenant, status, version, queued_at, rate_key_sha256, not_before,
-		payload, drainer_id, claimed_at, dispatched_at, lease_until, finished_at, idempotency_key, retry_of, result, caller)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'test')`,
+		payload, drainer_id, claimed_at, dispatched_at, lease_until, finished_at, idempotency_key, retry_of, result, caller,
+		lanes, interactive)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'test', ?, ?)`,
 		spec.tenant, string(spec.status), spec.version, spec.queuedAt, rateKey, spec.notBefore,
-		payload, drainer, dispatched, dispatched, lease, finished, idem, retryOf, result)
+		payload, drainer, dispatched, dispatched, lease, finished, idem, retryOf, result, spec.lanes, spec.interactive)
 	if err != nil {
 		k.t.Fatalf("insert %+v: %v", spec, err)
 	}

@@ -24,7 +24,7 @@ type QueuedJob struct {
 }
 
 // loneProbeSQL reads at most two queued jobs, with what a lone job's dispatch needs.
-const loneProbeSQL = `SELECT id, tenant, rate_key_sha256, queued_at, version,
+const loneProbeSQL = `SELECT id, tenant, rate_key_sha256, queued_at, version, lanes, interactive,
 	not_before, payload, attempt, dispatch_failures FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT 2`
 
 // ProbeQueue reads at most two queued jobs, with the payload: none means there is nothing to
@@ -44,9 +44,13 @@ func scanLone(rows *sql.Rows) ([]QueuedJob, error) {
 	var found []QueuedJob
 	for rows.Next() {
 		var j QueuedJob
-		if err := rows.Scan(&j.ID, &j.Tenant, &j.RateKey, &j.QueuedAt, &j.Version, &j.NotBefore,
+		var lanes string
+		if err := rows.Scan(&j.ID, &j.Tenant, &j.RateKey, &j.QueuedAt, &j.Version, &lanes, &j.Interactive, &j.NotBefore,
 			&j.Payload, &j.Attempt, &j.DispatchFailures); err != nil {
 			return nil, fmt.Errorf("read the queue's head: %w", err)
+		}
+		if lanes != "" {
+			j.Lanes = SplitLanes(lanes)
 		}
 		found = append(found, j)
 	}

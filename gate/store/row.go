@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
@@ -36,7 +38,7 @@ type Row struct {
 const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, payload,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
-	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals`
+	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive`
 
 // ListColumns is Columns with only what a job's JSON shows (job.Job, the result included) read
 // from the row, and NULL or zero in place of the rest, for ScanRow: a listing of up to 1,000 jobs
@@ -45,14 +47,14 @@ const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_a
 const ListColumns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, NULL,
 	0, NULL, NULL, NULL, NULL, '',
-	NULL, NULL, NULL, NULL, 0`
+	NULL, NULL, NULL, NULL, 0, lanes, interactive`
 
 // LockColumns is Columns with NULL in place of the result and the payload, for ScanRow: what a
 // transition needs of the rows it locks, without reading back up to 256 KiB of payload a job.
 const LockColumns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, NULL, retry_of, NULL,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
-	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals`
+	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive`
 
 // Scanner is *sql.Row or *sql.Rows.
 type Scanner interface{ Scan(dest ...any) error }
@@ -65,14 +67,16 @@ func ScanRow(s Scanner) (Row, error) {
 	var claimed, dispatched, started, finished, nonceExp, lease, notBefore sql.NullTime
 	var retryOf sql.NullInt64
 	var result []byte
+	var lanes string
 	err := s.Scan(&r.ID, &r.Tenant, &rateKey, &status, &r.Version, &r.Attempt, &r.QueuedAt, &claimed,
 		&dispatched, &started, &finished, &errCode, &errMsg, &result, &retryOf, &r.Payload,
 		&r.DispatchFailures, &r.NonceSHA256, &nonceExp, &lease, &drainerID, &r.Caller,
-		&idemKey, &r.RequestSHA256, &notBefore, &r.VoidedNonce, &r.Refusals)
+		&idemKey, &r.RequestSHA256, &notBefore, &r.VoidedNonce, &r.Refusals, &lanes, &r.Interactive)
 	if err != nil {
 		return r, err
 	}
 	r.Status = job.Status(status)
+	r.Lanes = SplitLanes(lanes)
 	r.RateKeySHA256 = strPtr(rateKey)
 	r.ErrorCode = strPtr(errCode)
 	r.ErrorMessage = strPtr(errMsg)
@@ -136,6 +140,22 @@ func WithPosition(ctx context.Context, db sqldb.DB, j job.Job) (job.Job, error) 
 	}
 	j.Position = &p
 	return j, nil
+}
+
+// JoinLanes is how a job's lanes are stored: sorted, comma-joined, "" for none (migrations 0014, 0015); the lanes of a job and of a slot are stored the same way.
+// Lane names never hold a comma (limits.validName).
+func JoinLanes(lanes []string) string {
+	s := slices.Clone(lanes)
+	slices.Sort(s)
+	return strings.Join(slices.Compact(s), ",")
+}
+
+// SplitLanes reads a job's stored lanes (JoinLanes): [] for none.
+func SplitLanes(s string) []string {
+	if s == "" {
+		return []string{}
+	}
+	return strings.Split(s, ",")
 }
 
 func strPtr(s sql.NullString) *string {

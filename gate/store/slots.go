@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
@@ -56,28 +54,15 @@ func (s Slot) Unit() limits.Unit {
 	return limits.Unit{Tenant: s.Tenant, Lanes: s.Lanes, Interactive: s.Interactive}
 }
 
-// joinLanes is the lanes column of a set of lanes: sorted, comma-separated (lane names hold no
-// comma: limits validates them), so that equal sets group together in the live count.
-func joinLanes(lanes []string) string {
-	s := slices.Clone(lanes)
-	slices.Sort(s)
-	return strings.Join(slices.Compact(s), ",")
-}
+// liveSlotsSQL reads the live slots' tenant, interactive flag and lanes, a row each: one range
+// of the live index (covering, so no row is read), bounded by the live slots, which the global
+// cap bounds (shadow grants aside). It is not grouped, for the reason inFlightUsageSQL is not:
+// a GROUP BY over the lanes column made MariaDB build an on-disk temporary table per read.
+const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1 FROM slots FORCE INDEX (live)
+	WHERE expires_at > NOW(6)`
 
-func splitLanes(col string) []string {
-	if col == "" {
-		return nil
-	}
-	return strings.Split(col, ",")
-}
-
-// liveSlotsSQL counts the live slots by tenant, interactive and lanes: one range of the live
-// index (covering, so no row is read), bounded by the live slots, which the global cap bounds
-// (shadow grants aside), plus those expired and not yet swept, which the range skips.
-const liveSlotsSQL = `SELECT tenant, interactive, lanes, COUNT(*) FROM slots FORCE INDEX (live)
-	WHERE expires_at > NOW(6) GROUP BY tenant, interactive, lanes`
-
-// SlotCount is a group of live slots of one tenant with the same lanes and interactive flag.
+// SlotCount is live slots of one tenant with the same lanes and interactive flag (one row of
+// liveSlotsSQL: N is 1; callers sum).
 type SlotCount struct {
 	Tenant      string
 	Interactive bool
@@ -98,7 +83,7 @@ func scanSlotCounts(rows *sql.Rows) ([]SlotCount, error) {
 		if err := rows.Scan(&c.Tenant, &c.Interactive, &lanes, &c.N); err != nil {
 			return nil, fmt.Errorf("count live slots: %w", err)
 		}
-		c.Lanes = splitLanes(lanes)
+		c.Lanes = SplitLanes(lanes)
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
@@ -129,7 +114,7 @@ func LiveSlots(ctx context.Context, db sqldb.DB) ([]SlotCount, error) {
 	return scanSlotCounts(rows)
 }
 
-// readUsage reads the next two result sets of res, inFlightPerTenant's and liveSlotsSQL's, as
+// readUsage reads the next two result sets of res, inFlightUsageSQL's and liveSlotsSQL's, as
 // what is in flight: the jobs and the live slots together.
 func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
 	us := limits.NewUsage()
@@ -137,12 +122,8 @@ func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
 	if err != nil {
 		return us, fmt.Errorf("count in-flight jobs: %w", err)
 	}
-	jobs, _, err := scanInFlight(rows)
-	if err != nil {
+	if err := scanUsage(rows, cfg, &us); err != nil {
 		return us, err
-	}
-	for t, n := range jobs {
-		us.Add(cfg, limits.Unit{Tenant: t}, n)
 	}
 	if rows, err = res.Next(); err != nil {
 		return us, fmt.Errorf("count live slots: %w", err)
@@ -213,7 +194,7 @@ func TakeSlot(ctx context.Context, db *sql.DB, p TakeSlotParams) (SlotState, *Sl
 		return st, nil, fmt.Errorf("take slot: begin: %w", err)
 	}
 	defer tx.Close()
-	res, err := tx.Query(ctx, []string{lockClaimsSQL, inFlightPerTenant, liveSlotsSQL, waitingSQL, tenantQueuedSQL},
+	res, err := tx.Query(ctx, []string{lockClaimsSQL, inFlightUsageSQL, liveSlotsSQL, waitingSQL, tenantQueuedSQL},
 		p.Tenant, max(p.WaitingLimit, 1), p.Tenant)
 	if err != nil {
 		return st, nil, fmt.Errorf("take slot: lock: %w", err)
@@ -229,7 +210,7 @@ func TakeSlot(ctx context.Context, db *sql.DB, p TakeSlotParams) (SlotState, *Sl
 	if !grant {
 		return st, nil, nil
 	}
-	lanes := joinLanes(p.Lanes)
+	lanes := JoinLanes(p.Lanes)
 	evArgs := appendAuditArgs(nil, ev)
 	// appendAuditArgs gives event, tenant, job_id, slot_id, ...: the slot id is the INSERT's.
 	evArgs = append(evArgs[:2:2], evArgs[4:]...)
@@ -243,7 +224,7 @@ func TakeSlot(ctx context.Context, db *sql.DB, p TakeSlotParams) (SlotState, *Sl
 	if err != nil {
 		return st, nil, fmt.Errorf("take slot: insert: %w", err)
 	}
-	s := &Slot{Tenant: p.Tenant, Caller: p.Caller, Lanes: splitLanes(lanes), Interactive: p.Interactive, LeaseSeconds: p.LeaseSeconds}
+	s := &Slot{Tenant: p.Tenant, Caller: p.Caller, Lanes: SplitLanes(lanes), Interactive: p.Interactive, LeaseSeconds: p.LeaseSeconds}
 	if err := rs.ScanOne(&s.ID, &s.ExpiresAt, &s.CreatedAt); err != nil {
 		_ = rs.Close()
 		return st, nil, fmt.Errorf("take slot: read back: %w", err)
@@ -316,7 +297,7 @@ func RenewSlot(ctx context.Context, db sqldb.DB, id int64, caller string, admin 
 	case err != nil:
 		return Slot{}, fmt.Errorf("renew slot %d: %w", id, err)
 	}
-	s.Lanes = splitLanes(lanes)
+	s.Lanes = SplitLanes(lanes)
 	if err := res.Close(); err != nil {
 		return Slot{}, fmt.Errorf("renew slot %d: %w", id, err)
 	}
@@ -365,7 +346,7 @@ func (s *Store) ReleaseSlot(ctx context.Context, db *sql.DB, now time.Time, id i
 	case sl.Caller != caller && !admin:
 		return Released{}, ErrSlotNotFound
 	}
-	sl.Lanes = splitLanes(lanes)
+	sl.Lanes = SplitLanes(lanes)
 	out.Found = true
 	slotID := strconv.FormatInt(id, 10)
 	detail, _ := json.Marshal(map[string]any{"lease_seconds": sl.LeaseSeconds, "expired": out.Expired, "owner": sl.Caller})
@@ -486,7 +467,7 @@ func ListSlots(ctx context.Context, db sqldb.DB, f SlotFilter) ([]Slot, error) {
 		if err := rows.Scan(&s.ID, &s.Tenant, &s.Caller, &lanes, &s.Interactive, &s.LeaseSeconds, &s.ExpiresAt, &s.CreatedAt); err != nil {
 			return nil, fmt.Errorf("list slots: %w", err)
 		}
-		s.Lanes = splitLanes(lanes)
+		s.Lanes = SplitLanes(lanes)
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {

@@ -157,6 +157,12 @@ type Response struct {
 // Do sends method path with body (marshalled to JSON unless it is []byte) and token.
 func (e *Env) Do(tb testing.TB, method, path, token string, body any) Response {
 	tb.Helper()
+	return e.DoHeader(tb, method, path, token, body, nil)
+}
+
+// DoHeader is Do with the request headers in h added.
+func (e *Env) DoHeader(tb testing.TB, method, path, token string, body any, h http.Header) Response {
+	tb.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -177,6 +183,11 @@ func (e *Env) Do(tb testing.TB, method, path, token string, body any) Response {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, vs := range h {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
 	resp, err := e.HTTP.Do(req)
 	if err != nil {
 		tb.Fatalf("%s %s: %v", method, path, err)

@@ -52,6 +52,9 @@ type Payload struct {
 	// ConfirmDelayMS delays the start confirmation: an executor slow to start, which lets a
 	// test void the dispatch before the confirmation arrives.
 	ConfirmDelayMS int `json:"confirm_delay_ms"`
+	// Groups are names the executor counts the job under while it runs (Stats.MaxInFlightByGroup):
+	// a test names a job's lanes, tier or kind there and checks each limit where the work runs.
+	Groups []string `json:"groups"`
 }
 
 // Stats are the executor's counters.
@@ -64,6 +67,7 @@ type Stats struct {
 	InFlight            int              `json:"in_flight"`
 	MaxInFlight         int              `json:"max_in_flight"`
 	MaxInFlightByTenant map[string]int   `json:"max_in_flight_by_tenant"`
+	MaxInFlightByGroup  map[string]int   `json:"max_in_flight_by_group"`
 	Completed           map[string]int64 `json:"completed"`
 }
 
@@ -74,6 +78,7 @@ type Server struct {
 	mu       sync.Mutex
 	stats    Stats
 	byTenant map[string]int
+	byGroup  map[string]int
 	exec     *kit.Handler   // serves dispatches; replaced by SetAPI
 	retired  []*kit.Handler // replaced by SetAPI, closed by Close
 }
@@ -148,8 +153,9 @@ func (s *Server) Close() {
 func (s *Server) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.stats = Stats{Starts: map[string]int{}, MaxInFlightByTenant: map[string]int{}, Completed: map[string]int64{}}
-	s.byTenant = map[string]int{}
+	s.stats = Stats{Starts: map[string]int{}, MaxInFlightByTenant: map[string]int{}, MaxInFlightByGroup: map[string]int{},
+		Completed: map[string]int64{}}
+	s.byTenant, s.byGroup = map[string]int{}, map[string]int{}
 }
 
 // Handler serves POST / (dispatch), GET /stats and POST /stats/reset.
@@ -279,6 +285,10 @@ func (s *Server) begin(d kit.Job) {
 	s.stats.MaxInFlight = max(s.stats.MaxInFlight, s.stats.InFlight)
 	s.byTenant[d.Tenant]++
 	s.stats.MaxInFlightByTenant[d.Tenant] = max(s.stats.MaxInFlightByTenant[d.Tenant], s.byTenant[d.Tenant])
+	for _, g := range payloadOf(d).Groups {
+		s.byGroup[g]++
+		s.stats.MaxInFlightByGroup[g] = max(s.stats.MaxInFlightByGroup[g], s.byGroup[g])
+	}
 }
 
 func (s *Server) end(d kit.Job, outcome string) {
@@ -286,5 +296,8 @@ func (s *Server) end(d kit.Job, outcome string) {
 	defer s.mu.Unlock()
 	s.stats.InFlight--
 	s.byTenant[d.Tenant]--
+	for _, g := range payloadOf(d).Groups {
+		s.byGroup[g]--
+	}
 	s.stats.Completed[outcome]++
 }
