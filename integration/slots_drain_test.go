@@ -80,6 +80,7 @@ type capLimits struct {
 	global, tenant, lane int
 	tierTenants          map[string]bool
 	tier                 int
+	reserve              int // interactive_reserve: non-interactive units never exceed global - reserve
 }
 
 // checkCaps reads, in one consistent snapshot, the jobs in flight and the live slots, and
@@ -90,19 +91,23 @@ func checkCaps(ctx context.Context, db *sql.DB, l capLimits) (string, error) {
 		return "", err
 	}
 	defer func() { _ = tx.Rollback() }()
-	rows, err := tx.QueryContext(ctx, `SELECT 'job', tenant, '', COUNT(*) FROM jobs WHERE status IN ('claimed','dispatched','running') GROUP BY tenant
-		UNION ALL SELECT 'slot', tenant, lanes, COUNT(*) FROM slots WHERE expires_at > NOW(6) GROUP BY tenant, lanes`)
+	rows, err := tx.QueryContext(ctx, `SELECT tenant, lanes, interactive FROM jobs WHERE status IN ('claimed','dispatched','running')
+		UNION ALL SELECT tenant, lanes, interactive FROM slots WHERE expires_at > NOW(6)`)
 	if err != nil {
 		return "", err
 	}
 	defer rows.Close()
-	total, tier, lane := 0, 0, 0
+	total, tier, lane, plain := 0, 0, 0, 0
 	tenants := map[string]int{}
 	for rows.Next() {
-		var kind, tenant, lanes string
-		var n int
-		if err := rows.Scan(&kind, &tenant, &lanes, &n); err != nil {
+		var tenant, lanes string
+		var interactive bool
+		if err := rows.Scan(&tenant, &lanes, &interactive); err != nil {
 			return "", err
+		}
+		n := 1
+		if !interactive {
+			plain++
 		}
 		total += n
 		tenants[tenant] += n
@@ -131,6 +136,9 @@ func checkCaps(ctx context.Context, db *sql.DB, l capLimits) (string, error) {
 	if tier > l.tier {
 		bad = append(bad, fmt.Sprintf("tier gold %d > %d", tier, l.tier))
 	}
+	if plain > l.global-l.reserve {
+		bad = append(bad, fmt.Sprintf("non-interactive %d > %d (reserve %d)", plain, l.global-l.reserve, l.reserve))
+	}
 	return strings.Join(bad, "; "), nil
 }
 
@@ -138,13 +146,14 @@ func checkCaps(ctx context.Context, db *sql.DB, l capLimits) (string, error) {
 // drainer each) share one database while workers take, renew and release slots and admit jobs
 // that the drainers claim and finish, in random interleavings; a checker reads every instant it
 // can (one consistent snapshot each) and no snapshot may break a limit: the global cap, the
-// tenant cap, a lane's limit and a tier's ceiling, for jobs and slots together.
+// tenant cap, a lane's limit, a tier's ceiling and the interactive reserve, for jobs and slots
+// together.
 func TestSlotCapsExactWithThreeProcesses(t *testing.T) {
 	t.Parallel()
 	e := startSlotsEnv(t, harness.Options{})
 	patchConfig(t, e, map[string]any{"global_in_flight": 4, "tenant_in_flight": 2, "lanes": map[string]int{"search": 2},
-		"tenant_tiers": map[string]string{"t3": "gold"}, "tier_in_flight": map[string]int{"gold": 1}})
-	l := capLimits{global: 4, tenant: 2, lane: 2, tier: 1, tierTenants: map[string]bool{"t3": true}}
+		"tenant_tiers": map[string]string{"t3": "gold"}, "tier_in_flight": map[string]int{"gold": 1}, "interactive_reserve": 1})
+	l := capLimits{global: 4, tenant: 2, lane: 2, tier: 1, tierTenants: map[string]bool{"t3": true}, reserve: 1}
 	urls := []string{e.URL}
 	for range 2 {
 		a := e.StartApp(t, harness.Options{})
@@ -172,7 +181,7 @@ func TestSlotCapsExactWithThreeProcesses(t *testing.T) {
 		}
 	}()
 
-	tenants, jobTenants := []string{"t1", "t2", "t3", "t4"}, []string{"t1", "t2", "t4"}
+	tenants := []string{"t1", "t2", "t3", "t4"}
 	var mu sync.Mutex
 	var jobs []int64
 	stats := map[string]int{}
@@ -211,9 +220,17 @@ func TestSlotCapsExactWithThreeProcesses(t *testing.T) {
 					}
 					held = append(held[:i], held[i+1:]...)
 				default:
-					// Jobs go to the tenants outside the tier: the claim honours tiers with the
-					// lanes of jobs (branch h-lanes); once merged, t3 takes jobs too.
-					id := env.Admit(t, jobTenants[rng.IntN(len(jobTenants))], map[string]any{"sleep_ms": rng.IntN(40)})
+					body := map[string]any{"tenant": tenants[rng.IntN(len(tenants))], "interactive": rng.IntN(4) == 0,
+						"payload": map[string]any{"sleep_ms": rng.IntN(40)}}
+					if rng.IntN(2) == 0 {
+						body["lanes"] = []string{"search"}
+					}
+					r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, body)
+					if r.Status != http.StatusAccepted {
+						t.Errorf("admit %v: HTTP %d %s", body, r.Status, r.Raw)
+						continue
+					}
+					id := int64(r.Body["id"].(float64))
 					mu.Lock()
 					jobs = append(jobs, id)
 					mu.Unlock()
