@@ -49,7 +49,7 @@ func auditEvents(ins []*item) []store.AuditEvent {
 // §10): a refusal by the rate limit or by immediate-or-refuse, or a replay. The rows admission
 // writes carry their own events (auditChunk); validation failures are not audited.
 func (a *Admitter) auditOutcome(it *item, res Result, err error) {
-	if a.cfg.Audit == nil {
+	if a.cfg.Audit == nil || a.cfg.AuditOff {
 		return
 	}
 	e := store.AuditEvent{Tenant: it.req.Tenant, Actor: it.caller}

@@ -139,21 +139,35 @@ func round2(x float64) float64 { return float64(int(x*100+0.5)) / 100 }
 // an executor that finishes every job at once, checking the caps still held in the database. It
 // drains twice, each time into a fresh database: with Go code on one thread, as a drainer-only
 // process runs it (`sluice serve --drainer`, see oneProcForDrainer in cmd/sluice), and with
-// every P this process has, as a drainer sharing a process with the API runs.
+// every P this process has, as a drainer sharing a process with the API runs. Each drain is
+// followed by the same drain with the audit trail off (drainer.Config.AuditOff): audit_ratio is
+// the rate with the audit over the rate without (issue 19: at least 0.85). With
+// SLUICE_BENCH_SERVER_WORK=1 the line also gives what the server did per job in the one-P
+// drains, with the audit and without (serverWork: on a private server only).
 func BenchmarkDrainThroughput(b *testing.B) {
 	for range b.N {
+		work, workOff := newServerWork(), newServerWork()
 		all := runtime.GOMAXPROCS(1)
-		one, raw := drainThroughput(b, 64, drainJobs)
+		one, raw := drainThroughput(b, 64, drainJobs, false, work)
+		oneOff, _ := drainThroughput(b, 64, drainJobs, true, workOff)
 		runtime.GOMAXPROCS(all)
-		many, _ := drainThroughput(b, 64, drainJobs)
+		many, _ := drainThroughput(b, 64, drainJobs, false, nil)
+		manyOff, _ := drainThroughput(b, 64, drainJobs, true, nil)
 		r := harness.Percentiles(raw, 50)
-		harness.Emit("drain_throughput", map[string]any{
+		rate := func(d drained) float64 { return float64(drainJobs) / d.el.Seconds() }
+		fields := map[string]any{
 			"jobs": drainJobs, "caps": 64, "gomaxprocs": 1, "seconds": round2(one.el.Seconds()),
-			"jobs_per_s": int(float64(drainJobs) / one.el.Seconds()), "peak_in_flight_sampled": one.peak,
-			"all_procs": all, "all_procs_jobs_per_s": int(float64(drainJobs) / many.el.Seconds()),
+			"jobs_per_s": int(rate(one)), "peak_in_flight_sampled": one.peak,
+			"all_procs": all, "all_procs_jobs_per_s": int(rate(many)),
 			"all_procs_peak_in_flight_sampled": many.peak,
 			"raw_two_statement_tx_p50_ms":      r[0], "raw_tx_per_s_one_client": int(1000 / r[0]),
-		})
+			"audit_off_jobs_per_s": int(rate(oneOff)), "audit_ratio": benchRound3(rate(one) / rate(oneOff)),
+			"all_procs_audit_off_jobs_per_s": int(rate(manyOff)), "all_procs_audit_ratio": benchRound3(rate(many) / rate(manyOff)),
+			"audit_target_ratio": 0.85,
+		}
+		work.addTo(fields, "server_work_per_job", drainJobs)
+		workOff.addTo(fields, "audit_off_server_work_per_job", drainJobs)
+		harness.Emit("drain_throughput", fields)
 	}
 }
 
@@ -165,9 +179,10 @@ type drained struct {
 }
 
 // drainThroughput drains jobs jobs, spread evenly over tenants tenants, into a fresh database
-// with caps 64 and returns how long it took, the highest in-flight count sampled, and the raw
-// transaction times measured on the same database before the drain.
-func drainThroughput(b *testing.B, tenants, jobs int) (drained, []time.Duration) {
+// with caps 64, with the audit trail off if auditOff, and returns how long it took, the highest
+// in-flight count sampled, and the raw transaction times measured on the same database before
+// the drain. work, if not nil, adds what the server did during the drain.
+func drainThroughput(b *testing.B, tenants, jobs int, auditOff bool, work *serverWork) (drained, []time.Duration) {
 	ctx := context.Background()
 	db := testdb.New(b)
 	setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
@@ -194,24 +209,27 @@ func drainThroughput(b *testing.B, tenants, jobs int) (drained, []time.Duration)
 		}
 	}()
 	s := &noopSender{}
-	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: s, ID: "bench"})
+	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: s, ID: "bench", AuditOff: auditOff})
 	if err != nil {
 		b.Fatal(err)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	start := time.Now()
-	go d.Run(runCtx)
-	// Wait on the executor's own count (in memory) so that the wait itself does not load the
-	// database, then for the last outcomes to commit.
-	harness.WaitFor(b, 10*time.Minute, "every job to be dispatched", func() (bool, error) {
-		return s.n.Load() >= int64(jobs), nil
+	var el time.Duration
+	work.measure(b, db.DB, func() {
+		start := time.Now()
+		go d.Run(runCtx)
+		// Wait on the executor's own count (in memory) so that the wait itself does not load the
+		// database, then for the last outcomes to commit.
+		harness.WaitFor(b, 10*time.Minute, "every job to be dispatched", func() (bool, error) {
+			return s.n.Load() >= int64(jobs), nil
+		})
+		harness.WaitFor(b, time.Minute, "the last outcomes to commit", func() (bool, error) {
+			var left int
+			err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status IN ('queued','claimed','dispatched','running')").Scan(&left)
+			return left == 0, err
+		})
+		el = time.Since(start)
 	})
-	harness.WaitFor(b, time.Minute, "the last outcomes to commit", func() (bool, error) {
-		var left int
-		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status IN ('queued','claimed','dispatched','running')").Scan(&left)
-		return left == 0, err
-	})
-	el := time.Since(start)
 	cancel()
 	d.Stop(ctx)
 	close(stop)

@@ -171,6 +171,15 @@ func InsertAudit(ctx context.Context, db sqldb.DB, events []AuditEvent) error {
 	return nil
 }
 
+// insertAudit writes events in tx, the transaction of the transitions they record, unless the
+// Store's audit is off.
+func (s *Store) insertAudit(ctx context.Context, tx sqldb.DB, events ...AuditEvent) error {
+	if s.AuditOff {
+		return nil
+	}
+	return InsertAudit(ctx, tx, events)
+}
+
 const auditSelect = `SELECT id, at, event, tenant, job_id, slot_id, actor, from_status, to_status, version,
 	attempt, error_code, scope, detail FROM audit_events `
 
@@ -276,8 +285,11 @@ func PurgeAudit(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int) (
 }
 
 // finishAudit is the transition rows of FinishMany's items, read after its UPDATEs: every item
-// moved, or the transaction rolls back (ErrFenced).
+// moved, or the transaction rolls back (ErrFenced). It is "" when the Store's audit is off.
 func (s *Store) finishAudit(ctx context.Context, items []Finishing) (string, []any) {
+	if s.AuditOff {
+		return "", nil
+	}
 	ids := make([]int64, len(items))
 	from := make(map[int64]job.Status, len(items))
 	for i, it := range items {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -119,6 +120,79 @@ func TestAuditQueueFailures(t *testing.T) {
 	for _, want := range []int{2, 1, 0} {
 		if n, err := q.RunOnce(context.Background()); n != want || err != nil {
 			t.Errorf("RunOnce: %d, %v; want %d", n, err, want)
+		}
+	}
+}
+
+// TestAuditOff: each transition a Store writes (a claim, a confirmed start, outcomes in both
+// forms, one requeued to hold its tenant's lock, a cancel, an expiry) writes its audit rows with
+// the audit on, and none, with the same effect on the jobs, with AuditOff (the benchmarks'
+// comparison).
+func TestAuditOff(t *testing.T) {
+	t.Parallel()
+	for _, off := range []bool{false, true} {
+		k := newKit(t)
+		st := &store.Store{Actor: "d9", AuditOff: off}
+		queued := k.insert(jobSpec{})
+		old := k.insert(jobSpec{tenant: "b", queuedAt: k.now.Add(-time.Hour)})
+		toClaim := k.insert(jobSpec{tenant: "c"})
+		started := dispatched(t, k.db, k.now, "acme", "n1")
+		done := dispatched(t, k.db, k.now, "acme", "n2")
+		requeued := dispatched(t, k.db, k.now, "acme", "n3")
+
+		tx := k.begin()
+		if _, _, err := st.Cancel(k.ctx, tx, k.now, queued); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.ConfirmStart(k.ctx, tx, k.now, started.ID, "n1"); err != nil {
+			t.Fatal(err)
+		}
+		if gone, err := st.Expire(k.ctx, tx, k.now, k.now.Add(-time.Minute), 10); err != nil || len(gone) != 1 {
+			t.Fatalf("expire: %v, %v", ids(gone), err)
+		}
+		if _, err := st.FinishMany(k.ctx, tx, k.now, []store.Finishing{{Row: done, Outcome: store.Outcome{Status: job.Succeeded}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		conn := k.beginConn()
+		if _, err := store.LockJobs(k.ctx, conn, []int64{requeued.ID}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.FinishManyConn(k.ctx, conn, k.now, []store.Finishing{{Row: requeued,
+			Outcome: store.Outcome{Status: job.Queued, ErrorCode: "executor_refused"}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		claim := k.beginConn()
+		if _, err := store.LockClaims(k.ctx, claim, false); err != nil {
+			t.Fatal(err)
+		}
+		got, err := store.ClaimJobs(k.ctx, claim, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
+			NonceExpiresAt: k.now.Add(time.Minute), AuditOff: off,
+			Jobs: []store.ClaimJob{{ID: toClaim, Tenant: "c", NonceSHA256: store.HashNonce("nc")}}})
+		if err != nil || !got[toClaim] {
+			t.Fatalf("claim: %v, %v", got, err)
+		}
+
+		for id, want := range map[int64]job.Status{queued: job.Canceled, old: job.Expired, toClaim: job.Dispatched,
+			started.ID: job.Running, done.ID: job.Succeeded, requeued.ID: job.Queued} {
+			if r := k.row(id); r.Status != want {
+				t.Errorf("audit off %v: job %d is %s, want %s", off, id, r.Status, want)
+			}
+		}
+		var wantRows int64 = 6 // one transition per job
+		if off {
+			wantRows = 0
+		}
+		if n := k.count("SELECT COUNT(*) FROM audit_events"); n != wantRows {
+			t.Errorf("audit off %v: %d audit rows, want %d", off, n, wantRows)
+		}
+		if n := k.count("SELECT COUNT(DISTINCT job_id) FROM audit_events WHERE event = 'transition'"); n != wantRows {
+			t.Errorf("audit off %v: transitions of %d jobs, want %d", off, n, wantRows)
 		}
 	}
 }

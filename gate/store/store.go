@@ -79,6 +79,11 @@ type Store struct {
 	// Actor names the writer in the audit rows of transitions made under a context that names
 	// none (WithActor): a drainer's id. Default "".
 	Actor string
+	// AuditOff drops the audit rows (SPEC §10) from the transitions this Store writes. It is not
+	// a setting: it exists only so that the benchmarks can measure the audit trail's cost beside
+	// the same work without it, in the same run (issue 19). Default false: every transition is
+	// audited.
+	AuditOff bool
 }
 
 func (s *Store) prefix() string {
