@@ -475,3 +475,27 @@ func TestAuditOff(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditListingBounded: GET /v1/audit?event= examines at most store.AuditScanRows events per
+// request: a rare event older than that many answers an empty page with a cursor, and the next
+// page finds it and ends.
+func TestAuditListingBounded(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	if err := store.InsertAudit(context.Background(), f.db.DB, []store.AuditEvent{{Event: store.EventRefused, Tenant: "acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.ExecContext(context.Background(), fmt.Sprintf(`INSERT INTO audit_events (event, tenant)
+		SELECT 'admitted', 'acme' FROM seq_1_to_%d`, store.AuditScanRows)); err != nil {
+		t.Fatal(err)
+	}
+	r := f.do(t, http.MethodGet, "/v1/audit?event=refused&limit=5", fdAdminToken, nil)
+	c, _ := r.Body["next_cursor"].(string)
+	if r.Status != 200 || len(r.Body["events"].([]any)) != 0 || c == "" {
+		t.Fatalf("first page: HTTP %d %s, want no events and a cursor", r.Status, r.Raw)
+	}
+	r = f.do(t, http.MethodGet, "/v1/audit?event=refused&limit=5&cursor="+c, fdAdminToken, nil)
+	if evs, _ := r.Body["events"].([]any); r.Status != 200 || len(evs) != 1 || r.Body["next_cursor"] != nil {
+		t.Errorf("second page: HTTP %d %s, want the refusal and no cursor", r.Status, r.Raw)
+	}
+}

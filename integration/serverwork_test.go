@@ -4,7 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"os"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // serverWorkSQL reads the counters of what MariaDB did that a benchmark reports per job when
@@ -13,6 +17,9 @@ import (
 // entries written, bytes received. Unlike timings they repeat from run to run on a loaded
 // machine, but they are global: only meaningful on a server nothing else uses
 // (SLUICE_TEST_MYSQL_DSN pointing at a private mariadbd; see integration/BENCHMARKS.md).
+// Beside them: the CPU time of this process (the API and its clients) and, when
+// SLUICE_BENCH_SERVER_PID names the server's process, of the server, in microseconds: less
+// noisy than wall time on a shared machine, though still inflated by its load.
 const serverWorkSQL = `SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_buffer_pool_read_requests',
 	'Innodb_buffer_pool_write_requests', 'Innodb_data_written', 'Innodb_os_log_written',
 	'Handler_write', 'Bytes_received')`
@@ -40,7 +47,8 @@ func (w *serverWork) measure(tb testing.TB, db *sql.DB, fn func()) {
 	}
 	before := readServerWork(tb, db)
 	fn()
-	for k, v := range readServerWork(tb, db) {
+	after := readServerWork(tb, db)
+	for k, v := range after {
 		w.sum[k] += v - before[k]
 	}
 }
@@ -83,5 +91,34 @@ func readServerWork(tb testing.TB, db *sql.DB) map[string]float64 {
 	if err := rows.Err(); err != nil {
 		tb.Fatal(err)
 	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	out["cpu_us_self"] = float64(time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) / time.Microsecond)
+	if pid := os.Getenv("SLUICE_BENCH_SERVER_PID"); pid != "" {
+		out["cpu_us_server"] = processCPU(tb, pid)
+	}
 	return out
+}
+
+// processCPU returns the user and system CPU time of process pid so far, in microseconds, from
+// /proc/<pid>/stat (fields 14 and 15, in clock ticks of 1/100 s on Linux).
+func processCPU(tb testing.TB, pid string) float64 {
+	tb.Helper()
+	raw, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces: count from after it.
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	var ticks float64
+	for _, f := range fields[11:13] { // utime, stime: fields 14 and 15 of the whole line
+		n, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ticks += n
+	}
+	return ticks * 1e4
 }

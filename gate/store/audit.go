@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -201,37 +202,84 @@ type AuditFilter struct {
 	Limit  int
 }
 
+// AuditScanRows bounds the rows one ListAudit call examines when a filter (event, since) is not
+// served by an index: a rare event must not make one request read the whole table.
+const AuditScanRows = 10000
+
+// AuditPage is what ListAudit found: at most Limit events, newest first, and Next, when not 0,
+// the id the listing continues below (as a cursor) because the call examined AuditScanRows rows
+// without filling the page.
+type AuditPage struct {
+	Events []AuditEvent
+	Next   int64
+}
+
 // ListAudit returns the events f selects, newest first: by the (tenant, id) index for a tenant,
-// the (event, id) index for an event, the primary key otherwise; each reads rows bounded by the
-// page (plus those of the other filters that the index does not serve).
-func ListAudit(ctx context.Context, db sqldb.DB, f AuditFilter) ([]AuditEvent, error) {
+// the primary key otherwise (migration 0016 dropped the event and at indexes: each cost every
+// audited write an index insert). Without an event or since filter the index serves the page
+// exactly; with one, the call examines at most AuditScanRows rows in the index's order and
+// returns what matched among them, with Next set where the listing continues if the page is not
+// full. Its two statements read the same rows: the first finds the lowest id of the window, the
+// second the page within it.
+func ListAudit(ctx context.Context, db sqldb.DB, f AuditFilter) (AuditPage, error) {
 	var where []string
 	var args []any
 	if f.Tenant != nil {
 		where = append(where, "tenant = ?")
 		args = append(args, *f.Tenant)
 	}
-	if f.Event != "" {
-		where = append(where, "event = ?")
-		args = append(args, f.Event)
-	}
-	if f.Since != nil {
-		where = append(where, "at >= ?")
-		args = append(args, *f.Since)
-	}
 	if f.Before > 0 {
 		where = append(where, "id < ?")
 		args = append(args, f.Before)
 	}
-	q := auditSelect
-	if len(where) > 0 {
-		q += "WHERE " + strings.Join(where, " AND ")
+	var floor int64
+	bounded := f.Event != "" || f.Since != nil
+	if bounded {
+		var lowest sql.NullInt64
+		var seen int
+		window := "SELECT id FROM audit_events " + whereOf(where) + " ORDER BY id DESC LIMIT ?"
+		if err := db.QueryRowContext(ctx, "SELECT MIN(id), COUNT(*) FROM ("+window+") w",
+			append(slices.Clip(args), AuditScanRows)...).Scan(&lowest, &seen); err != nil {
+			return AuditPage{}, fmt.Errorf("list audit events: %w", err)
+		}
+		if seen == 0 {
+			return AuditPage{Events: []AuditEvent{}}, nil
+		}
+		floor = lowest.Int64
+		where = append(where, "id >= ?")
+		args = append(args, floor)
+		if f.Event != "" {
+			where = append(where, "event = ?")
+			args = append(args, f.Event)
+		}
+		if f.Since != nil {
+			where = append(where, "at >= ?")
+			args = append(args, *f.Since)
+		}
+		if seen < AuditScanRows {
+			floor = 0 // the window reached the first row
+		}
 	}
-	rows, err := db.QueryContext(ctx, q+" ORDER BY id DESC LIMIT ?", append(args, f.Limit)...)
+	rows, err := db.QueryContext(ctx, auditSelect+whereOf(where)+" ORDER BY id DESC LIMIT ?", append(args, f.Limit)...)
 	if err != nil {
-		return nil, fmt.Errorf("list audit events: %w", err)
+		return AuditPage{}, fmt.Errorf("list audit events: %w", err)
 	}
-	return scanAudit(rows)
+	events, err := scanAudit(rows)
+	if err != nil {
+		return AuditPage{}, err
+	}
+	page := AuditPage{Events: events}
+	if len(events) < f.Limit {
+		page.Next = floor
+	}
+	return page, nil
+}
+
+func whereOf(conds []string) string {
+	if len(conds) == 0 {
+		return ""
+	}
+	return "WHERE " + strings.Join(conds, " AND ")
 }
 
 func scanAudit(rows *sql.Rows) ([]AuditEvent, error) {
@@ -270,10 +318,23 @@ func scanAudit(rows *sql.Rows) ([]AuditEvent, error) {
 	return out, nil
 }
 
-// PurgeAudit deletes up to limit audit events older than cutoff, oldest first, by the at index,
-// and returns how many it deleted (SPEC §9 audit_retention_days).
+// PurgeAudit deletes up to limit audit events older than cutoff, oldest first, and returns how
+// many it deleted (SPEC §9 audit_retention_days). It walks the primary key, never an index of
+// `at` (migration 0016 dropped it): ids are given in time order, near enough (a row's at is its
+// statement's start, its id is taken during the statement, so neighbours may differ by the
+// length of a statement), so the oldest events are the first ids. It finds the highest id among
+// the first limit rows that is older than cutoff, then deletes the rows up to it that are: each
+// statement reads at most limit rows, and a row younger than cutoff is never deleted.
 func PurgeAudit(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int) (int64, error) {
-	res, err := db.ExecContext(ctx, "DELETE FROM audit_events WHERE at < ? ORDER BY at LIMIT ?", cutoff, limit)
+	var last sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT MAX(id) FROM (SELECT id, at FROM audit_events ORDER BY id LIMIT ?) w WHERE at < ?",
+		limit, cutoff).Scan(&last); err != nil {
+		return 0, fmt.Errorf("purge audit events: %w", err)
+	}
+	if !last.Valid {
+		return 0, nil
+	}
+	res, err := db.ExecContext(ctx, "DELETE FROM audit_events WHERE id <= ? AND at < ?", last.Int64, cutoff)
 	if err != nil {
 		return 0, fmt.Errorf("purge audit events: %w", err)
 	}

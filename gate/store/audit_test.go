@@ -55,10 +55,13 @@ func TestAuditReadAndPurge(t *testing.T) {
 		{store.AuditFilter{Since: &future, Limit: 10}, 0},
 		{store.AuditFilter{Before: got[1].ID, Limit: 10}, 1},
 		{store.AuditFilter{Limit: 1}, 1},
+		{store.AuditFilter{Tenant: ptr("acme"), Event: store.EventRefused, Limit: 10}, 1},
+		{store.AuditFilter{Event: store.EventAdmitted, Before: got[0].ID, Limit: 10}, 0},
 	} {
-		list, err := store.ListAudit(ctx, db, c.f)
-		if err != nil || len(list) != c.want {
-			t.Errorf("ListAudit(%+v) = %d events, %v; want %d", c.f, len(list), err, c.want)
+		page, err := store.ListAudit(ctx, db, c.f)
+		list := page.Events
+		if err != nil || len(list) != c.want || page.Next != 0 {
+			t.Errorf("ListAudit(%+v) = %d events, next %d, %v; want %d, no next", c.f, len(list), page.Next, err, c.want)
 		}
 		for i := 1; i < len(list); i++ {
 			if list[i].ID >= list[i-1].ID {
@@ -75,8 +78,61 @@ func TestAuditReadAndPurge(t *testing.T) {
 			t.Errorf("PurgeAudit: %d, %v; want %d", n, err, want)
 		}
 	}
-	if list, _ := store.ListAudit(ctx, db, store.AuditFilter{Limit: 10}); len(list) != 1 || list[0].Tenant != "globex" {
-		t.Errorf("after the purge: %v, want globex's event only", list)
+	if page, _ := store.ListAudit(ctx, db, store.AuditFilter{Limit: 10}); len(page.Events) != 1 || page.Events[0].Tenant != "globex" {
+		t.Errorf("after the purge: %v, want globex's event only", page.Events)
+	}
+}
+
+// TestAuditBoundedReads: with more than AuditScanRows events, a listing by a rare event or by
+// since examines one window of them per call and says where it goes on; the purge deletes the
+// old events among the first ids it reads, and never a young one, even one of a lower id.
+func TestAuditBoundedReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	// The rare event is the oldest; then AuditScanRows + 10 admissions, 5 of them of tenant t1.
+	if err := store.InsertAudit(ctx, db, []store.AuditEvent{{Event: store.EventRefused, Tenant: "t1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO audit_events (event, tenant)
+		SELECT 'admitted', IF(seq % 2000 = 0, 't1', 't2') FROM seq_1_to_10010`); err != nil {
+		t.Fatal(err)
+	}
+	var rare int64
+	if err := db.QueryRowContext(ctx, "SELECT MIN(id) FROM audit_events").Scan(&rare); err != nil {
+		t.Fatal(err)
+	}
+	first, err := store.ListAudit(ctx, db, store.AuditFilter{Event: store.EventRefused, Limit: 10})
+	if err != nil || len(first.Events) != 0 || first.Next == 0 {
+		t.Fatalf("first window: %d events, next %d, %v; want none and a next", len(first.Events), first.Next, err)
+	}
+	second, err := store.ListAudit(ctx, db, store.AuditFilter{Event: store.EventRefused, Before: first.Next, Limit: 10})
+	if err != nil || len(second.Events) != 1 || second.Events[0].ID != rare || second.Next != 0 {
+		t.Errorf("second window: %+v, %v; want the refusal and the end", second, err)
+	}
+	past := time.Now().Add(-time.Hour)
+	if page, err := store.ListAudit(ctx, db, store.AuditFilter{Since: &past, Limit: 3}); err != nil || len(page.Events) != 3 || page.Next != 0 {
+		t.Errorf("since, a full page: %d events, next %d, %v; want 3 (the next page by its last id)", len(page.Events), page.Next, err)
+	}
+	// A tenant's window is of its own events: all six fit.
+	if page, err := store.ListAudit(ctx, db, store.AuditFilter{Tenant: ptr("t1"), Event: store.EventRefused, Limit: 10}); err != nil ||
+		len(page.Events) != 1 || page.Next != 0 {
+		t.Errorf("t1's refusals: %+v, %v; want one, the end", page, err)
+	}
+
+	// Age the rare event and the 20 after it, except the 10th after it.
+	if _, err := db.ExecContext(ctx, "UPDATE audit_events SET at = at - INTERVAL 40 DAY WHERE id <= ? AND id <> ?", rare+20, rare+10); err != nil {
+		t.Fatal(err)
+	}
+	cutoff := time.Now().Add(-30 * 24 * time.Hour)
+	for _, want := range []int64{10, 9, 1, 0} {
+		if n, err := store.PurgeAudit(ctx, db, cutoff, 10); err != nil || n != want {
+			t.Errorf("PurgeAudit: %d, %v; want %d", n, err, want)
+		}
+	}
+	var young int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM audit_events WHERE id = ?", rare+10).Scan(&young); err != nil || young != 1 {
+		t.Errorf("the young event among the old: %d rows, %v; want it kept", young, err)
 	}
 }
 
