@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -135,15 +136,7 @@ func insertStatements(p NewJobs) writes {
 			w.args = append(w.args, pargs)
 		}
 		if p.Audit != nil {
-			events := make([]AuditEvent, end-start)
-			for i := start; i < end; i++ {
-				off := int64(i - start)
-				events[i-start] = p.Audit[i]
-				events[i-start].JobID = &off
-			}
-			aq, aargs := AuditNewJobsSQL(events)
-			w.stmts = append(w.stmts, aq)
-			w.args = append(w.args, aargs)
+			w.auditChunk(p, start, end)
 		}
 		w.chunks = append(w.chunks, c)
 	}
@@ -153,6 +146,35 @@ func insertStatements(p NewJobs) writes {
 		w.args = append(w.args, args)
 	}
 	return w
+}
+
+// auditChunk appends the statements of the audit rows of p.Jobs[start:end], one jobs INSERT's
+// rows: those their job rows imply by AuditAdmittedSQL, the others by AuditNewJobsSQL.
+func (w *writes) auditChunk(p NewJobs, start, end int) {
+	var others []AuditEvent
+	details := make([]json.RawMessage, end-start)
+	implied := 0
+	for i := start; i < end; i++ {
+		if AdmittedByRow(p.Audit[i], p.Jobs[i]) {
+			details[i-start] = p.Audit[i].Detail
+			implied++
+			continue
+		}
+		off := int64(i - start)
+		e := p.Audit[i]
+		e.JobID = &off
+		others = append(others, e)
+	}
+	if implied > 0 {
+		q, args := AuditAdmittedSQL(details)
+		w.stmts = append(w.stmts, q)
+		w.args = append(w.args, args)
+	}
+	if len(others) > 0 {
+		q, args := AuditNewJobsSQL(others)
+		w.stmts = append(w.stmts, q)
+		w.args = append(w.args, args)
+	}
 }
 
 // queueCountSQL is the UPDATE that adds the queued jobs among p.Jobs to their tenants' queue

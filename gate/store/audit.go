@@ -87,6 +87,39 @@ func AuditNewJobsSQL(events []AuditEvent) (string, []any) {
 	return auditValues(events, "@sluice_first_job + ?")
 }
 
+// AuditAdmittedSQL is the INSERT of the audit rows of the jobs of the INSERT that FirstJobSQL
+// followed whose event their job row implies (AdmittedByRow): admitted, by the job's caller,
+// into its status, version 0, attempt 0, no code or scope. Each takes tenant, id, caller and
+// status from its job row, which the transaction just wrote, and only its detail from the
+// statement: details[i] is that of the i-th job of the INSERT, nil for a job whose event its row
+// does not imply (AuditNewJobsSQL writes those). The server picks a row's detail by the job's
+// offset (ELT, constant time), so the statement carries one value per job where a VALUES list
+// of the same rows carries twelve.
+func AuditAdmittedSQL(details []json.RawMessage) (string, []any) {
+	args := make([]any, 0, len(details)+1)
+	for _, d := range details {
+		if d == nil {
+			args = append(args, nil)
+		} else {
+			args = append(args, string(d))
+		}
+	}
+	args = append(args, len(details)-1)
+	return `INSERT INTO audit_events (event, tenant, job_id, actor, to_status, version, attempt, detail)
+		SELECT '` + EventAdmitted + `', tenant, id, caller, status, 0, 0, ELT(id - @sluice_first_job + 1, ` +
+		Placeholders(len(details)) + `) AS d FROM jobs WHERE id BETWEEN @sluice_first_job AND @sluice_first_job + ?
+		HAVING d IS NOT NULL`, args
+}
+
+// AdmittedByRow reports whether e, the admission event of job j, is what j's row implies, so
+// that AuditAdmittedSQL can write it: admitted, queued, by the job's caller, with a detail and
+// nothing else.
+func AdmittedByRow(e AuditEvent, j NewJob) bool {
+	return e.Event == EventAdmitted && j.Rejected == "" && e.Tenant == j.Tenant && e.Actor == j.Caller &&
+		e.To == string(job.Queued) && e.From == "" && e.ErrorCode == "" && e.Scope == "" && e.SlotID == nil &&
+		e.JobID == nil && e.Version != nil && *e.Version == 0 && e.Attempt != nil && *e.Attempt == 0 && len(e.Detail) > 0
+}
+
 func auditValues(events []AuditEvent, jobID string) (string, []any) {
 	var q strings.Builder
 	q.WriteString(auditInsert + "VALUES ")
