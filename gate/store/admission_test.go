@@ -228,7 +228,9 @@ func wantQueueState(t *testing.T, k *kit, tenants ...string) {
 
 // TestInsertJobsAudit: each job of an admission gets its one audit row, naming it, with the
 // event given (admitted, a refusal, a shadow refusal, another actor than the caller): alone,
-// several in one INSERT, and over several chunks of a prepared batch.
+// several in one INSERT, and over several chunks of a prepared batch, whose first chunks hold
+// enough plain admissions to be derived from their job rows (AuditAdmittedSQL) and whose last
+// does not.
 func TestInsertJobsAudit(t *testing.T) {
 	k := newKit(t)
 	zero, none := int64(0), 0
