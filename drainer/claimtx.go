@@ -82,7 +82,7 @@ func (cl *claimer) claimUpdate(now time.Time, cfg limits.Config, chosen []candid
 		}
 	}
 	p := store.ClaimParams{DrainerID: cl.cfg.ID, Stamp: stamp, LeaseUntil: now.Add(cfg.Lease()),
-		NonceExpiresAt: now.Add(cfg.NonceTTL()), Jobs: make([]store.ClaimJob, len(chosen))}
+		NonceExpiresAt: now.Add(cfg.NonceTTL()), Jobs: make([]store.ClaimJob, len(chosen)), AuditOff: cl.store.AuditOff}
 	if cl.cfg.UnconfirmedStarts {
 		p.StartedAt = &stamp
 	}

@@ -85,6 +85,10 @@ type Config struct {
 	// together are written together (group commit). Default 256; 1 writes each outcome in a
 	// transaction of its own, from the dispatch that got it.
 	OutcomeBatch int
+	// AuditOff drops the audit rows of the transitions this drainer writes (store.Store.AuditOff).
+	// Not a setting: it exists only for the benchmarks' same-run comparison of the audit trail's
+	// cost (issue 19). Default false.
+	AuditOff bool
 	// Observer, if set, is told of claims and recorded answers as they happen. A test signal:
 	// tests wait on it instead of on time. Nil in production.
 	Observer Observer
@@ -153,7 +157,7 @@ func New(cfg Config) (*Drainer, error) {
 		cfg.OutcomeBatch = maxOutcomeBatch
 	}
 	d := &Drainer{cfg: cfg, wake: make(chan struct{}, 1), config: &configView{}, heads: &headCache{}}
-	st := &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, Actor: cfg.ID}
+	st := &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, Actor: cfg.ID, AuditOff: cfg.AuditOff}
 	d.leases = &leaseKeeper{cfg: &d.cfg, config: d.config, held: map[int64]int64{}}
 	d.beat = &heartbeat{cfg: &d.cfg, leases: d.leases, host: host, pid: os.Getpid()}
 	w := &outcomeWriter{cfg: &d.cfg, store: st, heads: d.heads}

@@ -85,6 +85,10 @@ type Config struct {
 	// Audit, if set, takes the audit events of refusals and replays, which write nothing else
 	// (SPEC §10). Default none: only the decisions admission writes rows for are audited.
 	Audit *store.AuditQueue
+	// AuditOff writes no audit row for admissions, and none for the transitions the Admitter's
+	// Store writes (store.Store.AuditOff); Audit is then not used. Not a setting: it exists only
+	// for the benchmarks' same-run comparison of the audit trail's cost (issue 19). Default false.
+	AuditOff bool
 	// Faults injects failures for tests. Default none.
 	Faults *Faults
 }
@@ -136,7 +140,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Lanes <= 0 {
 		cfg.Lanes = 2
 	}
-	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics}, stmts: store.NewStmtCache(cfg.TxDB),
+	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, AuditOff: cfg.AuditOff}, stmts: store.NewStmtCache(cfg.TxDB),
 		combine: combiner{lanes: cfg.Lanes}}
 	a.combine.run = a.run
 	return a, nil

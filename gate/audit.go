@@ -3,6 +3,7 @@ package gate
 import (
 	"encoding/json"
 	"errors"
+	"strconv"
 
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
@@ -39,17 +40,34 @@ func auditEvents(ins []*item) []store.AuditEvent {
 		if it.retryOf != nil {
 			detail["retry_of"] = *it.retryOf
 		}
-		e.Detail, _ = json.Marshal(detail)
+		if e.Event == store.EventAdmitted && it.res.Job.Position != nil && it.retryOf == nil {
+			// The common case, without a map: the bytes json.Marshal(detail) gives.
+			e.Detail = admittedDetail(it.res.Limit, it.res.InFlight, *it.res.Job.Position)
+		} else {
+			e.Detail, _ = json.Marshal(detail)
+		}
 		events[i] = e
 	}
 	return events
+}
+
+// admittedDetail is the detail of a plain admission, {"cap":..,"in_flight":..,"position":..}.
+func admittedDetail(limit, inFlight int, position int64) json.RawMessage {
+	b := make([]byte, 0, 48)
+	b = append(b, `{"cap":`...)
+	b = strconv.AppendInt(b, int64(limit), 10)
+	b = append(b, `,"in_flight":`...)
+	b = strconv.AppendInt(b, int64(inFlight), 10)
+	b = append(b, `,"position":`...)
+	b = strconv.AppendInt(b, position, 10)
+	return append(b, '}')
 }
 
 // auditOutcome queues the audit event of an admission decision that wrote nothing else (SPEC
 // §10): a refusal by the rate limit or by immediate-or-refuse, or a replay. The rows admission
 // writes carry their own events (auditChunk); validation failures are not audited.
 func (a *Admitter) auditOutcome(it *item, res Result, err error) {
-	if a.cfg.Audit == nil {
+	if a.cfg.Audit == nil || a.cfg.AuditOff {
 		return
 	}
 	e := store.AuditEvent{Tenant: it.req.Tenant, Actor: it.caller}

@@ -56,6 +56,8 @@ func (a *Admitter) newJobs(items []*item, st *state, perTenant bool) (store.NewJ
 		}
 		p.Jobs[i] = j
 	}
-	p.Audit = auditEvents(ins)
+	if !a.cfg.AuditOff {
+		p.Audit = auditEvents(ins)
+	}
 	return p, ins
 }

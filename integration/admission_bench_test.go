@@ -35,8 +35,15 @@ const benchTenants = 16
 // MariaDB uses too. What admission adds beyond it is the tenant lock and the read of the tenant's
 // depth and in-flight count, which exact tenant caps and exact positions need, the rules
 // themselves, the log line and the metrics.
+//
+// Every admission figure is also measured, in the same run and alternating with it, by a second
+// front door on the same database with the audit trail off (gate.Config.AuditOff): audit_ratio
+// is the rate with the audit over the rate without (issue 19: at least 0.85). With
+// SLUICE_BENCH_SERVER_WORK=1 each line also gives what the server did per job, with the audit
+// and without (serverWork: on a private server only).
 func BenchmarkAdmission(b *testing.B) {
 	f := startFrontDoor(b, fdOptions{})
+	noAudit := startFrontDoorOn(b, f, fdOptions{auditOff: true})
 	ctx := context.Background()
 	// The raw transactions write jobs of these tenants too; every job's tenant has a row.
 	for i := range benchTenants {
@@ -51,35 +58,42 @@ func BenchmarkAdmission(b *testing.B) {
 			concs = nil
 		}
 		for _, conc := range concs {
-			// Raw and HTTP admissions alternate in chunks of 240, so that both see the same
-			// load on this shared machine. Goroutine g admits for tenants g, g+conc, ...: no
-			// two clients contend for one tenant (admissions of one tenant serialise on its row
-			// lock). The raw rows are written as succeeded, so the queue the admissions see grows
-			// from 0 to 1,920 (120 per tenant) in each pass, under the default depth caps, and
-			// every admission takes the full enforce path and succeeds.
-			const chunk, chunks = 240, 8
-			const passes = 2
+			// Raw and HTTP admissions (with the audit and without) alternate in chunks of 240,
+			// so that all see the same load on this shared machine. Goroutine g admits for
+			// tenants g, g+conc, ...: no two clients contend for one tenant (admissions of one
+			// tenant serialise on its row lock). The raw rows are written as succeeded, so the
+			// queue the admissions see grows from 0 to 1,920 (120 per tenant) in each pass, under
+			// the default depth caps, and every admission takes the full enforce path and
+			// succeeds.
+			const chunk, chunks = 240, 4
+			const passes = 4
 			tenant := func(g, n int) string { return fmt.Sprintf("tenant-%02d", g+conc*(n%(benchTenants/conc))) }
-			var raw, floor, api time.Duration
+			admitOn := func(cl *client.Client) func(g, n int) error {
+				return func(g, n int) error {
+					_, _, err := cl.Admit(ctx, client.AdmitRequest{Tenant: tenant(g, n), Payload: map[string]any{"n": n}})
+					return err
+				}
+			}
+			var raw, floor, api, apiOff time.Duration
+			work, workOff := newServerWork(), newServerWork()
 			for pass := 0; pass < passes; pass++ {
 				truncateAdmissions(b, f)
 				for c := 0; c < chunks; c++ {
 					raw += admissionTimed(conc, chunk, func(g, n int) error { return rawAdmit(ctx, f, tenant(g, n)) })
-					floor += admissionTimed(conc, chunk, func(g, n int) error {
-						_, _, err := overHTTP.Admit(ctx, client.AdmitRequest{Tenant: tenant(g, n), Payload: map[string]any{"n": n}})
-						return err
-					})
-					api += admissionTimed(conc, chunk, func(g, n int) error {
-						_, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: tenant(g, n), Payload: map[string]any{"n": n}})
-						return err
-					})
+					floor += admissionTimed(conc, chunk, admitOn(overHTTP))
+					work.measure(b, f.db.DB, func() { api += admissionTimed(conc, chunk, admitOn(f.star)) })
+					workOff.measure(b, f.db.DB, func() { apiOff += admissionTimed(conc, chunk, admitOn(noAudit.star)) })
 				}
 			}
 			total := float64(passes * chunks * chunk)
-			rawRate, floorRate, apiRate := total/raw.Seconds(), total/floor.Seconds(), total/api.Seconds()
-			harness.Emit("admission_single_http", map[string]any{"clients": conc, "jobs": int(total),
+			rawRate, floorRate, apiRate, offRate := total/raw.Seconds(), total/floor.Seconds(), total/api.Seconds(), total/apiOff.Seconds()
+			fields := map[string]any{"clients": conc, "jobs": int(total),
 				"jobs_per_s": benchRound1(apiRate), "raw_tx_per_s": benchRound1(rawRate), "ratio": benchRound3(apiRate / rawRate), "target_ratio": 0.7,
-				"raw_over_http_per_s": benchRound1(floorRate), "raw_over_http_ratio": benchRound3(floorRate / rawRate)})
+				"raw_over_http_per_s": benchRound1(floorRate), "raw_over_http_ratio": benchRound3(floorRate / rawRate),
+				"audit_off_jobs_per_s": benchRound1(offRate), "audit_ratio": benchRound3(apiRate / offRate), "audit_target_ratio": 0.85}
+			work.addTo(fields, "server_work_per_job", int(total))
+			workOff.addTo(fields, "audit_off_server_work_per_job", int(total))
+			harness.Emit("admission_single_http", fields)
 		}
 
 		if only == "single" {
@@ -88,32 +102,47 @@ func BenchmarkAdmission(b *testing.B) {
 		// Batch admission: 1,000 jobs per request over 16 tenants, 2 concurrent clients, each
 		// sending its next batch as soon as the last one is answered. A round admits 7,000 jobs,
 		// 434-441 a tenant, under the default tenant cap of 500 (the global cap is raised to
-		// 7,000), and is then cleared, alternating with the raw multi-row insert of the same rows.
-		// Every batch takes the locks of all 16 tenants, so batches are admitted one at a time;
-		// each one's decoding and answering overlaps the other client's transaction.
+		// 7,000), and is then cleared, alternating with the raw multi-row insert of the same rows
+		// and with the same round without the audit trail. Every batch takes the locks of all 16
+		// tenants, so batches are admitted one at a time; each one's decoding and answering
+		// overlaps the other client's transaction.
 		const rounds, perRound, size, conc = 6, 7, 1000, 2
 		f.setConfig(b, map[string]any{"global_queue_depth": perRound * size})
+		if err := noAudit.limits.Reload(ctx); err != nil {
+			b.Fatal(err)
+		}
 		reqs := make([]client.AdmitRequest, size)
 		for i := range reqs {
 			reqs[i] = client.AdmitRequest{Tenant: fmt.Sprintf("tenant-%02d", i%benchTenants), Payload: map[string]any{"n": i}}
 		}
-		var rawBatch, apiBatch time.Duration
-		for r := 0; r < rounds; r++ {
-			truncateAdmissions(b, f)
-			rawBatch += admissionTimed(conc, perRound, func(g, n int) error { return rawBatchInsert(ctx, f, size) })
-			truncateAdmissions(b, f)
-			apiBatch += admissionTimed(conc, perRound, func(g, n int) error {
-				res, err := f.star.AdmitBatch(ctx, reqs)
+		admitBatch := func(cl *client.Client) func(g, n int) error {
+			return func(g, n int) error {
+				res, err := cl.AdmitBatch(ctx, reqs)
 				if err == nil && res[size-1].Status != 202 {
 					err = fmt.Errorf("batch item refused: %+v", res[size-1])
 				}
 				return err
-			})
+			}
+		}
+		var rawBatch, apiBatch, offBatch time.Duration
+		work, workOff := newServerWork(), newServerWork()
+		for r := 0; r < rounds; r++ {
+			truncateAdmissions(b, f)
+			rawBatch += admissionTimed(conc, perRound, func(g, n int) error { return rawBatchInsert(ctx, f, size) })
+			truncateAdmissions(b, f)
+			work.measure(b, f.db.DB, func() { apiBatch += admissionTimed(conc, perRound, admitBatch(f.star)) })
+			truncateAdmissions(b, f)
+			workOff.measure(b, f.db.DB, func() { offBatch += admissionTimed(conc, perRound, admitBatch(noAudit.star)) })
 		}
 		jobs := float64(rounds * perRound * size)
-		harness.Emit("admission_batch_http", map[string]any{"clients": conc, "batch": size, "jobs": int(jobs),
+		fields := map[string]any{"clients": conc, "batch": size, "jobs": int(jobs),
 			"jobs_per_s": benchRound1(jobs / apiBatch.Seconds()), "raw_rows_per_s": benchRound1(jobs / rawBatch.Seconds()),
-			"ratio": benchRound3(rawBatch.Seconds() / apiBatch.Seconds()), "target_jobs_per_s": 50000})
+			"ratio": benchRound3(rawBatch.Seconds() / apiBatch.Seconds()), "target_jobs_per_s": 50000,
+			"audit_off_jobs_per_s": benchRound1(jobs / offBatch.Seconds()),
+			"audit_ratio":          benchRound3(offBatch.Seconds() / apiBatch.Seconds()), "audit_target_ratio": 0.85}
+		work.addTo(fields, "server_work_per_job", int(jobs))
+		workOff.addTo(fields, "audit_off_server_work_per_job", int(jobs))
+		harness.Emit("admission_batch_http", fields)
 	}
 }
 

@@ -14,7 +14,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
@@ -383,5 +386,116 @@ func TestAuditStoryRequeuedAfterSIGKILL(t *testing.T) {
 	}
 	if got := readAudit(t, env.DB.DB, "job_id = ?", id); !sameRows(got, want) {
 		t.Errorf("the job's events:\n%v\nwant\n%v", got, want)
+	}
+}
+
+// startingSender confirms each dispatch's start through the API, then answers it done.
+type startingSender struct{ exec *client.Client }
+
+func (s startingSender) Send(ctx context.Context, d executor.Dispatch) executor.Answer {
+	if _, err := s.exec.Start(ctx, d.JobID, d.Nonce); err != nil {
+		return executor.Answer{Kind: executor.Done, Status: "failed", ErrorMessage: err.Error()}
+	}
+	return executor.Answer{Kind: executor.Done, Status: "succeeded"}
+}
+
+// TestAuditOff: the same admissions (single, replayed, batch, refused by a depth cap), a cancel
+// and a drain whose executor confirms each start write their audit rows with the audit on, and
+// none with gate.Config.AuditOff and drainer.Config.AuditOff (the benchmarks' comparison); the
+// jobs end the same either way.
+func TestAuditOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, off := range []bool{false, true} {
+		probe := startFrontDoor(t, fdOptions{})
+		q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: probe.db.DB})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := startFrontDoorOn(t, probe, fdOptions{audit: q, auditOff: off})
+		f.setConfig(t, map[string]any{"tenant_queue_depth": 3})
+		first := jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme", "idempotency_key": "k1"}).Body)
+		if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme", "idempotency_key": "k1"}); r.Status != 200 {
+			t.Fatalf("replay: HTTP %d %s", r.Status, r.Raw)
+		}
+		batch, err := f.star.AdmitBatch(ctx, []client.AdmitRequest{{Tenant: "acme"}, {Tenant: "acme"}})
+		if err != nil || batch[0].Status != 202 || batch[1].Status != 202 {
+			t.Fatalf("batch: %+v, %v", batch, err)
+		}
+		if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme"}); r.Body["error_code"] != "queue_full" {
+			t.Fatalf("over the depth cap: HTTP %d %s, want queue_full", r.Status, r.Raw)
+		}
+		canceled := *batch[0].Job
+		if _, err := f.star.Cancel(ctx, canceled.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		d, err := drainer.New(drainer.Config{DB: f.db.DB, Executor: startingSender{f.exec}, ID: "d-audit", AuditOff: off})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		harness.WaitFor(t, 30*time.Second, "the drained jobs' outcomes", func() (bool, error) {
+			var n int
+			err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
+			return n == 2, err
+		})
+		d.Stop(ctx)
+
+		var states string
+		if err := f.db.QueryRowContext(ctx, "SELECT GROUP_CONCAT(status ORDER BY id) FROM jobs").Scan(&states); err != nil {
+			t.Fatal(err)
+		}
+		if states != "succeeded,canceled,succeeded,rejected" {
+			t.Errorf("audit off %v: jobs %s", off, states)
+		}
+		got := readAudit(t, f.db.DB, "1")
+		if off {
+			if len(got) != 0 {
+				t.Errorf("audit off: %d audit rows: %v", len(got), got)
+			}
+			continue
+		}
+		// With the audit on, every decision and transition has its row.
+		count := map[string]int{}
+		for _, r := range got {
+			count[r.event+" "+r.to]++
+		}
+		want := map[string]int{"admitted queued": 3, "replayed queued": 1, "refused rejected": 1, "transition canceled": 1,
+			"transition dispatched": 2, "transition running": 2, "transition succeeded": 2}
+		if fmt.Sprint(count) != fmt.Sprint(want) {
+			t.Errorf("audit on: rows %v, want %v", count, want)
+		}
+		if evs := readAudit(t, f.db.DB, "job_id = ?", first); len(evs) != 5 {
+			t.Errorf("audit on: job %d's story %v, want admitted, replayed, dispatched, running, succeeded", first, evs)
+		}
+	}
+}
+
+// TestAuditListingBounded: GET /v1/audit?event= examines at most store.AuditScanRows events per
+// request: a rare event older than that many answers an empty page with a cursor, and the next
+// page finds it and ends.
+func TestAuditListingBounded(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	if err := store.InsertAudit(context.Background(), f.db.DB, []store.AuditEvent{{Event: store.EventRefused, Tenant: "acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.ExecContext(context.Background(), fmt.Sprintf(`INSERT INTO audit_events (event, tenant)
+		SELECT 'admitted', 'acme' FROM seq_1_to_%d`, store.AuditScanRows)); err != nil {
+		t.Fatal(err)
+	}
+	r := f.do(t, http.MethodGet, "/v1/audit?event=refused&limit=5", fdAdminToken, nil)
+	c, _ := r.Body["next_cursor"].(string)
+	if r.Status != 200 || len(r.Body["events"].([]any)) != 0 || c == "" {
+		t.Fatalf("first page: HTTP %d %s, want no events and a cursor", r.Status, r.Raw)
+	}
+	r = f.do(t, http.MethodGet, "/v1/audit?event=refused&limit=5&cursor="+c, fdAdminToken, nil)
+	if evs, _ := r.Body["events"].([]any); r.Status != 200 || len(evs) != 1 || r.Body["next_cursor"] != nil {
+		t.Errorf("second page: HTTP %d %s, want the refusal and no cursor", r.Status, r.Raw)
 	}
 }

@@ -77,6 +77,8 @@ type fdOptions struct {
 	lanes int
 	// audit is gate.Config.Audit: the queue of refusal events.
 	audit *store.AuditQueue
+	// auditOff is gate.Config.AuditOff: no audit rows (the benchmarks' comparison).
+	auditOff bool
 }
 
 // fakeNow is the wall clock of rate-limit windows and gates, fixed unless a test moves it, so
@@ -155,7 +157,7 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	plain := f.db.Plain(t)
 	cfg := gate.Config{DB: plain, TxDB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
 		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Clock: fakeClock{f.now}, Lanes: o.lanes,
-		Audit: o.audit}
+		Audit: o.audit, AuditOff: o.auditOff}
 	if o.admitDB != nil {
 		cfg.DB, cfg.TxDB = o.admitDB, o.admitDB
 	}

@@ -65,8 +65,8 @@ func BenchmarkSlotTakeRelease(b *testing.B) {
 func BenchmarkDrainWithSlots(b *testing.B) {
 	const jobs = 5000
 	for range b.N {
-		none, raw := drainThroughput(b, 64, jobs, 0)
-		eight, _ := drainThroughput(b, 64, jobs, 8)
+		none, raw := drainThroughput(b, 64, jobs, 0, false)
+		eight, _ := drainThroughput(b, 64, jobs, 8, false)
 		r := harness.Percentiles(raw, 50)
 		harness.Emit("drain_with_slots", map[string]any{"jobs": jobs, "caps": 64,
 			"jobs_per_s_0_slots": int(float64(jobs) / none.el.Seconds()), "jobs_per_s_8_slots": int(float64(jobs) / eight.el.Seconds()),

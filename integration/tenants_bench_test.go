@@ -18,9 +18,9 @@ import (
 // claim pass with 64 and with 100,000 tenants with work (target: within 2x).
 func BenchmarkTenantCount(b *testing.B) {
 	for range b.N {
-		base, _ := drainThroughput(b, 64, 6_400, 0)
-		wide, _ := drainThroughput(b, 6_400, 6_400, 0)
-		widest, _ := drainThroughput(b, 100_000, 100_000, 0)
+		base, _ := drainThroughput(b, 64, 6_400, 0, false)
+		wide, _ := drainThroughput(b, 6_400, 6_400, 0, false)
+		widest, _ := drainThroughput(b, 100_000, 100_000, 0, false)
 		rate := func(d drained, jobs int) float64 { return float64(jobs) / d.el.Seconds() }
 		harness.Emit("tenant_count_drain", map[string]any{
 			"caps": 64, "jobs_per_s_64_tenants": int(rate(base, 6_400)),

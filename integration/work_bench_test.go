@@ -2,14 +2,13 @@ package integration_test
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sluicehq/sluice/integration/testdb"
 )
 
 // work is a snapshot of what the database server and this process have done so far: the
@@ -24,12 +23,12 @@ type work struct {
 }
 
 // workCounters are the status counters a benchmark reports per job: page reads and writes, redo
-// bytes, row operations, statements and round trips.
+// bytes, row operations, statements, round trips and bytes received.
 var workCounters = []string{"Innodb_buffer_pool_read_requests", "Innodb_buffer_pool_write_requests",
-	"Innodb_os_log_written", "Handler_read_key", "Handler_read_next", "Handler_update", "Handler_write", "Com_select",
+	"Innodb_os_log_written", "Bytes_received", "Handler_read_key", "Handler_read_next", "Handler_update", "Handler_write", "Com_select",
 	"Com_update", "Com_insert", "Com_insert_select", "Com_commit", "Questions"}
 
-func snapshotWork(tb testing.TB, db *testdb.DB) work {
+func snapshotWork(tb testing.TB, db *sql.DB) work {
 	tb.Helper()
 	ctx := context.Background()
 	w := work{status: map[string]int64{}, serverCPU: -1}

@@ -46,7 +46,15 @@ func auditCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	more := ""
 	if p.NextCursor != "" {
-		more = "more: sluice audit --cursor " + p.NextCursor
+		// The filters go with the cursor: a filtered page may be short, even empty, and the
+		// listing still goes on (GET /v1/audit examines a bounded window per request).
+		more = "more: sluice audit"
+		for _, f := range [][2]string{{"tenant", *tenant}, {"event", *event}, {"since", *since}} {
+			if f[1] != "" {
+				more += " --" + f[0] + " " + f[1]
+			}
+		}
+		more += " --cursor " + p.NextCursor
 	}
 	return printEvents(stdout, p.Events, more)
 }

@@ -72,7 +72,9 @@ func TestJobsCommand(t *testing.T) {
 		t.Errorf("jobs events --json: exit %d\n%s", code, out)
 	}
 	out, code = sluice("audit", "--tenant", "acme", "--event", "admitted", "--since", "2000-01-01T00:00:00Z", "--limit", "1")
-	if code != 0 || strings.Count(out, "admitted") != 1 || !strings.Contains(out, "more: sluice audit --cursor ") {
+	// One row, and the hint to the next page, which repeats the filters.
+	if code != 0 || strings.Count(out, "admitted") != 2 ||
+		!strings.Contains(out, "more: sluice audit --tenant acme --event admitted --since 2000-01-01T00:00:00Z --cursor ") {
 		t.Errorf("audit --limit 1: exit %d\n%s", code, out)
 	}
 	out, code = sluice("audit", "--json")

@@ -34,7 +34,9 @@ func (s *Server) jobEvents(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"events": events})
 }
 
-// listAudit answers GET /v1/audit: audit events, newest first, paginated like GET /v1/jobs.
+// listAudit answers GET /v1/audit: audit events, newest first, paginated like GET /v1/jobs,
+// except that a page filtered by event or since may be short (even empty) and still carry a
+// cursor: one request examines at most store.AuditScanRows events.
 func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := store.AuditFilter{Limit: gate.DefaultListLimit}
@@ -69,15 +71,22 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 	// One more than the page tells whether another page follows.
 	want := f.Limit
 	f.Limit++
-	events, err := store.ListAudit(r.Context(), s.cfg.DB, f)
+	page, err := store.ListAudit(r.Context(), s.cfg.DB, f)
 	if err != nil {
 		s.fail(w, r, gate.AsUnavailable(err))
 		return
 	}
+	events := page.Events
 	var cursor *string
-	if len(events) > want {
+	switch {
+	case len(events) > want:
 		events = events[:want]
 		c := encodeCursor(events[want-1].ID)
+		cursor = &c
+	case page.Next > 0:
+		// An event or since filter examined store.AuditScanRows rows without filling the page:
+		// the page may be short, even empty, and the listing goes on below.
+		c := encodeCursor(page.Next)
 		cursor = &c
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"events": events, "next_cursor": cursor})

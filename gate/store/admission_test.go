@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"strconv"
@@ -225,5 +226,87 @@ func wantQueueState(t *testing.T, k *kit, tenants ...string) {
 		if after := readQueueState(t, k.db.DB, tenant); after != before {
 			t.Errorf("tenant %s: queue state %+v, a recount gives %+v", tenant, before, after)
 		}
+	}
+}
+
+// TestInsertJobsAudit: each job of an admission gets its one audit row, naming it, with the
+// event given (admitted, a refusal, a shadow refusal, another actor than the caller): alone,
+// several in one INSERT, and over several chunks of a prepared batch, whose first chunks hold
+// enough plain admissions to be derived from their job rows (AuditAdmittedSQL) and whose last
+// does not.
+func TestInsertJobsAudit(t *testing.T) {
+	k := newKit(t)
+	zero, none := int64(0), 0
+	admitted := func(tenant, actor, detail string) store.AuditEvent {
+		return store.AuditEvent{Event: store.EventAdmitted, Tenant: tenant, Actor: actor, To: "queued", Version: &zero,
+			Attempt: &none, Detail: json.RawMessage(detail)}
+	}
+	type admission struct {
+		job store.NewJob
+		e   store.AuditEvent
+	}
+	kinds := []admission{
+		{store.NewJob{Tenant: "a", Caller: "p", Poke: true}, admitted("a", "p", `{"position":1}`)},
+		{store.NewJob{Tenant: "a", Caller: "p", Rejected: "queue full (tenant depth cap)"}, store.AuditEvent{Event: store.EventRefused,
+			Tenant: "a", Actor: "p", To: "rejected", ErrorCode: "queue_full", Scope: "tenant", Version: &zero, Attempt: &none,
+			Detail: json.RawMessage(`{"scope":"tenant"}`)}},
+		{store.NewJob{Tenant: "b", Caller: "p"}, func() store.AuditEvent {
+			e := admitted("b", "p", `{"rate_limited":true}`)
+			e.Event = store.EventShadowRefused
+			return e
+		}()},
+		{store.NewJob{Tenant: "b", Caller: "p"}, admitted("b", "ops", `{"retry_of":7}`)}, // a redrive: another actor
+		{store.NewJob{Tenant: "b", Caller: "p", Poke: true}, admitted("b", "p", `{"position":2}`)},
+	}
+	for _, c := range []struct {
+		name string
+		adm  []admission
+	}{
+		{"one implied", kinds[:1]},
+		{"one not implied", kinds[1:2]},
+		{"mixed", kinds},
+		{"batch", func() []admission {
+			var out []admission
+			for range 104 {
+				out = append(out, kinds...) // 520 rows: three chunks
+			}
+			return out
+		}()},
+	} {
+		var stmts *store.StmtCache
+		if len(c.adm) > 64 {
+			stmts = store.NewStmtCache(k.db.DB)
+		}
+		tx := k.beginAdmission(t, stmts)
+		st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a", "b"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := store.NewJobs{Now: st.Now, Jobs: make([]store.NewJob, len(c.adm)), Audit: make([]store.AuditEvent, len(c.adm))}
+		for i, a := range c.adm {
+			p.Jobs[i], p.Audit[i] = a.job, a.e
+		}
+		got, err := tx.InsertJobs(k.ctx, p, false)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range got.IDs {
+			evs, err := store.JobEvents(k.ctx, k.db, id, 10)
+			if err != nil || len(evs) != 1 {
+				t.Fatalf("%s: job %d (%d): events %+v, %v; want one", c.name, i, id, evs, err)
+			}
+			e, want := evs[0], c.adm[i].e
+			if e.Event != want.Event || e.Tenant != want.Tenant || e.Actor != want.Actor || e.To != want.To ||
+				e.ErrorCode != want.ErrorCode || e.Scope != want.Scope || *e.Version != 0 || *e.Attempt != 0 || e.From != "" ||
+				e.SlotID != nil || string(e.Detail) != string(want.Detail) {
+				t.Errorf("%s: job %d: event %+v, want %+v", c.name, i, e, want)
+			}
+		}
+	}
+	if n := k.count("SELECT COUNT(*) FROM audit_events"); n != 1+1+5+520 {
+		t.Errorf("%d audit rows, want one per job (527)", n)
 	}
 }

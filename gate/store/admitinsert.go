@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -138,15 +139,7 @@ func insertStatements(p NewJobs) writes {
 			w.args = append(w.args, pargs)
 		}
 		if p.Audit != nil {
-			events := make([]AuditEvent, end-start)
-			for i := start; i < end; i++ {
-				off := int64(i - start)
-				events[i-start] = p.Audit[i]
-				events[i-start].JobID = &off
-			}
-			aq, aargs := AuditNewJobsSQL(events)
-			w.stmts = append(w.stmts, aq)
-			w.args = append(w.args, aargs)
+			w.auditChunk(p, start, end)
 		}
 		w.chunks = append(w.chunks, c)
 	}
@@ -156,6 +149,50 @@ func insertStatements(p NewJobs) writes {
 		w.args = append(w.args, args)
 	}
 	return w
+}
+
+// derivedAuditMin is the fewest rows of a jobs INSERT whose audit rows their job rows imply
+// that auditChunk writes by AuditAdmittedSQL. Below it the VALUES list is short, and the
+// SELECT's read of the job rows and the table's AUTO-INC lock it holds to its end (an INSERT ...
+// SELECT is a bulk insert; a VALUES list takes the lock only while it reserves ids) are not
+// worth saving it. A batch of more than 64 jobs also goes through prepared statements.
+const derivedAuditMin = 64
+
+// auditChunk appends the statements of the audit rows of p.Jobs[start:end], one jobs INSERT's
+// rows: those their job rows imply by AuditAdmittedSQL when there are at least derivedAuditMin,
+// the others by AuditNewJobsSQL.
+func (w *writes) auditChunk(p NewJobs, start, end int) {
+	details := make([]json.RawMessage, end-start) // of the rows AuditAdmittedSQL writes
+	implied := 0
+	for i := start; i < end; i++ {
+		if AdmittedByRow(p.Audit[i], p.Jobs[i]) {
+			details[i-start] = p.Audit[i].Detail
+			implied++
+		}
+	}
+	if implied < derivedAuditMin {
+		clear(details)
+		implied = 0
+	}
+	var others []AuditEvent
+	for i := start; i < end; i++ {
+		if details[i-start] == nil {
+			off := int64(i - start)
+			e := p.Audit[i]
+			e.JobID = &off
+			others = append(others, e)
+		}
+	}
+	if implied > 0 {
+		q, args := AuditAdmittedSQL(details)
+		w.stmts = append(w.stmts, q)
+		w.args = append(w.args, args)
+	}
+	if len(others) > 0 {
+		q, args := AuditNewJobsSQL(others)
+		w.stmts = append(w.stmts, q)
+		w.args = append(w.args, args)
+	}
 }
 
 // queueCountSQL is the UPDATE that adds the queued jobs among p.Jobs to their tenants' queue

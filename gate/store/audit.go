@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -84,6 +85,39 @@ const FirstJobSQL = "SET @sluice_first_job = LAST_INSERT_ID()"
 // size gets consecutive ids).
 func AuditNewJobsSQL(events []AuditEvent) (string, []any) {
 	return auditValues(events, "@sluice_first_job + ?")
+}
+
+// AuditAdmittedSQL is the INSERT of the audit rows of the jobs of the INSERT that FirstJobSQL
+// followed whose event their job row implies (AdmittedByRow): admitted, by the job's caller,
+// into its status, version 0, attempt 0, no code or scope. Each takes tenant, id, caller and
+// status from its job row, which the transaction just wrote, and only its detail from the
+// statement: details[i] is that of the i-th job of the INSERT, nil for a job whose event its row
+// does not imply (AuditNewJobsSQL writes those). The server picks a row's detail by the job's
+// offset (ELT, constant time), so the statement carries one value per job where a VALUES list
+// of the same rows carries twelve.
+func AuditAdmittedSQL(details []json.RawMessage) (string, []any) {
+	args := make([]any, 0, len(details)+1)
+	for _, d := range details {
+		if d == nil {
+			args = append(args, nil)
+		} else {
+			args = append(args, string(d))
+		}
+	}
+	args = append(args, len(details)-1)
+	return `INSERT INTO audit_events (event, tenant, job_id, actor, to_status, version, attempt, detail)
+		SELECT '` + EventAdmitted + `', tenant, id, caller, status, 0, 0, ELT(id - @sluice_first_job + 1, ` +
+		Placeholders(len(details)) + `) AS d FROM jobs WHERE id BETWEEN @sluice_first_job AND @sluice_first_job + ?
+		HAVING d IS NOT NULL`, args
+}
+
+// AdmittedByRow reports whether e, the admission event of job j, is what j's row implies, so
+// that AuditAdmittedSQL can write it: admitted, queued, by the job's caller, with a detail and
+// nothing else.
+func AdmittedByRow(e AuditEvent, j NewJob) bool {
+	return e.Event == EventAdmitted && j.Rejected == "" && e.Tenant == j.Tenant && e.Actor == j.Caller &&
+		e.To == string(job.Queued) && e.From == "" && e.ErrorCode == "" && e.Scope == "" && e.SlotID == nil &&
+		e.JobID == nil && e.Version != nil && *e.Version == 0 && e.Attempt != nil && *e.Attempt == 0 && len(e.Detail) > 0
 }
 
 func auditValues(events []AuditEvent, jobID string) (string, []any) {
@@ -171,6 +205,15 @@ func InsertAudit(ctx context.Context, db sqldb.DB, events []AuditEvent) error {
 	return nil
 }
 
+// insertAudit writes events in tx, the transaction of the transitions they record, unless the
+// Store's audit is off.
+func (s *Store) insertAudit(ctx context.Context, tx sqldb.DB, events ...AuditEvent) error {
+	if s.AuditOff {
+		return nil
+	}
+	return InsertAudit(ctx, tx, events)
+}
+
 const auditSelect = `SELECT id, at, event, tenant, job_id, slot_id, actor, from_status, to_status, version,
 	attempt, error_code, scope, detail FROM audit_events `
 
@@ -192,37 +235,84 @@ type AuditFilter struct {
 	Limit  int
 }
 
+// AuditScanRows bounds the rows one ListAudit call examines when a filter (event, since) is not
+// served by an index: a rare event must not make one request read the whole table.
+const AuditScanRows = 10000
+
+// AuditPage is what ListAudit found: at most Limit events, newest first, and Next, when not 0,
+// the id the listing continues below (as a cursor) because the call examined AuditScanRows rows
+// without filling the page.
+type AuditPage struct {
+	Events []AuditEvent
+	Next   int64
+}
+
 // ListAudit returns the events f selects, newest first: by the (tenant, id) index for a tenant,
-// the (event, id) index for an event, the primary key otherwise; each reads rows bounded by the
-// page (plus those of the other filters that the index does not serve).
-func ListAudit(ctx context.Context, db sqldb.DB, f AuditFilter) ([]AuditEvent, error) {
+// the primary key otherwise (migration 0016 dropped the event and at indexes: each cost every
+// audited write an index insert). Without an event or since filter the index serves the page
+// exactly; with one, the call examines at most AuditScanRows rows in the index's order and
+// returns what matched among them, with Next set where the listing continues if the page is not
+// full. Its two statements read the same rows: the first finds the lowest id of the window, the
+// second the page within it.
+func ListAudit(ctx context.Context, db sqldb.DB, f AuditFilter) (AuditPage, error) {
 	var where []string
 	var args []any
 	if f.Tenant != nil {
 		where = append(where, "tenant = ?")
 		args = append(args, *f.Tenant)
 	}
-	if f.Event != "" {
-		where = append(where, "event = ?")
-		args = append(args, f.Event)
-	}
-	if f.Since != nil {
-		where = append(where, "at >= ?")
-		args = append(args, *f.Since)
-	}
 	if f.Before > 0 {
 		where = append(where, "id < ?")
 		args = append(args, f.Before)
 	}
-	q := auditSelect
-	if len(where) > 0 {
-		q += "WHERE " + strings.Join(where, " AND ")
+	var floor int64
+	bounded := f.Event != "" || f.Since != nil
+	if bounded {
+		var lowest sql.NullInt64
+		var seen int
+		window := "SELECT id FROM audit_events " + whereOf(where) + " ORDER BY id DESC LIMIT ?"
+		if err := db.QueryRowContext(ctx, "SELECT MIN(id), COUNT(*) FROM ("+window+") w",
+			append(slices.Clip(args), AuditScanRows)...).Scan(&lowest, &seen); err != nil {
+			return AuditPage{}, fmt.Errorf("list audit events: %w", err)
+		}
+		if seen == 0 {
+			return AuditPage{Events: []AuditEvent{}}, nil
+		}
+		floor = lowest.Int64
+		where = append(where, "id >= ?")
+		args = append(args, floor)
+		if f.Event != "" {
+			where = append(where, "event = ?")
+			args = append(args, f.Event)
+		}
+		if f.Since != nil {
+			where = append(where, "at >= ?")
+			args = append(args, *f.Since)
+		}
+		if seen < AuditScanRows {
+			floor = 0 // the window reached the first row
+		}
 	}
-	rows, err := db.QueryContext(ctx, q+" ORDER BY id DESC LIMIT ?", append(args, f.Limit)...)
+	rows, err := db.QueryContext(ctx, auditSelect+whereOf(where)+" ORDER BY id DESC LIMIT ?", append(args, f.Limit)...)
 	if err != nil {
-		return nil, fmt.Errorf("list audit events: %w", err)
+		return AuditPage{}, fmt.Errorf("list audit events: %w", err)
 	}
-	return scanAudit(rows)
+	events, err := scanAudit(rows)
+	if err != nil {
+		return AuditPage{}, err
+	}
+	page := AuditPage{Events: events}
+	if len(events) < f.Limit {
+		page.Next = floor
+	}
+	return page, nil
+}
+
+func whereOf(conds []string) string {
+	if len(conds) == 0 {
+		return ""
+	}
+	return "WHERE " + strings.Join(conds, " AND ")
 }
 
 func scanAudit(rows *sql.Rows) ([]AuditEvent, error) {
@@ -261,10 +351,23 @@ func scanAudit(rows *sql.Rows) ([]AuditEvent, error) {
 	return out, nil
 }
 
-// PurgeAudit deletes up to limit audit events older than cutoff, oldest first, by the at index,
-// and returns how many it deleted (SPEC §9 audit_retention_days).
+// PurgeAudit deletes up to limit audit events older than cutoff, oldest first, and returns how
+// many it deleted (SPEC §9 audit_retention_days). It walks the primary key, never an index of
+// `at` (migration 0016 dropped it): ids are given in time order, near enough (a row's at is its
+// statement's start, its id is taken during the statement, so neighbours may differ by the
+// length of a statement), so the oldest events are the first ids. It finds the highest id among
+// the first limit rows that is older than cutoff, then deletes the rows up to it that are: each
+// statement reads at most limit rows, and a row younger than cutoff is never deleted.
 func PurgeAudit(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int) (int64, error) {
-	res, err := db.ExecContext(ctx, "DELETE FROM audit_events WHERE at < ? ORDER BY at LIMIT ?", cutoff, limit)
+	var last sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT MAX(id) FROM (SELECT id, at FROM audit_events ORDER BY id LIMIT ?) w WHERE at < ?",
+		limit, cutoff).Scan(&last); err != nil {
+		return 0, fmt.Errorf("purge audit events: %w", err)
+	}
+	if !last.Valid {
+		return 0, nil
+	}
+	res, err := db.ExecContext(ctx, "DELETE FROM audit_events WHERE id <= ? AND at < ?", last.Int64, cutoff)
 	if err != nil {
 		return 0, fmt.Errorf("purge audit events: %w", err)
 	}
@@ -276,8 +379,11 @@ func PurgeAudit(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int) (
 }
 
 // finishAudit is the transition rows of FinishMany's items, read after its UPDATEs: every item
-// moved, or the transaction rolls back (ErrFenced).
+// moved, or the transaction rolls back (ErrFenced). It is "" when the Store's audit is off.
 func (s *Store) finishAudit(ctx context.Context, items []Finishing) (string, []any) {
+	if s.AuditOff {
+		return "", nil
+	}
 	ids := make([]int64, len(items))
 	from := make(map[int64]job.Status, len(items))
 	for i, it := range items {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -54,10 +55,13 @@ func TestAuditReadAndPurge(t *testing.T) {
 		{store.AuditFilter{Since: &future, Limit: 10}, 0},
 		{store.AuditFilter{Before: got[1].ID, Limit: 10}, 1},
 		{store.AuditFilter{Limit: 1}, 1},
+		{store.AuditFilter{Tenant: ptr("acme"), Event: store.EventRefused, Limit: 10}, 1},
+		{store.AuditFilter{Event: store.EventAdmitted, Before: got[0].ID, Limit: 10}, 0},
 	} {
-		list, err := store.ListAudit(ctx, db, c.f)
-		if err != nil || len(list) != c.want {
-			t.Errorf("ListAudit(%+v) = %d events, %v; want %d", c.f, len(list), err, c.want)
+		page, err := store.ListAudit(ctx, db, c.f)
+		list := page.Events
+		if err != nil || len(list) != c.want || page.Next != 0 {
+			t.Errorf("ListAudit(%+v) = %d events, next %d, %v; want %d, no next", c.f, len(list), page.Next, err, c.want)
 		}
 		for i := 1; i < len(list); i++ {
 			if list[i].ID >= list[i-1].ID {
@@ -74,8 +78,61 @@ func TestAuditReadAndPurge(t *testing.T) {
 			t.Errorf("PurgeAudit: %d, %v; want %d", n, err, want)
 		}
 	}
-	if list, _ := store.ListAudit(ctx, db, store.AuditFilter{Limit: 10}); len(list) != 1 || list[0].Tenant != "globex" {
-		t.Errorf("after the purge: %v, want globex's event only", list)
+	if page, _ := store.ListAudit(ctx, db, store.AuditFilter{Limit: 10}); len(page.Events) != 1 || page.Events[0].Tenant != "globex" {
+		t.Errorf("after the purge: %v, want globex's event only", page.Events)
+	}
+}
+
+// TestAuditBoundedReads: with more than AuditScanRows events, a listing by a rare event or by
+// since examines one window of them per call and says where it goes on; the purge deletes the
+// old events among the first ids it reads, and never a young one, even one of a lower id.
+func TestAuditBoundedReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	// The rare event is the oldest; then AuditScanRows + 10 admissions, 5 of them of tenant t1.
+	if err := store.InsertAudit(ctx, db, []store.AuditEvent{{Event: store.EventRefused, Tenant: "t1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO audit_events (event, tenant)
+		SELECT 'admitted', IF(seq % 2000 = 0, 't1', 't2') FROM seq_1_to_10010`); err != nil {
+		t.Fatal(err)
+	}
+	var rare int64
+	if err := db.QueryRowContext(ctx, "SELECT MIN(id) FROM audit_events").Scan(&rare); err != nil {
+		t.Fatal(err)
+	}
+	first, err := store.ListAudit(ctx, db, store.AuditFilter{Event: store.EventRefused, Limit: 10})
+	if err != nil || len(first.Events) != 0 || first.Next == 0 {
+		t.Fatalf("first window: %d events, next %d, %v; want none and a next", len(first.Events), first.Next, err)
+	}
+	second, err := store.ListAudit(ctx, db, store.AuditFilter{Event: store.EventRefused, Before: first.Next, Limit: 10})
+	if err != nil || len(second.Events) != 1 || second.Events[0].ID != rare || second.Next != 0 {
+		t.Errorf("second window: %+v, %v; want the refusal and the end", second, err)
+	}
+	past := time.Now().Add(-time.Hour)
+	if page, err := store.ListAudit(ctx, db, store.AuditFilter{Since: &past, Limit: 3}); err != nil || len(page.Events) != 3 || page.Next != 0 {
+		t.Errorf("since, a full page: %d events, next %d, %v; want 3 (the next page by its last id)", len(page.Events), page.Next, err)
+	}
+	// A tenant's window is of its own events: all six fit.
+	if page, err := store.ListAudit(ctx, db, store.AuditFilter{Tenant: ptr("t1"), Event: store.EventRefused, Limit: 10}); err != nil ||
+		len(page.Events) != 1 || page.Next != 0 {
+		t.Errorf("t1's refusals: %+v, %v; want one, the end", page, err)
+	}
+
+	// Age the rare event and the 20 after it, except the 10th after it.
+	if _, err := db.ExecContext(ctx, "UPDATE audit_events SET at = at - INTERVAL 40 DAY WHERE id <= ? AND id <> ?", rare+20, rare+10); err != nil {
+		t.Fatal(err)
+	}
+	cutoff := time.Now().Add(-30 * 24 * time.Hour)
+	for _, want := range []int64{10, 9, 1, 0} {
+		if n, err := store.PurgeAudit(ctx, db, cutoff, 10); err != nil || n != want {
+			t.Errorf("PurgeAudit: %d, %v; want %d", n, err, want)
+		}
+	}
+	var young int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM audit_events WHERE id = ?", rare+10).Scan(&young); err != nil || young != 1 {
+		t.Errorf("the young event among the old: %d rows, %v; want it kept", young, err)
 	}
 }
 
@@ -119,6 +176,79 @@ func TestAuditQueueFailures(t *testing.T) {
 	for _, want := range []int{2, 1, 0} {
 		if n, err := q.RunOnce(context.Background()); n != want || err != nil {
 			t.Errorf("RunOnce: %d, %v; want %d", n, err, want)
+		}
+	}
+}
+
+// TestAuditOff: each transition a Store writes (a claim, a confirmed start, outcomes in both
+// forms, one requeued to hold its tenant's lock, a cancel, an expiry) writes its audit rows with
+// the audit on, and none, with the same effect on the jobs, with AuditOff (the benchmarks'
+// comparison).
+func TestAuditOff(t *testing.T) {
+	t.Parallel()
+	for _, off := range []bool{false, true} {
+		k := newKit(t)
+		st := &store.Store{Actor: "d9", AuditOff: off}
+		queued := k.insert(jobSpec{})
+		old := k.insert(jobSpec{tenant: "b", queuedAt: k.now.Add(-time.Hour)})
+		toClaim := k.insert(jobSpec{tenant: "c"})
+		started := dispatched(t, k.db, k.now, "acme", "n1")
+		done := dispatched(t, k.db, k.now, "acme", "n2")
+		requeued := dispatched(t, k.db, k.now, "acme", "n3")
+
+		tx := k.begin()
+		if _, _, err := st.Cancel(k.ctx, tx, k.now, queued); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.ConfirmStart(k.ctx, tx, k.now, started.ID, "n1"); err != nil {
+			t.Fatal(err)
+		}
+		if gone, err := st.Expire(k.ctx, tx, k.now, k.now.Add(-time.Minute), 10); err != nil || len(gone) != 1 {
+			t.Fatalf("expire: %v, %v", ids(gone), err)
+		}
+		if _, err := st.FinishMany(k.ctx, tx, k.now, []store.Finishing{{Row: done, Outcome: store.Outcome{Status: job.Succeeded}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		conn := k.beginConn()
+		if _, err := store.LockJobs(k.ctx, conn, []int64{requeued.ID}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.FinishManyConn(k.ctx, conn, k.now, []store.Finishing{{Row: requeued,
+			Outcome: store.Outcome{Status: job.Queued, ErrorCode: "executor_refused"}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		claim := k.beginConn()
+		if _, err := store.LockClaims(k.ctx, claim, false); err != nil {
+			t.Fatal(err)
+		}
+		got, err := store.ClaimJobs(k.ctx, claim, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
+			NonceExpiresAt: k.now.Add(time.Minute), AuditOff: off,
+			Jobs: []store.ClaimJob{{ID: toClaim, Tenant: "c", NonceSHA256: store.HashNonce("nc")}}})
+		if err != nil || !got[toClaim] {
+			t.Fatalf("claim: %v, %v", got, err)
+		}
+
+		for id, want := range map[int64]job.Status{queued: job.Canceled, old: job.Expired, toClaim: job.Dispatched,
+			started.ID: job.Running, done.ID: job.Succeeded, requeued.ID: job.Queued} {
+			if r := k.row(id); r.Status != want {
+				t.Errorf("audit off %v: job %d is %s, want %s", off, id, r.Status, want)
+			}
+		}
+		var wantRows int64 = 6 // one transition per job
+		if off {
+			wantRows = 0
+		}
+		if n := k.count("SELECT COUNT(*) FROM audit_events"); n != wantRows {
+			t.Errorf("audit off %v: %d audit rows, want %d", off, n, wantRows)
+		}
+		if n := k.count("SELECT COUNT(DISTINCT job_id) FROM audit_events WHERE event = 'transition'"); n != wantRows {
+			t.Errorf("audit off %v: transitions of %d jobs, want %d", off, n, wantRows)
 		}
 	}
 }

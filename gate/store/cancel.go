@@ -33,9 +33,8 @@ func (s *Store) Cancel(ctx context.Context, tx sqldb.DB, now time.Time, id int64
 		return r, false, fmt.Errorf("cancel job %d: %w", id, err)
 	}
 	// The row is locked (Get above), so the UPDATE moved it.
-	aq, aargs := AuditInsertSQL([]AuditEvent{transitionEvent(s.actor(ctx), r, job.Canceled, r.Version+1, r.Attempt, "")})
-	if _, err := tx.ExecContext(ctx, aq, aargs...); err != nil {
-		return r, false, fmt.Errorf("cancel job %d: audit: %w", id, err)
+	if err := s.insertAudit(ctx, tx, transitionEvent(s.actor(ctx), r, job.Canceled, r.Version+1, r.Attempt, "")); err != nil {
+		return r, false, fmt.Errorf("cancel job %d: %w", id, err)
 	}
 	s.LogTransition(ctx, r, job.Canceled, r.Version+1, now, "")
 	r.Status = job.Canceled

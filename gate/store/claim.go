@@ -179,6 +179,8 @@ type ClaimParams struct {
 	LeaseUntil     time.Time
 	NonceExpiresAt time.Time
 	Jobs           []ClaimJob
+	// AuditOff drops the claim's audit rows: Store.AuditOff, for a claim made for that Store.
+	AuditOff bool
 }
 
 // claimUpdateSQL is a claim's UPDATE of p.Jobs, and its arguments.
@@ -233,21 +235,25 @@ func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (map[int64]bool, 
 	}
 	lockTenants, tenantArgs := LockTenantsSQL(tenants)
 	args := append(int64Args(ids), tenantArgs...)
-	// The claim's audit rows (a transition each, SPEC §10) go in its own round trip and
-	// transaction, for the jobs that carry this claim's nonces: a job taken meanwhile gets none.
-	from := make(map[int64]job.Status, len(p.Jobs))
-	hashes := make([]any, len(p.Jobs))
-	for i, c := range p.Jobs {
-		from[c.ID], hashes[i] = job.Queued, c.NonceSHA256
+	stmts := []string{"SELECT id FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE",
+		lockTenants, q}
+	args = append(args, uargs...)
+	if !p.AuditOff {
+		// The claim's audit rows (a transition each, SPEC §10) go in its own round trip and
+		// transaction, for the jobs that carry this claim's nonces: a job taken meanwhile gets none.
+		from := make(map[int64]job.Status, len(p.Jobs))
+		hashes := make([]any, len(p.Jobs))
+		for i, c := range p.Jobs {
+			from[c.ID], hashes[i] = job.Queued, c.NonceSHA256
+		}
+		aq, aargs := AuditTransitionsSQL(p.DrainerID, ids, from, false,
+			"nonce_sha256 IN ("+Placeholders(len(hashes))+")", hashes...)
+		stmts = append(stmts, aq)
+		args = append(args, aargs...)
 	}
-	aq, aargs := AuditTransitionsSQL(p.DrainerID, ids, from, false,
-		"nonce_sha256 IN ("+Placeholders(len(hashes))+")", hashes...)
-	args = append(append(append(args, uargs...), aargs...), int64Args(ids)...)
-	res, err := tx.QueryCommit(ctx, []string{
-		"SELECT id FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE",
-		lockTenants, q, aq,
-		"SELECT id, nonce_sha256 FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ")"},
-		args...)
+	stmts = append(stmts, "SELECT id, nonce_sha256 FROM jobs WHERE id IN ("+Placeholders(len(ids))+")")
+	args = append(args, int64Args(ids)...)
+	res, err := tx.QueryCommit(ctx, stmts, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}

@@ -55,9 +55,8 @@ func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id
 	}
 	// A statement of its own, in the start's transaction: tx may be on a pool that refuses
 	// stacked statements (Open).
-	aq, aargs := AuditInsertSQL([]AuditEvent{transitionEvent(s.actor(ctx), r, job.Running, r.Version, r.Attempt, "")})
-	if _, err := tx.ExecContext(ctx, aq, aargs...); err != nil {
-		return r, fmt.Errorf("confirm start of job %d: audit: %w", id, err)
+	if err := s.insertAudit(ctx, tx, transitionEvent(s.actor(ctx), r, job.Running, r.Version, r.Attempt, "")); err != nil {
+		return r, fmt.Errorf("confirm start of job %d: %w", id, err)
 	}
 	s.LogTransition(ctx, r, job.Running, r.Version, now, "")
 	r.Status = job.Running

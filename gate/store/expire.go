@@ -60,9 +60,8 @@ func (s *Store) Expire(ctx context.Context, tx sqldb.DB, now, cutoff time.Time, 
 	for i, r := range old {
 		events[i] = transitionEvent(s.actor(ctx), r, job.Expired, r.Version+1, r.Attempt, ExpiredCode)
 	}
-	aq, aargs := AuditInsertSQL(events)
-	if _, err := tx.ExecContext(ctx, aq, aargs...); err != nil {
-		return nil, fmt.Errorf("expire queued jobs: audit: %w", err)
+	if err := s.insertAudit(ctx, tx, events...); err != nil {
+		return nil, fmt.Errorf("expire queued jobs: %w", err)
 	}
 	for _, r := range old {
 		s.LogTransition(ctx, r, job.Expired, r.Version+1, now, ExpiredCode)

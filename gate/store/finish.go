@@ -91,9 +91,10 @@ func (s *Store) FinishMany(ctx context.Context, tx sqldb.DB, now time.Time, item
 		return nil, fmt.Errorf("write outbox: %w", err)
 	}
 	// A statement of its own: tx may be on a pool that refuses stacked statements (Open).
-	aq, aargs := s.finishAudit(ctx, items)
-	if _, err := tx.ExecContext(ctx, aq, aargs...); err != nil {
-		return nil, fmt.Errorf("write audit events: %w", err)
+	if aq, aargs := s.finishAudit(ctx, items); aq != "" {
+		if _, err := tx.ExecContext(ctx, aq, aargs...); err != nil {
+			return nil, fmt.Errorf("write audit events: %w", err)
+		}
 	}
 	s.logFinish(ctx, now, items, p)
 	return p.to, nil
@@ -107,7 +108,7 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 	if err != nil {
 		return nil, err
 	}
-	stmts := make([]string, 0, len(p.updates)+2)
+	stmts := make([]string, 0, len(p.updates)+3)
 	var args []any
 	if len(p.requeued) > 0 {
 		// The caller locked the job rows, in id order (see lockInOrder).
@@ -119,9 +120,12 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 		stmts = append(stmts, u.query)
 		args = append(args, u.args...)
 	}
-	aq, aargs := s.finishAudit(ctx, items)
-	stmts = append(stmts, p.poke.query, aq)
-	args = append(append(args, p.poke.args...), aargs...)
+	stmts = append(stmts, p.poke.query)
+	args = append(args, p.poke.args...)
+	if aq, aargs := s.finishAudit(ctx, items); aq != "" {
+		stmts = append(stmts, aq)
+		args = append(args, aargs...)
+	}
 	began := !tx.open
 	res, err := tx.Exec(ctx, stmts, args...)
 	if err != nil {
@@ -131,11 +135,11 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 	if began && len(affected) > 0 {
 		affected = affected[1:] // START TRANSACTION's own result
 	}
-	if len(p.requeued) > 0 && len(affected) > 0 {
-		affected = affected[1:] // the tenant lock's
-	}
-	if len(affected) != len(p.updates)+2 { // the updates, the pokes and the audit rows
+	if len(affected) != len(stmts) {
 		return nil, fmt.Errorf("finish %d job(s): %d statement results for %d statements", len(items), len(affected), len(stmts))
+	}
+	if len(p.requeued) > 0 {
+		affected = affected[1:] // the tenant lock's
 	}
 	for i := range p.updates {
 		if err := p.check(i, affected[i]); err != nil {
