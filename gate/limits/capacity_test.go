@@ -87,3 +87,25 @@ func TestValidateCapacityKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDecodeFillsCapacityKeys: a configuration stored before the capacity keys existed, or with
+// null maps, decodes to empty maps and enforce_for all, so no reader meets a nil map.
+func TestDecodeFillsCapacityKeys(t *testing.T) {
+	for _, raw := range []string{`{"global_in_flight": 7}`,
+		`{"lanes": null, "tenant_tiers": null, "tier_in_flight": null, "tier_tenant_in_flight": null, "tenant_in_flight_overrides": null, "enforce_for": ""}`} {
+		c, err := Decode([]byte(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Lanes == nil || c.TenantTiers == nil || c.TierInFlight == nil || c.TierTenantInFlight == nil ||
+			c.TenantInFlightOverrides == nil || c.EnforceFor != EnforceAll {
+			t.Errorf("Decode(%s) = %+v, want empty maps and enforce_for all", raw, c)
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("Decode(%s) does not validate: %v", raw, err)
+		}
+	}
+	if _, err := Decode([]byte(`{"lanes": [1]}`)); err == nil {
+		t.Error("Decode accepted lanes as an array")
+	}
+}

@@ -132,7 +132,7 @@ func typeReason(err error) string {
 		case "string":
 			return fmt.Sprintf("must be a string, got %s", te.Value)
 		case "map":
-			return fmt.Sprintf("must be an object of tenant to whole number, got %s", te.Value)
+			return fmt.Sprintf("must be a JSON object, got %s", te.Value)
 		}
 		return fmt.Sprintf("wrong type: got %s", te.Value)
 	}

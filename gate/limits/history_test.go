@@ -51,6 +51,12 @@ func TestApply(t *testing.T) {
 		{map[string]string{"max_payload_bytes": "99999999"}, "max_payload_bytes"},
 		{map[string]string{"tenant_in_flight_overrides": `{"a": -1}`}, "tenant_in_flight_overrides"},
 		{map[string]string{"tenant_in_flight_overrides": `[1]`}, "tenant_in_flight_overrides"},
+		{map[string]string{"lanes": `["search"]`}, "lanes"},
+		{map[string]string{"lanes": `{"search": "8"}`}, "lanes"},
+		{map[string]string{"tenant_tiers": `{"acme": 1}`}, "tenant_tiers"},
+		{map[string]string{"tier_in_flight": `{"gold": -1}`}, "tier_in_flight"},
+		{map[string]string{"interactive_reserve": "-2"}, "interactive_reserve"},
+		{map[string]string{"enforce_for": `"some"`}, "enforce_for"},
 		{map[string]string{}, "changes"},
 	} {
 		_, err := limits.Apply(limits.Default(), raw(tc.changes))
