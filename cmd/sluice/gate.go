@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -24,14 +23,7 @@ func gateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if len(args) == 0 {
 		return errors.New("gate: want set, list or clear\n" + gateUsage)
 	}
-	sub, args := args[0], args[1:]
-	// `gate clear HASH --flags`: take the hash first, since flag parsing stops at it.
-	var positional []string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		positional, args = args[:1], args[1:]
-	}
-	fs := flag.NewFlagSet("sluice gate "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	sub, positional, args, fs := subcommand("gate", args, stderr)
 	token := tokenFlag(fs)
 	rateKey := fs.String("rate-key", "", "set: the raw rate key (hashed by the server, never stored)")
 	hash := fs.String("hash", "", "set: the rate key's SHA-256 hex")

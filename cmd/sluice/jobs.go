@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -23,14 +21,7 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if len(args) == 0 {
 		return errors.New("jobs: want `sluice jobs list|show|cancel|events`")
 	}
-	sub, args := args[0], args[1:]
-	// The job id may come before or after the flags (`sluice jobs show 42 --token ...`).
-	var positional []string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		positional, args = args[:1], args[1:]
-	}
-	fs := flag.NewFlagSet("sluice jobs "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	sub, positional, args, fs := subcommand("jobs", args, stderr)
 	token := tokenFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	tenant := fs.String("tenant", "", "list: only this tenant's jobs")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -20,13 +19,7 @@ func slotsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) == 0 {
 		return errors.New("slots: want `sluice slots list|release ID`")
 	}
-	sub, args := args[0], args[1:]
-	var positional []string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		positional, args = args[:1], args[1:]
-	}
-	fs := flag.NewFlagSet("sluice slots "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	sub, positional, args, fs := subcommand("slots", args, stderr)
 	token := tokenFlag(fs)
 	asJSON := fs.Bool("json", false, "list: print JSON instead of a table")
 	tenant := fs.String("tenant", "", "list: only this tenant's slots")

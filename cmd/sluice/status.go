@@ -14,6 +14,20 @@ import (
 	"github.com/sluicehq/sluice/gate/status"
 )
 
+// subcommand splits the arguments of `sluice NAME SUB [ARG] [flags]` (args without NAME, at
+// least one): the subcommand, the one argument that may come before the flags (`sluice jobs show
+// 42 --token ...`: flag parsing would stop at it), the flags, and a flag set for them that
+// reports to stderr.
+func subcommand(name string, args []string, stderr io.Writer) (sub string, positional, flags []string, fs *flag.FlagSet) {
+	sub, flags = args[0], args[1:]
+	if len(flags) > 0 && !strings.HasPrefix(flags[0], "-") {
+		positional, flags = flags[:1], flags[1:]
+	}
+	fs = flag.NewFlagSet("sluice "+name+" "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return sub, positional, flags, fs
+}
+
 // tokenFlag registers --token, the API bearer token every API command sends (default
 // SLUICE_TOKEN); the API itself is the api-url setting (SLUICE_API_URL).
 func tokenFlag(fs *flag.FlagSet) *string {
