@@ -62,7 +62,12 @@ func (a *Admitter) admit(ctx context.Context, it *item, cfg limits.Config) error
 	c := &a.combine
 	w := &waiter{it: it}
 	c.mu.Lock()
-	if c.running < c.lanes {
+	// A free lane is taken at once, unless another lane holds the tenant: a group just handed
+	// a lane (handOff) may hold it before its leader's transaction has begun, and two
+	// transactions on one tenant would wait on its row lock (a group's, which does not wait,
+	// would fall apart). The admission queues instead, and the hand-off of the lane holding the
+	// tenant takes it.
+	if c.running < c.lanes && c.held[it.req.Tenant] == 0 {
 		c.running++
 		c.hold([]*waiter{w}, 1)
 		c.mu.Unlock()
