@@ -69,11 +69,14 @@ func (it *item) pending() bool {
 // state is what one admission transaction reads under its tenants' locks, plus the rate-limit
 // reservations taken after that read.
 type state struct {
-	now            time.Time // the database's UTC_TIMESTAMP(6)
-	tenantDepth    map[string]int
-	tenantInFlight map[string]int
-	globalDepth    int
-	globalInFlight int
+	now         time.Time // the database's UTC_TIMESTAMP(6)
+	tenantDepth map[string]int
+	// tenantInteractive counts each tenant's interactive queued jobs: all that is ahead of an
+	// interactive job of that tenant.
+	tenantInteractive map[string]int
+	tenantInFlight    map[string]int
+	globalDepth       int
+	globalInFlight    int
 	// usage is what is in flight (read unless the rollout mode is off), plus the queue=false
 	// jobs this transaction admitted: each was promised a unit, so the next one's "could be
 	// claimed now" counts them as in flight.
@@ -92,7 +95,7 @@ type rateGrant struct {
 }
 
 func newState() *state {
-	return &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{}, usage: limits.NewUsage(),
+	return &state{tenantDepth: map[string]int{}, tenantInteractive: map[string]int{}, tenantInFlight: map[string]int{}, usage: limits.NewUsage(),
 		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
 }
 
@@ -248,6 +251,9 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 		}
 		it.insert = true
 		st.tenantDepth[t]++
+		if it.req.interactive() {
+			st.tenantInteractive[t]++
+		}
 		st.globalDepth++
 		pos := int64(st.tenantDepth[t])
 		it.res.Job.Position = &pos
@@ -303,7 +309,8 @@ func depthScope(cfg limits.Config, tenant string, st *state) string {
 // immediate decides a queue=false admission of unit (SPEC §5, §5a): admitted only if the job
 // could be claimed now: every limit that applies (cfg.Check: global, the interactive reserve,
 // the tier, the tenant, the lanes) has room in st.usage, its key is not gated and nothing of its
-// tenant is queued ahead. Of several reasons to refuse, the one with the longest wait is
+// tenant is queued ahead (for an interactive job, nothing interactive: it goes before the
+// tenant's other queued jobs). Of several reasons to refuse, the one with the longest wait is
 // reported, with its scope: 120 s while a limit is 0 (paused), the remaining gate time for a
 // gated key (rate_key), else min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the
 // fullest scope (the tenant's for tenant, the whole queue's otherwise).
@@ -321,13 +328,19 @@ func immediate(cfg limits.Config, unit limits.Unit, st *state, gatedFor int) (st
 	if gatedFor > 0 {
 		reasons = append(reasons, reason{"rate_key", gatedFor, false})
 	}
-	if d := st.tenantDepth[unit.Tenant]; d > 0 {
-		reasons = append(reasons, reason{limits.ScopeTenant, min(30, 5*(d+1)), false})
+	// An interactive job goes before its tenant's other queued jobs: only the interactive ones
+	// are ahead of it.
+	tenantAhead := st.tenantDepth[unit.Tenant]
+	if unit.Interactive {
+		tenantAhead = st.tenantInteractive[unit.Tenant]
+	}
+	if tenantAhead > 0 {
+		reasons = append(reasons, reason{limits.ScopeTenant, min(30, 5*(tenantAhead+1)), false})
 	}
 	if !v.OK && !v.Paused {
 		ahead := st.globalDepth
 		if v.Scope == limits.ScopeTenant {
-			ahead = st.tenantDepth[unit.Tenant]
+			ahead = tenantAhead
 		}
 		reasons = append(reasons, reason{v.Scope, min(30, 5*(ahead+1)), false})
 	}

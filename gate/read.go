@@ -22,7 +22,7 @@ func (a *Admitter) read(ctx context.Context, tx txConn, items []*item, cfg limit
 	}
 	st := newState()
 	st.now, st.globalDepth, st.globalInFlight = got.Now, got.GlobalDepth, got.GlobalInFlight
-	st.tenantDepth, st.tenantInFlight, st.usage = got.TenantDepth, got.TenantInFlight, got.Usage
+	st.tenantDepth, st.tenantInteractive, st.tenantInFlight, st.usage = got.TenantDepth, got.TenantInteractive, got.TenantInFlight, got.Usage
 	for _, r := range got.Keyed {
 		st.keyed[keyOf(r.Tenant, *r.IdempotencyKey)] = &r
 	}

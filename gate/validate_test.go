@@ -105,7 +105,7 @@ func TestFingerprintIgnoresPayloadFormatting(t *testing.T) {
 
 func TestImmediateRetryAfter(t *testing.T) {
 	base := func() *state {
-		return &state{tenantDepth: map[string]int{}, tenantInFlight: map[string]int{}, usage: limits.NewUsage()}
+		return &state{tenantDepth: map[string]int{}, tenantInteractive: map[string]int{}, tenantInFlight: map[string]int{}, usage: limits.NewUsage()}
 	}
 	cases := []struct {
 		name     string
@@ -137,6 +137,10 @@ func TestImmediateRetryAfter(t *testing.T) {
 			func(c *limits.Config) { c.InteractiveReserve = 1 }},
 		{"interactive takes the reserve", 4, 2, func(s *state) { busy(s, "o", 3) }, 0, "", 0, false, limits.Unit{Tenant: "t", Interactive: true},
 			func(c *limits.Config) { c.InteractiveReserve = 1 }},
+		{"interactive goes before plain queued jobs", 4, 2, func(s *state) { s.tenantDepth["t"] = 3 }, 0, "", 0, false,
+			limits.Unit{Tenant: "t", Interactive: true}, nil},
+		{"interactive behind interactive", 4, 2, func(s *state) { s.tenantDepth["t"], s.tenantInteractive["t"] = 3, 1 }, 0, "tenant", 10, false,
+			limits.Unit{Tenant: "t", Interactive: true}, nil},
 		{"paused", 0, 2, func(*state) {}, 0, "global", 120, true, limits.Unit{}, nil},
 		{"tenant paused", 4, 0, func(*state) {}, 0, "tenant", 120, true, limits.Unit{}, nil},
 		{"gated", 4, 2, func(*state) {}, 77, "rate_key", 77, false, limits.Unit{}, nil},

@@ -36,7 +36,7 @@ func TestReadAdmission(t *testing.T) {
 	k := newKit(t)
 	key := "k1"
 	q1 := k.insert(jobSpec{tenant: "a"})
-	k.insert(jobSpec{tenant: "a"})
+	k.insert(jobSpec{tenant: "a", interactive: true})
 	k.insert(jobSpec{tenant: "a", status: job.Running})
 	k.insert(jobSpec{tenant: "b", status: job.Dispatched, lanes: "gpu", interactive: true})
 	k.insert(jobSpec{tenant: "c"})
@@ -52,8 +52,8 @@ func TestReadAdmission(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.TenantDepth["a"] != 2 || st.TenantInFlight["a"] != 1 || st.GlobalDepth != 5 || st.GlobalInFlight != 2 {
-			t.Errorf("state %+v, want a: 2 queued, 1 in flight; 5 queued and 2 in flight in all", st)
+		if st.TenantDepth["a"] != 2 || st.TenantInteractive["a"] != 1 || st.TenantInFlight["a"] != 1 || st.GlobalDepth != 5 || st.GlobalInFlight != 2 {
+			t.Errorf("state %+v, want a: 2 queued (1 interactive), 1 in flight; 5 queued and 2 in flight in all", st)
 		}
 		if u := st.Usage; u.Total != 2 || u.Interactive != 1 || u.Lane["gpu"] != 1 || u.Tenant["b"] != 1 || u.Tier["default"] != 2 {
 			t.Errorf("in flight %+v, want 2 (b's interactive on gpu, a's plain)", u)
@@ -71,8 +71,8 @@ func TestReadAdmission(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.TenantDepth["a"] != 2 || st.TenantInFlight["a"] != 1 || st.TenantDepth["b"] != 2 || st.TenantInFlight["b"] != 1 ||
-			st.TenantDepth["new"] != 0 || st.GlobalDepth != 42 || st.GlobalInFlight != 0 {
+		if st.TenantDepth["a"] != 2 || st.TenantInteractive["a"] != 1 || st.TenantInFlight["a"] != 1 || st.TenantDepth["b"] != 2 ||
+			st.TenantInteractive["b"] != 0 || st.TenantInFlight["b"] != 1 || st.TenantDepth["new"] != 0 || st.GlobalDepth != 42 || st.GlobalInFlight != 0 {
 			t.Errorf("state %+v", st)
 		}
 		if !slices.Equal(ids(st.Keyed), []int64{keyed}) || !slices.Equal(ids(st.Redriven), []int64{redrive}) {

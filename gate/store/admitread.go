@@ -34,11 +34,14 @@ type AdmissionRead struct {
 
 // AdmissionState is what ReadAdmission read.
 type AdmissionState struct {
-	Now            time.Time // the database's UTC_TIMESTAMP(6), read after the locks
-	TenantDepth    map[string]int
-	TenantInFlight map[string]int
-	GlobalDepth    int // counted, or the estimate given
-	GlobalInFlight int // 0 unless counted
+	Now         time.Time // the database's UTC_TIMESTAMP(6), read after the locks
+	TenantDepth map[string]int
+	// TenantInteractive counts the tenant's interactive queued jobs: they are all that is ahead
+	// of an interactive job, which goes before its tenant's other queued jobs (SPEC §5a).
+	TenantInteractive map[string]int
+	TenantInFlight    map[string]int
+	GlobalDepth       int // counted, or the estimate given
+	GlobalInFlight    int // 0 unless counted
 	// Usage is what is in flight by tenant, tier, lane and interactive, when counted.
 	Usage    limits.Usage
 	Keyed    []Row
@@ -66,7 +69,8 @@ func lockTenantsSQL(n int) string {
 // key. Under READ COMMITTED each later statement of the round trip reads after the lock is held.
 func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (AdmissionState, error) {
 	stmts, args := admissionReadSQL(p)
-	st := AdmissionState{TenantDepth: map[string]int{}, TenantInFlight: map[string]int{}, Usage: limits.NewUsage()}
+	st := AdmissionState{TenantDepth: map[string]int{}, TenantInteractive: map[string]int{}, TenantInFlight: map[string]int{},
+		Usage: limits.NewUsage()}
 	res, err := t.query(ctx, stmts, args)
 	if err != nil {
 		return st, fmt.Errorf("read admission state: %w", err)
@@ -118,18 +122,19 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 		globalArg = p.GlobalCountUpTo
 	}
 	if len(p.Tenants) == 1 {
-		// One scan of the tenant's (tenant, status) index range gives both its depth and its
-		// in-flight count.
+		// One scan of the tenant's (tenant, status) index range gives its depth, its interactive
+		// depth and its in-flight count.
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6),
-			COALESCE(SUM(status = 'queued'), 0), COALESCE(SUM(status <> 'queued'), 0),
+			COALESCE(SUM(status = 'queued'), 0), COALESCE(SUM(status = 'queued' AND interactive), 0),
+			COALESCE(SUM(status <> 'queued'), 0),
 			`+globalSQL+`
 			FROM jobs WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`)
 		args = append(args, globalArg, p.Tenants[0])
 	} else {
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL,
-			`SELECT tenant, status = 'queued', COUNT(*) FROM jobs
+			`SELECT tenant, status = 'queued', interactive, COUNT(*) FROM jobs
 			WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+Placeholders(len(p.Tenants))+`)
-			GROUP BY tenant, status = 'queued'`)
+			GROUP BY tenant, status = 'queued', interactive`)
 		args = append(args, globalArg)
 		args = append(args, tenantArgs...)
 	}
@@ -157,11 +162,11 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 // scanDepths reads the database time, the depths and the in-flight counts into st.
 func scanDepths(res *Results, tenants []string, st *AdmissionState) error {
 	if len(tenants) == 1 {
-		var depth, inFlight int
-		if err := res.ScanOne(&st.Now, &depth, &inFlight, &st.GlobalDepth); err != nil {
+		var depth, interactive, inFlight int
+		if err := res.ScanOne(&st.Now, &depth, &interactive, &inFlight, &st.GlobalDepth); err != nil {
 			return fmt.Errorf("read admission state: %w", err)
 		}
-		st.TenantDepth[tenants[0]], st.TenantInFlight[tenants[0]] = depth, inFlight
+		st.TenantDepth[tenants[0]], st.TenantInteractive[tenants[0]], st.TenantInFlight[tenants[0]] = depth, interactive, inFlight
 		return nil
 	}
 	if err := res.ScanOne(&st.Now, &st.GlobalDepth); err != nil {
@@ -173,15 +178,19 @@ func scanDepths(res *Results, tenants []string, st *AdmissionState) error {
 	}
 	for rows.Next() {
 		var t string
-		var queued bool
+		var queued, interactive bool
 		var n int
-		if err := rows.Scan(&t, &queued, &n); err != nil {
+		if err := rows.Scan(&t, &queued, &interactive, &n); err != nil {
 			return fmt.Errorf("read tenant depths: %w", err)
 		}
-		if queued {
-			st.TenantDepth[t] = n
-		} else {
-			st.TenantInFlight[t] = n
+		switch {
+		case !queued:
+			st.TenantInFlight[t] += n
+		case interactive:
+			st.TenantInteractive[t] += n
+			st.TenantDepth[t] += n
+		default:
+			st.TenantDepth[t] += n
 		}
 	}
 	if err := rows.Err(); err != nil {
