@@ -440,13 +440,9 @@ func (r *Reader) inFlight(ctx context.Context, now time.Time, cfg limits.Config)
 // slots reads the live slots (store.LiveSlots: bounded by the live slots, which the global cap
 // bounds) and returns them in total, by tier and lane, and per tenant.
 func (r *Reader) slots(ctx context.Context, cfg limits.Config) (Slots, map[string]int, error) {
-	counts, err := store.LiveSlots(ctx, r.cfg.DB)
+	us, err := store.LiveSlots(ctx, r.cfg.DB, cfg)
 	if err != nil {
 		return Slots{}, nil, fmt.Errorf("status: %w", err)
-	}
-	us := limits.NewUsage()
-	for _, c := range counts {
-		us.Add(cfg, c.Unit(), c.N)
 	}
 	return Slots{Total: us.Total, ByTier: us.Tier, ByLane: us.Lane}, us.Tenant, nil
 }

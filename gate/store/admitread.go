@@ -85,7 +85,7 @@ func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (Admis
 		if err != nil {
 			return st, fmt.Errorf("count in-flight jobs: %w", err)
 		}
-		if err := scanUsage(rows, p.Config, &st.Usage); err != nil {
+		if err := scanUsage(rows, p.Config, &st.Usage, "count in-flight jobs"); err != nil {
 			return st, err
 		}
 		st.GlobalInFlight = st.Usage.Total

@@ -33,14 +33,15 @@ import (
 const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 FROM jobs
 	WHERE status IN ('claimed','dispatched','running')`
 
-// scanUsage adds the rows of inFlightUsageSQL to us, each tenant's tier as cfg says.
-func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage) error {
+// scanUsage adds the rows of inFlightUsageSQL (or liveSlotsSQL: the same columns) to us, each
+// tenant's tier as cfg says; what names the read in its errors.
+func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage, what string) error {
 	for rows.Next() {
 		var u limits.Unit
 		var lanes string
 		var n int
 		if err := rows.Scan(&u.Tenant, &u.Interactive, &lanes, &n); err != nil {
-			return fmt.Errorf("count in-flight jobs: %w", err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		if lanes != "" {
 			u.Lanes = SplitLanes(lanes)
@@ -48,7 +49,7 @@ func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage) error {
 		us.Add(cfg, u, n)
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("count in-flight jobs: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
@@ -62,7 +63,7 @@ func ReadInFlightUsage(ctx context.Context, db sqldb.DB, cfg limits.Config) (lim
 		return us, fmt.Errorf("count in-flight jobs: %w", err)
 	}
 	defer rows.Close()
-	return us, scanUsage(rows, cfg, &us)
+	return us, scanUsage(rows, cfg, &us, "count in-flight jobs")
 }
 
 // lockClaimsSQL takes the claim lock and reads the runtime configuration in force.

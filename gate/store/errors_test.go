@@ -130,7 +130,7 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			_, err := st.SweepSlots(ctx, k.db.DB, k.now, "d", []store.ExpiredSlot{{ID: 1, Tenant: "acme"}})
 			return err
 		},
-		"LiveSlots": func(ctx context.Context) error { _, err := store.LiveSlots(ctx, k.db); return err },
+		"LiveSlots": func(ctx context.Context) error { _, err := store.LiveSlots(ctx, k.db, limits.Default()); return err },
 		"ListSlots": func(ctx context.Context) error {
 			_, err := store.ListSlots(ctx, k.db, store.SlotFilter{Limit: 1})
 			return err

@@ -54,64 +54,24 @@ func (s Slot) Unit() limits.Unit {
 	return limits.Unit{Tenant: s.Tenant, Lanes: s.Lanes, Interactive: s.Interactive}
 }
 
-// liveSlotsSQL reads the live slots' tenant, interactive flag and lanes, a row each: one range
+// liveSlotsSQL reads the live slots' tenant, interactive flag and lanes, a row each, in
+// inFlightUsageSQL's columns (scanUsage reads both): one range
 // of the live index (covering, so no row is read), bounded by the live slots, which the global
 // cap bounds (shadow grants aside). It is not grouped, for the reason inFlightUsageSQL is not:
 // a GROUP BY over the lanes column made MariaDB build an on-disk temporary table per read.
 const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1 FROM slots FORCE INDEX (live)
 	WHERE expires_at > NOW(6)`
 
-// SlotCount is live slots of one tenant with the same lanes and interactive flag (one row of
-// liveSlotsSQL: N is 1; callers sum).
-type SlotCount struct {
-	Tenant      string
-	Interactive bool
-	Lanes       []string
-	N           int
-}
-
-// Unit is the group's slots as a unit of capacity.
-func (c SlotCount) Unit() limits.Unit {
-	return limits.Unit{Tenant: c.Tenant, Lanes: c.Lanes, Interactive: c.Interactive}
-}
-
-func scanSlotCounts(rows *sql.Rows) ([]SlotCount, error) {
-	var out []SlotCount
-	for rows.Next() {
-		var c SlotCount
-		var lanes string
-		if err := rows.Scan(&c.Tenant, &c.Interactive, &lanes, &c.N); err != nil {
-			return nil, fmt.Errorf("count live slots: %w", err)
-		}
-		c.Lanes = SplitLanes(lanes)
-		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("count live slots: %w", err)
-	}
-	return out, nil
-}
-
-// AddLiveSlots adds the rows of liveSlotsSQL to us: the slots' part of what is in flight.
-func AddLiveSlots(rows *sql.Rows, cfg limits.Config, us *limits.Usage) error {
-	counts, err := scanSlotCounts(rows)
-	if err != nil {
-		return err
-	}
-	for _, c := range counts {
-		us.Add(cfg, c.Unit(), c.N)
-	}
-	return nil
-}
-
-// LiveSlots returns the live slots, grouped (for /v1/status and the metrics).
-func LiveSlots(ctx context.Context, db sqldb.DB) ([]SlotCount, error) {
+// LiveSlots returns the live slots as a limits.Usage (tiers as cfg says), for /v1/status and the
+// metrics: one range of the live index, bounded by the live slots.
+func LiveSlots(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
+	us := limits.NewUsage()
 	rows, err := db.QueryContext(ctx, liveSlotsSQL)
 	if err != nil {
-		return nil, fmt.Errorf("count live slots: %w", err)
+		return us, fmt.Errorf("count live slots: %w", err)
 	}
 	defer rows.Close()
-	return scanSlotCounts(rows)
+	return us, scanUsage(rows, cfg, &us, "count live slots")
 }
 
 // readUsage reads the next two result sets of res, inFlightUsageSQL's and liveSlotsSQL's, as
@@ -122,13 +82,13 @@ func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
 	if err != nil {
 		return us, fmt.Errorf("count in-flight jobs: %w", err)
 	}
-	if err := scanUsage(rows, cfg, &us); err != nil {
+	if err := scanUsage(rows, cfg, &us, "count in-flight jobs"); err != nil {
 		return us, err
 	}
 	if rows, err = res.Next(); err != nil {
 		return us, fmt.Errorf("count live slots: %w", err)
 	}
-	return us, AddLiveSlots(rows, cfg, &us)
+	return us, scanUsage(rows, cfg, &us, "count live slots")
 }
 
 // waitingSQL reads, in the head index's order (oldest queued job first), the tenants with queued

@@ -117,8 +117,8 @@ func TestLockClaimsCountsSlots(t *testing.T) {
 	if page.Total != 3 || page.InFlight["a"] != 2 || page.InFlight["b"] != 1 {
 		t.Errorf("tenant page in flight %v total %d", page.InFlight, page.Total)
 	}
-	live, err := store.LiveSlots(k.ctx, k.db)
-	if err != nil || len(live) != 2 {
+	live, err := store.LiveSlots(k.ctx, k.db, limits.Default())
+	if err != nil || live.Total != 2 {
 		t.Errorf("live slots %+v %v", live, err)
 	}
 }
