@@ -28,6 +28,27 @@ func (k *kit) beginAdmission(t *testing.T, stmts *store.StmtCache) *store.Admiss
 	return tx
 }
 
+// TestReadAdmissionCountsLiveSlots: what an admission reads as in flight is the jobs and the
+// live slots together (SPEC §5a: one accounting), so a queue=false admission and the headers see
+// the capacity a slot holds; an expired slot no longer counts.
+func TestReadAdmissionCountsLiveSlots(t *testing.T) {
+	k := newKit(t)
+	k.insert(jobSpec{tenant: "a", status: job.Running})
+	if _, err := k.db.ExecContext(k.ctx, `INSERT INTO slots (tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at) VALUES
+		('b', 'p', 'gpu', 1, 60, NOW(6) + INTERVAL 1 HOUR, NOW(6)),
+		('b', 'p', '', 0, 60, NOW(6) - INTERVAL 1 SECOND, NOW(6))`); err != nil {
+		t.Fatal(err)
+	}
+	tx := k.beginAdmission(t, nil)
+	st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a"}, CountInFlight: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := st.Usage; u.Total != 2 || u.Tenant["b"] != 1 || u.Lane["gpu"] != 1 || u.Interactive != 1 || st.GlobalInFlight != 2 {
+		t.Errorf("in flight %+v (global %d), want a's job and b's live slot", u, st.GlobalInFlight)
+	}
+}
+
 // TestReadAdmission: the read creates and locks the tenants' rows (no job row), and returns the
 // database time, the depths and in-flight counts of one tenant or several, the global depth
 // counted up to its bound or the estimate given, the jobs of the idempotency keys and the first

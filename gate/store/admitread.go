@@ -22,7 +22,8 @@ type AdmissionRead struct {
 	// else GlobalEstimate is returned as the global depth without a count.
 	GlobalCountUpTo int64
 	GlobalEstimate  int64
-	// CountInFlight reads what is in flight (AdmissionState.Usage, tiers as Config says): the
+	// CountInFlight reads what is in flight, jobs and live slots (AdmissionState.Usage, tiers as
+	// Config says): the
 	// capacity decision of queue=false admissions and the headers of every admission (SPEC §5a).
 	CountInFlight bool
 	Config        limits.Config
@@ -81,11 +82,7 @@ func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (Admis
 	}
 	st.Now = st.Now.UTC()
 	if p.CountInFlight {
-		rows, err := res.Next()
-		if err != nil {
-			return st, fmt.Errorf("count in-flight jobs: %w", err)
-		}
-		if err := scanUsage(rows, p.Config, &st.Usage, "count in-flight jobs"); err != nil {
+		if st.Usage, err = readUsage(res, p.Config); err != nil {
 			return st, err
 		}
 		st.GlobalInFlight = st.Usage.Total
@@ -139,8 +136,9 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 		args = append(args, tenantArgs...)
 	}
 	if p.CountInFlight {
-		// A statement of the same round trip, read after the lock like the others.
-		stmts = append(stmts, inFlightUsageSQL)
+		// Statements of the same round trip, read after the lock like the others: the jobs in
+		// flight and the live slots, which count against the same limits (SPEC §5a).
+		stmts = append(stmts, inFlightUsageSQL, liveSlotsSQL)
 	}
 	if len(p.IdempotencyKeys) > 0 {
 		stmts = append(stmts, "SELECT "+Columns+" FROM jobs WHERE tenant IN ("+
