@@ -71,7 +71,7 @@ func BenchmarkDrainWithSlots(b *testing.B) {
 		harness.Emit("drain_with_slots", map[string]any{"jobs": jobs, "caps": 64,
 			"jobs_per_s_0_slots": int(float64(jobs) / none.el.Seconds()), "jobs_per_s_8_slots": int(float64(jobs) / eight.el.Seconds()),
 			"ratio": round2(none.el.Seconds() / eight.el.Seconds()), "slots_share_floor": round2(56.0 / 64),
-			"peak_in_flight_sampled_0_slots": none.peak, "peak_in_flight_sampled_8_slots": eight.peak,
+			"peak_in_flight_0_slots": none.peak, "peak_in_flight_8_slots": eight.peak,
 			"raw_two_statement_tx_p50_ms": r[0]})
 	}
 }
