@@ -1,6 +1,9 @@
 package limits
 
-import "sort"
+import (
+	"slices"
+	"sort"
+)
 
 // Capacity is decided in one place for everything that takes a unit of the box (SPEC §5a): a
 // job the claim is about to start, a slot about to be granted, a queue=false admission. Jobs in
@@ -72,7 +75,8 @@ type Verdict struct {
 }
 
 type scope struct {
-	name            string
+	name            string // a lane's name when lane
+	lane            bool
 	limit, inFlight int
 }
 
@@ -80,25 +84,31 @@ func (s scope) room() int { return s.limit - s.inFlight }
 
 // Check decides whether one more unit like u fits under every limit, as counted in us. A paused
 // limit (0) is reported before a full one; among full limits the order is global, reserve,
-// tier, tenant, then the lanes by name.
+// tier, tenant, then the lanes by name. The claim calls it for every job it considers, so it
+// allocates nothing (TestCheckAllocatesNothing): the scopes live in an array, stored lanes come
+// sorted (JoinLanes), and a lane's scope name is built only when the answer names it.
 func (c Config) Check(us Usage, u Unit) Verdict {
 	tier := c.Tier(u.Tenant)
-	scopes := []scope{{ScopeGlobal, c.GlobalInFlight, us.Total}}
+	var buf [12]scope
+	scopes := append(buf[:0], scope{name: ScopeGlobal, limit: c.GlobalInFlight, inFlight: us.Total})
 	if c.InteractiveReserve > 0 && !u.Interactive {
 		// Interactive units in flight use the reserve first; the rest of the box is what
 		// non-interactive units may fill.
-		scopes = append(scopes, scope{ScopeReserve, max(c.GlobalInFlight-c.InteractiveReserve, 0), us.Total - us.Interactive})
+		scopes = append(scopes, scope{name: ScopeReserve, limit: max(c.GlobalInFlight-c.InteractiveReserve, 0), inFlight: us.Total - us.Interactive})
 	}
 	v := Verdict{Tier: tier, TierLimit: c.GlobalInFlight, TierInFlight: us.Tier[tier]}
 	if n, ok := c.TierInFlight[tier]; ok {
-		scopes = append(scopes, scope{ScopeTier, n, us.Tier[tier]})
+		scopes = append(scopes, scope{name: ScopeTier, limit: n, inFlight: us.Tier[tier]})
 		v.TierLimit = n
 	}
-	scopes = append(scopes, scope{ScopeTenant, c.TenantCap(u.Tenant), us.Tenant[u.Tenant]})
-	lanes := append([]string(nil), u.Lanes...)
-	sort.Strings(lanes)
+	scopes = append(scopes, scope{name: ScopeTenant, limit: c.TenantCap(u.Tenant), inFlight: us.Tenant[u.Tenant]})
+	tenant := len(scopes) - 1
+	lanes := u.Lanes
+	if !sort.StringsAreSorted(lanes) {
+		lanes = slices.Sorted(slices.Values(lanes))
+	}
 	for _, l := range lanes {
-		scopes = append(scopes, scope{LanePrefix + l, c.Lanes[l], us.Lane[l]})
+		scopes = append(scopes, scope{name: l, lane: true, limit: c.Lanes[l], inFlight: us.Lane[l]})
 	}
 	refuse := -1
 	for i, s := range scopes {
@@ -127,8 +137,11 @@ func (c Config) Check(us Usage, u Unit) Verdict {
 	}
 	v.OK = refuse < 0
 	v.Scope, v.Limit, v.InFlight = scopes[pick].name, scopes[pick].limit, scopes[pick].inFlight
+	if scopes[pick].lane {
+		v.Scope = LanePrefix + v.Scope
+	}
 	if !v.Paused {
-		v.Suggested = max(min(scopes[len(scopes)-len(lanes)-1].room(), scopes[0].room()), 1)
+		v.Suggested = max(min(scopes[tenant].room(), scopes[0].room()), 1)
 	}
 	return v
 }

@@ -109,3 +109,20 @@ func TestDecodeFillsCapacityKeys(t *testing.T) {
 		t.Error("Decode accepted lanes as an array")
 	}
 }
+
+// TestCheckAllocatesNothing: the claim calls Check for every job it considers, so a decision
+// allocates nothing, lanes or not (stored lanes come sorted), unless its answer names a lane
+// (the scope "lane:<name>" is built then).
+func TestCheckAllocatesNothing(t *testing.T) {
+	cfg := Default()
+	cfg.Lanes = map[string]int{"gpu": 4, "search": 9}
+	cfg.TierInFlight = map[string]int{DefaultTier: 8}
+	cfg.InteractiveReserve = 1
+	us := NewUsage()
+	us.Add(cfg, Unit{Tenant: "a", Lanes: []string{"search"}}, 1)
+	for _, u := range []Unit{{Tenant: "a"}, {Tenant: "b", Lanes: []string{"gpu", "search"}, Interactive: true}} {
+		if n := testing.AllocsPerRun(100, func() { _ = cfg.Check(us, u) }); n != 0 {
+			t.Errorf("Check(%+v) allocates %.0f times a call, want 0", u, n)
+		}
+	}
+}
