@@ -167,7 +167,12 @@ func (cl *claimer) choose(cfg limits.Config, cands map[string][]candidate, more 
 			full = true
 			break
 		}
-		cands[t] = append(cands[t][:i:i], cands[t][i+1:]...)
+		if i == 0 {
+			cands[t] = cands[t][1:] // the usual case: the head went, nothing to copy
+		} else {
+			// A job passed over stays; a fresh slice keeps the backing array others read intact.
+			cands[t] = append(cands[t][:i:i], cands[t][i+1:]...)
+		}
 		us.Add(cfg, c.unit, 1)
 	}
 	return chosen, full
