@@ -35,7 +35,7 @@ func (s *Server) jobEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 // listAudit answers GET /v1/audit: audit events, newest first, paginated like GET /v1/jobs,
-// except that a page filtered by event or since may be short (even empty) and still carry a
+// except that a filtered page (tenant, event, since) may be short (even empty) and still carry a
 // cursor: one request examines at most store.AuditScanRows events.
 func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -84,7 +84,7 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 		c := encodeCursor(events[want-1].ID)
 		cursor = &c
 	case page.Next > 0:
-		// An event or since filter examined store.AuditScanRows rows without filling the page:
+		// A filter examined store.AuditScanRows rows without filling the page:
 		// the page may be short, even empty, and the listing goes on below.
 		c := encodeCursor(page.Next)
 		cursor = &c

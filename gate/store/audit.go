@@ -247,27 +247,22 @@ type AuditPage struct {
 	Next   int64
 }
 
-// ListAudit returns the events f selects, newest first: by the (tenant, id) index for a tenant,
-// the primary key otherwise (migration 0016 dropped the event and at indexes: each cost every
-// audited write an index insert). Without an event or since filter the index serves the page
-// exactly; with one, the call examines at most AuditScanRows rows in the index's order and
-// returns what matched among them, with Next set where the listing continues if the page is not
-// full. Its two statements read the same rows: the first finds the lowest id of the window, the
-// second the page within it.
+// ListAudit returns the events f selects, newest first, by the primary key: audit_events has no
+// index of tenant, event or time (migrations 0016 and 0017 dropped them: each cost every audited
+// write an index insert). Without a filter the key serves the page exactly; with one (tenant,
+// event, since), the call examines at most AuditScanRows rows newest first and returns what
+// matched among them, with Next set where the listing continues if the page is not full. Its two
+// statements read the same rows: the first finds the lowest id of the window, the second the
+// page within it.
 func ListAudit(ctx context.Context, db sqldb.DB, f AuditFilter) (AuditPage, error) {
 	var where []string
 	var args []any
-	if f.Tenant != nil {
-		where = append(where, "tenant = ?")
-		args = append(args, *f.Tenant)
-	}
 	if f.Before > 0 {
 		where = append(where, "id < ?")
 		args = append(args, f.Before)
 	}
 	var floor int64
-	bounded := f.Event != "" || f.Since != nil
-	if bounded {
+	if f.Tenant != nil || f.Event != "" || f.Since != nil {
 		var lowest sql.NullInt64
 		var seen int
 		window := "SELECT id FROM audit_events " + whereOf(where) + " ORDER BY id DESC LIMIT ?"
@@ -281,6 +276,10 @@ func ListAudit(ctx context.Context, db sqldb.DB, f AuditFilter) (AuditPage, erro
 		floor = lowest.Int64
 		where = append(where, "id >= ?")
 		args = append(args, floor)
+		if f.Tenant != nil {
+			where = append(where, "tenant = ?")
+			args = append(args, *f.Tenant)
+		}
 		if f.Event != "" {
 			where = append(where, "event = ?")
 			args = append(args, f.Event)
