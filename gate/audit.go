@@ -22,6 +22,12 @@ func auditEvents(ins []*item) []store.AuditEvent {
 		}
 		e := store.AuditEvent{Event: store.EventAdmitted, Tenant: it.req.Tenant, Actor: actor,
 			To: string(job.Queued), Version: &zero, Attempt: &none}
+		if it.scope == "" && it.res.Decision != ShadowRefused && it.res.Job.Position != nil && it.retryOf == nil {
+			// The common case, without a map: the bytes json.Marshal of the map below gives.
+			e.Detail = admittedDetail(it.res.Limit, it.res.InFlight, *it.res.Job.Position)
+			events[i] = e
+			continue
+		}
 		detail := map[string]any{"cap": it.res.Limit, "in_flight": it.res.InFlight}
 		switch {
 		case it.scope != "":
@@ -40,12 +46,7 @@ func auditEvents(ins []*item) []store.AuditEvent {
 		if it.retryOf != nil {
 			detail["retry_of"] = *it.retryOf
 		}
-		if e.Event == store.EventAdmitted && it.res.Job.Position != nil && it.retryOf == nil {
-			// The common case, without a map: the bytes json.Marshal(detail) gives.
-			e.Detail = admittedDetail(it.res.Limit, it.res.InFlight, *it.res.Job.Position)
-		} else {
-			e.Detail, _ = json.Marshal(detail)
-		}
+		e.Detail, _ = json.Marshal(detail)
 		events[i] = e
 	}
 	return events

@@ -252,9 +252,9 @@ func wantQueueState(t *testing.T, k *kit, tenants ...string) {
 
 // TestInsertJobsAudit: each job of an admission gets its one audit row, naming it, with the
 // event given (admitted, a refusal, a shadow refusal, another actor than the caller): alone,
-// several in one INSERT, and over several chunks of a prepared batch, whose first chunks hold
-// enough plain admissions to be derived from their job rows (AuditAdmittedSQL) and whose last
-// does not.
+// several in one INSERT, and over several chunks of a prepared batch, with enough plain
+// admissions to be derived from their job rows in one statement after the inserts
+// (AuditAdmittedRangesSQL) and with too few.
 func TestInsertJobsAudit(t *testing.T) {
 	k := newKit(t)
 	zero, none := int64(0), 0
@@ -293,6 +293,17 @@ func TestInsertJobsAudit(t *testing.T) {
 			}
 			return out
 		}()},
+		{"batch, few implied", func() []admission {
+			var out []admission
+			for i := range 100 { // 10 implied: below derivedAuditMin, every row by its values
+				if i%10 == 0 {
+					out = append(out, kinds[0])
+				} else {
+					out = append(out, kinds[1+i%3])
+				}
+			}
+			return out
+		}()},
 	} {
 		var stmts *store.StmtCache
 		if len(c.adm) > 64 {
@@ -327,7 +338,39 @@ func TestInsertJobsAudit(t *testing.T) {
 			}
 		}
 	}
-	if n := k.count("SELECT COUNT(*) FROM audit_events"); n != 1+1+5+520 {
-		t.Errorf("%d audit rows, want one per job (527)", n)
+	if n := k.count("SELECT COUNT(*) FROM audit_events"); n != 1+1+5+520+100 {
+		t.Errorf("%d audit rows, want one per job (627)", n)
+	}
+}
+
+// TestAuditAdmittedRanges: the audit rows of jobs whose ids are not one run (another
+// transaction's INSERT took ids between two chunks') each get their own detail, and a job
+// between the runs, or one whose detail is nil, gets no row.
+func TestAuditAdmittedRanges(t *testing.T) {
+	k := newKit(t)
+	var ids []int64
+	for range 6 {
+		ids = append(ids, k.insert(jobSpec{tenant: "a", status: "queued", queuedAt: time.Now()}))
+	}
+	// Runs [0,1], [3,4,5]: ids[2] belongs to someone else; ids[4]'s event is not implied.
+	mine := []int64{ids[0], ids[1], ids[3], ids[4], ids[5]}
+	details := []json.RawMessage{[]byte(`{"position":1}`), []byte(`{"position":2}`), []byte(`{"position":3}`), nil,
+		[]byte(`{"position":5}`)}
+	q, args := store.AuditAdmittedRangesSQL(mine, details)
+	k.exec(q, args...)
+	for i, id := range mine {
+		evs, err := store.JobEvents(k.ctx, k.db, id, 10)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case details[i] == nil && len(evs) != 0:
+			t.Errorf("job %d: %+v, want no event", i, evs)
+		case details[i] != nil && (len(evs) != 1 || string(evs[0].Detail) != string(details[i]) || evs[0].Event != store.EventAdmitted ||
+			evs[0].Tenant != "a" || evs[0].Actor != "test" || evs[0].To != "queued"):
+			t.Errorf("job %d: %+v, want one admitted event with detail %s", i, evs, details[i])
+		}
+	}
+	if n := k.count("SELECT COUNT(*) FROM audit_events WHERE job_id = ?", ids[2]); n != 0 {
+		t.Errorf("the other transaction's job got %d rows", n)
 	}
 }

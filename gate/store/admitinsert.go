@@ -61,8 +61,14 @@ const insertChunk = 250
 // outcome and the ids are both unknown. A multi-row INSERT of known size gets consecutive ids
 // (a "simple insert" reserves its whole range at once under every InnoDB auto-increment lock
 // mode), which is how one round trip learns every id.
+//
+// The audit rows (p.Audit) go in the same round trip, named by the session variable FirstJobSQL
+// sets, when the statements share one; a batch's prepared statements each take a round trip of
+// their own, so there they go last, in one statement naming the ids the INSERTs returned
+// (admissionAudit), which saves two round trips per chunk.
 func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (InsertedJobs, error) {
-	w := insertStatements(p)
+	prepared := t.tx != nil
+	w := insertStatements(p, !prepared)
 	ids, err := t.exec(ctx, w.stmts, w.args, commit)
 	if err != nil {
 		return InsertedJobs{}, fmt.Errorf("insert jobs: %w", err)
@@ -79,7 +85,50 @@ func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (I
 			out.PokeIDs[j] = ids[c.stmt+w.pokeOffset] + int64(i)
 		}
 	}
+	if prepared && p.Audit != nil {
+		stmts, args := admissionAudit(p, out.IDs)
+		if _, err := t.exec(ctx, stmts, args, false); err != nil {
+			return InsertedJobs{}, fmt.Errorf("insert jobs: audit: %w", err)
+		}
+	}
 	return out, nil
+}
+
+// admissionAudit is the statements of the audit rows of p.Jobs, whose ids are ids: those their
+// job rows imply in one INSERT ... SELECT when there are at least derivedAuditMin
+// (AuditAdmittedRangesSQL), the others in one INSERT of values.
+func admissionAudit(p NewJobs, ids []int64) ([]string, [][]any) {
+	details := make([]json.RawMessage, len(p.Jobs))
+	implied := 0
+	for i := range p.Jobs {
+		if AdmittedByRow(p.Audit[i], p.Jobs[i]) {
+			details[i] = p.Audit[i].Detail
+			implied++
+		}
+	}
+	if implied < derivedAuditMin {
+		clear(details)
+		implied = 0
+	}
+	var stmts []string
+	var args [][]any
+	var others []AuditEvent
+	for i := range p.Jobs {
+		if details[i] == nil {
+			e := p.Audit[i]
+			e.JobID = &ids[i]
+			others = append(others, e)
+		}
+	}
+	if implied > 0 {
+		q, a := AuditAdmittedRangesSQL(ids, details)
+		stmts, args = append(stmts, q), append(args, a)
+	}
+	if len(others) > 0 {
+		q, a := AuditInsertSQL(others)
+		stmts, args = append(stmts, q), append(args, a)
+	}
+	return stmts, args
 }
 
 // writes are InsertJobs' statements: stmts[i] with arguments args[i].
@@ -99,9 +148,12 @@ type written struct {
 	stmt  int   // index of the jobs INSERT among stmts
 }
 
-func insertStatements(p NewJobs) writes {
+// insertStatements is InsertJobs' statements, with those of the audit rows (p.Audit) when
+// withAudit.
+func insertStatements(p NewJobs, withAudit bool) writes {
 	w := writes{pokeOffset: 1}
-	if p.Audit != nil {
+	withAudit = withAudit && p.Audit != nil
+	if withAudit {
 		w.pokeOffset = 2
 	}
 	for start := 0; start < len(p.Jobs); start += insertChunk {
@@ -127,7 +179,7 @@ func insertStatements(p NewJobs) writes {
 		}
 		w.stmts = append(w.stmts, q.String())
 		w.args = append(w.args, rowArgs)
-		if p.Audit != nil {
+		if withAudit {
 			// The chunk's first job id is kept for its audit rows, which follow the pokes whose
 			// INSERT moves LAST_INSERT_ID() on.
 			w.stmts = append(w.stmts, FirstJobSQL)
@@ -138,7 +190,7 @@ func insertStatements(p NewJobs) writes {
 			w.stmts = append(w.stmts, pq)
 			w.args = append(w.args, pargs)
 		}
-		if p.Audit != nil {
+		if withAudit {
 			w.auditChunk(p, start, end)
 		}
 		w.chunks = append(w.chunks, c)

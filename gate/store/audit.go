@@ -111,6 +111,49 @@ func AuditAdmittedSQL(details []json.RawMessage) (string, []any) {
 		HAVING d IS NOT NULL`, args
 }
 
+// AuditAdmittedRangesSQL is AuditAdmittedSQL for the jobs of one or more INSERTs whose ids the
+// caller learned: ids[i] is the id of the job of details[i], and each INSERT's jobs have
+// consecutive ids, increasing from one INSERT to the next. The statement reads each INSERT's
+// range of ids and picks a row's detail by its offset in details, found by comparing the id with
+// the ranges' ends (one comparison per INSERT).
+func AuditAdmittedRangesSQL(ids []int64, details []json.RawMessage) (string, []any) {
+	type run struct{ first, last, at int64 } // a range of consecutive ids; at: first's index
+	var runs []run
+	for i, id := range ids {
+		if n := len(runs); n > 0 && id == runs[n-1].last+1 {
+			runs[n-1].last = id
+			continue
+		}
+		runs = append(runs, run{first: id, last: id, at: int64(i)})
+	}
+	args := make([]any, 0, len(details)+4*len(runs))
+	var offset, where strings.Builder
+	offset.WriteString("CASE")
+	for i, r := range runs {
+		offset.WriteString(" WHEN id <= ? THEN id - ?")
+		args = append(args, r.last, r.first-r.at-1)
+		if i > 0 {
+			where.WriteString(" OR ")
+		}
+		where.WriteString("id BETWEEN ? AND ?")
+	}
+	offset.WriteString(" END")
+	for _, d := range details {
+		if d == nil {
+			args = append(args, nil)
+		} else {
+			args = append(args, []byte(d))
+		}
+	}
+	for _, r := range runs {
+		args = append(args, r.first, r.last)
+	}
+	return `INSERT INTO audit_events (event, tenant, job_id, actor, to_status, version, attempt, detail)
+		SELECT '` + EventAdmitted + `', tenant, id, caller, status, 0, 0, ELT(` + offset.String() + `, ` +
+		Placeholders(len(details)) + `) AS d FROM jobs WHERE ` + where.String() + `
+		HAVING d IS NOT NULL`, args
+}
+
 // AdmittedByRow reports whether e, the admission event of job j, is what j's row implies, so
 // that AuditAdmittedSQL can write it: admitted, queued, by the job's caller, with a detail and
 // nothing else.
