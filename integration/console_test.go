@@ -173,6 +173,14 @@ func TestConsole(t *testing.T) {
 		n, err := env.CountJobs(context.Background())
 		return n["succeeded"] == 12 && n["failed"] == 1, err
 	})
+	// A live slot in a lane, for the overview and the slots page: taken while dispatch runs (a
+	// paused cap refuses slots), with the longest lease so that it outlives the test.
+	patchConfig(t, env, map[string]any{"lanes": map[string]int{"search": 3}})
+	slot := env.Do(t, http.MethodPost, "/v1/slots", harness.AdminToken, map[string]any{"tenant": "initech", "lanes": []string{"search"}, "lease_seconds": 900})
+	if slot.Status != http.StatusCreated {
+		t.Fatalf("take a slot: HTTP %d %s", slot.Status, slot.Raw)
+	}
+	slotID := int64(slot.Body["id"].(float64))
 	patch := env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken,
 		map[string]any{"changes": map[string]any{"global_in_flight": 0}, "note": "hold the console test's jobs queued"})
 	if patch.Status != http.StatusOK {
@@ -202,6 +210,8 @@ func TestConsole(t *testing.T) {
 	b.step("the overview charts what finished",
 		until(`Number(document.querySelector('#chart-finished svg')?.getAttribute('aria-label').match(/peak ([0-9.]+)/)?.[1]) > 0`),
 		until(`/p50: latest [0-9.]+ m?s/.test(document.querySelector('#chart-wait svg')?.getAttribute('aria-label'))`))
+	b.check("the overview shows the slot and its lane", `document.querySelector('#slot-total')?.textContent === '1' &&
+		document.querySelector('#lane-use')?.textContent.includes('search: 1 of 3')`)
 	b.shot("overview")
 
 	// A tenant's depth changes on the tenants page after admissions, without a reload.
@@ -286,6 +296,21 @@ func TestConsole(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#confirm-ok")),
 		until(`document.querySelector('#gate-list')?.textContent.includes('No rate key of a queued job is gated')`))
 
+	// Slots: the live slot is listed, and released after a confirmation.
+	b.step("the slots page", chromedp.Click(chromedp.CSS(`nav a[href="#/slots"]`)),
+		until(fmt.Sprintf(`document.querySelectorAll('#slot-list tbody tr').length === 1 &&
+			document.querySelector('#slot-list tbody tr').cells[0].textContent === '%d' &&
+			document.querySelector('#slot-list tbody tr').cells[2].textContent === 'search'`, slotID)))
+	b.check("slots page is labelled", labelled)
+	b.shot("slots")
+	b.step("release the slot", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#slot-list button[data-key="release:%d"]`, slotID))),
+		until(`document.querySelector('#confirm').open`),
+		chromedp.Click(chromedp.CSS("#confirm-ok")),
+		until(`document.querySelector('#slot-list')?.textContent.includes('No slot is live')`))
+	if r := env.Do(t, http.MethodGet, "/v1/slots", harness.AdminToken, nil); r.Status != http.StatusOK || len(r.Body["slots"].([]any)) != 0 {
+		t.Fatalf("after the console's release the live slots are %s; want none", r.Raw)
+	}
+
 	// Config: a refused value shows the server's reason; an accepted one is in force and in the
 	// history, with who and the note.
 	b.step("the config page", goTo("#/config"),
@@ -326,6 +351,7 @@ func TestConsole(t *testing.T) {
 		{"#/jobs", "#job-list table"},
 		{fmt.Sprintf("#/jobs/%d", job), "#job dl"},
 		{"#/gates", "#gate-list p"},
+		{"#/slots", "#slot-list p"},
 		{"#/config", "#config-history table"},
 	} {
 		b.step("zoomed "+page.hash, goTo(page.hash), until(fmt.Sprintf(`document.querySelector(%q) !== null`, page.ready)))

@@ -7,6 +7,7 @@ import {overview} from './overview.js';
 import {tenants, tenant} from './tenants.js';
 import {jobs, jobPage} from './jobs.js';
 import {gates} from './gates.js';
+import {slots} from './slots.js';
 import {config} from './config.js';
 
 // LIVE_EVERY is the pause between the end of one refresh and the start of the next: a page
@@ -20,6 +21,7 @@ const routes = [
   {re: /^\/jobs$/, page: jobs, nav: 'jobs'},
   {re: /^\/jobs\/([0-9]+)$/, page: jobPage, nav: 'jobs'},
   {re: /^\/gates$/, page: gates, admin: true, nav: 'gates'},
+  {re: /^\/slots$/, page: slots, admin: true, nav: 'slots'},
   {re: /^\/config$/, page: config, admin: true, nav: 'config'},
 ];
 
@@ -28,6 +30,7 @@ const navItems = [
   {id: 'tenants', label: 'Tenants'},
   {id: 'jobs', label: 'Jobs'},
   {id: 'gates', label: 'Gates', admin: true},
+  {id: 'slots', label: 'Slots', admin: true},
   {id: 'config', label: 'Config', admin: true},
 ];
 

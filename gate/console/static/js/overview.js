@@ -17,6 +17,21 @@ function ok(good, yes, no) {
   return h('span', {class: `state ${good ? 'state-ok' : 'state-bad'}`}, good ? yes : no);
 }
 
+// slotsCard shows the live slots (SPEC §5a) and, when lanes are configured, each lane's use:
+// jobs and slots together, against its limit.
+function slotsCard(st) {
+  const lanes = Object.entries(st.lanes || {}).sort(([a], [b]) => a.localeCompare(b));
+  const tiers = Object.entries(st.slots.by_tier || {}).sort(([a], [b]) => a.localeCompare(b));
+  return card('slots', 'Slots and lanes',
+    h('p', {class: 'figure'}, h('a', {href: '#/slots', id: 'slot-total'}, fmt.count(st.slots.total)), h('small', null, st.slots.total === 1 ? ' live slot' : ' live slots')),
+    tiers.length ? h('p', null, `By tier: ${tiers.map(([t, n]) => `${t} ${fmt.count(n)}`).join(', ')}.`) : null,
+    lanes.length ?
+      h('ul', {class: 'lanes', id: 'lane-use'}, lanes.map(([name, l]) => h('li', null,
+        `${name}: ${fmt.count(l.in_flight)} of ${fmt.count(l.limit)} `,
+        meter(l.in_flight, l.limit, `Lane ${name}: jobs and slots in flight against its limit`)))) :
+      h('p', null, 'No lanes are configured.'));
+}
+
 export async function overview(v) {
   v.title('Overview');
   const errors = h('div');
@@ -60,6 +75,7 @@ export async function overview(v) {
       card('outbox', 'Outbox',
         h('p', {class: 'figure'}, fmt.count(st.outbox.unpublished), h('small', null, ' unpublished')),
         h('p', null, `Oldest unpublished: ${st.outbox.unpublished ? fmt.age(st.outbox.oldest_unpublished_age_seconds) : '—'}`)),
+      slotsCard(st),
       card('deps', 'Services',
         h('p', null, 'Broker (NATS): ', ok(st.broker.connected, 'connected', 'disconnected')),
         h('p', null, 'Memcached: ', ok(st.memcached.reachable, 'reachable', 'unreachable')),
