@@ -205,20 +205,43 @@ func appendAuditArgs(args []any, e AuditEvent) []any {
 // where every id was moved (a fence that failed rolls the transaction back) unless fence, an
 // extra condition on the jobs' rows, picks out those the UPDATE moved; fenceArgs are its
 // arguments.
+//
+// The state each job left is a constant when they all left the same one (a claim: queued), else
+// one IN list per state: the server sorts a constant IN list and searches it, where a WHEN per id
+// would be compared one by one for every row.
 func AuditTransitionsSQL(actor string, ids []int64, from map[int64]job.Status, withCode bool, fence string, fenceArgs ...any) (string, []any) {
 	var q strings.Builder
-	args := make([]any, 0, 3*len(ids)+2+len(fenceArgs))
-	q.WriteString(auditInsert + "SELECT '" + EventTransition + "', tenant, id, NULL, ?, CASE id")
+	args := make([]any, 0, 2*len(ids)+4+len(fenceArgs))
+	q.WriteString(auditInsert + "SELECT '" + EventTransition + "', tenant, id, NULL, ?, ")
 	args = append(args, actor)
+	var states []job.Status
+	byState := map[job.Status][]int64{}
 	for _, id := range ids {
-		q.WriteString(" WHEN ? THEN ?")
-		args = append(args, id, string(from[id]))
+		st := from[id]
+		if _, ok := byState[st]; !ok {
+			states = append(states, st)
+		}
+		byState[st] = append(byState[st], id)
+	}
+	if len(states) == 1 {
+		q.WriteString("?")
+		args = append(args, string(states[0]))
+	} else {
+		q.WriteString("CASE")
+		for _, st := range states {
+			q.WriteString(" WHEN id IN (" + Placeholders(len(byState[st])) + ") THEN ?")
+			for _, id := range byState[st] {
+				args = append(args, id)
+			}
+			args = append(args, string(st))
+		}
+		q.WriteString(" END")
 	}
 	code := "NULL"
 	if withCode {
 		code = "error_code"
 	}
-	q.WriteString(" END, status, version, attempt, " + code + ", NULL, NULL FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ")")
+	q.WriteString(", status, version, attempt, " + code + ", NULL, NULL FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ")")
 	for _, id := range ids {
 		args = append(args, id)
 	}

@@ -258,3 +258,45 @@ func TestAuditOff(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditTransitionsFromEachState: one batch of outcomes whose jobs left different states
+// (running and dispatched) audits each with the state it left, and a batch whose jobs all left
+// one state names it too.
+func TestAuditTransitionsFromEachState(t *testing.T) {
+	k := newKit(t)
+	st := &store.Store{Actor: "d9"}
+	running := dispatched(t, k.db, k.now, "acme", "n1")
+	plain := dispatched(t, k.db, k.now, "acme", "n2")
+	alone := dispatched(t, k.db, k.now, "acme", "n3")
+	tx := k.begin()
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, running.ID, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	running = k.row(running.ID)
+	for _, batch := range [][]store.Row{{running, plain}, {alone}} {
+		var items []store.Finishing
+		for _, r := range batch {
+			items = append(items, store.Finishing{Row: r, Outcome: store.Outcome{Status: job.Succeeded}})
+		}
+		tx := k.begin()
+		if _, err := st.FinishMany(k.ctx, tx, k.now, items); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, from := range map[int64]job.Status{running.ID: job.Running, plain.ID: job.Dispatched, alone.ID: job.Dispatched} {
+		evs, err := store.JobEvents(k.ctx, k.db, id, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := evs[len(evs)-1]
+		if last.From != string(from) || last.To != string(job.Succeeded) || last.Actor != "d9" {
+			t.Errorf("job %d's last event is %+v; want %s → succeeded by d9", id, last, from)
+		}
+	}
+}
