@@ -57,8 +57,9 @@ func (cl *claimer) leftBehind(tenants []string) {
 
 // advanceHeads sets forward the heads this drainer's claims left behind (store.AdvanceHeads),
 // once HeadAdvance has passed since the last advance while tenants with work fill more than a
-// page, else once PollInterval has. A failure is logged and the tenants are kept for the next
-// try: a head left behind only orders its tenant early, so the claims go on.
+// page, else once PollInterval has. It never waits for a tenant locked elsewhere: such a tenant,
+// and every tenant after a failure (logged), is kept for the next try. A head left behind only
+// orders its tenant early, so the claims go on.
 func (cl *claimer) advanceHeads(ctx context.Context, now time.Time) {
 	every := cl.cfg.PollInterval
 	if cl.paged {
@@ -72,11 +73,12 @@ func (cl *claimer) advanceHeads(ctx context.Context, now time.Time) {
 		ts = append(ts, t)
 	}
 	cl.lastAdvance = now
-	if err := store.AdvanceHeads(ctx, cl.cfg.TxDB, ts); err != nil {
-		cl.cfg.Log.Warn("could not set queue heads forward; will retry", "tenants", len(ts), "error", err)
-		return
-	}
+	skipped, err := store.AdvanceHeads(ctx, cl.cfg.TxDB, ts)
 	cl.behind = nil
+	cl.leftBehind(skipped)
+	if err != nil {
+		cl.cfg.Log.Warn("could not set queue heads forward; will retry", "tenants", len(ts), "error", err)
+	}
 }
 
 // RunOnce picks and claims jobs in one transaction, and commits them as dispatched (claim and

@@ -85,8 +85,8 @@ func TestTenantQueueState(t *testing.T) {
 	want("head and tail claimed", queueState{2, 11, t1, true})
 	advance := func(tenants ...string) {
 		t.Helper()
-		if err := store.AdvanceHeads(ctx, db.DB, tenants); err != nil {
-			t.Fatal(err)
+		if skipped, err := store.AdvanceHeads(ctx, db.DB, tenants); err != nil || len(skipped) > 0 {
+			t.Fatalf("advance: skipped %v, %v", skipped, err)
 		}
 	}
 	advance("acme", "acme", "nobody", "other")
@@ -189,6 +189,56 @@ func TestTenantQueueStateLocks(t *testing.T) {
 				t.Fatalf("%s: the tenant's row locked %v, want %v", c.stmt, held, c.locked)
 			}
 		})
+	}
+}
+
+// TestAdvanceHeadsSkipsLockedTenants: AdvanceHeads never waits for a tenant's row that another
+// transaction holds: it returns that tenant skipped, its head untouched, and sets the others
+// forward; once the lock is gone, the skipped one goes forward too.
+func TestAdvanceHeadsSkipsLockedTenants(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES
+		('a', UTC_TIMESTAMP(6)), ('b', UTC_TIMESTAMP(6))`); err != nil {
+		t.Fatal(err)
+	}
+	const t1, t2 = "2026-01-01 00:00:01.000000", "2026-01-01 00:00:02.000000"
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (id, tenant, status, queued_at) VALUES
+		(1, 'a', 'queued', ?), (2, 'a', 'queued', ?), (3, 'b', 'queued', ?), (4, 'b', 'queued', ?)`, t1, t2, t1, t2); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.RecountQueues(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE jobs SET status = 'dispatched' WHERE id IN (1, 3)"); err != nil {
+		t.Fatal(err)
+	}
+	hold, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback()
+	if _, err := hold.ExecContext(ctx, "SELECT 1 FROM tenants WHERE tenant = 'b' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	skipped, err := store.AdvanceHeads(ctx, db.DB, []string{"b", "a"})
+	if err != nil || len(skipped) != 1 || skipped[0] != "b" {
+		t.Fatalf("advance with b locked: skipped %v, %v; want [b]", skipped, err)
+	}
+	if got := readQueueState(t, db.DB, "a"); got != (queueState{1, 2, t2, true}) {
+		t.Errorf("a: %+v", got)
+	}
+	if got := readQueueState(t, db.DB, "b"); got != (queueState{1, 3, t1, true}) {
+		t.Errorf("b, locked: %+v", got)
+	}
+	if err := hold.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if skipped, err := store.AdvanceHeads(ctx, db.DB, skipped); err != nil || len(skipped) > 0 {
+		t.Fatalf("advance of b: skipped %v, %v", skipped, err)
+	}
+	if got := readQueueState(t, db.DB, "b"); got != (queueState{1, 4, t2, true}) {
+		t.Errorf("b: %+v", got)
 	}
 }
 
