@@ -35,6 +35,50 @@ type claimer struct {
 	// resume is where the last pass's tenant pages ran out while they still gave too few
 	// eligible jobs (see candidates); nil once a pass has read to the last tenant with work.
 	resume *tenantKey
+	// behind are the tenants whose heads this drainer's claims left behind since lastAdvance
+	// (store.Claimed.Behind), for advanceHeads.
+	behind      map[string]bool
+	lastAdvance time.Time
+	paged       bool // the last pass's first page of tenants was full: more tenants have work
+}
+
+// leftBehind notes tenants whose heads a claim left behind.
+func (cl *claimer) leftBehind(tenants []string) {
+	if len(tenants) == 0 {
+		return
+	}
+	if cl.behind == nil {
+		cl.behind = map[string]bool{}
+	}
+	for _, t := range tenants {
+		cl.behind[t] = true
+	}
+}
+
+// advanceHeads sets forward the heads this drainer's claims left behind (store.AdvanceHeads),
+// once HeadAdvance has passed since the last advance while tenants with work fill more than a
+// page, else once PollInterval has. It never waits for a tenant locked elsewhere: such a tenant,
+// and every tenant after a failure (logged), is kept for the next try. A head left behind only
+// orders its tenant early, so the claims go on.
+func (cl *claimer) advanceHeads(ctx context.Context, now time.Time) {
+	every := cl.cfg.PollInterval
+	if cl.paged {
+		every = cl.cfg.HeadAdvance
+	}
+	if len(cl.behind) == 0 || (now.Sub(cl.lastAdvance) < every && !now.Before(cl.lastAdvance)) {
+		return
+	}
+	ts := make([]string, 0, len(cl.behind))
+	for t := range cl.behind {
+		ts = append(ts, t)
+	}
+	cl.lastAdvance = now
+	skipped, err := store.AdvanceHeads(ctx, cl.cfg.TxDB, ts)
+	cl.behind = nil
+	cl.leftBehind(skipped)
+	if err != nil {
+		cl.cfg.Log.Warn("could not set queue heads forward; will retry", "tenants", len(ts), "error", err)
+	}
 }
 
 // RunOnce picks and claims jobs in one transaction, and commits them as dispatched (claim and
@@ -58,6 +102,7 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time) ([]claimed, bool,
 	if n := cl.unanswered(); n > 0 && n >= int64(cl.config.get().GlobalInFlight) {
 		return nil, false, nil
 	}
+	cl.advanceHeads(ctx, now)
 	// The caps the last claim saw are good enough to choose candidates (the claim re-reads them
 	// under the lock); the in-flight counts are read fresh, since completions elsewhere (other
 	// drainers, asynchronous executors) free capacity this process did not see.
@@ -73,6 +118,7 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time) ([]claimed, bool,
 	if err != nil {
 		return nil, false, err
 	}
+	cl.paged = page.full && cfg.Ordering != limits.RoundRobin // round_robin reads by name, not by head
 	cands, more, unread, err := cl.candidates(ctx, now, cfg, us, page)
 	if err != nil || len(cands) == 0 {
 		return nil, false, err

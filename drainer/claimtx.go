@@ -135,7 +135,8 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 	if err != nil {
 		return nil, err
 	}
-	return u.claimed(chosen, got, cfg), nil
+	cl.leftBehind(got.Behind)
+	return u.claimed(chosen, got.Got, cfg), nil
 }
 
 // loadPayloads reads the payloads and attempt counts of jobs this drainer claimed.

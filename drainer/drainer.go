@@ -69,6 +69,16 @@ type Config struct {
 	Gates Gates
 	// PollInterval is the backstop poll period. Default 1 s.
 	PollInterval time.Duration
+	// HeadAdvance is how often the tenants this drainer claimed from get their queue heads set
+	// forward (store.AdvanceHeads) while more tenants have work than one page of a pass holds: a
+	// claim leaves its tenants' heads behind (migration 0018), and a tenant claimed from in
+	// several passes within it pays one advance instead of one per job. A head left behind is
+	// older than its tenant's oldest queued job, which orders the tenant too early in the head
+	// index: that matters to a pass only across pages, so while one page holds every tenant with
+	// work the heads are set forward once per PollInterval (for the status's oldest queued job and
+	// the slots' fair-order check). The advance runs at the start of a pass, and a pass comes at
+	// least every PollInterval. Default 100 ms.
+	HeadAdvance time.Duration
 	// ClaimBatch bounds the jobs claimed in one transaction. Default 64.
 	ClaimBatch int
 	// Log receives transitions and problems. Default: discard.
@@ -140,6 +150,9 @@ func New(cfg Config) (*Drainer, error) {
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = outbox.DefaultPrefix
+	}
+	if cfg.HeadAdvance <= 0 {
+		cfg.HeadAdvance = 100 * time.Millisecond
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
@@ -305,6 +318,9 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is dropped so
 	// that they are seen within one poll interval.
 	d.heads.reset()
+	// A drainer whose cap stays full runs no claim pass (claimer.RunOnce), so the heads its
+	// last claims left behind are set forward here.
+	d.claims.advanceHeads(ctx, now)
 	d.lastUpkeep = now
 	return hb != nil, nil
 }

@@ -236,7 +236,7 @@ func TestAuditOff(t *testing.T) {
 		got, err := store.ClaimJobs(k.ctx, claim, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
 			NonceExpiresAt: k.now.Add(time.Minute), AuditOff: off,
 			Jobs: []store.ClaimJob{{ID: toClaim, Tenant: "c", NonceSHA256: store.HashNonce("nc")}}})
-		if err != nil || !got[toClaim] {
+		if err != nil || !got.Got[toClaim] {
 			t.Fatalf("claim: %v, %v", got, err)
 		}
 

@@ -215,24 +215,35 @@ func claimUpdateSQL(p ClaimParams) (string, []any) {
 		args
 }
 
+// Claimed is what a claim got.
+type Claimed struct {
+	// Got holds, for each job of the claim, whether it was claimed.
+	Got map[int64]bool
+	// Behind are the tenants of the jobs claimed that still have queued work: the claim left
+	// their heads where they were (migration 0018), for AdvanceHeads to set forward.
+	Behind []string
+}
+
 // ClaimJobs runs the claim's UPDATE of p.Jobs (each fenced on its id, version and the queued
 // state, so a job canceled or taken since it was read is skipped), reads back which of them
-// carry this claim's nonces, and commits, in one round trip of tx. The read sees the
-// transaction's own UPDATE, so a job canceled or taken meanwhile is not counted as claimed. It
-// returns the ids claimed. The lock order of every transaction that moves jobs into or out of
+// carry this claim's nonces, with whether their tenants still have queued work, and commits, in
+// one round trip of tx. The read sees the transaction's own UPDATE, so a job canceled or taken
+// meanwhile is not counted as claimed. The lock order of every transaction that moves jobs into or out of
 // queued (lockorder.go) comes first: the job rows by id, then their tenants' rows by key, which
 // the UPDATE's triggers would otherwise take row by row in its own order. Payloads are read
 // after the commit (ReadPayloads): the claim lock is held until COMMIT, and other drainers wait
 // for it.
-func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (map[int64]bool, error) {
+func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) {
 	q, uargs := claimUpdateSQL(p)
 	ids := make([]int64, len(p.Jobs))
 	want := map[int64]string{}
+	tenantOf := make(map[int64]string, len(p.Jobs))
 	tenants := make([]string, len(p.Jobs))
 	for i, c := range p.Jobs {
 		ids[i] = c.ID
 		want[c.ID] = string(c.NonceSHA256)
 		tenants[i] = c.Tenant
+		tenantOf[c.ID] = c.Tenant
 	}
 	lockTenants, tenantArgs := LockTenantsSQL(tenants)
 	args := append(int64Args(ids), tenantArgs...)
@@ -252,33 +263,40 @@ func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (map[int64]bool, 
 		stmts = append(stmts, aq)
 		args = append(args, aargs...)
 	}
-	stmts = append(stmts, "SELECT id, nonce_sha256 FROM jobs WHERE id IN ("+Placeholders(len(ids))+")")
+	stmts = append(stmts, `SELECT j.id, j.nonce_sha256, t.head_id IS NOT NULL FROM jobs j JOIN tenants t ON t.tenant = j.tenant
+		WHERE j.id IN (`+Placeholders(len(ids))+")")
 	args = append(args, int64Args(ids)...)
 	res, err := tx.QueryCommit(ctx, stmts, args...)
 	if err != nil {
-		return nil, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}
 	defer res.Close()
 	if _, err := res.Next(); err != nil { // the job rows' lock
-		return nil, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}
 	rows, err := res.Next()
 	if err != nil {
-		return nil, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}
-	got := map[int64]bool{}
+	out := Claimed{Got: map[int64]bool{}}
+	behind := map[string]bool{}
 	for rows.Next() {
 		var id int64
 		var hash []byte
-		if err := rows.Scan(&id, &hash); err != nil {
-			return nil, fmt.Errorf("claim %d job(s): read back: %w", len(p.Jobs), err)
+		var queued bool
+		if err := rows.Scan(&id, &hash, &queued); err != nil {
+			return Claimed{}, fmt.Errorf("claim %d job(s): read back: %w", len(p.Jobs), err)
 		}
-		got[id] = string(hash) == want[id]
+		out.Got[id] = string(hash) == want[id]
+		if t := tenantOf[id]; out.Got[id] && queued && !behind[t] {
+			behind[t] = true
+			out.Behind = append(out.Behind, t)
+		}
 	}
 	if err := res.Close(); err != nil {
-		return nil, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}
-	return got, nil
+	return out, nil
 }
 
 // Payload is what a dispatch needs of a claimed job besides what the claim read.

@@ -124,13 +124,14 @@ func TestClaimJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	type result struct {
-		got map[int64]bool
-		err error
+		got    map[int64]bool
+		behind []string
+		err    error
 	}
 	done := make(chan result, 1)
 	go func() {
 		got, err := store.ClaimJobs(k.ctx, tx, p)
-		done <- result{got, err}
+		done <- result{got.Got, got.Behind, err}
 	}()
 	wait.For(t, 10*time.Second, "the claim to lock its jobs", func() (bool, error) {
 		return k.db.HeldElsewhere(k.ctx, "SELECT 1 FROM jobs WHERE id = ?", canceled)
@@ -169,6 +170,13 @@ func TestClaimJobs(t *testing.T) {
 	}
 	if r := k.row(canceled); r.Status != job.Canceled {
 		t.Errorf("the canceled job changed: %+v", r)
+	}
+	// Tenant a still has a queued job, whose head the claim left behind; b has none left.
+	if len(res.behind) != 1 || res.behind[0] != "a" {
+		t.Errorf("heads left behind: %v, want [a]", res.behind)
+	}
+	if skipped, err := store.AdvanceHeads(k.ctx, k.db.DB, res.behind); err != nil || len(skipped) > 0 {
+		t.Fatalf("advance: skipped %v, %v", skipped, err)
 	}
 	wantQueueState(t, k, "a", "b")
 }

@@ -106,6 +106,10 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			_, err := store.ClaimJobs(ctx, conn(), store.ClaimParams{Jobs: []store.ClaimJob{{ID: queued, Tenant: "acme"}}})
 			return err
 		},
+		"AdvanceHeads": func(ctx context.Context) error {
+			_, err := store.AdvanceHeads(ctx, k.db.DB, []string{"acme"})
+			return err
+		},
 		"ProbeQueue":   func(ctx context.Context) error { _, err := store.ProbeQueue(ctx, k.db); return err },
 		"ReadPayloads": func(ctx context.Context) error { _, err := store.ReadPayloads(ctx, k.db, []int64{queued}); return err },
 		"ReadTenantPage": func(ctx context.Context) error {

@@ -94,7 +94,10 @@ func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
 // waitingSQL reads, in the head index's order (oldest queued job first), the tenants with queued
 // work other than the slot's own, with their oldest job's rate key and whether its not-before
 // has passed: the fair-order check of a slot's grant. It stops after LIMIT rows (a primary-key
-// lookup of each head), so it never grows with the number of tenants with work.
+// lookup of each head), so it never grows with the number of tenants with work. A head that a
+// claim left behind (migration 0018), until its drainer sets it forward, is a job just
+// dispatched: its rate key stands in for the tenant's next job's, and it is due (a claim clears
+// not_before).
 const waitingSQL = `SELECT STRAIGHT_JOIN t.tenant, j.rate_key_sha256, j.not_before IS NULL OR j.not_before <= NOW(6)
 	FROM tenants t FORCE INDEX (head) JOIN jobs j ON j.id = t.head_id
 	WHERE t.head_at IS NOT NULL AND t.tenant <> ? ORDER BY t.head_at, t.head_id LIMIT ?`

@@ -79,10 +79,20 @@ func TestTenantQueueState(t *testing.T) {
 	recount()
 	want("a rejected row; a tie on queued_at goes by id", queueState{4, 11, t1, true})
 
-	// Claim: the head leaves, and the next (queued_at, id) becomes the head; a job that is not
-	// the head leaves the head alone.
+	// Claim: the count drops and the head stays where it was (migration 0018), a lower bound of
+	// the oldest queued job, until AdvanceHeads sets it forward to the next (queued_at, id).
 	exec("UPDATE jobs SET status = 'dispatched', version = version + 1 WHERE id IN (11, 12)")
-	want("head and tail claimed", queueState{2, 14, t1, true})
+	want("head and tail claimed", queueState{2, 11, t1, true})
+	advance := func(tenants ...string) {
+		t.Helper()
+		if skipped, err := store.AdvanceHeads(ctx, db.DB, tenants); err != nil || len(skipped) > 0 {
+			t.Fatalf("advance: skipped %v, %v", skipped, err)
+		}
+	}
+	advance("acme", "acme", "nobody", "other")
+	want("the head set forward", queueState{2, 14, t1, true})
+	advance("acme")
+	want("the head set forward again", queueState{2, 14, t1, true})
 	exec("UPDATE jobs SET status = 'queued', not_before = ?, refusals = refusals + 1 WHERE id = 14", t3)
 	want("a queued job's other columns change", queueState{2, 14, t1, true})
 
@@ -95,12 +105,38 @@ func TestTenantQueueState(t *testing.T) {
 	exec("UPDATE jobs SET status = 'queued', version = version + 1 WHERE id = 11")
 	want("the old head requeued", queueState{3, 11, t1, true})
 
-	// Cancel, expiry and delete take jobs out; with none left, nothing is listed.
+	// Cancel, expiry and delete take jobs out; the head that leaves is followed by the next; with
+	// none left, nothing is listed.
 	exec("UPDATE jobs SET status = 'canceled' WHERE id = 11")
 	exec("UPDATE jobs SET status = 'expired' WHERE id = 14")
 	want("canceled and expired", queueState{1, 10, t2, true})
 	exec("DELETE FROM jobs WHERE id = 10")
 	want("the last queued job deleted", queueState{})
+
+	// A head left behind by a claim stays while other jobs leave, keeps its time once its job is
+	// purged, and goes with the tenant's last queued job whichever way that leaves.
+	exec("INSERT INTO jobs (id, tenant, status, queued_at) VALUES (15, 'acme', 'queued', ?), (16, 'acme', 'queued', ?)", t1, t2)
+	recount()
+	want("two more", queueState{2, 15, t1, true})
+	exec("UPDATE jobs SET status = 'dispatched' WHERE id = 15")
+	want("the head claimed", queueState{1, 15, t1, true})
+	exec("DELETE FROM jobs WHERE id = 15")
+	want("the claimed head's row purged", queueState{1, 15, t1, true})
+	exec("UPDATE jobs SET not_before = ? WHERE id = 16", t3)
+	want("a queued job's not-before set", queueState{1, 15, t1, true})
+	exec("UPDATE jobs SET status = 'canceled' WHERE id = 16")
+	want("the last queued job canceled behind the head", queueState{})
+	exec("UPDATE jobs SET status = 'queued' WHERE id IN (14, 16)")
+	want("two requeued", queueState{2, 14, t1, true})
+	exec("UPDATE jobs SET status = 'dispatched' WHERE id = 14")
+	want("a claim", queueState{1, 14, t1, true})
+	exec("DELETE FROM jobs WHERE id = 16")
+	want("the last queued job deleted behind the head", queueState{})
+	exec("UPDATE jobs SET status = 'queued' WHERE id = 14")
+	exec("UPDATE jobs SET status = 'dispatched' WHERE id = 14")
+	want("the last queued job claimed", queueState{})
+	advance("acme")
+	want("nothing to set forward", queueState{})
 	exec("DELETE FROM jobs WHERE id = 12")
 	want("a finished job deleted", queueState{})
 	if got := readQueueState(t, db.DB, "other"); got != (queueState{}) {
@@ -153,6 +189,56 @@ func TestTenantQueueStateLocks(t *testing.T) {
 				t.Fatalf("%s: the tenant's row locked %v, want %v", c.stmt, held, c.locked)
 			}
 		})
+	}
+}
+
+// TestAdvanceHeadsSkipsLockedTenants: AdvanceHeads never waits for a tenant's row that another
+// transaction holds: it returns that tenant skipped, its head untouched, and sets the others
+// forward; once the lock is gone, the skipped one goes forward too.
+func TestAdvanceHeadsSkipsLockedTenants(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES
+		('a', UTC_TIMESTAMP(6)), ('b', UTC_TIMESTAMP(6))`); err != nil {
+		t.Fatal(err)
+	}
+	const t1, t2 = "2026-01-01 00:00:01.000000", "2026-01-01 00:00:02.000000"
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (id, tenant, status, queued_at) VALUES
+		(1, 'a', 'queued', ?), (2, 'a', 'queued', ?), (3, 'b', 'queued', ?), (4, 'b', 'queued', ?)`, t1, t2, t1, t2); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.RecountQueues(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE jobs SET status = 'dispatched' WHERE id IN (1, 3)"); err != nil {
+		t.Fatal(err)
+	}
+	hold, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback()
+	if _, err := hold.ExecContext(ctx, "SELECT 1 FROM tenants WHERE tenant = 'b' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	skipped, err := store.AdvanceHeads(ctx, db.DB, []string{"b", "a"})
+	if err != nil || len(skipped) != 1 || skipped[0] != "b" {
+		t.Fatalf("advance with b locked: skipped %v, %v; want [b]", skipped, err)
+	}
+	if got := readQueueState(t, db.DB, "a"); got != (queueState{1, 2, t2, true}) {
+		t.Errorf("a: %+v", got)
+	}
+	if got := readQueueState(t, db.DB, "b"); got != (queueState{1, 3, t1, true}) {
+		t.Errorf("b, locked: %+v", got)
+	}
+	if err := hold.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if skipped, err := store.AdvanceHeads(ctx, db.DB, skipped); err != nil || len(skipped) > 0 {
+		t.Fatalf("advance of b: skipped %v, %v", skipped, err)
+	}
+	if got := readQueueState(t, db.DB, "b"); got != (queueState{1, 4, t2, true}) {
+		t.Errorf("b: %+v", got)
 	}
 }
 

@@ -15,6 +15,10 @@ import (
 // reads one index range of the tenants table that stops after the rows it returns, or the claim
 // index over the in-flight states, which the global cap bounds: none grows with the number of
 // tenants that have work or ever had it, nor with any tenant's backlog. None locks anything.
+// A head may lag behind its tenant's oldest queued job by the claims of the last advance
+// (migration 0018: at most a drainer's PollInterval, HeadAdvance while tenants with work fill more
+// than a page), so the oldest queued job's time read here may be that much older than the truth;
+// counts are exact.
 
 // TenantQueue is a tenant's queue state.
 type TenantQueue struct {
