@@ -26,9 +26,9 @@ var errGroupLocked = errors.New("a tenant of the group is locked by another tran
 var errRunAlone = errors.New("run alone")
 
 // combiner commits concurrent single admissions together (group commit). An admission that
-// finds a transaction slot free runs at once, alone, as before; one that arrives while every
-// slot is busy waits, and when a transaction ends the admissions that waited meanwhile share the
-// next one. One client pays no added latency; many clients pay one lock, one read and one
+// finds a lane free (see stallAfter below: with it, no lane running) runs at once, alone; one
+// that arrives while the lanes are busy waits, and when a transaction ends the admissions that
+// waited meanwhile share the next one. One client pays no added latency; many clients pay one lock, one read and one
 // COMMIT per group instead of per job, which is what lets HTTP admission keep pace with the
 // raw two-row transaction on a small machine (SPEC §14). A group is decided exactly like a
 // batch (AdmitBatch): each item by the same rules, in arrival order, later items seeing the
