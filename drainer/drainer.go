@@ -117,6 +117,8 @@ type Drainer struct {
 	passMu     sync.Mutex // one pass at a time; guards lastUpkeep and the services only passes call
 	lastUpkeep time.Time  // renewal and recovery run at most once per PollInterval
 
+	then pokeWaiters // PokeThen's callbacks, run after the claim of the next pass
+
 	config *configView // the runtime config last read; shared by the services, lock-free
 	heads  *headCache  // queue heads read but not yet claimed (claimer; invalidated by completer)
 	leases *leaseKeeper
@@ -207,6 +209,75 @@ func (d *Drainer) Poke() {
 	d.Wake()
 }
 
+// PokeThen is Poke for news this process committed itself, with f to run once the claim of a
+// pass that starts after the call is done (its jobs committed and their dispatches started), or
+// at once if no pass is coming: Run is not scheduling passes, or too many callbacks wait. f must
+// not block: it runs on the pass's goroutine.
+//
+// The API of a process that also drains hands its enqueue pokes to the broker this way (see
+// cmd/sluice/app): its own drainer hears of the job directly, and publishing the poke while
+// that drainer's claim is under way only takes the two cores from it (the broker's publish and
+// acknowledgement, the outbox row's mark, the poke coming back), for drainers elsewhere that
+// would then race it for the claim lock. Measured with BenchmarkPickupLatency (one process):
+// see integration/BENCHMARKS.md, session 11. A poke that waits is still in the outbox, which the
+// relay publishes on its own schedule if it never runs.
+func (d *Drainer) PokeThen(f func()) {
+	if !d.then.add(f) {
+		f()
+	}
+	d.Poke()
+}
+
+// maxPokeWaiters bounds the callbacks PokeThen keeps for the next pass; past it they run at
+// once. A pass takes them all, so it is only reached while one pass runs long.
+const maxPokeWaiters = 4096
+
+// pokeWaiters are PokeThen's callbacks waiting for a pass. Safe for concurrent use.
+type pokeWaiters struct {
+	mu      sync.Mutex
+	running bool // Run is scheduling passes: a pass follows every Poke
+	waiting []func()
+}
+
+// add keeps f for the next pass and reports whether it did (false: no pass is coming).
+func (w *pokeWaiters) add(f func()) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.running || len(w.waiting) >= maxPokeWaiters {
+		return false
+	}
+	w.waiting = append(w.waiting, f)
+	return true
+}
+
+// take returns the callbacks waiting, for a pass that is starting.
+func (w *pokeWaiters) take() []func() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	fs := w.waiting
+	w.waiting = nil
+	return fs
+}
+
+// setRunning records whether Run schedules passes; when it stops, the callbacks still waiting
+// run at once.
+func (w *pokeWaiters) setRunning(on bool) {
+	w.mu.Lock()
+	w.running = on
+	var fs []func()
+	if !on {
+		fs, w.waiting = w.waiting, nil
+	}
+	w.mu.Unlock()
+	runAll(fs)
+}
+
+func runAll(fs []func()) {
+	for _, f := range fs {
+		f()
+	}
+}
+
 // Pass reports what one RunOnce did.
 type Pass struct {
 	Renewed   int
@@ -229,6 +300,10 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	d.passMu.Lock()
 	defer d.passMu.Unlock()
 	defer d.leases.keepDuring(ctx)()
+	// The callbacks of PokeThen calls made before this pass run once its claim is done (or it
+	// failed).
+	served := d.then.take()
+	defer func() { runAll(served) }()
 	var p Pass
 	now, err := d.cfg.Clock.Now(ctx)
 	if err != nil {
@@ -241,6 +316,8 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	out, full, err := d.claims.RunOnce(ctx, now)
 	p.Claimed, p.Full = len(out), full
 	d.started(now, out)
+	runAll(served)
+	served = nil
 	beaten := false
 	if upkeep {
 		// The heartbeat rides with the upkeep's lease scan when the claim went well (a pass that
@@ -351,6 +428,8 @@ func (d *Drainer) refreshConfig(ctx context.Context) error {
 // Run drains until ctx is done: a pass on every wake and at least every PollInterval. It
 // returns when ctx is done; in-flight dispatches go on until Stop.
 func (d *Drainer) Run(ctx context.Context) {
+	d.then.setRunning(true)
+	defer d.then.setRunning(false)
 	t := time.NewTicker(d.cfg.PollInterval)
 	defer t.Stop()
 	failures := 0

@@ -78,10 +78,16 @@ type Config struct {
 	// count while it is well below the cap (see depthEstimate). Default 250 ms; negative counts
 	// on every admission.
 	GlobalDepthRefresh time.Duration
-	// Lanes is how many single admissions one process decides at once, each in its own
-	// transaction; admissions that arrive while every lane is busy share the next transaction
-	// (see combiner). Default 2.
+	// Lanes is the most single admissions one process decides at once, each in its own
+	// transaction: one lane while it keeps up, more for admissions that waited LaneStall;
+	// admissions that arrive while the open lanes are busy share the next transaction (see
+	// combiner). Default 2.
 	Lanes int
+	// LaneStall is how long single admissions wait for the running lane before another of the
+	// Lanes opens: while one lane keeps up, admissions that arrive share its next transaction
+	// rather than start one of their own (see combiner). Default 5 ms, several single
+	// admissions' transactions; negative opens every lane at once.
+	LaneStall time.Duration
 	// Audit, if set, takes the audit events of refusals and replays, which write nothing else
 	// (SPEC §10). Default none: only the decisions admission writes rows for are audited.
 	Audit *store.AuditQueue
@@ -140,8 +146,11 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Lanes <= 0 {
 		cfg.Lanes = 2
 	}
+	if cfg.LaneStall == 0 {
+		cfg.LaneStall = 5 * time.Millisecond
+	}
 	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, AuditOff: cfg.AuditOff}, stmts: store.NewStmtCache(cfg.TxDB),
-		combine: combiner{lanes: cfg.Lanes}}
+		combine: combiner{lanes: cfg.Lanes, stallAfter: max(cfg.LaneStall, 0)}}
 	a.combine.run = a.run
 	return a, nil
 }

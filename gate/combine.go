@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
@@ -25,9 +26,9 @@ var errGroupLocked = errors.New("a tenant of the group is locked by another tran
 var errRunAlone = errors.New("run alone")
 
 // combiner commits concurrent single admissions together (group commit). An admission that
-// finds a transaction slot free runs at once, alone, as before; one that arrives while every
-// slot is busy waits, and when a transaction ends the admissions that waited meanwhile share the
-// next one. One client pays no added latency; many clients pay one lock, one read and one
+// finds a lane free (see stallAfter below: with it, no lane running) runs at once, alone; one
+// that arrives while the lanes are busy waits, and when a transaction ends the admissions that
+// waited meanwhile share the next one. One client pays no added latency; many clients pay one lock, one read and one
 // COMMIT per group instead of per job, which is what lets HTTP admission keep pace with the
 // raw two-row transaction on a small machine (SPEC §14). A group is decided exactly like a
 // batch (AdmitBatch): each item by the same rules, in arrival order, later items seeing the
@@ -36,8 +37,19 @@ var errRunAlone = errors.New("run alone")
 //
 // No goroutine of its own: the admission that leads a group runs it on its own goroutine and,
 // when done, hands the waiting queue to the first waiter, which leads the next group.
+//
+// With stallAfter set, one lane runs while it keeps up: an admission arriving while it runs
+// waits for the next group, even with another lane free, so that more admissions share each
+// transaction (a transaction's fixed cost is most of a single admission's work). Another lane
+// opens only for admissions that have waited stallAfter (the running lane is slow: waiting for
+// a tenant's lock that another process or a batch holds, say), so one stuck admission still
+// cannot hold up the others for long; and it closes at its hand-off while the admissions
+// waiting are younger than that.
 type combiner struct {
 	lanes int // transactions that may run at once
+	// stallAfter is how long admissions wait for a lane before another opens; 0 opens every
+	// lane at once.
+	stallAfter time.Duration
 	// run decides items in one transaction (Admitter.run; shared marks a group). Unit tests
 	// replace it.
 	run func(ctx context.Context, items []*item, cfg limits.Config, shared bool) error
@@ -46,11 +58,13 @@ type combiner struct {
 	running int
 	queue   []*waiter
 	held    map[string]int // tenants of the admissions running in lanes, with their counts
+	armed   bool           // a timer will look for admissions waiting stallAfter (unstall)
 }
 
 // waiter is an admission waiting in the queue.
 type waiter struct {
 	it    *item
+	since time.Time      // when it began to wait
 	taken bool           // in a group; guarded by combiner.mu
 	lead  chan []*waiter // the group it is to lead
 	done  chan error     // its outcome, when another led its group
@@ -67,14 +81,16 @@ func (a *Admitter) admit(ctx context.Context, it *item, cfg limits.Config) error
 	// transactions on one tenant would wait on its row lock (a group's, which does not wait,
 	// would fall apart). The admission queues instead, and the hand-off of the lane holding the
 	// tenant takes it.
-	if c.running < c.lanes && c.held[it.req.Tenant] == 0 {
+	if c.running < c.open() && c.held[it.req.Tenant] == 0 {
 		c.running++
 		c.hold([]*waiter{w}, 1)
 		c.mu.Unlock()
 		return a.lead(ctx, []*waiter{w}, cfg)
 	}
 	w.lead, w.done = make(chan []*waiter, 1), make(chan error, 1)
+	w.since = time.Now()
 	c.queue = append(c.queue, w)
+	c.arm(a)
 	c.mu.Unlock()
 	select {
 	case g := <-w.lead:
@@ -136,12 +152,66 @@ func (a *Admitter) lead(ctx context.Context, g []*waiter, cfg limits.Config) err
 	return memberErr(err, g[0].it)
 }
 
+// open is how many lanes an arriving admission may take: all of them without stallAfter, else
+// one (more open only in unstall). c.mu is held.
+func (c *combiner) open() int {
+	if c.stallAfter <= 0 {
+		return c.lanes
+	}
+	return 1
+}
+
+// arm makes sure a timer will look at the queue once its oldest admission has waited
+// stallAfter (unstall). Host time, not Config.Clock: it paces a wait, like a timeout. c.mu is
+// held.
+func (c *combiner) arm(a *Admitter) {
+	if c.stallAfter <= 0 || c.armed || len(c.queue) == 0 || c.running >= c.lanes {
+		return
+	}
+	c.armed = true
+	time.AfterFunc(max(c.stallAfter-time.Since(c.queue[0].since), 0), a.unstall)
+}
+
+// unstall opens another lane for the admissions queued when the oldest has waited stallAfter
+// and a lane is free, or arms the timer again for the oldest one's turn.
+func (a *Admitter) unstall() {
+	c := &a.combine
+	c.mu.Lock()
+	c.armed = false
+	if len(c.queue) == 0 || c.running >= c.lanes {
+		c.mu.Unlock()
+		return
+	}
+	if time.Since(c.queue[0].since) < c.stallAfter {
+		c.arm(a)
+		c.mu.Unlock()
+		return
+	}
+	c.running++
+	a.leadNext() // unlocks c.mu
+}
+
 // handOff gives the lane of finished group done to the admissions that queued meanwhile, or
-// frees it. Admissions of a tenant that the other lanes hold wait for the next hand-off.
+// frees it. Admissions of a tenant that the other lanes hold wait for the next hand-off. A lane
+// that unstall opened closes while the admissions waiting are younger than stallAfter: the
+// other lane's hand-off takes them.
 func (a *Admitter) handOff(done []*waiter) {
 	c := &a.combine
 	c.mu.Lock()
 	c.hold(done, -1)
+	if c.running > c.open() && (len(c.queue) == 0 || time.Since(c.queue[0].since) < c.stallAfter) {
+		c.running--
+		c.arm(a)
+		c.mu.Unlock()
+		return
+	}
+	a.leadNext()
+}
+
+// leadNext gives a lane the caller holds (counted in c.running) to the next group of the queue,
+// or frees it. c.mu is held, and unlocked on return.
+func (a *Admitter) leadNext() {
+	c := &a.combine
 	var g, rest []*waiter
 	keys := map[string]bool{}
 	for _, w := range c.queue {
@@ -161,11 +231,13 @@ func (a *Admitter) handOff(done []*waiter) {
 	}
 	c.queue = rest
 	if len(g) == 0 {
+		// Whoever waits is of a tenant another lane holds: that lane's hand-off takes it.
 		c.running--
 		c.mu.Unlock()
 		return
 	}
 	c.hold(g, 1)
+	c.arm(a)
 	c.mu.Unlock()
 	g[0].lead <- g
 }

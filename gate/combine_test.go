@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
 )
@@ -153,4 +154,70 @@ func concurrentAdmissions(t *testing.T, a *Admitter, n int) []*item {
 	}
 	wg.Wait()
 	return items
+}
+
+// TestCombinerOneLaneWhileItKeepsUp: with a stall delay no admission reaches, one lane runs
+// at a time, and every admission is still decided once.
+func TestCombinerOneLaneWhileItKeepsUp(t *testing.T) {
+	a, f := newFakeAdmitter(t, 2, false)
+	a.combine.stallAfter = time.Minute
+	f.decidedOnce(t, concurrentAdmissions(t, a, 400))
+	if f.maxIn != 1 {
+		t.Errorf("%d lane transactions ran at once, want 1", f.maxIn)
+	}
+	if f.shared == 0 {
+		t.Errorf("no admissions shared a transaction")
+	}
+}
+
+// TestCombinerStalledLaneOpensAnother: while the one lane's transaction is stuck (a tenant's
+// lock held elsewhere), admissions that waited the stall delay get a second lane and finish;
+// the stuck one finishes when released.
+func TestCombinerStalledLaneOpensAnother(t *testing.T) {
+	stuck, release := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	in, maxIn := 0, 0
+	a := &Admitter{combine: combiner{lanes: 2, stallAfter: time.Millisecond}}
+	a.combine.run = func(_ context.Context, items []*item, _ limits.Config, _ bool) error {
+		mu.Lock()
+		in++
+		maxIn = max(maxIn, in)
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			in--
+			mu.Unlock()
+		}()
+		if items[0].req.Tenant == "stuck" {
+			close(stuck)
+			<-release
+		}
+		return nil
+	}
+	stuckDone := make(chan error, 1)
+	go func() {
+		stuckDone <- a.admit(context.Background(), &item{req: Request{Tenant: "stuck"}}, limits.Default())
+	}()
+	<-stuck
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.admit(context.Background(), &item{req: Request{Tenant: fmt.Sprintf("t%d", i)}}, limits.Default()); err != nil {
+				t.Errorf("admit: %v", err)
+			}
+		}()
+	}
+	wg.Wait() // would hang if the stuck lane held up the others
+	close(release)
+	if err := <-stuckDone; err != nil {
+		t.Fatal(err)
+	}
+	if maxIn > 2 {
+		t.Errorf("%d lane transactions ran at once, want at most 2", maxIn)
+	}
+	if a.Waiting() != 0 {
+		t.Errorf("%d admissions still waiting", a.Waiting())
+	}
 }

@@ -149,11 +149,14 @@ type written struct {
 }
 
 // insertStatements is InsertJobs' statements, with those of the audit rows (p.Audit) when
-// withAudit.
-func insertStatements(p NewJobs, withAudit bool) writes {
+// oneTrip (they share a round trip, and so the session variable FirstJobSQL sets).
+func insertStatements(p NewJobs, oneTrip bool) writes {
 	w := writes{pokeOffset: 1}
-	withAudit = withAudit && p.Audit != nil
-	if withAudit {
+	withAudit := oneTrip && p.Audit != nil
+	// One INSERT of jobs whose first id the statements after it can name (FirstJobSQL): the
+	// queue state's UPDATE then gives a tenant that had no queued job its new head by id.
+	firstKnown := oneTrip && len(p.Jobs) <= insertChunk
+	if withAudit || firstKnown {
 		w.pokeOffset = 2
 	}
 	for start := 0; start < len(p.Jobs); start += insertChunk {
@@ -179,9 +182,9 @@ func insertStatements(p NewJobs, withAudit bool) writes {
 		}
 		w.stmts = append(w.stmts, q.String())
 		w.args = append(w.args, rowArgs)
-		if withAudit {
-			// The chunk's first job id is kept for its audit rows, which follow the pokes whose
-			// INSERT moves LAST_INSERT_ID() on.
+		if withAudit || firstKnown {
+			// The chunk's first job id is kept for its audit rows and the queue state's UPDATE,
+			// which follow the pokes whose INSERT moves LAST_INSERT_ID() on.
 			w.stmts = append(w.stmts, FirstJobSQL)
 			w.args = append(w.args, nil)
 		}
@@ -195,7 +198,7 @@ func insertStatements(p NewJobs, withAudit bool) writes {
 		}
 		w.chunks = append(w.chunks, c)
 	}
-	if q, args := queueCountSQL(p); q != "" {
+	if q, args := queueCountSQL(p, firstKnown); q != "" {
 		// Last, so that the insert ids of the statements before it keep their indexes.
 		w.stmts = append(w.stmts, q)
 		w.args = append(w.args, args)
@@ -254,15 +257,25 @@ func (w *writes) auditChunk(p NewJobs, start, end int) {
 // (ReadAdmission locks them first). Every job of a transaction is queued at p.Now, so the head
 // changes only for a tenant that had none, or whose head is newer than p.Now (the database
 // clock stepped back); then it is read again from the claim index.
-func queueCountSQL(p NewJobs) (string, []any) {
+//
+// With firstKnown (one jobs INSERT, its first id in @sluice_first_job: FirstJobSQL), a tenant
+// that had no head gets its first job of the INSERT, by id, and p.Now: a tenant without a head
+// has no queued job (the triggers of migration 0012 clear it with the last one), and no other
+// transaction can queue one while this one holds the tenant's row, so its oldest queued job is
+// the first of this INSERT. Reading it from the claim index instead stepped over the
+// delete-marked entries its jobs claimed since purge leave there: the pickup path's tenant has
+// one job at a time and took that read on every admission.
+func queueCountSQL(p NewJobs, firstKnown bool) (string, []any) {
 	counts := map[string]int{}
+	first := map[string]int{} // a tenant's first queued job's offset in p.Jobs
 	var tenants []string
-	for _, j := range p.Jobs {
+	for i, j := range p.Jobs {
 		if j.Rejected != "" {
 			continue // never queued
 		}
 		if counts[j.Tenant] == 0 {
 			tenants = append(tenants, j.Tenant)
+			first[j.Tenant] = i
 		}
 		counts[j.Tenant]++
 	}
@@ -270,20 +283,35 @@ func queueCountSQL(p NewJobs) (string, []any) {
 		return "", nil
 	}
 	var q strings.Builder
-	args := make([]any, 0, 3*len(tenants)+2)
+	args := make([]any, 0, 5*len(tenants)+4)
 	q.WriteString("UPDATE tenants SET queued = queued + CASE tenant")
 	for _, t := range tenants {
 		q.WriteString(" WHEN ? THEN ?")
 		args = append(args, t, counts[t])
 	}
+	q.WriteString(" END,")
 	// MariaDB assigns left to right: head_at's condition still sees the old head_at, so it
 	// holds exactly when head_id's did, and its lookup sees the new head_id.
-	q.WriteString(` END,
-		head_id = IF(head_id IS NULL OR head_at > ?, (SELECT j.id FROM jobs j FORCE INDEX (claim)
-			WHERE j.status = 'queued' AND j.tenant = tenants.tenant ORDER BY j.queued_at, j.id LIMIT 1), head_id),
-		head_at = IF(head_at IS NULL OR head_at > ?, (SELECT j.queued_at FROM jobs j WHERE j.id = tenants.head_id), head_at)
+	probe := `(SELECT j.id FROM jobs j FORCE INDEX (claim)
+			WHERE j.status = 'queued' AND j.tenant = tenants.tenant ORDER BY j.queued_at, j.id LIMIT 1)`
+	if firstKnown {
+		q.WriteString(`
+		head_id = IF(head_id IS NULL, @sluice_first_job + CASE tenant`)
+		for _, t := range tenants {
+			q.WriteString(" WHEN ? THEN ?")
+			args = append(args, t, first[t])
+		}
+		q.WriteString(` END, IF(head_at > ?, ` + probe + `, head_id)),
+		head_at = IF(head_at IS NULL, ?, IF(head_at > ?, (SELECT j.queued_at FROM jobs j WHERE j.id = tenants.head_id), head_at))`)
+		args = append(args, p.Now, p.Now, p.Now)
+	} else {
+		q.WriteString(`
+		head_id = IF(head_id IS NULL OR head_at > ?, ` + probe + `, head_id),
+		head_at = IF(head_at IS NULL OR head_at > ?, (SELECT j.queued_at FROM jobs j WHERE j.id = tenants.head_id), head_at)`)
+		args = append(args, p.Now, p.Now)
+	}
+	q.WriteString(`
 		WHERE tenant IN (` + Placeholders(len(tenants)) + ")")
-	args = append(args, p.Now, p.Now)
 	for _, t := range tenants {
 		args = append(args, t)
 	}

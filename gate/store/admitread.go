@@ -101,8 +101,8 @@ func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (Admis
 }
 
 // admissionReadSQL builds ReadAdmission's statements: the lock, then the depths and counts (for
-// one tenant, one scan of its index range; for several, a grouped count), then the idempotency
-// keys and the redrives asked for, if any.
+// one tenant, one statement; for several, grouped counts of the depths and in-flight jobs and of
+// the interactive depths), then the idempotency keys and the redrives asked for, if any.
 func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 	tenantArgs := make([]any, len(p.Tenants))
 	for i, t := range p.Tenants {
@@ -118,21 +118,28 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 		globalSQL = "(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g)"
 		globalArg = p.GlobalCountUpTo
 	}
+	// The depths and in-flight counts are read from the claim index (status, tenant, ...) alone,
+	// four short ranges per tenant, and the interactive depth from interactive_queue: neither
+	// reads a job row. Left to itself the optimizer chose tenant_id (every job the tenant ever
+	// had) or lease (the queued and in-flight jobs of every tenant), and the interactive flag,
+	// which is in no index of the jobs in those states, cost a row lookup per queued job.
 	if len(p.Tenants) == 1 {
-		// One scan of the tenant's (tenant, status) index range gives its depth, its interactive
-		// depth and its in-flight count.
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6),
-			COALESCE(SUM(status = 'queued'), 0), COALESCE(SUM(status = 'queued' AND interactive), 0),
+			COALESCE(SUM(status = 'queued'), 0),
+			(SELECT COUNT(*) FROM jobs FORCE INDEX (interactive_queue) WHERE interactive_tenant = ?),
 			COALESCE(SUM(status <> 'queued'), 0),
 			`+globalSQL+`
-			FROM jobs WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`)
-		args = append(args, globalArg, p.Tenants[0])
+			FROM jobs FORCE INDEX (claim) WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`)
+		args = append(args, p.Tenants[0], globalArg, p.Tenants[0])
 	} else {
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL,
-			`SELECT tenant, status = 'queued', interactive, COUNT(*) FROM jobs
+			`SELECT tenant, status = 'queued', COUNT(*) FROM jobs FORCE INDEX (claim)
 			WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+Placeholders(len(p.Tenants))+`)
-			GROUP BY tenant, status = 'queued', interactive`)
+			GROUP BY tenant, status = 'queued'`,
+			`SELECT interactive_tenant, COUNT(*) FROM jobs FORCE INDEX (interactive_queue)
+			WHERE interactive_tenant IN (`+Placeholders(len(p.Tenants))+`) GROUP BY interactive_tenant`)
 		args = append(args, globalArg)
+		args = append(args, tenantArgs...)
 		args = append(args, tenantArgs...)
 	}
 	if p.CountInFlight {
@@ -170,29 +177,41 @@ func scanDepths(res *Results, tenants []string, st *AdmissionState) error {
 	if err := res.ScanOne(&st.Now, &st.GlobalDepth); err != nil {
 		return fmt.Errorf("read admission state: %w", err)
 	}
-	rows, err := res.Next()
+	err := eachCount(res, func(t string, queued bool, n int) {
+		if queued {
+			st.TenantDepth[t] += n
+		} else {
+			st.TenantInFlight[t] += n
+		}
+	}, true)
 	if err != nil {
 		return fmt.Errorf("read tenant depths: %w", err)
 	}
-	for rows.Next() {
-		var t string
-		var queued, interactive bool
-		var n int
-		if err := rows.Scan(&t, &queued, &interactive, &n); err != nil {
-			return fmt.Errorf("read tenant depths: %w", err)
-		}
-		switch {
-		case !queued:
-			st.TenantInFlight[t] += n
-		case interactive:
-			st.TenantInteractive[t] += n
-			st.TenantDepth[t] += n
-		default:
-			st.TenantDepth[t] += n
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read tenant depths: %w", err)
+	if err := eachCount(res, func(t string, _ bool, n int) { st.TenantInteractive[t] += n }, false); err != nil {
+		return fmt.Errorf("read interactive depths: %w", err)
 	}
 	return nil
+}
+
+// eachCount calls f with each row of the next result set: a tenant, with flagged a flag
+// column, and a count.
+func eachCount(res *Results, f func(tenant string, flag bool, n int), flagged bool) error {
+	rows, err := res.Next()
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var t string
+		var flag bool
+		var n int
+		dest := []any{&t, &flag, &n}
+		if !flagged {
+			dest = []any{&t, &n}
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return err
+		}
+		f(t, flag, n)
+	}
+	return rows.Err()
 }

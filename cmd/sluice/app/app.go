@@ -454,11 +454,11 @@ func (a *App) startAPI(ctx context.Context) error {
 	}
 	published := a.fast.Submit
 	if a.drainer != nil {
-		// A drainer in this process hears of the job at once rather than a broker hop later
-		// (the poke still goes out, for drainers elsewhere; an extra wake costs one cheap pass).
+		// A drainer in this process hears of the job at once rather than a broker hop later.
+		// The poke still goes out, for drainers elsewhere, but once this drainer's claim is
+		// done: published at once, it took the cores from that claim (drainer.PokeThen).
 		published = func(rows []outbox.Row) {
-			a.fast.Submit(rows)
-			a.drainer.Poke()
+			a.drainer.PokeThen(func() { a.fast.Submit(rows) })
 		}
 	}
 	if a.audit, err = store.NewAuditQueue(store.AuditQueueConfig{DB: a.db, Registerer: a.registry, Log: a.log}); err != nil {
