@@ -66,13 +66,9 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return nil
 	case "show", "cancel", "events":
-		positional = append(positional, fs.Args()...)
-		if len(positional) != 1 {
-			return fmt.Errorf("jobs %s: want one job id", sub)
-		}
-		id, err := strconv.ParseInt(positional[0], 10, 64)
-		if err != nil || id <= 0 {
-			return fmt.Errorf("jobs %s: %q is not a job id", sub, positional[0])
+		id, err := oneID("jobs "+sub, "job", append(positional, fs.Args()...))
+		if err != nil {
+			return err
 		}
 		if sub == "events" {
 			evs, err := cl.JobEvents(ctx, id)

@@ -55,13 +55,9 @@ func slotsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return nil
 	case "release":
-		positional = append(positional, fs.Args()...)
-		if len(positional) != 1 {
-			return errors.New("slots release: want one slot id")
-		}
-		id, err := strconv.ParseInt(positional[0], 10, 64)
-		if err != nil || id <= 0 {
-			return fmt.Errorf("slots release: %q is not a slot id", positional[0])
+		id, err := oneID("slots release", "slot", append(positional, fs.Args()...))
+		if err != nil {
+			return err
 		}
 		if err := cl.ReleaseSlot(ctx, id); err != nil {
 			return err

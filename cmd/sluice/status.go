@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -30,6 +31,19 @@ func subcommand(name string, args []string, stderr io.Writer) (sub string, posit
 
 // tokenFlag registers --token, the API bearer token every API command sends (default
 // SLUICE_TOKEN); the API itself is the api-url setting (SLUICE_API_URL).
+// oneID is the one positional id a subcommand such as `jobs show ID` takes: what names the thing
+// in errors ("job", "slot"), cmd the command ("jobs show").
+func oneID(cmd, what string, positional []string) (int64, error) {
+	if len(positional) != 1 {
+		return 0, fmt.Errorf("%s: want one %s id", cmd, what)
+	}
+	id, err := strconv.ParseInt(positional[0], 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%s: %q is not a %s id", cmd, positional[0], what)
+	}
+	return id, nil
+}
+
 func tokenFlag(fs *flag.FlagSet) *string {
 	return fs.String("token", os.Getenv("SLUICE_TOKEN"), "API bearer token (SLUICE_TOKEN)")
 }
