@@ -1,36 +1,19 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/gate"
-	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
-	"github.com/sluicehq/sluice/integration/testdb"
 )
 
 // TestJobsCommand runs `sluice jobs list|show|cancel` against a real API over its own database.
 func TestJobsCommand(t *testing.T) {
-	db := testdb.New(t)
-	lim := limits.NewCache(db.DB, nil)
-	adm, err := gate.New(gate.Config{DB: db.DB, Limits: lim})
-	if err != nil {
-		t.Fatal(err)
-	}
-	toks, _ := api.NewTokens([]api.Token{{Name: "ops", Token: "ops-token-0123456789abcdef0123456789", Role: api.Admin}})
-	srv, err := api.New(api.Config{DB: db.DB, Admitter: adm, Limits: lim, Tokens: toks})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv)
-	defer hs.Close()
+	adm, sluice := startAPI(t)
 	var ids []int64
 	for _, tenant := range []string{"acme", "acme", "globex"} {
 		res, err := adm.Admit(context.Background(), "ops", gate.Request{Tenant: tenant}, nil)
@@ -38,11 +21,6 @@ func TestJobsCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids = append(ids, res.Job.ID)
-	}
-	sluice := func(args ...string) (string, int) {
-		var out, errOut bytes.Buffer
-		code := run(append(args, "--api-url", hs.URL, "--token", "ops-token-0123456789abcdef0123456789"), &out, &errOut)
-		return out.String() + errOut.String(), code
 	}
 	out, code := sluice("jobs", "list", "--tenant", "acme")
 	if code != 0 || strings.Count(out, `"acme"`) != 2 || strings.Contains(out, "globex") || !strings.Contains(out, "queued") {
