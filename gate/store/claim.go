@@ -57,13 +57,18 @@ func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage, what string)
 // ReadInFlightUsage returns the jobs in flight as a limits.Usage (tiers as cfg says), read in one
 // statement bounded by the global cap.
 func ReadInFlightUsage(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
+	return queryUsage(ctx, db, cfg, inFlightUsageSQL, "count in-flight jobs")
+}
+
+// queryUsage runs q, a statement of scanUsage's rows, as a limits.Usage; what names it in errors.
+func queryUsage(ctx context.Context, db sqldb.DB, cfg limits.Config, q, what string) (limits.Usage, error) {
 	us := limits.NewUsage()
-	rows, err := db.QueryContext(ctx, inFlightUsageSQL)
+	rows, err := db.QueryContext(ctx, q)
 	if err != nil {
-		return us, fmt.Errorf("count in-flight jobs: %w", err)
+		return us, fmt.Errorf("%s: %w", what, err)
 	}
 	defer rows.Close()
-	return us, scanUsage(rows, cfg, &us, "count in-flight jobs")
+	return us, scanUsage(rows, cfg, &us, what)
 }
 
 // lockClaimsSQL takes the claim lock and reads the runtime configuration in force.

@@ -65,13 +65,7 @@ const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1 FROM slots FORCE INDE
 // LiveSlots returns the live slots as a limits.Usage (tiers as cfg says), for /v1/status and the
 // metrics: one range of the live index, bounded by the live slots.
 func LiveSlots(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
-	us := limits.NewUsage()
-	rows, err := db.QueryContext(ctx, liveSlotsSQL)
-	if err != nil {
-		return us, fmt.Errorf("count live slots: %w", err)
-	}
-	defer rows.Close()
-	return us, scanUsage(rows, cfg, &us, "count live slots")
+	return queryUsage(ctx, db, cfg, liveSlotsSQL, "count live slots")
 }
 
 // readUsage reads the next two result sets of res, inFlightUsageSQL's and liveSlotsSQL's, as
