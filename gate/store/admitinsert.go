@@ -206,48 +206,27 @@ func insertStatements(p NewJobs, oneTrip bool) writes {
 	return w
 }
 
-// derivedAuditMin is the fewest rows of a jobs INSERT whose audit rows their job rows imply
-// that auditChunk writes by AuditAdmittedSQL. Below it the VALUES list is short, and the
-// SELECT's read of the job rows and the table's AUTO-INC lock it holds to its end (an INSERT ...
-// SELECT is a bulk insert; a VALUES list takes the lock only while it reserves ids) are not
-// worth saving it. A batch of more than 64 jobs also goes through prepared statements.
+// derivedAuditMin is the fewest audit rows their job rows imply that admissionAudit derives
+// from the job rows (AuditAdmittedRangesSQL). Below it the VALUES list is short, and the SELECT's
+// read of the job rows and the table's AUTO-INC lock it holds to its end (an INSERT ... SELECT is
+// a bulk insert; a VALUES list takes the lock only while it reserves ids) are not worth saving
+// it.
 const derivedAuditMin = 64
 
-// auditChunk appends the statements of the audit rows of p.Jobs[start:end], one jobs INSERT's
-// rows: those their job rows imply by AuditAdmittedSQL when there are at least derivedAuditMin,
-// the others by AuditNewJobsSQL.
+// auditChunk appends the INSERT of the audit rows of p.Jobs[start:end], one jobs INSERT's rows,
+// naming each job by its offset from FirstJobSQL's id (AuditNewJobsSQL). A transaction sent in
+// one round trip holds more than derivedAuditMin jobs only when a group commit gathers that many
+// admissions; batches of more go through prepared statements and admissionAudit.
 func (w *writes) auditChunk(p NewJobs, start, end int) {
-	details := make([]json.RawMessage, end-start) // of the rows AuditAdmittedSQL writes
-	implied := 0
+	events := make([]AuditEvent, end-start)
 	for i := start; i < end; i++ {
-		if AdmittedByRow(p.Audit[i], p.Jobs[i]) {
-			details[i-start] = p.Audit[i].Detail
-			implied++
-		}
+		off := int64(i - start)
+		events[i-start] = p.Audit[i]
+		events[i-start].JobID = &off
 	}
-	if implied < derivedAuditMin {
-		clear(details)
-		implied = 0
-	}
-	var others []AuditEvent
-	for i := start; i < end; i++ {
-		if details[i-start] == nil {
-			off := int64(i - start)
-			e := p.Audit[i]
-			e.JobID = &off
-			others = append(others, e)
-		}
-	}
-	if implied > 0 {
-		q, args := AuditAdmittedSQL(details)
-		w.stmts = append(w.stmts, q)
-		w.args = append(w.args, args)
-	}
-	if len(others) > 0 {
-		q, args := AuditNewJobsSQL(others)
-		w.stmts = append(w.stmts, q)
-		w.args = append(w.args, args)
-	}
+	q, args := AuditNewJobsSQL(events)
+	w.stmts = append(w.stmts, q)
+	w.args = append(w.args, args)
 }
 
 // queueCountSQL is the UPDATE that adds the queued jobs among p.Jobs to their tenants' queue

@@ -87,35 +87,15 @@ func AuditNewJobsSQL(events []AuditEvent) (string, []any) {
 	return auditValues(events, "@sluice_first_job + ?")
 }
 
-// AuditAdmittedSQL is the INSERT of the audit rows of the jobs of the INSERT that FirstJobSQL
-// followed whose event their job row implies (AdmittedByRow): admitted, by the job's caller,
-// into its status, version 0, attempt 0, no code or scope. Each takes tenant, id, caller and
-// status from its job row, which the transaction just wrote, and only its detail from the
-// statement: details[i] is that of the i-th job of the INSERT, nil for a job whose event its row
-// does not imply (AuditNewJobsSQL writes those). The server picks a row's detail by the job's
-// offset (ELT, constant time), so the statement carries one value per job where a VALUES list
-// of the same rows carries twelve.
-func AuditAdmittedSQL(details []json.RawMessage) (string, []any) {
-	args := make([]any, 0, len(details)+1)
-	for _, d := range details {
-		if d == nil {
-			args = append(args, nil)
-		} else {
-			args = append(args, string(d))
-		}
-	}
-	args = append(args, len(details)-1)
-	return `INSERT INTO audit_events (event, tenant, job_id, actor, to_status, version, attempt, detail)
-		SELECT '` + EventAdmitted + `', tenant, id, caller, status, 0, 0, ELT(id - @sluice_first_job + 1, ` +
-		Placeholders(len(details)) + `) AS d FROM jobs WHERE id BETWEEN @sluice_first_job AND @sluice_first_job + ?
-		HAVING d IS NOT NULL`, args
-}
-
-// AuditAdmittedRangesSQL is AuditAdmittedSQL for the jobs of one or more INSERTs whose ids the
-// caller learned: ids[i] is the id of the job of details[i], and each INSERT's jobs have
-// consecutive ids, increasing from one INSERT to the next. The statement reads each INSERT's
-// range of ids and picks a row's detail by its offset in details, found by comparing the id with
-// the ranges' ends (one comparison per INSERT).
+// AuditAdmittedRangesSQL is the INSERT of the audit rows of jobs just inserted whose event their
+// job row implies (AdmittedByRow): admitted, by the job's caller, into its status, version 0,
+// attempt 0, no code or scope. Each takes tenant, id, caller and status from its job row, which
+// the transaction just wrote, and only its detail from the statement, so the statement carries
+// one value per job where a VALUES list of the same rows carries twelve. ids[i] is the id of the
+// job of details[i] (nil for a job whose event its row does not imply: AuditInsertSQL writes
+// those), and each jobs INSERT's ids are consecutive, increasing from one INSERT to the next. The
+// statement reads each INSERT's range of ids and picks a row's detail by its offset (ELT, constant
+// time), found by comparing the id with the ranges' ends (one comparison per INSERT).
 func AuditAdmittedRangesSQL(ids []int64, details []json.RawMessage) (string, []any) {
 	type run struct{ first, last, at int64 } // a range of consecutive ids; at: first's index
 	var runs []run
@@ -155,7 +135,7 @@ func AuditAdmittedRangesSQL(ids []int64, details []json.RawMessage) (string, []a
 }
 
 // AdmittedByRow reports whether e, the admission event of job j, is what j's row implies, so
-// that AuditAdmittedSQL can write it: admitted, queued, by the job's caller, with a detail and
+// that AuditAdmittedRangesSQL can write it: admitted, queued, by the job's caller, with a detail and
 // nothing else.
 func AdmittedByRow(e AuditEvent, j NewJob) bool {
 	return e.Event == EventAdmitted && j.Rejected == "" && e.Tenant == j.Tenant && e.Actor == j.Caller &&
