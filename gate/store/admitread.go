@@ -42,7 +42,6 @@ type AdmissionState struct {
 	TenantInteractive map[string]int
 	TenantInFlight    map[string]int
 	GlobalDepth       int // counted, or the estimate given
-	GlobalInFlight    int // 0 unless counted
 	// Usage is what is in flight by tenant, tier, lane and interactive, when counted.
 	Usage    limits.Usage
 	Keyed    []Row
@@ -85,7 +84,6 @@ func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (Admis
 		if st.Usage, err = readUsage(res, p.Config); err != nil {
 			return st, err
 		}
-		st.GlobalInFlight = st.Usage.Total
 	}
 	if len(p.IdempotencyKeys) > 0 {
 		if err := res.EachRow(func(r Row) { st.Keyed = append(st.Keyed, r) }); err != nil {

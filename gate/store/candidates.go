@@ -50,9 +50,7 @@ type TenantHead struct {
 // TenantPage is what ReadTenantPage read.
 type TenantPage struct {
 	Tenants  []TenantHead
-	InFlight map[string]int // WithInFlight: the jobs in flight and live slots of each tenant with any
-	Total    int            // their sum
-	Usage    limits.Usage   // WithInFlight: the jobs in flight and live slots by capacity class
+	Usage limits.Usage // WithInFlight: the jobs in flight and live slots by capacity class
 }
 
 // tenantsSQL is the read of p's page of tenants with work, as rows (tenant, NULL, head_at,
@@ -108,7 +106,7 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 // interactive, NULL) and, WithInFlight, the jobs in flight and live slots (tenant, 1, NULL,
 // NULL, interactive, lanes), and counts the latter in the page's Usage with cfg's tiers.
 func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg limits.Config) (TenantPage, error) {
-	page := TenantPage{InFlight: map[string]int{}, Usage: limits.NewUsage()}
+	page := TenantPage{Usage: limits.NewUsage()}
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return page, err
@@ -125,8 +123,6 @@ func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg lim
 			page.Tenants = append(page.Tenants, r)
 			continue
 		}
-		page.InFlight[r.Tenant] += int(n.Int64) // a tenant's jobs and its live slots
-		page.Total += int(n.Int64)
 		u := limits.Unit{Tenant: r.Tenant, Interactive: r.Interactive}
 		if lanes.String != "" {
 			u.Lanes = SplitLanes(lanes.String)

@@ -41,13 +41,13 @@ func TestReadTenantPage(t *testing.T) {
 		return out
 	}
 	first := read(store.TenantPageParams{FromStart: true, Limit: 2, WithInFlight: true})
-	if !slices.Equal(names(first), []string{"c", "a"}) || first.Total != 3 || first.InFlight["a"] != 1 || first.InFlight["e"] != 2 {
-		t.Errorf("first page by head: %v, in flight %v (%d)", names(first), first.InFlight, first.Total)
+	if !slices.Equal(names(first), []string{"c", "a"}) || first.Usage.Total != 3 || first.Usage.Tenant["a"] != 1 || first.Usage.Tenant["e"] != 2 {
+		t.Errorf("first page by head: %v, in flight %v (%d)", names(first), first.Usage.Tenant, first.Usage.Total)
 	}
 	last := first.Tenants[1]
 	next := read(store.TenantPageParams{HeadAt: last.HeadAt.Time, HeadID: last.HeadID.Int64, Limit: 5})
-	if !slices.Equal(names(next), []string{"d", "b"}) || len(next.InFlight) != 0 || next.Total != 0 {
-		t.Errorf("the page after a: %v, in flight %v", names(next), next.InFlight)
+	if !slices.Equal(names(next), []string{"d", "b"}) || len(next.Usage.Tenant) != 0 || next.Usage.Total != 0 {
+		t.Errorf("the page after a: %v, in flight %v", names(next), next.Usage.Tenant)
 	}
 	if got := names(read(store.TenantPageParams{ByName: true, After: "b", Limit: 5})); !slices.Equal(got, []string{"c", "d"}) {
 		t.Errorf("by name after b: %v", got)

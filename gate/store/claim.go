@@ -90,10 +90,6 @@ type ClaimLock struct {
 	// claim lock: the jobs in flight (inFlightUsageSQL) and the live slots (SPEC §5a), counted
 	// together.
 	Usage limits.Usage
-	// InFlight counts the units in flight (jobs and live slots) of each tenant with any; Total
-	// is their sum. They are Usage's Tenant and Total.
-	InFlight map[string]int
-	Total    int
 	// Lone is the lone-job probe's answer (ProbeQueue), when asked for.
 	Lone []QueuedJob
 }
@@ -124,7 +120,6 @@ func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) 
 	if l.Usage, err = readUsage(res, l.Config); err != nil {
 		return l, err
 	}
-	l.InFlight, l.Total = l.Usage.Tenant, l.Usage.Total
 	if probe {
 		rows, err := res.Next()
 		if err != nil {

@@ -107,15 +107,15 @@ func TestLockClaimsCountsSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	tx.Close()
-	if l.Total != 3 || l.InFlight["a"] != 2 || l.InFlight["b"] != 1 || l.Usage.Lane["search"] != 1 {
+	if l.Usage.Total != 3 || l.Usage.Tenant["a"] != 2 || l.Usage.Tenant["b"] != 1 || l.Usage.Lane["search"] != 1 {
 		t.Errorf("claim lock read %+v", l)
 	}
 	page, err := store.ReadTenantPage(k.ctx, k.db, store.TenantPageParams{FromStart: true, Limit: 5, WithInFlight: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if page.Total != 3 || page.InFlight["a"] != 2 || page.InFlight["b"] != 1 {
-		t.Errorf("tenant page in flight %v total %d", page.InFlight, page.Total)
+	if page.Usage.Total != 3 || page.Usage.Tenant["a"] != 2 || page.Usage.Tenant["b"] != 1 {
+		t.Errorf("tenant page in flight %v total %d", page.Usage.Tenant, page.Usage.Total)
 	}
 	live, err := store.LiveSlots(k.ctx, k.db, limits.Default())
 	if err != nil || live.Total != 2 {
