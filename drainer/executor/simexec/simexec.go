@@ -252,9 +252,9 @@ func (s *Server) work(ctx context.Context, j kit.Job) kit.Outcome {
 	if outcome == "" {
 		outcome = kit.StatusSucceeded
 	}
-	s.begin(j)
+	s.begin(j, p.Groups)
 	sleep(ctx, p.SleepMS)
-	s.end(j, outcome)
+	s.end(j, p.Groups, outcome)
 	result, _ := json.Marshal(map[string]any{"slept_ms": p.SleepMS})
 	return kit.Outcome{Status: outcome, Result: result}
 }
@@ -272,7 +272,8 @@ func sleep(ctx context.Context, ms int) {
 	}
 }
 
-func (s *Server) begin(d kit.Job) {
+// begin counts d as started, in its tenant and in groups (its payload's).
+func (s *Server) begin(d kit.Job, groups []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := strconv.FormatInt(d.ID, 10)
@@ -285,18 +286,18 @@ func (s *Server) begin(d kit.Job) {
 	s.stats.MaxInFlight = max(s.stats.MaxInFlight, s.stats.InFlight)
 	s.byTenant[d.Tenant]++
 	s.stats.MaxInFlightByTenant[d.Tenant] = max(s.stats.MaxInFlightByTenant[d.Tenant], s.byTenant[d.Tenant])
-	for _, g := range payloadOf(d).Groups {
+	for _, g := range groups {
 		s.byGroup[g]++
 		s.stats.MaxInFlightByGroup[g] = max(s.stats.MaxInFlightByGroup[g], s.byGroup[g])
 	}
 }
 
-func (s *Server) end(d kit.Job, outcome string) {
+func (s *Server) end(d kit.Job, groups []string, outcome string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.InFlight--
 	s.byTenant[d.Tenant]--
-	for _, g := range payloadOf(d).Groups {
+	for _, g := range groups {
 		s.byGroup[g]--
 	}
 	s.stats.Completed[outcome]++
