@@ -121,13 +121,17 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 		// Refused for queued work whose heads carry rate keys: their gates are read (never under
 		// the claim lock) and, if any is gated, the slot is decided again without those tenants.
 		// A gate store that fails leaves the refusal standing.
-		if nb, gerr := a.cfg.Gates.NotBefore(ctx, heldBy); gerr == nil && len(nb) > 0 {
+		if nb, gerr := a.cfg.Gates.NotBefore(ctx, heldBy); gerr == nil {
 			now := a.now()
 			gated = map[string]bool{}
 			for _, k := range heldBy {
-				gated[k] = nb[k].After(now)
+				if nb[k].After(now) {
+					gated[k] = true
+				}
 			}
-			st, slot, err = take()
+			if len(gated) > 0 { // else the same refusal: nothing holding the slot back is gated
+				st, slot, err = take()
+			}
 		}
 	}
 	if err != nil {
