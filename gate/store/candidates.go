@@ -49,8 +49,8 @@ type TenantHead struct {
 
 // TenantPage is what ReadTenantPage read.
 type TenantPage struct {
-	Tenants  []TenantHead
-	Usage limits.Usage // WithInFlight: the jobs in flight and live slots by capacity class
+	Tenants []TenantHead
+	Usage   limits.Usage // WithInFlight: the jobs in flight and live slots by capacity class
 }
 
 // tenantsSQL is the read of p's page of tenants with work, as rows (tenant, NULL, head_at,
