@@ -48,7 +48,7 @@ func (a *Admitter) newJobs(items []*item, st *state, perTenant bool) (store.NewJ
 	p := store.NewJobs{Now: st.now, Prefix: a.cfg.Prefix, Jobs: make([]store.NewJob, len(ins))}
 	for i, it := range ins {
 		j := store.NewJob{Tenant: it.req.Tenant, RateKeySHA256: it.hash, Caller: it.caller, RetryOf: it.retryOf,
-			Lanes: it.req.Lanes, Interactive: it.req.Interactive != nil && *it.req.Interactive,
+			Lanes: it.req.Lanes, Interactive: it.req.interactive(),
 			Payload: []byte(it.req.Payload), IdempotencyKey: it.req.IdempotencyKey, RequestSHA256: it.fp,
 			Poke: it.scope == "" && (!perTenant || lastOf[it.req.Tenant] == i)}
 		if it.scope != "" {

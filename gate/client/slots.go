@@ -102,7 +102,7 @@ func (s *Slot) Release() error {
 		}
 		close(s.stop)
 		<-s.done
-		_, err := s.c.Do(context.Background(), http.MethodDelete, "/v1/slots/"+strconv.FormatInt(s.ID, 10), nil, nil)
+		err := s.c.ReleaseSlot(context.Background(), s.ID)
 		if Code(err) == "not_found" {
 			err = nil // an admin released it; it is gone all the same
 		}
