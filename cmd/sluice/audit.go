@@ -44,18 +44,9 @@ func auditCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *asJSON {
 		return printJSON(stdout, p)
 	}
-	more := ""
-	if p.NextCursor != "" {
-		// The filters go with the cursor: a filtered page may be short, even empty, and the
-		// listing still goes on (GET /v1/audit examines a bounded window per request).
-		more = "more: sluice audit"
-		for _, f := range [][2]string{{"tenant", *tenant}, {"event", *event}, {"since", *since}} {
-			if f[1] != "" {
-				more += " --" + f[0] + " " + f[1]
-			}
-		}
-		more += " --cursor " + p.NextCursor
-	}
+	// A filtered page may be short, even empty, and the listing still goes on (GET /v1/audit
+	// examines a bounded window per request).
+	more := moreHint("sluice audit", [][2]string{{"tenant", *tenant}, {"event", *event}, {"since", *since}}, p.NextCursor)
 	return printEvents(stdout, p.Events, more)
 }
 

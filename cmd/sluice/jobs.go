@@ -61,8 +61,8 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		if p.NextCursor != "" {
-			fmt.Fprintf(stdout, "more: sluice jobs list --cursor %s\n", p.NextCursor)
+		if more := moreHint("sluice jobs list", [][2]string{{"tenant", *tenant}, {"status", *status}}, p.NextCursor); more != "" {
+			fmt.Fprintln(stdout, more)
 		}
 		return nil
 	case "show", "cancel", "events":

@@ -50,8 +50,8 @@ func slotsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		if p.NextCursor != "" {
-			fmt.Fprintf(stdout, "more: sluice slots list --cursor %s\n", p.NextCursor)
+		if more := moreHint("sluice slots list", [][2]string{{"tenant", *tenant}}, p.NextCursor); more != "" {
+			fmt.Fprintln(stdout, more)
 		}
 		return nil
 	case "release":

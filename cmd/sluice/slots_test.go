@@ -42,4 +42,13 @@ func TestSlotsCommand(t *testing.T) {
 	if out, code = sluice("slots", "nope"); code == 0 {
 		t.Errorf("slots nope: exit 0\n%s", out)
 	}
+	for range 2 {
+		if _, err := adm.TakeSlot(context.Background(), "ops", gate.SlotRequest{Tenant: "acme"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, code = sluice("slots", "list", "--tenant", "acme", "--limit", "1")
+	if code != 0 || !strings.Contains(out, "more: sluice slots list --tenant acme --cursor ") {
+		t.Errorf("slots list --tenant acme --limit 1: the next page's command keeps the filter: exit %d\n%s", code, out)
+	}
 }

@@ -44,6 +44,21 @@ func oneID(cmd, what string, positional []string) (int64, error) {
 	return id, nil
 }
 
+// moreHint is the command that lists the next page: cmd with the filters given (name, value;
+// empty values left out), which go with the cursor, and the cursor; "" without one.
+func moreHint(cmd string, filters [][2]string, cursor string) string {
+	if cursor == "" {
+		return ""
+	}
+	more := "more: " + cmd
+	for _, f := range filters {
+		if f[1] != "" {
+			more += " --" + f[0] + " " + f[1]
+		}
+	}
+	return more + " --cursor " + cursor
+}
+
 func tokenFlag(fs *flag.FlagSet) *string {
 	return fs.String("token", os.Getenv("SLUICE_TOKEN"), "API bearer token (SLUICE_TOKEN)")
 }
