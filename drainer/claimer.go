@@ -102,7 +102,6 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time) ([]claimed, bool,
 	if n := cl.unanswered(); n > 0 && n >= int64(cl.config.get().GlobalInFlight) {
 		return nil, false, nil
 	}
-	cl.advanceHeads(ctx, now)
 	// The caps the last claim saw are good enough to choose candidates (the claim re-reads them
 	// under the lock); the in-flight counts are read fresh, since completions elsewhere (other
 	// drainers, asynchronous executors) free capacity this process did not see.

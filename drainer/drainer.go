@@ -76,8 +76,8 @@ type Config struct {
 	// older than its tenant's oldest queued job, which orders the tenant too early in the head
 	// index: that matters to a pass only across pages, so while one page holds every tenant with
 	// work the heads are set forward once per PollInterval (for the status's oldest queued job and
-	// the slots' fair-order check). The advance runs at the start of a pass, and a pass comes at
-	// least every PollInterval. Default 100 ms.
+	// the slots' fair-order check). The advance runs at the end of a pass, after its claims, and a
+	// pass comes at least every PollInterval. Default 100 ms.
 	HeadAdvance time.Duration
 	// ClaimBatch bounds the jobs claimed in one transaction. Default 64.
 	ClaimBatch int
@@ -333,6 +333,9 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 			d.started(now, more)
 		}
 	}
+	// After the claims, off the path from a poke to a dispatch; every pass, since a drainer whose
+	// cap stays full claims nothing but still has heads to set forward.
+	d.claims.advanceHeads(ctx, now)
 	if err != nil {
 		return p, err
 	}
@@ -395,9 +398,6 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is dropped so
 	// that they are seen within one poll interval.
 	d.heads.reset()
-	// A drainer whose cap stays full runs no claim pass (claimer.RunOnce), so the heads its
-	// last claims left behind are set forward here.
-	d.claims.advanceHeads(ctx, now)
 	d.lastUpkeep = now
 	return hb != nil, nil
 }
