@@ -91,9 +91,10 @@ func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
 // lookup of each head), so it never grows with the number of tenants with work. A head that a
 // claim left behind (migration 0018), until its drainer sets it forward, is a job just
 // dispatched: its rate key stands in for the tenant's next job's, and it is due (a claim clears
-// not_before).
-const waitingSQL = `SELECT STRAIGHT_JOIN t.tenant, j.rate_key_sha256, j.not_before IS NULL OR j.not_before <= NOW(6)
-	FROM tenants t FORCE INDEX (head) JOIN jobs j ON j.id = t.head_id
+// not_before). Its row may even be purged by then: the tenant still has queued work, so it is
+// read as due with no rate key (LEFT JOIN), not left out.
+const waitingSQL = `SELECT STRAIGHT_JOIN t.tenant, j.rate_key_sha256, j.id IS NULL OR j.not_before IS NULL OR j.not_before <= NOW(6)
+	FROM tenants t FORCE INDEX (head) LEFT JOIN jobs j ON j.id = t.head_id
 	WHERE t.head_at IS NOT NULL AND t.tenant <> ? ORDER BY t.head_at, t.head_id LIMIT ?`
 
 // Waiting is a tenant with queued work, as a slot's grant reads it.

@@ -91,6 +91,14 @@ func TestTakeSlot(t *testing.T) {
 	if err != nil || len(st.Waiting) != 1 || st.Waiting[0].Tenant != "c" {
 		t.Errorf("waiting with limit 1: %v %v", st.Waiting, err)
 	}
+	// A head a claim left behind whose job was purged since (migration 0018): the tenant still
+	// waits, due, with no rate key known.
+	k.exec("UPDATE tenants SET head_id = 999999 WHERE tenant = 'c'")
+	_, _, err = store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: "a", Caller: "p2", LeaseSeconds: 60, WaitingLimit: 1,
+		Decide: func(got store.SlotState) (bool, store.AuditEvent) { st = got; return false, store.AuditEvent{} }})
+	if err != nil || !slices.Equal(st.Waiting, []store.Waiting{{Tenant: "c", Due: true}}) {
+		t.Errorf("waiting, c's head purged: %v %v", st.Waiting, err)
+	}
 }
 
 // TestLockClaimsCountsSlots: the claim counts the live slots with the jobs in flight, per tenant
