@@ -62,6 +62,7 @@ func (a *Admitter) readParams(items []*item, cfg limits.Config, shared bool, sta
 		p.GlobalEstimate = int64(est)
 	}
 	p.CountInFlight, p.Config = cfg.AdmissionMode != limits.ModeOff, cfg
+	p.CountInteractive = immediate
 	for _, it := range items {
 		if it.req.IdempotencyKey != nil {
 			p.IdempotencyKeys = append(p.IdempotencyKeys, *it.req.IdempotencyKey)

@@ -69,7 +69,7 @@ func TestReadAdmission(t *testing.T) {
 
 	t.Run("one tenant", func(t *testing.T) {
 		tx := k.beginAdmission(t, nil)
-		st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a"}, GlobalCountUpTo: 100, CountInFlight: true})
+		st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a"}, GlobalCountUpTo: 100, CountInFlight: true, CountInteractive: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func TestReadAdmission(t *testing.T) {
 	t.Run("several tenants, estimated, keys and redrives", func(t *testing.T) {
 		tx := k.beginAdmission(t, nil)
 		st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a", "b", "new"}, GlobalEstimate: 42,
-			IdempotencyKeys: []string{key, "absent"}, Redrives: []int64{failed, q1}})
+			CountInteractive: true, IdempotencyKeys: []string{key, "absent"}, Redrives: []int64{failed, q1}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,6 +100,16 @@ func TestReadAdmission(t *testing.T) {
 			t.Errorf("keyed %v, redriven %v; want [%d], [%d]", ids(st.Keyed), ids(st.Redriven), keyed, redrive)
 		}
 		k.wantTenantsLocked("inside the transaction", []string{"a", "b", "c", "new"}, "a", "b", "new")
+	})
+	t.Run("interactive depths only when asked", func(t *testing.T) {
+		for _, tenants := range [][]string{{"a"}, {"a", "b"}} {
+			tx := k.beginAdmission(t, nil)
+			st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: tenants})
+			if err != nil || st.TenantDepth["a"] != 2 || st.TenantInteractive["a"] != 0 {
+				t.Errorf("%v: depth %v, interactive %v (%v); want a's 2 and its interactive job not counted", tenants, st.TenantDepth, st.TenantInteractive, err)
+			}
+			tx.Close()
+		}
 	})
 	t.Run("a global count stops at its bound", func(t *testing.T) {
 		tx := k.beginAdmission(t, nil)

@@ -27,6 +27,9 @@ type AdmissionRead struct {
 	// capacity decision of queue=false admissions and the headers of every admission (SPEC §5a).
 	CountInFlight bool
 	Config        limits.Config
+	// CountInteractive counts each tenant's interactive queued jobs (AdmissionState's
+	// TenantInteractive): only a queue=false admission of interactive work needs them.
+	CountInteractive bool
 	// IdempotencyKeys are looked up among Tenants' jobs.
 	IdempotencyKeys []string
 	// Redrives are the jobs redriven: the job each one's first redrive created is read.
@@ -76,7 +79,7 @@ func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (Admis
 		return st, fmt.Errorf("read admission state: %w", err)
 	}
 	defer res.Close()
-	if err := scanDepths(res, p.Tenants, &st); err != nil {
+	if err := scanDepths(res, p.Tenants, p.CountInteractive, &st); err != nil {
 		return st, err
 	}
 	st.Now = st.Now.UTC()
@@ -122,23 +125,30 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 	// had) or lease (the queued and in-flight jobs of every tenant), and the interactive flag,
 	// which is in no index of the jobs in those states, cost a row lookup per queued job.
 	if len(p.Tenants) == 1 {
+		interactiveSQL := "0"
+		if p.CountInteractive {
+			interactiveSQL = "(SELECT COUNT(*) FROM jobs FORCE INDEX (interactive_queue) WHERE interactive_tenant = ?)"
+			args = append(args, p.Tenants[0])
+		}
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6),
 			COALESCE(SUM(status = 'queued'), 0),
-			(SELECT COUNT(*) FROM jobs FORCE INDEX (interactive_queue) WHERE interactive_tenant = ?),
+			`+interactiveSQL+`,
 			COALESCE(SUM(status <> 'queued'), 0),
 			`+globalSQL+`
 			FROM jobs FORCE INDEX (claim) WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`)
-		args = append(args, p.Tenants[0], globalArg, p.Tenants[0])
+		args = append(args, globalArg, p.Tenants[0])
 	} else {
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL,
 			`SELECT tenant, status = 'queued', COUNT(*) FROM jobs FORCE INDEX (claim)
 			WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+Placeholders(len(p.Tenants))+`)
-			GROUP BY tenant, status = 'queued'`,
-			`SELECT interactive_tenant, COUNT(*) FROM jobs FORCE INDEX (interactive_queue)
-			WHERE interactive_tenant IN (`+Placeholders(len(p.Tenants))+`) GROUP BY interactive_tenant`)
+			GROUP BY tenant, status = 'queued'`)
 		args = append(args, globalArg)
 		args = append(args, tenantArgs...)
-		args = append(args, tenantArgs...)
+		if p.CountInteractive {
+			stmts = append(stmts, `SELECT interactive_tenant, COUNT(*) FROM jobs FORCE INDEX (interactive_queue)
+			WHERE interactive_tenant IN (`+Placeholders(len(p.Tenants))+`) GROUP BY interactive_tenant`)
+			args = append(args, tenantArgs...)
+		}
 	}
 	if p.CountInFlight {
 		// Statements of the same round trip, read after the lock like the others: the jobs in
@@ -162,14 +172,15 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 	return stmts, args
 }
 
-// scanDepths reads the database time, the depths and the in-flight counts into st.
-func scanDepths(res *Results, tenants []string, st *AdmissionState) error {
+// scanDepths reads the database time, the depths (with interactive, the interactive ones) and
+// the in-flight counts into st.
+func scanDepths(res *Results, tenants []string, interactive bool, st *AdmissionState) error {
 	if len(tenants) == 1 {
-		var depth, interactive, inFlight int
-		if err := res.ScanOne(&st.Now, &depth, &interactive, &inFlight, &st.GlobalDepth); err != nil {
+		var depth, interactiveDepth, inFlight int
+		if err := res.ScanOne(&st.Now, &depth, &interactiveDepth, &inFlight, &st.GlobalDepth); err != nil {
 			return fmt.Errorf("read admission state: %w", err)
 		}
-		st.TenantDepth[tenants[0]], st.TenantInteractive[tenants[0]], st.TenantInFlight[tenants[0]] = depth, interactive, inFlight
+		st.TenantDepth[tenants[0]], st.TenantInteractive[tenants[0]], st.TenantInFlight[tenants[0]] = depth, interactiveDepth, inFlight
 		return nil
 	}
 	if err := res.ScanOne(&st.Now, &st.GlobalDepth); err != nil {
@@ -184,6 +195,9 @@ func scanDepths(res *Results, tenants []string, st *AdmissionState) error {
 	}, true)
 	if err != nil {
 		return fmt.Errorf("read tenant depths: %w", err)
+	}
+	if !interactive {
+		return nil
 	}
 	if err := eachCount(res, func(t string, _ bool, n int) { st.TenantInteractive[t] += n }, false); err != nil {
 		return fmt.Errorf("read interactive depths: %w", err)
