@@ -159,20 +159,23 @@ type LaneUse struct {
 	InFlight int `json:"in_flight"`
 }
 
-// lanes returns every lane cfg configures with what is in flight in it: the jobs, read in one
-// statement bounded by the global cap (store.ReadInFlightUsage), and slots, the live slots by
+// lanes returns every lane cfg configures with what is in flight in it: jobs, the jobs in flight
+// (store.ReadInFlightUsage), read only when a lane is configured, and slots, the live slots by
 // lane.
-func (r *Reader) lanes(ctx context.Context, cfg limits.Config, slots map[string]int) (map[string]LaneUse, error) {
+func (r *Reader) lanes(ctx context.Context, cfg limits.Config, jobs *limits.Usage, slots map[string]int) (map[string]LaneUse, error) {
 	out := make(map[string]LaneUse, len(cfg.Lanes))
 	if len(cfg.Lanes) == 0 {
 		return out, nil
 	}
-	us, err := store.ReadInFlightUsage(ctx, r.cfg.DB, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("status: %w", err)
+	if jobs == nil {
+		us, err := store.ReadInFlightUsage(ctx, r.cfg.DB, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("status: %w", err)
+		}
+		jobs = &us
 	}
 	for l, n := range cfg.Lanes {
-		out[l] = LaneUse{Limit: n, InFlight: us.Lane[l] + slots[l]}
+		out[l] = LaneUse{Limit: n, InFlight: jobs.Lane[l] + slots[l]}
 	}
 	return out, nil
 }
@@ -269,7 +272,7 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 		return s, err
 	}
 	s.Slots = slots
-	if s.Lanes, err = r.lanes(ctx, cfg, slots.ByLane); err != nil {
+	if s.Lanes, err = r.lanes(ctx, cfg, nil, slots.ByLane); err != nil {
 		return s, err
 	}
 	if err := r.totals(ctx, now, &s); err != nil {

@@ -110,19 +110,17 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 		last := rows[len(rows)-1]
 		page.Next = &TenantKey{Depth: int64(last.Depth), Tenant: last.Tenant}
 	}
-	inFlight, err := r.inFlight(ctx, now, lc)
+	// One read of the jobs in flight gives each tenant's and each lane's.
+	jobs, err := store.ReadInFlightUsage(ctx, r.cfg.DB, lc)
 	if err != nil {
-		return page, err
+		return page, fmt.Errorf("status: %w", err)
 	}
-	busy := make(map[string]int, len(inFlight))
-	for _, t := range inFlight {
-		busy[t.Tenant] = t.InFlight
-	}
+	busy := jobs.Tenant
 	live, slots, err := r.slots(ctx, lc)
 	if err != nil {
 		return page, err
 	}
-	if page.Lanes, err = r.lanes(ctx, lc, live.ByLane); err != nil {
+	if page.Lanes, err = r.lanes(ctx, lc, &jobs, live.ByLane); err != nil {
 		return page, err
 	}
 	gated, err := r.headGates(ctx, now, rows)
