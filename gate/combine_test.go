@@ -209,13 +209,20 @@ func TestCombinerStalledLaneOpensAnother(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait() // would hang if the stuck lane held up the others
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second): // a deadline on the condition, not a wait for it
+		close(release)
+		t.Fatal("the admissions behind the stuck lane did not finish within 10 s: no second lane opened")
+	}
 	close(release)
 	if err := <-stuckDone; err != nil {
 		t.Fatal(err)
 	}
-	if maxIn > 2 {
-		t.Errorf("%d lane transactions ran at once, want at most 2", maxIn)
+	if maxIn != 2 {
+		t.Errorf("%d lane transactions ran at once, want 2: the stuck one and a second lane beside it", maxIn)
 	}
 	if a.Waiting() != 0 {
 		t.Errorf("%d admissions still waiting", a.Waiting())
