@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,23 +52,70 @@ func admitLaneJob(t *testing.T, env *harness.Env, j laneJob) int64 {
 
 func inFlightStatus(s string) bool { return s == "dispatched" || s == "running" || s == "claimed" }
 
+// holder holds at the executor the dispatches of the jobs it is told to hold, until release: a
+// test's way to keep a job in flight for as long as it needs, with no service time to outlast.
+type holder struct {
+	mu      sync.Mutex
+	held    map[int64]bool
+	release chan struct{}
+}
+
+func newHolder(t *testing.T) *holder {
+	h := &holder{held: map[int64]bool{}, release: make(chan struct{})}
+	t.Cleanup(h.let)
+	return h
+}
+
+// hold makes id's dispatch wait at the executor until let.
+func (h *holder) hold(id int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.held[id] = true
+}
+
+// let lets every held dispatch go on (once).
+func (h *holder) let() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.release:
+	default:
+		close(h.release)
+	}
+}
+
+// onReceive is the executor's OnReceive hook.
+func (h *holder) onReceive(id int64, _ string, _ time.Time) {
+	h.mu.Lock()
+	held := h.held[id]
+	h.mu.Unlock()
+	if held {
+		<-h.release
+	}
+}
+
 // TestClaimSkipsFullLane: a job whose lane is full waits, and its tenant's later job without
 // that lane starts meanwhile; the lane's limit holds at the executor.
 func TestClaimSkipsFullLane(t *testing.T) {
 	t.Parallel()
-	env := harness.Start(t, harness.Options{})
+	h := newHolder(t)
+	env := harness.Start(t, harness.Options{OnReceive: h.onReceive})
 	patchConfig(t, env, map[string]any{"lanes": map[string]any{"gpu": 1}, "global_in_flight": 0})
-	gpu := laneJob{tenant: "A", lanes: []string{"gpu"}, sleepMS: 1500, groups: []string{"lane:gpu"}}
+	gpu := laneJob{tenant: "A", lanes: []string{"gpu"}, groups: []string{"lane:gpu"}}
 	a1 := admitLaneJob(t, env, gpu)
 	a2 := admitLaneJob(t, env, gpu)
-	a3 := admitLaneJob(t, env, laneJob{tenant: "A", sleepMS: 1500})
+	a3 := admitLaneJob(t, env, laneJob{tenant: "A"})
+	h.hold(a1)
+	h.hold(a3)
 	patchConfig(t, env, map[string]any{"global_in_flight": 4})
 	harness.WaitFor(t, 15*time.Second, "A's first gpu job and its plain job to start", func() (bool, error) {
 		return inFlightStatus(jobStatus(t, env.DB, a1)) && inFlightStatus(jobStatus(t, env.DB, a3)), nil
 	})
+	// a1 holds the lane until let: a2 cannot have gone, whatever the timing.
 	if s := jobStatus(t, env.DB, a2); s != "queued" {
 		t.Errorf("A's second gpu job is %s while the lane is full; want queued", s)
 	}
+	h.let()
 	harness.WaitFor(t, 30*time.Second, "all three to succeed", func() (bool, error) {
 		c, err := env.CountJobs(context.Background())
 		return c["succeeded"] == 3, err
@@ -107,7 +155,8 @@ func TestClaimInteractiveFirst(t *testing.T) {
 // interactive job does while plain ones wait.
 func TestClaimTiersAndReserve(t *testing.T) {
 	t.Parallel()
-	env := harness.Start(t, harness.Options{})
+	h := newHolder(t)
+	env := harness.Start(t, harness.Options{OnReceive: h.onReceive})
 	patchConfig(t, env, map[string]any{"global_in_flight": 0,
 		"tenant_tiers": map[string]any{"G1": "gold", "G2": "gold", "G3": "gold"}, "tier_in_flight": map[string]any{"gold": 2},
 		"tier_tenant_in_flight": map[string]any{"gold": 1}, "interactive_reserve": 1})
@@ -116,7 +165,27 @@ func TestClaimTiersAndReserve(t *testing.T) {
 		admitLaneJob(t, env, laneJob{tenant: tenant, sleepMS: 30, groups: []string{"tier:gold", "plain"}})
 	}
 	for range 6 {
-		admitLaneJob(t, env, laneJob{tenant: "D", sleepMS: 300, groups: []string{"plain"}})
+		admitLaneJob(t, env, laneJob{tenant: "D", groups: []string{"plain"}})
+	}
+	// Plain jobs are held at the executor until the interactive job is in, so the reserve is the
+	// only room it can take.
+	var plainIDs []int64
+	rows, err := env.DB.QueryContext(context.Background(), "SELECT id FROM jobs WHERE interactive = 0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		plainIDs = append(plainIDs, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range plainIDs {
+		h.hold(id)
 	}
 	patchConfig(t, env, map[string]any{"global_in_flight": 4})
 	// While plain work fills what the reserve leaves, an interactive job starts at once.
@@ -124,11 +193,12 @@ func TestClaimTiersAndReserve(t *testing.T) {
 		c, err := env.CountJobsWhere(context.Background(), "interactive = 0")
 		return c["dispatched"]+c["running"] == 3, err
 	})
-	i := admitLaneJob(t, env, laneJob{tenant: "I", interactive: true, sleepMS: 10})
+	i := admitLaneJob(t, env, laneJob{tenant: "I", interactive: true})
 	harness.WaitFor(t, 15*time.Second, "the interactive job to start in the reserve", func() (bool, error) {
 		s := jobStatus(t, env.DB, i)
 		return inFlightStatus(s) || s == "succeeded", nil
 	})
+	h.let()
 	harness.WaitFor(t, 60*time.Second, "all 19 jobs to succeed", func() (bool, error) {
 		c, err := env.CountJobs(context.Background())
 		return c["succeeded"] == 19, err
@@ -216,14 +286,31 @@ func TestThreeDrainersLanesTiersReserve(t *testing.T) {
 // then starts.
 func TestLoneJobHonoursLanes(t *testing.T) {
 	t.Parallel()
-	env := harness.Start(t, harness.Options{})
-	patchConfig(t, env, map[string]any{"lanes": map[string]any{"gpu": 1}})
-	first := admitLaneJob(t, env, laneJob{tenant: "A", lanes: []string{"gpu"}, sleepMS: 1500, groups: []string{"lane:gpu"}})
+	h := newHolder(t)
+	env := harness.Start(t, harness.Options{OnReceive: h.onReceive})
+	patchConfig(t, env, map[string]any{"lanes": map[string]any{"gpu": 1}, "global_in_flight": 0})
+	first := admitLaneJob(t, env, laneJob{tenant: "A", lanes: []string{"gpu"}, groups: []string{"lane:gpu"}})
+	h.hold(first)
+	patchConfig(t, env, map[string]any{"global_in_flight": 4})
 	harness.WaitFor(t, 15*time.Second, "the first gpu job to start", func() (bool, error) {
 		return inFlightStatus(jobStatus(t, env.DB, first)), nil
 	})
-	// The queue is empty again: the next pass probes for a lone job, and finds this one.
-	second := admitLaneJob(t, env, laneJob{tenant: "B", lanes: []string{"gpu"}, sleepMS: 10, groups: []string{"lane:gpu"}})
+	// The queue is empty again: the next pass probes for a lone job, and finds this one; the
+	// first holds the lane until the second has been seen in the queue for two poll periods.
+	second := admitLaneJob(t, env, laneJob{tenant: "B", lanes: []string{"gpu"}, groups: []string{"lane:gpu"}})
+	var polls time.Time
+	if err := env.DB.QueryRowContext(context.Background(), "SELECT UTC_TIMESTAMP(6) + INTERVAL 2 SECOND").Scan(&polls); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 15*time.Second, "a heartbeat two poll periods after the second job's admission", func() (bool, error) {
+		var n int
+		err := env.DB.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM drainers WHERE heartbeat_at >= ?", polls).Scan(&n)
+		return n > 0, err
+	})
+	if s := jobStatus(t, env.DB, second); s != "queued" {
+		t.Errorf("the second gpu job is %s while the first holds the lane; want queued", s)
+	}
+	h.let()
 	harness.WaitFor(t, 30*time.Second, "both to succeed", func() (bool, error) {
 		return jobStatus(t, env.DB, first) == "succeeded" && jobStatus(t, env.DB, second) == "succeeded", nil
 	})
