@@ -89,10 +89,8 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 	if p.WithInFlight {
 		// One row per job in flight and per live slot (see inFlightUsageSQL: no GROUP BY, no
 		// temporary table).
-		q += ` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes FROM jobs
-		WHERE status IN ('claimed','dispatched','running')
-		UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes FROM slots FORCE INDEX (live)
-		WHERE expires_at > NOW(6)`
+		q += ` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes ` + inFlightJobs +
+			` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes ` + liveSlots
 		what = "read in-flight counts and tenants with queued jobs"
 	}
 	page, err := readTenants(ctx, db, q, args, p.Config)
@@ -123,11 +121,7 @@ func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg lim
 			page.Tenants = append(page.Tenants, r)
 			continue
 		}
-		u := limits.Unit{Tenant: r.Tenant, Interactive: r.Interactive}
-		if lanes.String != "" {
-			u.Lanes = SplitLanes(lanes.String)
-		}
-		page.Usage.Add(cfg, u, int(n.Int64))
+		addUnit(&page.Usage, cfg, limits.Unit{Tenant: r.Tenant, Interactive: r.Interactive}, lanes.String, int(n.Int64))
 	}
 	return page, rows.Err()
 }

@@ -30,8 +30,18 @@ import (
 // 520 bytes) with the tenant makes MariaDB build an on-disk (Aria) temporary table for every
 // read (Created_tmp_disk_tables went up by one a statement), where the rows themselves are at
 // most the global cap.
-const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 FROM jobs
-	WHERE status IN ('claimed','dispatched','running')`
+const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 ` + inFlightJobs
+
+// inFlightJobs is the range of the jobs in flight, for the readers that count them one row each.
+const inFlightJobs = `FROM jobs WHERE status IN ('claimed','dispatched','running')`
+
+// addUnit adds n of u, whose lanes are stored as lanes (JoinLanes), to us.
+func addUnit(us *limits.Usage, cfg limits.Config, u limits.Unit, lanes string, n int) {
+	if lanes != "" {
+		u.Lanes = SplitLanes(lanes)
+	}
+	us.Add(cfg, u, n)
+}
 
 // scanUsage adds the rows of inFlightUsageSQL (or liveSlotsSQL: the same columns) to us, each
 // tenant's tier as cfg says; what names the read in its errors.
@@ -43,10 +53,7 @@ func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage, what string)
 		if err := rows.Scan(&u.Tenant, &u.Interactive, &lanes, &n); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		if lanes != "" {
-			u.Lanes = SplitLanes(lanes)
-		}
-		us.Add(cfg, u, n)
+		addUnit(us, cfg, u, lanes, n)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("%s: %w", what, err)

@@ -59,8 +59,10 @@ func (s Slot) Unit() limits.Unit {
 // of the live index (covering, so no row is read), bounded by the live slots, which the global
 // cap bounds (shadow grants aside). It is not grouped, for the reason inFlightUsageSQL is not:
 // a GROUP BY over the lanes column made MariaDB build an on-disk temporary table per read.
-const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1 FROM slots FORCE INDEX (live)
-	WHERE expires_at > NOW(6)`
+const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1 ` + liveSlots
+
+// liveSlots is the range of the live slots, for the readers that count them one row each.
+const liveSlots = `FROM slots FORCE INDEX (live) WHERE expires_at > NOW(6)`
 
 // LiveSlots returns the live slots as a limits.Usage (tiers as cfg says), for /v1/status and the
 // metrics: one range of the live index, bounded by the live slots.
