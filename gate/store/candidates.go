@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -196,7 +197,11 @@ func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]He
 			q.WriteString(" UNION ALL ")
 		}
 		q.WriteString(sub)
-		for range 1 + boolInt(w.Interactive) {
+		subs := 1 // the sub-selects of w: its queue, and its interactive jobs first if it has any
+		if w.Interactive {
+			subs = 2
+		}
+		for range subs {
 			args = append(args, w.Tenant, p.Now)
 			for _, k := range p.Excluded {
 				args = append(args, k)
@@ -209,25 +214,11 @@ func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]He
 	}
 	for t, hs := range out {
 		sort.Slice(hs, func(i, j int) bool { return hs[i].before(hs[j]) })
-		// An interactive job read by both sub-selects is kept once.
-		kept := hs[:0]
-		seen := map[int64]bool{}
-		for _, h := range hs {
-			if !seen[h.ID] {
-				seen[h.ID] = true
-				kept = append(kept, h)
-			}
-		}
-		out[t] = kept
+		// An interactive job read by both sub-selects is kept once: sorted, the copies are next
+		// to each other.
+		out[t] = slices.CompactFunc(hs, func(a, b Head) bool { return a.ID == b.ID })
 	}
 	return out, nil
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // readHeads runs one statement of ReadHeads and adds its rows to out.
