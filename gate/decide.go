@@ -226,7 +226,7 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 			shadow, it.shadow.scope = true, scope
 		}
 		if !off && it.req.Queue != nil && !*it.req.Queue {
-			if scope, err := immediate(cfg, it.req.unit(), st, it.gatedFor); err != nil {
+			if scope, err := immediate(it.res.Verdict, it.req.unit(), st, it.gatedFor); err != nil {
 				it.res.Verdict.Scope = scope
 				if scope == limits.ScopeTenant {
 					it.res.Verdict.Limit, it.res.Verdict.InFlight = cfg.TenantCap(t), st.usage.Tenant[t]
@@ -306,21 +306,20 @@ func depthScope(cfg limits.Config, tenant string, st *state) string {
 }
 
 // immediate decides a queue=false admission of unit (SPEC §5, §5a): admitted only if the job
-// could be claimed now: every limit that applies (cfg.Check: global, the interactive reserve,
-// the tier, the tenant, the lanes) has room in st.usage, its key is not gated and nothing of its
+// could be claimed now: every limit that applies (v, the admission's cfg.Check of st.usage:
+// global, the interactive reserve, the tier, the tenant, the lanes) has room, its key is not gated and nothing of its
 // tenant is queued ahead (for an interactive job, nothing interactive: it goes before the
 // tenant's other queued jobs). Of several reasons to refuse, the one with the longest wait is
 // reported, with its scope: 120 s while a limit is 0 (paused), the remaining gate time for a
 // gated key (rate_key), else min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the
 // fullest scope (the tenant's for tenant, the whole queue's otherwise).
-func immediate(cfg limits.Config, unit limits.Unit, st *state, gatedFor int) (string, error) {
+func immediate(v limits.Verdict, unit limits.Unit, st *state, gatedFor int) (string, error) {
 	type reason struct {
 		scope  string
 		after  int
 		paused bool
 	}
 	var reasons []reason
-	v := cfg.Check(st.usage, unit)
 	if v.Paused {
 		reasons = append(reasons, reason{v.Scope, 120, true})
 	}

@@ -157,7 +157,7 @@ func TestImmediateRetryAfter(t *testing.T) {
 		if c.unit.Tenant == "" {
 			c.unit.Tenant = "t"
 		}
-		scope, err := immediate(*l, c.unit, st, c.gatedFor)
+		scope, err := immediate(l.Check(st.usage, c.unit), c.unit, st, c.gatedFor)
 		if scope != c.scope {
 			t.Errorf("%s: scope %q, want %q", c.name, scope, c.scope)
 		}
