@@ -178,7 +178,7 @@ func New(cfg Config) (*Drainer, error) {
 	w := &outcomeWriter{cfg: &d.cfg, store: st, heads: d.heads}
 	var complete completer = inlineCompleter{w: w}
 	if cfg.OutcomeBatch > 1 {
-		complete = &batchCompleter{w: w, max: cfg.OutcomeBatch}
+		complete = &batchCompleter{write: w.write, max: cfg.OutcomeBatch}
 	}
 	d.sends = newDispatcher(&d.cfg, d.leases, complete, d.Wake)
 	d.claims = &claimer{cfg: &d.cfg, store: st, config: d.config, headCache: d.heads, leases: d.leases,

@@ -48,6 +48,10 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			_, err := st.FinishManyConn(ctx, conn(), k.now, fin)
 			return err
 		},
+		"FinishManyCommit": func(ctx context.Context) error {
+			_, err := st.FinishManyCommit(ctx, conn(), k.now, fin)
+			return err
+		},
 		"RenewLeases": func(ctx context.Context) error {
 			_, err := store.RenewLeases(ctx, k.db, store.RenewLeasesParams{Jobs: []store.JobVersion{{ID: running}}})
 			return err

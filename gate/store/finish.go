@@ -104,6 +104,22 @@ func (s *Store) FinishMany(ctx context.Context, tx sqldb.DB, now time.Time, item
 // round trip, and the fences are checked on the rows each statement reports. On ErrFenced the
 // caller must roll back, as for FinishMany.
 func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, items []Finishing) ([]job.Status, error) {
+	return s.finishConn(ctx, tx, now, items, false)
+}
+
+// FinishManyCommit is FinishManyConn with the COMMIT in the same round trip, for a caller that
+// locked every row in tx (LockJobs) and kept only the items whose version and state it read: no
+// other transaction can then move those rows, so no fence can fail. If one does anyway, the
+// writes are committed already, and the error says so (ErrFencedCommitted).
+func (s *Store) FinishManyCommit(ctx context.Context, tx *ConnTx, now time.Time, items []Finishing) ([]job.Status, error) {
+	return s.finishConn(ctx, tx, now, items, true)
+}
+
+// ErrFencedCommitted is FinishManyCommit's ErrFenced: a row had moved, and the rest of the batch
+// is committed.
+var ErrFencedCommitted = fmt.Errorf("committed with a row left unwritten: %w", ErrFenced)
+
+func (s *Store) finishConn(ctx context.Context, tx *ConnTx, now time.Time, items []Finishing, commit bool) ([]job.Status, error) {
 	p, err := s.planFinish(now, items)
 	if err != nil {
 		return nil, err
@@ -127,7 +143,11 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 		args = append(args, aargs...)
 	}
 	began := !tx.open
-	res, err := tx.Exec(ctx, stmts, args...)
+	run := tx.Exec
+	if commit {
+		run = tx.ExecCommit
+	}
+	res, err := run(ctx, stmts, args...)
 	if err != nil {
 		return nil, fmt.Errorf("finish %d job(s): %w", len(items), err)
 	}
@@ -143,6 +163,9 @@ func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, i
 	}
 	for i := range p.updates {
 		if err := p.check(i, affected[i]); err != nil {
+			if commit {
+				return nil, ErrFencedCommitted
+			}
 			return nil, err
 		}
 	}

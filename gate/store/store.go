@@ -19,8 +19,8 @@
 //   - Combined round trips. A ConnTx drives a transaction by hand on a connection of its own,
 //     so that it begins inside its first round trip and commits inside its last, several
 //     statements each: an admission costs two (AdmissionTx), a claim two (LockClaims,
-//     ClaimJobs), a batch of outcomes three (LockJobs, FinishManyConn, COMMIT). The expired-lease
-//     scan carries the drainer's heartbeat (ScanExpired).
+//     ClaimJobs), a batch of outcomes two (LockJobs, FinishManyCommit). The expired-lease scan
+//     carries the drainer's heartbeat (ScanExpired).
 //   - Row-constructor fences. A write to many jobs is fenced with "id IN (...) AND (id,
 //     version[, status]) IN ((?,?[,?]), ...)": the same fence as OR-ed groups cost 7 ms to plan
 //     for 63 rows, six times the update itself, and the leading id IN (...) keeps it on the
@@ -101,7 +101,7 @@ func (s *Store) prefix() string {
 
 // LogTransition writes the one structured line per job transition of SPEC §10.
 func (s *Store) LogTransition(ctx context.Context, r Row, to job.Status, version int64, now time.Time, code string) {
-	if s.Log == nil {
+	if s.Log == nil || !s.Log.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
 	attrs := []slog.Attr{

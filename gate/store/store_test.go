@@ -182,6 +182,50 @@ func testFinishManyFences(t *testing.T, begin func(ctx context.Context, t *testi
 	}
 }
 
+// TestFinishManyCommit: FinishManyCommit writes and commits in one call (another connection
+// sees the outcome at once, and closing the transaction undoes nothing), and a row that moved
+// anyway is reported as ErrFencedCommitted, an ErrFenced, with the rest of the batch committed.
+func TestFinishManyCommit(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	now := clock.Trunc(time.Now())
+	a := dispatched(t, db, now, "t", "na")
+	b := dispatched(t, db, now, "t", "nb")
+	st := &store.Store{}
+
+	tx := beginConn(ctx, t, db)
+	if _, err := store.LockJobs(ctx, tx, []int64{a.ID}); err != nil {
+		t.Fatal(err)
+	}
+	to, err := st.FinishManyCommit(ctx, tx, now, []store.Finishing{{Row: a, Outcome: store.Outcome{Status: job.Succeeded}}})
+	if err != nil || len(to) != 1 || to[0] != job.Succeeded {
+		t.Fatalf("finish and commit: %v, %v", to, err)
+	}
+	tx.Close()
+	if r, _ := store.Get(ctx, db, a.ID, false); r.Status != job.Succeeded || r.Version != 2 {
+		t.Fatalf("after FinishManyCommit and Close job %d is %s version %d, want succeeded version 2", a.ID, r.Status, r.Version)
+	}
+
+	stale := b
+	stale.Version = 0
+	c := dispatched(t, db, now, "t", "nc")
+	tx = beginConn(ctx, t, db)
+	_, err = st.FinishManyCommit(ctx, tx, now, []store.Finishing{
+		{Row: c, Outcome: store.Outcome{Status: job.Succeeded}},
+		{Row: stale, Outcome: store.Outcome{Status: job.Queued}},
+	})
+	if !errors.Is(err, store.ErrFencedCommitted) || !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("batch with a stale row: %v, want ErrFencedCommitted", err)
+	}
+	tx.Close()
+	if r, _ := store.Get(ctx, db, c.ID, false); r.Status != job.Succeeded {
+		t.Errorf("the batch's fresh job is %s after ErrFencedCommitted, want succeeded (committed)", r.Status)
+	}
+	if r, _ := store.Get(ctx, db, b.ID, false); r.Status != job.Dispatched || r.Version != 1 {
+		t.Errorf("the stale job is %s version %d, want dispatched version 1, untouched", r.Status, r.Version)
+	}
+}
+
 // TestFinishBudget: a requeue that would spend past the dispatch budget fails the job with
 // dispatch_failed and no start.
 func TestFinishBudget(t *testing.T) {
