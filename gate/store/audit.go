@@ -424,7 +424,8 @@ func PurgeAudit(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int) (
 }
 
 // finishAudit is the transition rows of FinishMany's items, read after its UPDATEs: every item
-// moved, or the transaction rolls back (ErrFenced). It is "" when the Store's audit is off.
+// moved, or the transaction rolls back (ErrFenced; FinishManyCommit's caller has locked and
+// checked every row, so its fences hold). It is "" when the Store's audit is off.
 func (s *Store) finishAudit(ctx context.Context, items []Finishing) (string, []any) {
 	if s.AuditOff {
 		return "", nil

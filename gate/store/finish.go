@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -292,14 +293,23 @@ func finishKind(r Row, o Outcome, to job.Status, code string) (kind, started str
 func finishUpdateOf(now time.Time, items []Finishing, p finishPlan, g *finishGroup) finishUpdate {
 	var set strings.Builder
 	var args []any
-	col := func(name string, val func(i int) any) {
-		set.WriteString(", " + name + " = CASE id")
+	// perJob sets name to each job's own value, or to the one value when every job of the group
+	// has the same (a batch of successes with no error and no result, the usual case): a CASE
+	// with a branch per job costs the server a comparison per branch for each row it writes.
+	perJob := func(name, prefix string, val func(i int) any) {
+		if v, ok := sameForAll(g.items, val); ok {
+			set.WriteString(", " + name + " = " + prefix + "?")
+			args = append(args, v)
+			return
+		}
+		set.WriteString(", " + name + " = " + prefix + "CASE id")
 		for _, i := range g.items {
 			set.WriteString(" WHEN ? THEN ?")
 			args = append(args, items[i].Row.ID, val(i))
 		}
 		set.WriteString(" END")
 	}
+	col := func(name string, val func(i int) any) { perJob(name, "", val) }
 	col("error_code", func(i int) any { return nullStr(p.codes[i]) })
 	col("error_message", func(i int) any { return nullStr(items[i].Outcome.ErrorMessage) })
 	var q string
@@ -307,16 +317,12 @@ func finishUpdateOf(now time.Time, items []Finishing, p finishPlan, g *finishGro
 		col("not_before", func(i int) any { return items[i].Outcome.NotBefore })
 		// An increment, not the value read: a caller may hand back a row it never read whole.
 		count := func(name string, counts func(o Outcome) bool) {
-			set.WriteString(", " + name + " = " + name + " + CASE id")
-			for _, i := range g.items {
-				inc := 0
+			perJob(name, name+" + ", func(i int) any {
 				if counts(items[i].Outcome) {
-					inc = 1
+					return 1
 				}
-				set.WriteString(" WHEN ? THEN ?")
-				args = append(args, items[i].Row.ID, inc)
-			}
-			set.WriteString(" END")
+				return 0
+			})
 		}
 		count("dispatch_failures", func(o Outcome) bool { return o.CountFailure })
 		count("refusals", func(o Outcome) bool { return o.CountRefusal })
@@ -350,4 +356,37 @@ func finishUpdateOf(now time.Time, items []Finishing, p finishPlan, g *finishGro
 		args = append(args, r.ID, r.Version, string(r.Status))
 	}
 	return finishUpdate{kind: g.kind, query: q, args: args, rows: len(g.ids)}
+}
+
+// sameForAll returns val's value for the first of items and whether every other item's is the
+// same. The values are what finishUpdateOf binds: nil, a string, an int, a []byte or a
+// *time.Time; values of any other type are never taken as the same.
+func sameForAll(items []int, val func(i int) any) (any, bool) {
+	first := val(items[0])
+	for _, i := range items[1:] {
+		if !sameArg(first, val(i)) {
+			return nil, false
+		}
+	}
+	return first, true
+}
+
+func sameArg(a, b any) bool {
+	switch a := a.(type) {
+	case nil:
+		return b == nil
+	case string:
+		b, ok := b.(string)
+		return ok && a == b
+	case int:
+		b, ok := b.(int)
+		return ok && a == b
+	case []byte:
+		b, ok := b.([]byte)
+		return ok && a != nil && b != nil && bytes.Equal(a, b)
+	case *time.Time:
+		b, ok := b.(*time.Time)
+		return ok && (a == nil) == (b == nil) && (a == nil || a.Equal(*b))
+	}
+	return false
 }

@@ -226,6 +226,67 @@ func TestFinishManyCommit(t *testing.T) {
 	}
 }
 
+// TestFinishManyOwnValues: a batch whose jobs end with different values (results, states,
+// error codes, not-befores, counts) writes each job its own, and one whose jobs all end alike
+// writes them all the same (the UPDATE binds one value instead of a branch per job).
+func TestFinishManyOwnValues(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t)
+	now := clock.Trunc(time.Now())
+	var rows []store.Row
+	for i := range 7 {
+		rows = append(rows, dispatched(t, db, now, "t", fmt.Sprint("n", i)))
+	}
+	soon, later := now.Add(time.Minute), now.Add(time.Hour)
+	items := []store.Finishing{
+		{Row: rows[0], Outcome: store.Outcome{Status: job.Succeeded, Result: []byte(`{"a":1}`)}},
+		{Row: rows[1], Outcome: store.Outcome{Status: job.Succeeded, Result: []byte(`{"b":2}`)}},
+		{Row: rows[2], Outcome: store.Outcome{Status: job.Failed, Reported: true, ErrorCode: "boom", ErrorMessage: "it broke"}},
+		{Row: rows[3], Outcome: store.Outcome{Status: job.Queued, CountFailure: true, Budget: 5, NotBefore: &soon}},
+		{Row: rows[4], Outcome: store.Outcome{Status: job.Queued, CountRefusal: true, NotBefore: &later}},
+		{Row: rows[5], Outcome: store.Outcome{Status: job.Lost, ErrorCode: "outcome_unknown", ErrorMessage: "same"}},
+		{Row: rows[6], Outcome: store.Outcome{Status: job.Lost, ErrorCode: "outcome_unknown", ErrorMessage: "same"}},
+	}
+	tx := beginConn(ctx, t, db)
+	if _, err := store.LockJobs(ctx, tx, []int64{rows[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&store.Store{}).FinishManyCommit(ctx, tx, now, items); err != nil {
+		t.Fatal(err)
+	}
+	type want struct {
+		status           job.Status
+		result, code     string
+		failures, refuse int
+		notBefore        *time.Time
+	}
+	wants := []want{
+		{status: job.Succeeded, result: `{"a":1}`},
+		{status: job.Succeeded, result: `{"b":2}`},
+		{status: job.Failed, code: "boom"},
+		{status: job.Queued, failures: 1, notBefore: &soon},
+		{status: job.Queued, refuse: 1, notBefore: &later},
+		{status: job.Lost, code: "outcome_unknown"},
+		{status: job.Lost, code: "outcome_unknown"},
+	}
+	for i, w := range wants {
+		r, err := store.Get(ctx, db, rows[i].ID, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code := ""
+		if r.ErrorCode != nil {
+			code = *r.ErrorCode
+		}
+		nbOK := (w.notBefore == nil) == (r.NotBefore == nil) && (w.notBefore == nil || r.NotBefore.Equal(*w.notBefore))
+		if r.Status != w.status || string(r.Result) != w.result || code != w.code || r.DispatchFailures != w.failures ||
+			r.Refusals != w.refuse || !nbOK {
+			t.Errorf("job %d: %s result %q code %q failures %d refusals %d not_before %v; want %+v", i, r.Status, r.Result, code,
+				r.DispatchFailures, r.Refusals, r.NotBefore, w)
+		}
+	}
+}
+
 // TestFinishBudget: a requeue that would spend past the dispatch budget fails the job with
 // dispatch_failed and no start.
 func TestFinishBudget(t *testing.T) {
