@@ -42,8 +42,10 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
 		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
 	}
+	// More jobs than a heads read takes (32): a read that finds a tenant's whole queue is not
+	// cached.
 	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at)
-		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND FROM seq_1_to_20`); err != nil {
+		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND FROM seq_1_to_40`); err != nil {
 		t.Fatal(err)
 	}
 	db.RecountQueues(t, "a")
@@ -88,8 +90,10 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 { // the upkeep's pass, on the empty queue
 		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
 	}
+	// More jobs than a heads read takes (32), so that the first pass keeps the heads it did not
+	// claim: a read that finds a tenant's whole queue is not cached.
 	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, payload)
-		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND, CONCAT('"job ', seq, '"') FROM seq_1_to_20`); err != nil {
+		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND, CONCAT('"job ', seq, '"') FROM seq_1_to_40`); err != nil {
 		t.Fatal(err)
 	}
 	db.RecountQueues(t, "a")
