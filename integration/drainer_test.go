@@ -34,6 +34,28 @@ func admitMany(t *testing.T, env *harness.Env, c int, tenantOf func(i int) strin
 	return ids
 }
 
+// queryIDs returns the ids that q (a SELECT of one integer column) reads, in its order.
+func queryIDs(tb testing.TB, db *sql.DB, q string, args ...any) []int64 {
+	tb.Helper()
+	rows, err := db.QueryContext(context.Background(), q, args...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			tb.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return ids
+}
+
 type jobTimes struct {
 	status     string
 	queued     time.Time

@@ -46,21 +46,7 @@ func TestDrainerSetsHeadsForward(t *testing.T) {
 				}
 				db.RecountQueues(t, tenant)
 			}
-			var ids []int64
-			rows, err := db.QueryContext(ctx, "SELECT id FROM jobs WHERE tenant = 't0' ORDER BY queued_at, id")
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var id int64
-				if err := rows.Scan(&id); err != nil {
-					t.Fatal(err)
-				}
-				ids = append(ids, id)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
+			ids := queryIDs(t, db.DB, "SELECT id FROM jobs WHERE tenant = 't0' ORDER BY queued_at, id")
 			release := make(chan struct{})
 			defer close(release)
 			sender := &scriptedSender{answer: func(n int) executor.Answer {

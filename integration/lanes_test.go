@@ -169,22 +169,7 @@ func TestClaimTiersAndReserve(t *testing.T) {
 	}
 	// Plain jobs are held at the executor until the interactive job is in, so the reserve is the
 	// only room it can take.
-	var plainIDs []int64
-	rows, err := env.DB.QueryContext(context.Background(), "SELECT id FROM jobs WHERE interactive = 0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		plainIDs = append(plainIDs, id)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range plainIDs {
+	for _, id := range queryIDs(t, env.DB.DB, "SELECT id FROM jobs WHERE interactive = 0") {
 		h.hold(id)
 	}
 	patchConfig(t, env, map[string]any{"global_in_flight": 4})

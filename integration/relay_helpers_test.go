@@ -193,20 +193,7 @@ func head(s []string) string {
 
 func allOutboxIDs(t testing.TB, db *testdb.DB) []int64 {
 	t.Helper()
-	rows, err := db.QueryContext(context.Background(), "SELECT id FROM outbox ORDER BY id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	return ids
+	return queryIDs(t, db.DB, "SELECT id FROM outbox ORDER BY id")
 }
 
 // registryMetrics is a relay's collectors on a registry of the test's own.
