@@ -25,15 +25,15 @@ var errGroupLocked = errors.New("a tenant of the group is locked by another tran
 // errRunAlone tells a member of a group that fell apart to run on its own.
 var errRunAlone = errors.New("run alone")
 
-// combiner commits concurrent single admissions together (group commit). An admission that
-// finds a lane free (see stallAfter below: with it, no lane running) runs at once, alone; one
-// that arrives while the lanes are busy waits, and when a transaction ends the admissions that
-// waited meanwhile share the next one. One client pays no added latency; many clients pay one lock, one read and one
-// COMMIT per group instead of per job, which is what lets HTTP admission keep pace with the
-// raw two-row transaction on a small machine (SPEC §14). A group is decided exactly like a
-// batch (AdmitBatch): each item by the same rules, in arrival order, later items seeing the
-// earlier ones' effect on the depths. Two admissions with the same idempotency key never share
-// a group, so the second is decided after the first committed, as without grouping.
+// combiner commits concurrent single admissions together (group commit). An admission that finds a
+// lane free (see stallAfter below: with it, no lane running) runs at once, alone; one that arrives
+// while the lanes are busy waits, and when a transaction ends the admissions that waited meanwhile
+// share the next one. One client pays no added latency; many clients pay one lock, one read and one
+// COMMIT per group instead of per job, which is what lets HTTP admission keep pace with the raw
+// two-row transaction on a small machine (SPEC §14). A group is decided exactly like a batch
+// (AdmitBatch): each item by the same rules, in arrival order, later items seeing the earlier ones'
+// effect on the depths. Two admissions with the same idempotency key never share a group, so the
+// second is decided after the first committed, as without grouping.
 //
 // No goroutine of its own: the admission that leads a group runs it on its own goroutine and,
 // when done, hands the waiting queue to the first waiter, which leads the next group.

@@ -305,14 +305,14 @@ func depthScope(cfg limits.Config, tenant string, st *state) string {
 	return ""
 }
 
-// immediate decides a queue=false admission of unit (SPEC §5, §5a): admitted only if the job
-// could be claimed now: every limit that applies (v, the admission's cfg.Check of st.usage:
-// global, the interactive reserve, the tier, the tenant, the lanes) has room, its key is not gated and nothing of its
-// tenant is queued ahead (for an interactive job, nothing interactive: it goes before the
+// immediate decides a queue=false admission of unit (SPEC §5, §5a): admitted only if the job could
+// be claimed now: every limit that applies (v, the admission's cfg.Check of st.usage: global, the
+// interactive reserve, the tier, the tenant, the lanes) has room, its key is not gated and nothing
+// of its tenant is queued ahead (for an interactive job, nothing interactive: it goes before the
 // tenant's other queued jobs). Of several reasons to refuse, the one with the longest wait is
-// reported, with its scope: 120 s while a limit is 0 (paused), the remaining gate time for a
-// gated key (rate_key), else min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the
-// fullest scope (the tenant's for tenant, the whole queue's otherwise).
+// reported, with its scope: 120 s while a limit is 0 (paused), the remaining gate time for a gated
+// key (rate_key), else min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the fullest
+// scope (the tenant's for tenant, the whole queue's otherwise).
 func immediate(v limits.Verdict, unit limits.Unit, st *state, gatedFor int) (string, error) {
 	type reason struct {
 		scope  string

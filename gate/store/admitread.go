@@ -23,8 +23,8 @@ type AdmissionRead struct {
 	GlobalCountUpTo int64
 	GlobalEstimate  int64
 	// CountInFlight reads what is in flight, jobs and live slots (AdmissionState.Usage, tiers as
-	// Config says): the
-	// capacity decision of queue=false admissions and the headers of every admission (SPEC §5a).
+	// Config says): the capacity decision of queue=false admissions and the headers of every admission
+	// (SPEC §5a).
 	CountInFlight bool
 	Config        limits.Config
 	// CountInteractive counts each tenant's interactive queued jobs (AdmissionState's

@@ -45,12 +45,12 @@ UPDATE tenants SET head_id = COALESCE(
 // each, so a round trip stays far below 64 KiB (SPEC §14) and holds few row locks.
 const advancePerTrip = 64
 
-// AdvanceHeads sets the heads of tenants forward to their oldest queued jobs, in transactions of
-// at most advancePerTrip tenants, each two round trips: lock the tenants' rows in key order,
-// skipping those locked elsewhere, then set the heads and commit. It returns the tenants with a
-// head that it skipped, their rows held by another transaction (all of a transaction's on an
-// error), to try again later. db must take several statements in one round trip (OpenMulti). A
-// tenant whose head is NULL, or that has no row, is left alone. Safe to call at any time and from any process: a head
+// AdvanceHeads sets the heads of tenants forward to their oldest queued jobs, in transactions of at
+// most advancePerTrip tenants, each two round trips: lock the tenants' rows in key order, skipping
+// those locked elsewhere, then set the heads and commit. It returns the tenants with a head that it
+// skipped, their rows held by another transaction (all of a transaction's on an error), to try
+// again later. db must take several statements in one round trip (OpenMulti). A tenant whose head
+// is NULL, or that has no row, is left alone. Safe to call at any time and from any process: a head
 // only ever moves to the tenant's oldest queued job.
 func AdvanceHeads(ctx context.Context, db *sql.DB, tenants []string) (skipped []string, err error) {
 	ts := append([]string(nil), tenants...)

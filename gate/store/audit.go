@@ -134,8 +134,8 @@ func AuditAdmittedRangesSQL(ids []int64, details []json.RawMessage) (string, []a
 		HAVING d IS NOT NULL`, args
 }
 
-// AdmittedByRow reports whether e, the admission event of job j, is what j's row implies, so
-// that AuditAdmittedRangesSQL can write it: admitted, queued, by the job's caller, with a detail and
+// AdmittedByRow reports whether e, the admission event of job j, is what j's row implies, so that
+// AuditAdmittedRangesSQL can write it: admitted, queued, by the job's caller, with a detail and
 // nothing else.
 func AdmittedByRow(e AuditEvent, j NewJob) bool {
 	return e.Event == EventAdmitted && j.Rejected == "" && e.Tenant == j.Tenant && e.Actor == j.Caller &&

@@ -84,8 +84,9 @@ func TestAuditReadAndPurge(t *testing.T) {
 }
 
 // TestAuditBoundedReads: with more than AuditScanRows events, a listing by a rare event, by a
-// tenant or by since examines one window of them per call and says where it goes on; the purge deletes the
-// old events among the first ids it reads, and never a young one, even one of a lower id.
+// tenant or by since examines one window of them per call and says where it goes on; the purge
+// deletes the old events among the first ids it reads, and never a young one, even one of a lower
+// id.
 func TestAuditBoundedReads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -231,15 +231,14 @@ type Claimed struct {
 	Behind []string
 }
 
-// ClaimJobs runs the claim's UPDATE of p.Jobs (each fenced on its id, version and the queued
-// state, so a job canceled or taken since it was read is skipped), reads back which of them
-// carry this claim's nonces, with whether their tenants still have queued work, and commits, in
-// one round trip of tx. The read sees the transaction's own UPDATE, so a job canceled or taken
-// meanwhile is not counted as claimed. The lock order of every transaction that moves jobs into or out of
-// queued (lockorder.go) comes first: the job rows by id, then their tenants' rows by key, which
-// the UPDATE's triggers would otherwise take row by row in its own order. Payloads are read
-// after the commit (ReadPayloads): the claim lock is held until COMMIT, and other drainers wait
-// for it.
+// ClaimJobs runs the claim's UPDATE of p.Jobs (each fenced on its id, version and the queued state,
+// so a job canceled or taken since it was read is skipped), reads back which of them carry this
+// claim's nonces, with whether their tenants still have queued work, and commits, in one round trip
+// of tx. The read sees the transaction's own UPDATE, so a job canceled or taken meanwhile is not
+// counted as claimed. The lock order of every transaction that moves jobs into or out of queued
+// (lockorder.go) comes first: the job rows by id, then their tenants' rows by key, which the
+// UPDATE's triggers would otherwise take row by row in its own order. Payloads are read after the
+// commit (ReadPayloads): the claim lock is held until COMMIT, and other drainers wait for it.
 func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) {
 	q, uargs := claimUpdateSQL(p)
 	ids := make([]int64, len(p.Jobs))

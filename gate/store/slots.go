@@ -55,10 +55,10 @@ func (s Slot) Unit() limits.Unit {
 }
 
 // liveSlotsSQL reads the live slots' tenant, interactive flag and lanes, a row each, in
-// inFlightUsageSQL's columns (scanUsage reads both): one range
-// of the live index (covering, so no row is read), bounded by the live slots, which the global
-// cap bounds (shadow grants aside). It is not grouped, for the reason inFlightUsageSQL is not:
-// a GROUP BY over the lanes column made MariaDB build an on-disk temporary table per read.
+// inFlightUsageSQL's columns (scanUsage reads both): one range of the live index (covering, so no
+// row is read), bounded by the live slots, which the global cap bounds (shadow grants aside). It is
+// not grouped, for the reason inFlightUsageSQL is not: a GROUP BY over the lanes column made
+// MariaDB build an on-disk temporary table per read.
 const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1 ` + liveSlots
 
 // liveSlots is the range of the live slots, for the readers that count them one row each.
