@@ -91,7 +91,7 @@ func (b *batchCompleter) record(ctx context.Context, req *outcomeReq) error {
 // mu held by the caller that just became the writer. A claim starts its dispatches together, and
 // an executor that answers at once has them all answered within microseconds: without a yield,
 // the first answer's goroutine would commit a batch of one, and the rest would wait for it and
-// follow in a second transaction (a commit and three round trips more per claim, which with one
+// follow in a second transaction (a commit and its round trips more per claim, which with one
 // P was 8 % of the drain's time; BenchmarkDrainThroughput, session 12). It yields to the
 // scheduler while the queue grows, and costs one yield when answers trickle in.
 func (b *batchCompleter) gather() {

@@ -104,9 +104,6 @@ func TestFingerprintIgnoresPayloadFormatting(t *testing.T) {
 }
 
 func TestImmediateRetryAfter(t *testing.T) {
-	base := func() *state {
-		return &state{tenantDepth: map[string]int{}, tenantInteractive: map[string]int{}, tenantInFlight: map[string]int{}, usage: limits.NewUsage()}
-	}
 	cases := []struct {
 		name     string
 		global   int
@@ -147,7 +144,7 @@ func TestImmediateRetryAfter(t *testing.T) {
 		{"gated longer than queue", 4, 2, func(s *state) { s.tenantDepth["t"] = 1 }, 12, "rate_key", 12, false, limits.Unit{}, nil},
 	}
 	for _, c := range cases {
-		st := base()
+		st := newState()
 		c.st(st)
 		l := defaultLimits()
 		l.GlobalInFlight, l.TenantInFlight = c.global, c.tenant

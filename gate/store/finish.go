@@ -297,15 +297,19 @@ func finishUpdateOf(now time.Time, items []Finishing, p finishPlan, g *finishGro
 	// has the same (a batch of successes with no error and no result, the usual case): a CASE
 	// with a branch per job costs the server a comparison per branch for each row it writes.
 	perJob := func(name, prefix string, val func(i int) any) {
-		if v, ok := sameForAll(g.items, val); ok {
+		vals := make([]any, len(g.items))
+		for k, i := range g.items {
+			vals[k] = val(i)
+		}
+		if allSame(vals) {
 			set.WriteString(", " + name + " = " + prefix + "?")
-			args = append(args, v)
+			args = append(args, vals[0])
 			return
 		}
 		set.WriteString(", " + name + " = " + prefix + "CASE id")
-		for _, i := range g.items {
+		for k, i := range g.items {
 			set.WriteString(" WHEN ? THEN ?")
-			args = append(args, items[i].Row.ID, val(i))
+			args = append(args, items[i].Row.ID, vals[k])
 		}
 		set.WriteString(" END")
 	}
@@ -358,17 +362,16 @@ func finishUpdateOf(now time.Time, items []Finishing, p finishPlan, g *finishGro
 	return finishUpdate{kind: g.kind, query: q, args: args, rows: len(g.ids)}
 }
 
-// sameForAll returns val's value for the first of items and whether every other item's is the
-// same. The values are what finishUpdateOf binds: nil, a string, an int, a []byte or a
-// *time.Time; values of any other type are never taken as the same.
-func sameForAll(items []int, val func(i int) any) (any, bool) {
-	first := val(items[0])
-	for _, i := range items[1:] {
-		if !sameArg(first, val(i)) {
-			return nil, false
+// allSame reports whether every one of vals (at least one) is the same as the first. They are
+// what finishUpdateOf binds: nil, a string, an int, a []byte or a *time.Time; values of any other
+// type are never taken as the same.
+func allSame(vals []any) bool {
+	for _, v := range vals[1:] {
+		if !sameArg(vals[0], v) {
+			return false
 		}
 	}
-	return first, true
+	return true
 }
 
 func sameArg(a, b any) bool {
