@@ -130,8 +130,8 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time) ([]claimed, bool,
 // answers: per tenant, whether it may have more jobs than read, and whether tenants were left
 // unread.
 func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map[string][]candidate, more map[string]bool, unread bool) ([]claimed, bool, error) {
-	// Three round trips: one begins the transaction, takes the claim lock (reading the config)
-	// and counts in flight; one claims and commits (store.ConnTx); one reads the payloads.
+	// Two round trips: one begins the transaction, takes the claim lock (reading the config) and
+	// counts in flight; one claims, reads the payloads back and commits (store.ConnTx).
 	tx, err := store.BeginConnTx(ctx, cl.cfg.TxDB)
 	if err != nil {
 		return nil, false, fmt.Errorf("begin claim: %w", err)
@@ -160,12 +160,6 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 	cl.headCache.claimed(chosen, got)
 	if len(out) == 0 || cl.handBackIfStopping(ctx, now, out) {
 		return nil, false, nil
-	}
-	if err := cl.loadPayloads(ctx, out); err != nil {
-		// Committed but unreadable: nothing was sent, so hand the jobs back at once rather than
-		// leave them to lease recovery, which (with unconfirmed starts) would call them lost.
-		cl.releaseUnsent(ctx, now, out, "the claimed job could not be read back; it was never sent")
-		return nil, false, err
 	}
 	// Probing for a lone job is worth its round trip only when this pass left nothing behind
 	// (candidates already turned it off if a tenant waits at a cap).

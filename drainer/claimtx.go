@@ -97,16 +97,18 @@ func (cl *claimer) claimUpdate(now time.Time, cfg limits.Config, chosen []candid
 	return claimUpdate{params: p, nonces: nonces, stamp: stamp}, nil
 }
 
-// claimed returns the chosen jobs the UPDATE got (got), as claimed.
-func (u claimUpdate) claimed(chosen []candidate, got map[int64]bool, cfg limits.Config) []claimed {
+// claimed returns the chosen jobs the UPDATE got, as claimed, with their payloads.
+func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg limits.Config) []claimed {
 	stamp := u.stamp
 	out := make([]claimed, 0, len(chosen))
 	for i, c := range chosen {
-		if !got[c.id] {
+		if !got.Got[c.id] {
 			continue
 		}
 		r := store.Row{}
 		r.ID, r.Tenant, r.Version, r.Status, r.QueuedAt = c.id, c.tenant, c.version+1, job.Dispatched, c.queuedAt
+		p := got.Payloads[c.id]
+		r.Payload, r.Attempt, r.DispatchFailures = p.Payload, p.Attempt, p.DispatchFailures
 		if c.rateKey.Valid {
 			k := c.rateKey.String
 			r.RateKeySHA256 = &k
@@ -118,8 +120,7 @@ func (u claimUpdate) claimed(chosen []candidate, got map[int64]bool, cfg limits.
 }
 
 // claimAndCommit claims chosen and commits, in one round trip (store.ClaimJobs), and returns
-// the jobs it got as claimed. Payloads are read after the commit (loadPayloads): the claim lock
-// is held until COMMIT, and other drainers wait for it.
+// the jobs it got as claimed, with their payloads.
 func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg limits.Config, chosen []candidate) ([]claimed, error) {
 	u, err := cl.claimUpdate(now, cfg, chosen)
 	if err != nil {
@@ -136,26 +137,7 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 		return nil, err
 	}
 	cl.leftBehind(got.Behind)
-	return u.claimed(chosen, got.Got, cfg), nil
-}
-
-// loadPayloads reads the payloads and attempt counts of jobs this drainer claimed.
-func (cl *claimer) loadPayloads(ctx context.Context, cs []claimed) error {
-	ids := make([]int64, len(cs))
-	byID := map[int64]int{}
-	for i, c := range cs {
-		ids[i] = c.row.ID
-		byID[c.row.ID] = i
-	}
-	ps, err := store.ReadPayloads(ctx, cl.cfg.DB, ids)
-	if err != nil {
-		return err
-	}
-	for _, p := range ps {
-		r := &cs[byID[p.ID]].row
-		r.Payload, r.Attempt, r.DispatchFailures = p.Payload, p.Attempt, p.DispatchFailures
-	}
-	return nil
+	return u.claimed(chosen, got, cfg), nil
 }
 
 // newNonce mints the random nonce of one dispatch (SPEC §4, start confirmation).
@@ -173,25 +155,18 @@ const claimCommitTimeout = 15 * time.Second
 
 // handBackIfStopping hands jobs this pass claimed back to the queue, unsent, when ctx was
 // cancelled meanwhile (the drainer is stopping: SPEC §11, claimed jobs not yet sent go back to
-// queued), and reports whether it did.
+// queued), and reports whether it did. The hand-back is fenced on the claim and does not follow
+// the cancelled ctx; if the database refuses it, lease recovery takes the jobs later.
 func (cl *claimer) handBackIfStopping(ctx context.Context, now time.Time, cs []claimed) bool {
 	if ctx.Err() == nil {
 		return false
 	}
-	cl.releaseUnsent(ctx, now, cs, "the drainer stopped before sending it")
-	return true
-}
-
-// releaseUnsent returns claimed jobs that were never sent to queued, fenced on the claim, with
-// why as their error message. It runs whether or not ctx was cancelled: a stopping drainer is the
-// usual reason to call it. If the database refuses, lease recovery takes the jobs later.
-func (cl *claimer) releaseUnsent(ctx context.Context, now time.Time, cs []claimed, why string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCommitTimeout)
 	defer cancel()
 	items := make([]store.Finishing, len(cs))
 	for i, c := range cs {
 		items[i] = store.Finishing{Row: c.row, Outcome: store.Outcome{Status: job.Queued,
-			ErrorCode: "dispatch_error", ErrorMessage: why}}
+			ErrorCode: "dispatch_error", ErrorMessage: "the drainer stopped before sending it"}}
 	}
 	err := inTx(ctx, cl.cfg.DB, func(tx *sql.Tx) error {
 		_, err := cl.store.FinishMany(ctx, tx, now, items)
@@ -203,6 +178,7 @@ func (cl *claimer) releaseUnsent(ctx context.Context, now time.Time, cs []claime
 	if err != nil {
 		cl.cfg.Log.Warn("could not hand back claimed jobs that were never sent; lease recovery will", "jobs", len(cs), "error", err)
 	}
+	return true
 }
 
 // inTx runs fn in a transaction of db, and commits it unless fn fails.

@@ -11,12 +11,10 @@ import (
 )
 
 // The lone-job claim is the pickup path of an idle queue. A pass normally reads the in-flight
-// counts, the tenants with queued work and their heads before its transaction, and the claimed
-// payloads after it: eleven round trips from a poke to the dispatch. When the previous pass left
+// counts, the tenants with queued work and their heads before its transaction. When the previous pass left
 // the queue empty, a job that arrives is most likely the only one queued, and then every
 // ordering (fair, fifo, round_robin) picks it whatever the other tenants hold in flight; the
-// caps are the only question. So such a pass first reads at most two queued jobs, with the
-// payload: none means there is nothing to do, one eligible job without a rate key is claimed at
+// caps are the only question. So such a pass first reads at most two queued jobs: none means there is nothing to do, one eligible job without a rate key is claimed at
 // once under the claim lock (the caps read in that transaction, as always), and anything else
 // falls through to the normal pass. The read is as early as the normal pass's candidate read,
 // and the claim is fenced the same way, so it decides nothing the normal pass would not. After a
@@ -27,17 +25,13 @@ import (
 type loneJob struct {
 	candidate
 	notBefore sql.NullTime
-	payload   []byte
-	attempt   int
-	failures  int
 }
 
 // loneJobs are the jobs of a lone-job probe (store.ProbeQueue).
 func loneJobs(qs []store.QueuedJob) []loneJob {
 	var out []loneJob
 	for _, q := range qs {
-		out = append(out, loneJob{candidate: candidateOf(q.Head), notBefore: q.NotBefore, payload: q.Payload,
-			attempt: q.Attempt, failures: q.DispatchFailures})
+		out = append(out, loneJob{candidate: candidateOf(q.Head), notBefore: q.NotBefore})
 	}
 	return out
 }
@@ -101,8 +95,6 @@ func (cl *claimer) claimLone(ctx context.Context, now time.Time, poked bool) (ou
 	if cl.handBackIfStopping(ctx, now, out) {
 		return nil, true, nil
 	}
-	// The claim counted the attempt.
-	out[0].row.Payload, out[0].row.Attempt, out[0].row.DispatchFailures = j.payload, j.attempt+1, j.failures
 	cl.rrLast = j.tenant
 	cl.own(ctx, now, out)
 	return out, true, nil

@@ -61,7 +61,7 @@ func TestLockClaims(t *testing.T) {
 	if l.Config.GlobalInFlight != 7 || len(l.Lone) != 2 {
 		t.Fatalf("with a config and the probe: %+v", l)
 	}
-	if j := l.Lone[0]; j.ID != q || j.Tenant != "a" || string(j.Payload) != `{"p":1}` || j.RateKey.String != "k" || j.Version != 0 ||
+	if j := l.Lone[0]; j.ID != q || j.Tenant != "a" || j.RateKey.String != "k" || j.Version != 0 ||
 		!slices.Equal(j.Lanes, []string{"gpu"}) || !j.Interactive {
 		t.Errorf("the probe's first job: %+v", j)
 	}
@@ -98,12 +98,14 @@ func headIDs(qs []store.QueuedJob) []int64 {
 
 // TestClaimJobs: a claim moves the chosen jobs that are still queued at the version read to
 // dispatched with its nonces, lease and stamps, and commits; a job taken or moved since it was
-// read is not claimed and not changed. Its round trip locks the job rows, in id order, before
-// their tenants' rows: held up by a tenant, it holds its jobs and waits.
+// read is not claimed and not changed, and the payloads and attempt counts of the jobs claimed
+// come back. Its round trip locks the job rows, in id order, before their tenants' rows: held up
+// by a tenant, it holds its jobs and waits.
 func TestClaimJobs(t *testing.T) {
 	k := newKit(t)
-	a := k.insert(jobSpec{tenant: "a"})
+	a := k.insert(jobSpec{tenant: "a", payload: `{"a":1}`})
 	b := k.insert(jobSpec{tenant: "b", version: 2})
+	k.exec("UPDATE jobs SET attempt = 3, dispatch_failures = 2 WHERE id = ?", b)
 	stale := k.insert(jobSpec{tenant: "a", version: 1})
 	canceled := k.insert(jobSpec{tenant: "b", status: job.Canceled})
 	hash := func(n string) []byte { return store.HashNonce(n) }
@@ -124,14 +126,13 @@ func TestClaimJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	type result struct {
-		got    map[int64]bool
-		behind []string
-		err    error
+		store.Claimed
+		err error
 	}
 	done := make(chan result, 1)
 	go func() {
 		got, err := store.ClaimJobs(k.ctx, tx, p)
-		done <- result{got.Got, got.Behind, err}
+		done <- result{got, err}
 	}()
 	wait.For(t, 10*time.Second, "the claim to lock its jobs", func() (bool, error) {
 		return k.db.HeldElsewhere(k.ctx, "SELECT 1 FROM jobs WHERE id = ?", canceled)
@@ -147,8 +148,13 @@ func TestClaimJobs(t *testing.T) {
 	if res.err != nil {
 		t.Fatal(res.err)
 	}
-	if want := map[int64]bool{a: true, b: true, stale: false, canceled: false}; len(res.got) != 4 || !res.got[a] || !res.got[b] || res.got[stale] || res.got[canceled] {
-		t.Errorf("claimed %v, want %v", res.got, want)
+	if want := map[int64]bool{a: true, b: true, stale: false, canceled: false}; len(res.Got) != 4 || !res.Got[a] || !res.Got[b] || res.Got[stale] || res.Got[canceled] {
+		t.Errorf("claimed %v, want %v", res.Got, want)
+	}
+	// The attempt counts as the claim left them; nothing for the jobs it did not get.
+	if pa, pb := res.Payloads[a], res.Payloads[b]; len(res.Payloads) != 2 || string(pa.Payload) != `{"a":1}` || pa.Attempt != 1 ||
+		pb.Payload != nil || pb.Attempt != 4 || pb.DispatchFailures != 2 {
+		t.Errorf("payloads read back: %+v", res.Payloads)
 	}
 	k.wantLocked("after the commit", []int64{a, b, stale, canceled})
 	if k.claimLockHeld() {
@@ -156,7 +162,7 @@ func TestClaimJobs(t *testing.T) {
 	}
 	for id, nonce := range map[int64]string{a: "na", b: "nb"} {
 		r := k.row(id)
-		if r.Status != job.Dispatched || r.Attempt != 1 || r.DrainerID == nil || *r.DrainerID != "d9" || !r.ClaimedAt.Equal(stamp) ||
+		if r.Status != job.Dispatched || r.Attempt != res.Payloads[id].Attempt || r.DrainerID == nil || *r.DrainerID != "d9" || !r.ClaimedAt.Equal(stamp) ||
 			!r.DispatchedAt.Equal(stamp) || !r.StartedAt.Equal(stamp) || !r.LeaseUntil.Equal(p.LeaseUntil) ||
 			!r.NonceExpiresAt.Equal(p.NonceExpiresAt) || !bytes.Equal(r.NonceSHA256, hash(nonce)) {
 			t.Errorf("claimed job %d: %+v", id, r)
@@ -172,35 +178,11 @@ func TestClaimJobs(t *testing.T) {
 		t.Errorf("the canceled job changed: %+v", r)
 	}
 	// Tenant a still has a queued job, whose head the claim left behind; b has none left.
-	if len(res.behind) != 1 || res.behind[0] != "a" {
-		t.Errorf("heads left behind: %v, want [a]", res.behind)
+	if len(res.Behind) != 1 || res.Behind[0] != "a" {
+		t.Errorf("heads left behind: %v, want [a]", res.Behind)
 	}
-	if skipped, err := store.AdvanceHeads(k.ctx, k.db.DB, res.behind); err != nil || len(skipped) > 0 {
+	if skipped, err := store.AdvanceHeads(k.ctx, k.db.DB, res.Behind); err != nil || len(skipped) > 0 {
 		t.Fatalf("advance: skipped %v, %v", skipped, err)
 	}
 	wantQueueState(t, k, "a", "b")
-}
-
-// TestReadPayloads: what a dispatch needs of claimed jobs, unlocked.
-func TestReadPayloads(t *testing.T) {
-	k := newKit(t)
-	a := k.insert(jobSpec{status: job.Dispatched, payload: `{"a":1}`})
-	b := k.insert(jobSpec{status: job.Dispatched})
-	k.exec("UPDATE jobs SET attempt = 3, dispatch_failures = 2 WHERE id = ?", b)
-	tx := k.begin()
-	got, err := store.ReadPayloads(k.ctx, tx, []int64{a, b})
-	if err != nil {
-		t.Fatal(err)
-	}
-	byID := map[int64]store.Payload{}
-	for _, p := range got {
-		byID[p.ID] = p
-	}
-	if p := byID[a]; len(got) != 2 || string(p.Payload) != `{"a":1}` {
-		t.Errorf("job a: %+v", p)
-	}
-	if p := byID[b]; p.Payload != nil || p.Attempt != 3 || p.DispatchFailures != 2 {
-		t.Errorf("job b: %+v", p)
-	}
-	k.wantLocked("after the read", []int64{a, b})
 }

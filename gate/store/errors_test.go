@@ -114,8 +114,7 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			_, err := store.AdvanceHeads(ctx, k.db.DB, []string{"acme"})
 			return err
 		},
-		"ProbeQueue":   func(ctx context.Context) error { _, err := store.ProbeQueue(ctx, k.db); return err },
-		"ReadPayloads": func(ctx context.Context) error { _, err := store.ReadPayloads(ctx, k.db, []int64{queued}); return err },
+		"ProbeQueue": func(ctx context.Context) error { _, err := store.ProbeQueue(ctx, k.db); return err },
 		"ReadTenantPage": func(ctx context.Context) error {
 			_, err := store.ReadTenantPage(ctx, k.db, store.TenantPageParams{FromStart: true, Limit: 1, WithInFlight: true})
 			return err

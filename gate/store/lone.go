@@ -11,23 +11,21 @@ import (
 // The lone-job probe is the pickup path of an idle queue: when a drainer's previous pass left the
 // queue empty, a job that arrives is most likely the only one queued, and then every ordering
 // picks it whatever the other tenants hold in flight. So such a pass first reads at most two
-// queued jobs, with the payload, alone (ProbeQueue) or, after a poke, under the claim lock in the
+// queued jobs, alone (ProbeQueue) or, after a poke, under the claim lock in the
 // claim's first round trip (LockClaims): two round trips from the poke to the dispatch.
 
-// QueuedJob is a queued job as the lone-job probe reads it, with what its dispatch needs.
+// QueuedJob is a queued job as the lone-job probe reads it: what a claim decides by. The claim
+// reads its payload back (ClaimJobs).
 type QueuedJob struct {
 	Head
-	NotBefore        sql.NullTime
-	Payload          []byte
-	Attempt          int
-	DispatchFailures int
+	NotBefore sql.NullTime
 }
 
-// loneProbeSQL reads at most two queued jobs, with what a lone job's dispatch needs.
+// loneProbeSQL reads at most two queued jobs.
 const loneProbeSQL = `SELECT id, tenant, rate_key_sha256, queued_at, version, lanes, interactive,
-	not_before, payload, attempt, dispatch_failures FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT 2`
+	not_before FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT 2`
 
-// ProbeQueue reads at most two queued jobs, with the payload: none means there is nothing to
+// ProbeQueue reads at most two queued jobs: none means there is nothing to
 // do, one may be claimed at once (the lone-job path of an idle queue). LockClaims can make the
 // same read under the claim lock, in its round trip.
 func ProbeQueue(ctx context.Context, db sqldb.DB) ([]QueuedJob, error) {
@@ -45,8 +43,7 @@ func scanLone(rows *sql.Rows) ([]QueuedJob, error) {
 	for rows.Next() {
 		var j QueuedJob
 		var lanes string
-		if err := rows.Scan(&j.ID, &j.Tenant, &j.RateKey, &j.QueuedAt, &j.Version, &lanes, &j.Interactive, &j.NotBefore,
-			&j.Payload, &j.Attempt, &j.DispatchFailures); err != nil {
+		if err := rows.Scan(&j.ID, &j.Tenant, &j.RateKey, &j.QueuedAt, &j.Version, &lanes, &j.Interactive, &j.NotBefore); err != nil {
 			return nil, fmt.Errorf("read the queue's head: %w", err)
 		}
 		if lanes != "" {
