@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -26,7 +27,8 @@ type claimer struct {
 	config     *configView
 	headCache  *headCache
 	leases     *leaseKeeper
-	unanswered func() int64 // dispatches sent and not yet answered (dispatcher)
+	writer     *outcomeWriter // writes the outcomes a pass brings (outcomeHandoff)
+	unanswered func() int64   // dispatches sent and not yet answered (dispatcher)
 
 	poked     atomic.Bool // a Poke since the last claim
 	probe     bool        // the last pass left the queue empty: the next one probes for a lone job
@@ -83,23 +85,27 @@ func (cl *claimer) advanceHeads(ctx context.Context, now time.Time) {
 
 // RunOnce picks and claims jobs in one transaction, and commits them as dispatched (claim and
 // dispatch are one transaction, so "claimed" is never visible and a job still claimed was never
-// sent).
+// sent). outs, if not nil, are outcomes the pass brings (outcomeHandoff): a claim writes them in
+// its transaction, before its own UPDATE, and answers them; outcomes left unanswered (no claim
+// ran) are the caller's to write.
 //
 // Locking: the transaction runs at READ COMMITTED and first locks the single claim_lock row
 // FOR UPDATE, so claims from every drainer are serialised. Inside, each statement reads the
 // latest committed data: the caps (the newest runtime config row, read in the same statement as
 // the lock) and the in-flight counts, which no concurrent claim can raise while the lock is held
-// (completions can only lower them). The chosen jobs are moved by one UPDATE fenced on each id,
-// version and the queued state, so a job canceled or taken since the candidate read is skipped.
-// Hence no claim ever puts more jobs in flight than the caps as read in its own transaction.
-// Candidate reads and the gate lookup happen before the transaction, so it never waits on
-// memcached or scans a backlog, and the lock is held for four short statements.
-func (cl *claimer) RunOnce(ctx context.Context, now time.Time) ([]claimed, bool, error) {
+// (completions can only lower them). The jobs of outs are locked next, before the count, and
+// what their outcomes take out of flight is subtracted from it: nothing can move them until the
+// COMMIT, which writes those outcomes with the claim. The chosen jobs are moved by one UPDATE
+// fenced on each id, version and the queued state, so a job canceled or taken since the
+// candidate read is skipped. Hence no claim ever puts more jobs in flight than the caps as read
+// in its own transaction. Candidate reads and the gate lookup happen before the transaction, so
+// it never waits on memcached or scans a backlog, and the lock is held for two round trips.
+func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatch) ([]claimed, bool, error) {
 	// Every answer that frees a slot wakes a pass, and answers come in batches, so without this
 	// about every other pass of a full drainer would read the in-flight counts only to find no
 	// room (half the passes of BenchmarkDrainThroughput did). A raised cap still starts claims:
 	// while jobs are held the upkeep re-reads the config and wakes a pass when it changed.
-	if n := cl.unanswered(); n > 0 && n >= int64(cl.config.get().GlobalInFlight) {
+	if n := cl.unanswered() - int64(outs.size()); n > 0 && n >= int64(cl.config.get().GlobalInFlight) {
 		return nil, false, nil
 	}
 	// The caps the last claim saw are good enough to choose candidates (the claim re-reads them
@@ -117,36 +123,80 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time) ([]claimed, bool,
 	if err != nil {
 		return nil, false, err
 	}
+	if outs != nil {
+		for _, r := range outs.reqs {
+			us.Add(cfg, r.c.unit, -1) // out of flight once the claim commits their outcomes
+		}
+	}
 	cl.paged = page.full && cfg.Ordering != limits.RoundRobin // round_robin reads by name, not by head
 	cands, more, unread, err := cl.candidates(ctx, now, cfg, us, page)
 	if err != nil || len(cands) == 0 {
 		return nil, false, err
 	}
-	return cl.claimCandidates(ctx, now, cands, more, unread)
+	return cl.claimCandidates(ctx, now, cands, more, unread, outs)
 }
 
-// claimCandidates runs the claim transaction over cands (see RunOnce), and reports the jobs it
-// claimed and whether the next pass should follow at once. more and unread are candidates'
-// answers: per tenant, whether it may have more jobs than read, and whether tenants were left
-// unread.
-func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map[string][]candidate, more map[string]bool, unread bool) ([]claimed, bool, error) {
-	// Two round trips: one begins the transaction, takes the claim lock (reading the config) and
-	// counts in flight; one claims, reads the payloads back and commits (store.ConnTx).
+// claimCandidates runs the claim transaction over cands, with the outcomes of outs (see
+// RunOnce), and reports the jobs it claimed and whether the next pass should follow at once. more
+// and unread are candidates' answers: per tenant, whether it may have more jobs than read, and
+// whether tenants were left unread.
+func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map[string][]candidate, more map[string]bool, unread bool,
+	outs *outcomeBatch) ([]claimed, bool, error) {
+	// Two round trips: one begins the transaction, takes the claim lock (reading the config),
+	// locks the jobs of outs and counts in flight; one writes the outcomes, claims, reads the
+	// payloads back and commits (store.ConnTx).
 	tx, err := store.BeginConnTx(ctx, cl.cfg.TxDB)
 	if err != nil {
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}
 	defer tx.Close()
-	cfg, us, err := lockAndCount(ctx, tx)
+	var l store.ClaimLock
+	if outs != nil {
+		l, err = store.LockClaimsAndJobs(ctx, tx, batchIDs(outs.reqs))
+	} else {
+		l, err = store.LockClaims(ctx, tx, false)
+	}
 	if err != nil {
 		return nil, false, err
 	}
+	cfg, us := l.Config, l.Usage
 	cl.config.set(cfg)
+	var items []store.Finishing
+	var settle *store.Settlement
+	if outs != nil {
+		if items = cl.writer.settle(now, outs.reqs, l.Jobs); len(items) == 0 {
+			outs.answer(nil, false)
+		}
+		for _, it := range items {
+			us.Add(cfg, limits.Unit{Tenant: it.Row.Tenant, Lanes: it.Row.Lanes, Interactive: it.Row.Interactive}, -1)
+		}
+	}
+	if len(items) > 0 {
+		if settle, err = cl.store.Settle(now, items); err != nil {
+			// A requeue (store.ErrSettleRequeue): the outcomes are written on their own, and the
+			// pass that follows at once claims what they freed.
+			err = cl.writer.finish(ctx, tx, now, items)
+			outs.answer(err, err == nil)
+			return nil, err == nil, err
+		}
+	}
 	chosen, full := cl.choose(cfg, cands, more, &us)
 	if len(chosen) == 0 {
-		return nil, false, nil
+		if settle != nil {
+			// Nothing fits even in what they free: no pass need follow for it.
+			err = cl.writer.finish(ctx, tx, now, items)
+			outs.answer(err, err == nil)
+		}
+		return nil, false, err
 	}
-	out, err := cl.claimAndCommit(ctx, tx, now, cfg, chosen)
+	out, settled, err := cl.claimAndCommit(ctx, tx, now, cfg, chosen, settle)
+	if settle != nil {
+		// If the COMMIT's outcome is unknown, the outcomes' writer tries again, fenced.
+		outs.answer(errors.Join(err, settled), err == nil)
+		if err == nil {
+			cl.writer.written(now, items, settle.To())
+		}
+	}
 	if err != nil {
 		cl.headCache.reset() // the claimed jobs may be queued again
 		// If the COMMIT's outcome is unknown the jobs may be dispatched under our id without

@@ -38,6 +38,7 @@ func (c candidate) before(o candidate) bool {
 // claimed is a job this pass moved to dispatched, with what the dispatch needs.
 type claimed struct {
 	row    store.Row
+	unit   limits.Unit // what it holds of the caps
 	nonce  string
 	wall   time.Duration
 	budget int // the dispatch budget in force at the claim
@@ -114,18 +115,21 @@ func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg limits.C
 			r.RateKeySHA256 = &k
 		}
 		r.DispatchedAt = &stamp
-		out = append(out, claimed{row: r, nonce: u.nonces[i], wall: cfg.Wall(), budget: cfg.DispatchAttempts})
+		out = append(out, claimed{row: r, unit: c.unit, nonce: u.nonces[i], wall: cfg.Wall(), budget: cfg.DispatchAttempts})
 	}
 	return out
 }
 
-// claimAndCommit claims chosen and commits, in one round trip (store.ClaimJobs), and returns
-// the jobs it got as claimed, with their payloads.
-func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg limits.Config, chosen []candidate) ([]claimed, error) {
+// claimAndCommit claims chosen and commits, in one round trip (store.ClaimJobs), with settle's
+// outcomes (nil for none) written before the claim, and returns the jobs it got as claimed, with
+// their payloads, and how the outcomes went (store.Claimed.Settled).
+func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg limits.Config, chosen []candidate,
+	settle *store.Settlement) (out []claimed, settled error, err error) {
 	u, err := cl.claimUpdate(now, cfg, chosen)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	u.params.Settle = settle
 	// A drainer told to stop (its ctx cancelled) while this round trip is under way lets it
 	// finish: the driver answers a cancellation by dropping the connection, which would leave
 	// the COMMIT's outcome unknown and the jobs, if it happened, to lease recovery. The caller
@@ -134,10 +138,10 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 	defer cancel()
 	got, err := store.ClaimJobs(cctx, tx, u.params)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cl.leftBehind(got.Behind)
-	return u.claimed(chosen, got, cfg), nil
+	return u.claimed(chosen, got, cfg), got.Settled, nil
 }
 
 // newNonce mints the random nonce of one dispatch (SPEC §4, start confirmation).

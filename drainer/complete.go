@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -31,6 +32,10 @@ type outcomeReq struct {
 	gateRetry int        // the gate the answer asked for, in seconds (0: none)
 	gated     bool       // the gate store took that gate
 	done      chan error // batchCompleter: the batch writer's answer
+	// reclaimed is set, before done is answered, when the pass that wrote the outcome claimed in
+	// the same transaction what it freed, or found nothing to claim in it: no pass need be woken
+	// for it.
+	reclaimed bool
 }
 
 // maxOutcomeBatch is Config.OutcomeBatch's default: the outcomes written in one transaction.
@@ -66,8 +71,8 @@ func (b *batchCompleter) record(ctx context.Context, req *outcomeReq) error {
 		return <-req.done
 	}
 	b.busy = true
-	b.gather()
 	for {
+		b.gather()
 		batch := b.queue
 		if len(batch) > b.max {
 			batch = batch[:b.max]
@@ -105,6 +110,102 @@ func (b *batchCompleter) gather() {
 	}
 }
 
+// outcomeHandoff carries the batchCompleter's batches to the pass loop while Run schedules
+// passes: the next pass writes a batch in its claim's transaction (claimer.claimCandidates), so
+// that the capacity the outcomes free is claimed again without a transaction of their own, or on
+// its own when the pass claims nothing (Drainer.RunOnce). With a no-op executor and caps of 64 the
+// drain is a cycle of one claim and its outcomes, and this halves its transactions
+// (BenchmarkDrainThroughput, session 13). Without Run (tests driving passes, Stop's grace) the
+// writer writes its batch itself. One batch waits at most: the batchCompleter has one writer.
+// mu guards the rest.
+type outcomeHandoff struct {
+	direct func(ctx context.Context, batch []*outcomeReq) error // outcomeWriter.write
+	wake   func()
+
+	mu      sync.Mutex
+	running bool          // Run schedules passes
+	waiting *outcomeBatch // handed over, not yet taken by a pass
+}
+
+// outcomeBatch is a batch of outcomes handed to a pass. Its writer waits on done, which the pass
+// answers once, with how the batch's write went (answer).
+type outcomeBatch struct {
+	reqs     []*outcomeReq
+	done     chan error
+	answered bool // owned by the pass that took the batch
+}
+
+// errNotTaken answers a batch that Run stopped before a pass took it: its writer writes it.
+var errNotTaken = errors.New("no pass took the outcomes")
+
+// write is the batchCompleter's write: it hands batch to the next pass and waits for its answer,
+// or writes it itself when no pass is coming.
+func (h *outcomeHandoff) write(ctx context.Context, batch []*outcomeReq) error {
+	h.mu.Lock()
+	if !h.running {
+		h.mu.Unlock()
+		return h.direct(ctx, batch)
+	}
+	b := &outcomeBatch{reqs: batch, done: make(chan error, 1)}
+	h.waiting = b
+	h.mu.Unlock()
+	h.wake()
+	if err := <-b.done; !errors.Is(err, errNotTaken) {
+		return err
+	}
+	return h.direct(ctx, batch)
+}
+
+// take returns the batch waiting for a pass, or nil. The pass must answer it.
+func (h *outcomeHandoff) take() *outcomeBatch {
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := h.waiting
+	h.waiting = nil
+	return b
+}
+
+// setRunning records whether Run schedules passes; when it stops, a batch still waiting goes
+// back to its writer.
+func (h *outcomeHandoff) setRunning(on bool) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.running = on
+	if !on && h.waiting != nil {
+		h.waiting.answer(errNotTaken, false)
+		h.waiting = nil
+	}
+}
+
+// size is how many outcomes b holds (0 for nil).
+func (b *outcomeBatch) size() int {
+	if b == nil {
+		return 0
+	}
+	return len(b.reqs)
+}
+
+// pending reports whether b is a batch still to answer.
+func (b *outcomeBatch) pending() bool { return b != nil && !b.answered }
+
+// answer tells b's writer how its write went, and whether the pass that wrote it claimed what it
+// freed (outcomeReq.reclaimed); only the first answer counts.
+func (b *outcomeBatch) answer(err error, reclaimed bool) {
+	if b.pending() {
+		b.answered = true
+		for _, r := range b.reqs {
+			r.reclaimed = reclaimed
+		}
+		b.done <- err
+	}
+}
+
 // outcomeWriter writes a batch of outcomes in one transaction, for either completer. It owns no
 // state: it reads the Drainer's Config and drops from heads the tenants of jobs it requeues.
 type outcomeWriter struct {
@@ -126,14 +227,30 @@ func (w *outcomeWriter) write(ctx context.Context, batch []*outcomeReq) error {
 		return fmt.Errorf("begin outcomes: %w", err)
 	}
 	defer tx.Close()
+	locked, err := store.LockJobs(ctx, tx, batchIDs(batch))
+	if err != nil {
+		return err
+	}
+	items := w.settle(now, batch, locked)
+	if len(items) == 0 {
+		return nil
+	}
+	return w.finish(ctx, tx, now, items)
+}
+
+// batchIDs are the ids of batch's jobs.
+func batchIDs(batch []*outcomeReq) []int64 {
 	ids := make([]int64, len(batch))
 	for i, r := range batch {
 		ids[i] = r.c.row.ID
 	}
-	locked, err := store.LockJobs(ctx, tx, ids)
-	if err != nil {
-		return err
-	}
+	return ids
+}
+
+// settle returns the outcomes to write for batch, given its jobs as locked (read under a lock
+// that holds until the commit): those of the jobs still as claimed. The others moved on (recovery,
+// a /complete or a cancel got there first), and are logged and left.
+func (w *outcomeWriter) settle(now time.Time, batch []*outcomeReq, locked []store.Row) []store.Finishing {
 	current := make(map[int64]store.Row, len(locked))
 	for _, r := range locked {
 		current[r.ID] = r
@@ -148,13 +265,23 @@ func (w *outcomeWriter) write(ctx context.Context, batch []*outcomeReq) error {
 		}
 		items = append(items, store.Finishing{Row: r, Outcome: w.outcome(now, r, req)})
 	}
-	if len(items) == 0 {
-		return nil
-	}
+	return items
+}
+
+// finish writes items, settled on rows locked in tx, and commits, in one round trip
+// (store.FinishManyCommit), then acts on what it wrote (written).
+func (w *outcomeWriter) finish(ctx context.Context, tx *store.ConnTx, now time.Time, items []store.Finishing) error {
 	to, err := w.store.FinishManyCommit(ctx, tx, now, items)
 	if err != nil {
 		return fmt.Errorf("write and commit %d outcome(s): %w", len(items), err)
 	}
+	w.written(now, items, to)
+	return nil
+}
+
+// written acts on outcomes committed: each job's metrics, and the heads cache loses the tenants
+// of jobs requeued.
+func (w *outcomeWriter) written(now time.Time, items []store.Finishing, to []job.Status) {
 	for i, it := range items {
 		if to[i] == job.Queued {
 			w.heads.invalidate(it.Row.Tenant) // it keeps its place ahead of the cached heads
@@ -163,7 +290,6 @@ func (w *outcomeWriter) write(ctx context.Context, batch []*outcomeReq) error {
 	for i, it := range items {
 		w.store.Metrics.Finished(to[i], it.Row.DispatchedAt, now)
 	}
-	return nil
 }
 
 // outcome maps an executor's answer to the job's next state (the SPEC §8 table).

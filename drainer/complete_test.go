@@ -59,3 +59,52 @@ func TestBatchCompleterAnswersEveryCaller(t *testing.T) {
 }
 
 var errBatch = errors.New("the batch's transaction failed")
+
+// TestOutcomeHandoff: while Run schedules passes, a batch waits for a pass, which answers it (and
+// says whether it claimed what the batch freed); without Run, or once Run stops before a pass
+// takes it, the writer writes the batch itself.
+func TestOutcomeHandoff(t *testing.T) {
+	var direct [][]*outcomeReq
+	woken := make(chan struct{}, 1)
+	h := &outcomeHandoff{
+		direct: func(_ context.Context, batch []*outcomeReq) error { direct = append(direct, batch); return nil },
+		wake:   func() { woken <- struct{}{} },
+	}
+	batch := func() []*outcomeReq { return []*outcomeReq{{}, {}} }
+	if h.take() != nil {
+		t.Fatal("a batch to take before any was handed over")
+	}
+	if err := h.write(context.Background(), batch()); err != nil || len(direct) != 1 {
+		t.Fatalf("without Run: %v, %d direct writes; want the writer to write it", err, len(direct))
+	}
+
+	h.setRunning(true)
+	reqs := batch()
+	done := make(chan error, 1)
+	go func() { done <- h.write(context.Background(), reqs) }()
+	<-woken
+	b := h.take()
+	if b.size() != 2 || h.take() != nil {
+		t.Fatalf("the pass took %d outcomes, and then another batch; want the one batch of 2", b.size())
+	}
+	b.answer(errBatch, true)
+	b.answer(nil, false) // only the first answer counts
+	if err := <-done; !errors.Is(err, errBatch) || len(direct) != 1 {
+		t.Fatalf("the writer got %v after %d direct writes; want the pass's answer", err, len(direct))
+	}
+	if !reqs[0].reclaimed || !reqs[1].reclaimed || b.pending() {
+		t.Error("the pass's answer did not reach every outcome")
+	}
+
+	go func() { done <- h.write(context.Background(), batch()) }()
+	<-woken
+	h.setRunning(false)
+	if err := <-done; err != nil || len(direct) != 2 {
+		t.Fatalf("Run stopped before a pass took the batch: %v, %d direct writes; want the writer to write it", err, len(direct))
+	}
+	var none *outcomeHandoff // OutcomeBatch 1: no handoff at all
+	none.setRunning(true)
+	if none.take() != nil || (*outcomeBatch)(nil).pending() {
+		t.Error("a nil handoff handed something over")
+	}
+}

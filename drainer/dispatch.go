@@ -75,7 +75,7 @@ func (s *dispatcher) answer(c claimed) {
 	// Record with a context of its own: a canceled dispatch must still record its outcome.
 	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer rcancel()
-	err := s.recordRetrying(rctx, c, ans)
+	reclaimed, err := s.recordRetrying(rctx, c, ans)
 	if err != nil {
 		s.cfg.Log.Error("recording dispatch outcome failed; the lease will recover the job", "job_id", c.row.ID, "error", err)
 	}
@@ -85,7 +85,7 @@ func (s *dispatcher) answer(c claimed) {
 	s.leases.release(c)
 	freed := err == nil && ans.Kind != executor.Accepted
 	s.unanswered.Add(-1) // before the wake, so that the pass it starts counts the slot free
-	if freed {
+	if freed && !reclaimed {
 		s.wake() // capacity freed: claim the next job now, not at the next poll
 	}
 	if s.cfg.Observer != nil {
@@ -114,11 +114,15 @@ func (s *dispatcher) cancel() { s.cancelWork() }
 
 // record applies an executor's answer, whose gate gateAnswer took (gateRetry, gated), to the job
 // it was dispatched as (SPEC §8): a 202 here (leaseToWall), anything else through the completer.
-func (s *dispatcher) record(ctx context.Context, c claimed, ans executor.Answer, gateRetry int, gated bool) error {
+// reclaimed reports that the pass that wrote the outcome claimed what it freed
+// (outcomeReq.reclaimed).
+func (s *dispatcher) record(ctx context.Context, c claimed, ans executor.Answer, gateRetry int, gated bool) (reclaimed bool, err error) {
 	if ans.Kind == executor.Accepted {
-		return s.leaseToWall(ctx, c)
+		return false, s.leaseToWall(ctx, c)
 	}
-	return s.complete.record(ctx, &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated})
+	req := &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated}
+	err = s.complete.record(ctx, req)
+	return req.reclaimed, err
 }
 
 // recordRetrying records ans (record), retrying failed attempts (a database restart, a
@@ -127,22 +131,22 @@ func (s *dispatcher) record(ctx context.Context, c claimed, ans executor.Answer,
 // job lost; retrying carries a job through a database outage shorter than its lease (10 s by
 // default) to its real outcome. Retrying is safe: every attempt is fenced on the claimed
 // version, so an attempt whose COMMIT did land makes the next one a no-op ("moved on").
-func (s *dispatcher) recordRetrying(ctx context.Context, c claimed, ans executor.Answer) error {
+func (s *dispatcher) recordRetrying(ctx context.Context, c claimed, ans executor.Answer) (reclaimed bool, err error) {
 	gateRetry, gated := s.gateAnswer(ctx, c, ans)
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := s.record(ctx, c, ans, gateRetry, gated)
+		reclaimed, err := s.record(ctx, c, ans, gateRetry, gated)
 		if err == nil {
 			if attempt > 1 {
 				s.cfg.Log.Info("dispatch outcome recorded after retries", "job_id", c.row.ID, "attempts", attempt)
 			}
-			return nil
+			return reclaimed, nil
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return false, err
 		case <-t.C:
 		}
 		wait = min(2*wait, time.Second)

@@ -117,10 +117,12 @@ type Drainer struct {
 	passMu     sync.Mutex // one pass at a time; guards lastUpkeep and the services only passes call
 	lastUpkeep time.Time  // renewal and recovery run at most once per PollInterval
 
-	then pokeWaiters // PokeThen's callbacks, run after the claim of the next pass
+	then    pokeWaiters     // PokeThen's callbacks, run after the claim of the next pass
+	handoff *outcomeHandoff // outcomes for the next pass to write (nil with OutcomeBatch 1)
 
 	config *configView // the runtime config last read; shared by the services, lock-free
 	heads  *headCache  // queue heads read but not yet claimed (claimer; invalidated by completer)
+	writer *outcomeWriter
 	leases *leaseKeeper
 	claims *claimer
 	sends  *dispatcher
@@ -175,14 +177,15 @@ func New(cfg Config) (*Drainer, error) {
 	st := &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, Actor: cfg.ID, AuditOff: cfg.AuditOff}
 	d.leases = &leaseKeeper{cfg: &d.cfg, config: d.config, held: map[int64]int64{}}
 	d.beat = &heartbeat{cfg: &d.cfg, leases: d.leases, host: host, pid: os.Getpid()}
-	w := &outcomeWriter{cfg: &d.cfg, store: st, heads: d.heads}
-	var complete completer = inlineCompleter{w: w}
+	d.writer = &outcomeWriter{cfg: &d.cfg, store: st, heads: d.heads}
+	var complete completer = inlineCompleter{w: d.writer}
 	if cfg.OutcomeBatch > 1 {
-		complete = &batchCompleter{write: w.write, max: cfg.OutcomeBatch}
+		d.handoff = &outcomeHandoff{direct: d.writer.write, wake: d.Wake}
+		complete = &batchCompleter{write: d.handoff.write, max: cfg.OutcomeBatch}
 	}
 	d.sends = newDispatcher(&d.cfg, d.leases, complete, d.Wake)
 	d.claims = &claimer{cfg: &d.cfg, store: st, config: d.config, headCache: d.heads, leases: d.leases,
-		unanswered: d.sends.unanswered.Load, probe: true}
+		writer: d.writer, unanswered: d.sends.unanswered.Load, probe: true}
 	d.rescue = &rescuer{cfg: &d.cfg, store: st, config: d.config, refresh: d.refreshConfig, wake: d.Wake}
 	d.expiry = &expirer{cfg: &d.cfg, store: st, config: d.config}
 	return d, nil
@@ -304,6 +307,10 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	// failed).
 	served := d.then.take()
 	defer func() { runAll(served) }()
+	// The outcomes handed over before this pass ride its claim, or are written on their own
+	// right after it if it claims nothing (and, should the pass end early, when it ends).
+	outs := d.handoff.take()
+	defer d.writeLeft(ctx, outs)
 	var p Pass
 	now, err := d.cfg.Clock.Now(ctx)
 	if err != nil {
@@ -313,8 +320,9 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	// upkeep's statements (about one pass a second does both). A failed claim does not skip the
 	// upkeep: leases must be renewed whatever else fails.
 	upkeep := d.lastUpkeep.IsZero() || now.Sub(d.lastUpkeep) >= d.cfg.PollInterval || now.Before(d.lastUpkeep)
-	out, full, err := d.claims.RunOnce(ctx, now)
+	out, full, err := d.claims.RunOnce(ctx, now, outs)
 	p.Claimed, p.Full = len(out), full
+	d.writeLeft(ctx, outs)
 	d.started(now, out)
 	runAll(served)
 	served = nil
@@ -328,7 +336,7 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 		if err == nil && p.Recovered > 0 {
 			// Jobs taken back from a dead drainer are claimed in the pass that found them.
 			var more []claimed
-			more, p.Full, err = d.claims.RunOnce(ctx, now)
+			more, p.Full, err = d.claims.RunOnce(ctx, now, nil)
 			p.Claimed += len(more)
 			d.started(now, more)
 		}
@@ -348,6 +356,14 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 		d.cfg.Metrics.observePass(p)
 	}
 	return p, nil
+}
+
+// writeLeft writes the outcomes of outs that no claim wrote, in a transaction of their own, and
+// answers their writer.
+func (d *Drainer) writeLeft(ctx context.Context, outs *outcomeBatch) {
+	if outs.pending() {
+		outs.answer(d.writer.write(ctx, outs.reqs), false)
+	}
 }
 
 // started dispatches what a claim took, and notes when, for the heartbeat.
@@ -430,6 +446,8 @@ func (d *Drainer) refreshConfig(ctx context.Context) error {
 func (d *Drainer) Run(ctx context.Context) {
 	d.then.setRunning(true)
 	defer d.then.setRunning(false)
+	d.handoff.setRunning(true)
+	defer d.handoff.setRunning(false)
 	t := time.NewTicker(d.cfg.PollInterval)
 	defer t.Stop()
 	failures := 0

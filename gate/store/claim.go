@@ -99,6 +99,8 @@ type ClaimLock struct {
 	Usage limits.Usage
 	// Lone is the lone-job probe's answer (ProbeQueue), when asked for.
 	Lone []QueuedJob
+	// Jobs are the rows LockClaimsAndJobs locked, as LockColumns, in id order.
+	Jobs []Row
 }
 
 // LockClaims begins tx in its first round trip, takes the claim lock, reads the runtime
@@ -107,12 +109,28 @@ type ClaimLock struct {
 // with probe, the lone-job probe (ProbeQueue) goes in the same round trip, read under the
 // claim lock.
 func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) {
+	return lockClaims(ctx, tx, probe, nil)
+}
+
+// LockClaimsAndJobs is LockClaims (without the probe) that also locks the jobs ids, in id order,
+// after the claim lock and before the in-flight read, and reads them (ClaimLock.Jobs): the jobs
+// whose outcomes the claim writes before its own UPDATE (ClaimParams.Settle). Locked first, they
+// are counted in flight as they are, and nothing can move them until the COMMIT.
+func LockClaimsAndJobs(ctx context.Context, tx *ConnTx, ids []int64) (ClaimLock, error) {
+	return lockClaims(ctx, tx, false, ids)
+}
+
+func lockClaims(ctx context.Context, tx *ConnTx, probe bool, ids []int64) (ClaimLock, error) {
 	var l ClaimLock
-	stmts := []string{lockClaimsSQL, inFlightUsageSQL, liveSlotsSQL}
+	stmts := []string{lockClaimsSQL}
+	if len(ids) > 0 {
+		stmts = append(stmts, lockJobsSQL(len(ids)))
+	}
+	stmts = append(stmts, inFlightUsageSQL, liveSlotsSQL)
 	if probe {
 		stmts = append(stmts, loneProbeSQL)
 	}
-	res, err := tx.Query(ctx, stmts)
+	res, err := tx.Query(ctx, stmts, int64Args(ids)...)
 	if err != nil {
 		return l, fmt.Errorf("take claim lock: %w", err)
 	}
@@ -123,6 +141,11 @@ func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) 
 	}
 	if l.Config, err = decodeClaimConfig(raw); err != nil {
 		return l, err
+	}
+	if len(ids) > 0 {
+		if err := res.EachRow(func(r Row) { l.Jobs = append(l.Jobs, r) }); err != nil {
+			return l, fmt.Errorf("lock dispatched jobs: %w", err)
+		}
 	}
 	if l.Usage, err = readUsage(res, l.Config); err != nil {
 		return l, err
@@ -189,6 +212,9 @@ type ClaimParams struct {
 	Jobs           []ClaimJob
 	// AuditOff drops the claim's audit rows: Store.AuditOff, for a claim made for that Store.
 	AuditOff bool
+	// Settle, if not nil, are outcomes written in the claim's round trip before its UPDATE: of
+	// jobs the transaction locked (LockClaimsAndJobs), with the version and state read there.
+	Settle *Settlement
 }
 
 // claimUpdateSQL is a claim's UPDATE of p.Jobs, and its arguments.
@@ -231,6 +257,9 @@ type Claimed struct {
 	// Behind are the tenants of the jobs claimed that still have queued work: the claim left
 	// their heads where they were (migration 0018), for AdvanceHeads to set forward.
 	Behind []string
+	// Settled is how ClaimParams.Settle went: nil if every outcome was written, else
+	// ErrFencedCommitted (a job had moved; the rest, and the claim, are committed).
+	Settled error
 }
 
 // ClaimJobs runs the claim's UPDATE of p.Jobs (each fenced on its id, version and the queued state,
@@ -258,11 +287,15 @@ func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) 
 		tenants[i] = c.Tenant
 		tenantOf[c.ID] = c.Tenant
 	}
+	var stmts []string
+	var args []any
+	if p.Settle != nil {
+		stmts, args = p.Settle.statements(ctx)
+	}
 	lockTenants, tenantArgs := LockTenantsSQL(tenants)
-	args := append(int64Args(ids), tenantArgs...)
-	stmts := []string{"SELECT id FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE",
-		lockTenants, q}
-	args = append(args, uargs...)
+	stmts = append(stmts, "SELECT id FROM jobs WHERE id IN ("+Placeholders(len(ids))+") ORDER BY id FOR UPDATE",
+		lockTenants, q)
+	args = append(append(append(args, int64Args(ids)...), tenantArgs...), uargs...)
 	if !p.AuditOff {
 		// The claim's audit rows (a transition each, SPEC §10), for the jobs that carry this
 		// claim's nonces: a job taken meanwhile gets none.
@@ -284,6 +317,12 @@ func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) 
 		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}
 	defer res.Close()
+	out := Claimed{Got: map[int64]bool{}, Payloads: map[int64]Payload{}}
+	if p.Settle != nil {
+		if out.Settled, err = p.Settle.check(res); err != nil {
+			return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+		}
+	}
 	if _, err := res.Next(); err != nil { // the job rows' lock
 		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}
@@ -291,7 +330,6 @@ func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) 
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}
-	out := Claimed{Got: map[int64]bool{}, Payloads: map[int64]Payload{}}
 	behind := map[string]bool{}
 	for rows.Next() {
 		var pl Payload
@@ -313,6 +351,9 @@ func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) 
 	}
 	if err := res.Close(); err != nil {
 		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
+	}
+	if p.Settle != nil {
+		p.Settle.log(ctx)
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"bytes"
+	"errors"
 	"reflect"
 	"slices"
 	"testing"
@@ -185,4 +186,72 @@ func TestClaimJobs(t *testing.T) {
 		t.Fatalf("advance: skipped %v, %v", skipped, err)
 	}
 	wantQueueState(t, k, "a", "b")
+}
+
+// TestClaimSettles: a claim that brings outcomes locks their jobs after the claim lock, reads
+// them, and counts them in flight as they are; its round trip writes them before its own UPDATE
+// and commits both. An outcome whose job moved (its fence fails) leaves that job as it is, and
+// the rest of the outcomes and the claim commit; a batch with a requeue cannot ride a claim.
+func TestClaimSettles(t *testing.T) {
+	k := newKit(t)
+	st := &store.Store{Actor: "d9"}
+	done := k.insert(jobSpec{tenant: "a", status: job.Dispatched, version: 1})
+	moved := k.insert(jobSpec{tenant: "a", status: job.Dispatched, version: 1})
+	queued := k.insert(jobSpec{tenant: "b"})
+	tx := k.beginConn()
+	l, err := store.LockClaimsAndJobs(k.ctx, tx, []int64{moved, done})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Jobs) != 2 || l.Jobs[0].ID != done || l.Jobs[1].ID != moved || l.Usage.Total != 2 || l.Usage.Tenant["a"] != 2 {
+		t.Fatalf("locked %+v, in flight %+v; want both jobs, in id order, counted", l.Jobs, l.Usage)
+	}
+	k.wantLocked("under the claim lock", []int64{done, moved, queued}, done, moved)
+	if !k.claimLockHeld() {
+		t.Error("the claim lock is not held")
+	}
+	finishing := func(rows ...store.Row) []store.Finishing {
+		var out []store.Finishing
+		for _, r := range rows {
+			out = append(out, store.Finishing{Row: r, Outcome: store.Outcome{Status: job.Succeeded, Reported: true}})
+		}
+		return out
+	}
+	if _, err := st.Settle(k.now, []store.Finishing{{Row: l.Jobs[0], Outcome: store.Outcome{Status: job.Queued}}}); !errors.Is(err, store.ErrSettleRequeue) {
+		t.Errorf("a requeue planned to ride a claim: %v", err)
+	}
+	stale := l.Jobs[1]
+	stale.Version = 0 // as if it had moved before the lock
+	settle, err := st.Settle(k.now, finishing(l.Jobs[0], stale))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.ClaimJobs(k.ctx, tx, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
+		NonceExpiresAt: k.now.Add(time.Minute), Settle: settle,
+		Jobs: []store.ClaimJob{{ID: queued, Tenant: "b", NonceSHA256: store.HashNonce("n")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(got.Settled, store.ErrFencedCommitted) || !got.Got[queued] {
+		t.Errorf("settled %v, claimed %v; want the fence reported and the claim made", got.Settled, got.Got)
+	}
+	if to := settle.To(); len(to) != 2 || to[0] != job.Succeeded {
+		t.Errorf("settlement ends in %v", to)
+	}
+	k.wantLocked("after the commit", []int64{done, moved, queued})
+	if r := k.row(done); r.Status != job.Succeeded || r.Version != 2 {
+		t.Errorf("the settled job: %s, version %d; want succeeded, version 2", r.Status, r.Version)
+	}
+	if r := k.row(moved); r.Status != job.Dispatched || r.Version != 1 {
+		t.Errorf("the job that moved: %s, version %d; want it left dispatched, version 1", r.Status, r.Version)
+	}
+	if r := k.row(queued); r.Status != job.Dispatched {
+		t.Errorf("the claimed job: %s", r.Status)
+	}
+	if n := k.count("SELECT COUNT(*) FROM outbox WHERE subject LIKE 'sluice.release.%'"); n != 2 {
+		t.Errorf("%d release pokes; the settlement writes one a job", n)
+	}
+	if n := k.count("SELECT COUNT(*) FROM audit_events WHERE job_id = ? AND to_status = 'succeeded'", done); n != 1 {
+		t.Errorf("%d audit rows for the settled job's outcome, want 1", n)
+	}
 }

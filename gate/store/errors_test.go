@@ -106,6 +106,10 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			return err
 		},
 		"LockClaims": func(ctx context.Context) error { _, err := store.LockClaims(ctx, conn(), true); return err },
+		"LockClaimsAndJobs": func(ctx context.Context) error {
+			_, err := store.LockClaimsAndJobs(ctx, conn(), []int64{queued})
+			return err
+		},
 		"ClaimJobs": func(ctx context.Context) error {
 			_, err := store.ClaimJobs(ctx, conn(), store.ClaimParams{Jobs: []store.ClaimJob{{ID: queued, Tenant: "acme"}}})
 			return err

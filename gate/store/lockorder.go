@@ -57,7 +57,7 @@ func LockTenantsSQL(tenants []string) (string, []any) {
 // outcomes locks the rows it will write and checks their versions before it writes (FinishManyConn).
 // Ids that do not exist are left out.
 func LockJobs(ctx context.Context, tx *ConnTx, ids []int64) ([]Row, error) {
-	res, err := tx.Query(ctx, []string{"SELECT " + LockColumns + " FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE"}, int64Args(ids)...)
+	res, err := tx.Query(ctx, []string{lockJobsSQL(len(ids))}, int64Args(ids)...)
 	if err != nil {
 		return nil, fmt.Errorf("lock dispatched jobs: %w", err)
 	}
@@ -67,4 +67,9 @@ func LockJobs(ctx context.Context, tx *ConnTx, ids []int64) ([]Row, error) {
 		return nil, fmt.Errorf("lock dispatched jobs: %w", err)
 	}
 	return out, nil
+}
+
+// lockJobsSQL locks n jobs by id, in id order, and reads them as LockColumns.
+func lockJobsSQL(n int) string {
+	return "SELECT " + LockColumns + " FROM jobs WHERE id IN (" + Placeholders(n) + ") ORDER BY id FOR UPDATE"
 }

@@ -1,0 +1,118 @@
+package integration_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/testdb"
+)
+
+// TestOutcomesRideTheNextClaim drains a backlog through a running drainer whose executor answers
+// at once: the outcomes of one claim's jobs are written in the next claim's transaction, in the
+// round trip of its UPDATE, and the caps stay exact (the audit trail's replay never counts more
+// in flight than the global cap). A batch holding a requeue (a 503) is written on its own, never
+// with a claim, and the job it requeued is claimed again and finishes.
+func TestOutcomesRideTheNextClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 4 })
+	queueJobs(t, db, 3, 60)
+	counted, log := countedPool(t, db)
+	sender := &scriptedSender{answer: func(n int) executor.Answer {
+		if n == 9 {
+			return executor.Answer{Kind: executor.Refused, RetryAfter: 1}
+		}
+		return executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	}}
+	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: sender, ID: "rider", PollInterval: 100 * time.Millisecond}, 10*time.Second)
+	runCtx, cancel := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		d.Run(runCtx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-ran
+	})
+	harness.WaitFor(t, time.Minute, "every job to succeed", func() (bool, error) {
+		var left int
+		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status <> 'succeeded'").Scan(&left)
+		return left == 0, err
+	})
+	if peak := peakInFlight(t, db); peak > 4 {
+		t.Errorf("the audit trail had %d jobs in flight at once; cap 4", peak)
+	}
+	var refused int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE refusals = 1").Scan(&refused); err != nil || refused != 1 {
+		t.Errorf("%d jobs refused once (%v); want the one the executor refused", refused, err)
+	}
+	const outcome, claim, requeue = "UPDATE jobs SET version = version + 1, started_at = COALESCE",
+		"UPDATE jobs SET status = 'dispatched'", "UPDATE jobs SET status = 'queued'"
+	rode, requeued := 0, 0
+	for _, q := range log.take() {
+		if strings.Contains(q, requeue) {
+			requeued++
+			if strings.Contains(q, claim) {
+				t.Errorf("a requeue rode a claim: %.300s", q)
+			}
+		}
+		if strings.Contains(q, outcome) && strings.Contains(q, claim) {
+			rode++
+		}
+	}
+	if rode == 0 || requeued != 1 {
+		t.Errorf("%d claims carried outcomes, %d round trips requeued; want outcomes riding claims and the one requeue", rode, requeued)
+	}
+}
+
+// TestRiddenOutcomeOfAMovedJob: an answer for a job that moved on while it was dispatched (here
+// marked lost, as lease recovery would) is dropped by the claim that carries it, which claims the
+// next job all the same; the moved job keeps the state it was moved to.
+func TestRiddenOutcomeOfAMovedJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 1, 1 })
+	queueJobs(t, db, 1, 3)
+	sender := &scriptedSender{}
+	var moved atomic.Int64
+	sender.answer = func(n int) executor.Answer {
+		if n == 1 {
+			id := sender.sent[0].JobID
+			if _, err := db.ExecContext(ctx, "UPDATE jobs SET status = 'lost', version = version + 1, lease_until = NULL WHERE id = ?", id); err != nil {
+				t.Error(err)
+			}
+			moved.Store(id)
+		}
+		return executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	}
+	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "rider", PollInterval: 100 * time.Millisecond}, 10*time.Second)
+	runCtx, cancel := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		d.Run(runCtx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-ran
+	})
+	harness.WaitFor(t, time.Minute, "the other jobs to succeed", func() (bool, error) {
+		var done int
+		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&done)
+		return done == 2, err
+	})
+	var status string
+	if err := db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", moved.Load()).Scan(&status); err != nil || status != "lost" {
+		t.Errorf("the moved job is %q (%v); want it left lost", status, err)
+	}
+}
