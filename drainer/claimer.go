@@ -282,12 +282,13 @@ func (cl *claimer) choose(cfg limits.Config, cands map[string][]candidate, more 
 	var chosen []candidate
 	full := false
 	skip := map[string]bool{}
+	next := cl.picker(cfg, cands, us.Tenant)
 	for us.Total < cfg.GlobalInFlight {
 		if len(chosen) >= cl.cfg.ClaimBatch {
 			full = true
 			break
 		}
-		t := cl.pick(cfg, cands, us.Tenant, skip)
+		t := next.next(skip)
 		if t == "" {
 			break
 		}

@@ -1,14 +1,102 @@
 package drainer
 
 import (
+	"container/heap"
+
 	"github.com/sluicehq/sluice/gate/limits"
 )
 
-// pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may. It is
-// one pass over cands that allocates nothing: choose calls it once per job it takes, so with 64
-// tenants and 64 free slots a pass makes 4,096 steps (gathering the eligible tenants into a
-// fresh slice first, and sorting it for round_robin, made pick a third of the claim's Go CPU
-// time in BenchmarkDrainThroughput). Every ordering is a total order (job ids break the ties),
+// picker hands choose the tenants in cfg's ordering, one per job it takes: next returns the
+// tenant whose head job goes next. Between two calls choose may take the head of the tenant
+// returned last (its cands shrink, its inFlight grows) or skip it; nothing else changes. Under
+// fair and fifo it keeps the tenants in a heap, so that a choose of n jobs over t tenants costs
+// n log t steps where pick's scan cost n·t (4,096 with 64 tenants and 64 free slots: pick was
+// the drain's costliest Go function, 6 % of its CPU in BenchmarkDrainThroughput, session 13);
+// round_robin, which turns a name cursor, scans with pick.
+type picker struct {
+	cl   *claimer
+	h    *tenantHeap // choose's cands and counts; a heap of the tenants but for round_robin
+	last string      // the tenant next returned last, still at the heap's top
+}
+
+func (cl *claimer) picker(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) *picker {
+	p := &picker{cl: cl, h: &tenantHeap{cfg: cfg, cands: cands, inFlight: inFlight}}
+	if cfg.Ordering == limits.RoundRobin {
+		return p
+	}
+	p.h.ordered = true
+	for t := range cands {
+		if p.h.open(t, nil) {
+			p.h.ts = append(p.h.ts, t)
+		}
+	}
+	heap.Init(p.h)
+	return p
+}
+
+// next returns the tenant whose head job goes next, or "" if none may, leaving out the tenants
+// in skip.
+func (p *picker) next(skip map[string]bool) string {
+	h := p.h
+	if !h.ordered {
+		return p.cl.pick(h.cfg, h.cands, h.inFlight, skip)
+	}
+	if p.last != "" {
+		if h.open(p.last, skip) {
+			heap.Fix(h, 0)
+		} else {
+			heap.Pop(h)
+		}
+		p.last = ""
+	}
+	if h.Len() == 0 {
+		return ""
+	}
+	p.last = h.ts[0]
+	return p.last
+}
+
+// tenantHeap is the tenants that may go, least first in fair's order (fewest in flight, then the
+// oldest head) or fifo's (the oldest head). Every order is total (job ids break the ties).
+type tenantHeap struct {
+	cfg      limits.Config
+	cands    map[string][]candidate
+	inFlight map[string]int
+	ordered  bool // fair or fifo: ts is a heap
+	ts       []string
+}
+
+// open reports whether tenant t may go: it has a candidate, room under its cap, and is not in
+// skip.
+func (h *tenantHeap) open(t string, skip map[string]bool) bool {
+	return len(h.cands[t]) > 0 && !skip[t] && h.inFlight[t] < h.cfg.TenantCap(t)
+}
+
+func (h *tenantHeap) Len() int { return len(h.ts) }
+
+func (h *tenantHeap) Less(i, j int) bool {
+	a, b := h.ts[i], h.ts[j]
+	if h.cfg.Ordering == limits.Fair {
+		if na, nb := h.inFlight[a], h.inFlight[b]; na != nb {
+			return na < nb
+		}
+	}
+	return h.cands[a][0].before(h.cands[b][0])
+}
+
+func (h *tenantHeap) Swap(i, j int) { h.ts[i], h.ts[j] = h.ts[j], h.ts[i] }
+
+func (h *tenantHeap) Push(x any) { h.ts = append(h.ts, x.(string)) }
+
+func (h *tenantHeap) Pop() any {
+	t := h.ts[len(h.ts)-1]
+	h.ts = h.ts[:len(h.ts)-1]
+	return t
+}
+
+// pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may: one
+// scan over cands that allocates nothing (round_robin's picker; the others' reference). Every
+// ordering is a total order (job ids break the ties),
 // so the map's iteration order does not matter. The tenants in skip are left out (none of their
 // candidates fits the caps now).
 func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, skip map[string]bool) string {

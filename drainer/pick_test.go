@@ -1,6 +1,8 @@
 package drainer
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -64,6 +66,74 @@ func TestPickOrdering(t *testing.T) {
 				t.Errorf("%s from %v: picked %v, want %v", c.ordering, c.inFlight, got, c.want)
 				break
 			}
+		}
+	}
+}
+
+// TestPickerMatchesPick: choose's picker hands out tenants in the order pick's scan would, under
+// every ordering, while the tenant returned last loses its head, gains a job in flight, reaches
+// its cap or is skipped, as in choose.
+func TestPickerMatchesPick(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 17))
+	for round := range 300 {
+		cfg := limits.Default()
+		cfg.TenantInFlight = 1 + rng.IntN(4)
+		cfg.Ordering = []limits.Ordering{limits.Fair, limits.FIFO, limits.RoundRobin}[round%3]
+		cands, inFlight := map[string][]candidate{}, map[string]int{}
+		id := int64(0)
+		for i := range 1 + rng.IntN(12) {
+			tenant := fmt.Sprintf("t%02d", i)
+			inFlight[tenant] = rng.IntN(3)
+			for range rng.IntN(5) {
+				id++
+				cands[tenant] = append(cands[tenant], cand(id, tenant, rng.IntN(8))) // ties in time, broken by id
+			}
+			slices.SortFunc(cands[tenant], func(a, b candidate) int {
+				if a.before(b) {
+					return -1
+				}
+				return 1
+			})
+		}
+		copyState := func() (map[string][]candidate, map[string]int) {
+			c, n := map[string][]candidate{}, map[string]int{}
+			for k, v := range cands {
+				c[k] = slices.Clone(v)
+			}
+			for k, v := range inFlight {
+				n[k] = v
+			}
+			return c, n
+		}
+		skips := rng.Uint64()
+		walk := func(next func(c map[string][]candidate, n map[string]int, skip map[string]bool) string, c map[string][]candidate, n map[string]int) []string {
+			var order []string
+			skip := map[string]bool{}
+			for step := 0; step < 64; step++ {
+				tn := next(c, n, skip)
+				if tn == "" {
+					break
+				}
+				order = append(order, tn)
+				if skips>>(step%64)&1 == 1 {
+					skip[tn] = true
+					continue
+				}
+				c[tn] = c[tn][1:]
+				n[tn]++
+			}
+			return order
+		}
+		c1, n1 := copyState()
+		scan := &claimer{}
+		want := walk(func(c map[string][]candidate, n map[string]int, skip map[string]bool) string {
+			return scan.pick(cfg, c, n, skip)
+		}, c1, n1)
+		c2, n2 := copyState()
+		p := (&claimer{}).picker(cfg, c2, n2)
+		got := walk(func(_ map[string][]candidate, _ map[string]int, skip map[string]bool) string { return p.next(skip) }, c2, n2)
+		if !slices.Equal(got, want) {
+			t.Fatalf("round %d (%s, cap %d): picker %v, pick %v", round, cfg.Ordering, cfg.TenantInFlight, got, want)
 		}
 	}
 }
