@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
@@ -316,16 +317,17 @@ func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, cfg limit
 	}
 }
 
-// dropGated removes from cands the jobs whose rate key is gated at now according to gates.
+// dropGated removes from cands the jobs whose rate key is gated at now according to gates. A
+// tenant's slice may be the headCache's (take), so one that loses a job is replaced, never
+// written into.
 func dropGated(cands map[string][]candidate, gates map[string]time.Time, now time.Time) {
+	gated := func(c candidate) bool {
+		nb, ok := gates[c.rateKey.String]
+		return c.rateKey.Valid && ok && nb.After(now)
+	}
 	for t, cs := range cands {
-		kept := cs[:0]
-		for _, c := range cs {
-			if nb, ok := gates[c.rateKey.String]; c.rateKey.Valid && ok && nb.After(now) {
-				continue
-			}
-			kept = append(kept, c)
+		if slices.ContainsFunc(cs, gated) {
+			cands[t] = slices.DeleteFunc(slices.Clone(cs), gated)
 		}
-		cands[t] = kept
 	}
 }

@@ -251,13 +251,17 @@ func batchIDs(batch []*outcomeReq) []int64 {
 // that holds until the commit): those of the jobs still as claimed. The others moved on (recovery,
 // a /complete or a cancel got there first), and are logged and left.
 func (w *outcomeWriter) settle(now time.Time, batch []*outcomeReq, locked []store.Row) []store.Finishing {
-	current := make(map[int64]store.Row, len(locked))
-	for _, r := range locked {
-		current[r.ID] = r
+	current := make(map[int64]int, len(locked)) // index in locked
+	for i, r := range locked {
+		current[r.ID] = i
 	}
-	var items []store.Finishing
+	items := make([]store.Finishing, 0, len(batch))
 	for _, req := range batch {
-		r, ok := current[req.c.row.ID]
+		var r store.Row
+		i, ok := current[req.c.row.ID]
+		if ok {
+			r = locked[i]
+		}
 		if !ok || r.Version != req.c.row.Version || !r.Status.InFlight() {
 			w.cfg.Log.Warn("dispatch outcome ignored: the job moved on", "job_id", req.c.row.ID,
 				"claimed_version", req.c.row.Version, "version", r.Version, "status", r.Status)

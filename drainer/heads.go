@@ -1,6 +1,7 @@
 package drainer
 
 import (
+	"slices"
 	"sync"
 )
 
@@ -32,11 +33,16 @@ type headCache struct {
 	m  map[string][]candidate
 }
 
-// take returns tenant's cached heads, or nil if it has none.
+// take returns tenant's cached heads, or nil if it has none. The slice is the cache's own, which
+// the cache never writes into (keep and claimed make new ones): its reader must not write into
+// it either, and its capacity ends at its length, so an append copies. A copy of every tenant's
+// heads on every pass was the drain's largest allocation (15 % of its bytes with 64 tenants;
+// BenchmarkDrainThroughput, session 13).
 func (h *headCache) take(tenant string) []candidate {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]candidate(nil), h.m[tenant]...)
+	cs := h.m[tenant]
+	return cs[:len(cs):len(cs)]
 }
 
 // keep caches the heads of a full read of tenant.
@@ -71,11 +77,15 @@ func (h *headCache) claimed(chosen []candidate, got map[int64]bool) {
 			delete(h.m, t)
 			continue
 		}
-		kept := cs[:0]
-		for _, c := range cs {
-			if !gone[c.id] {
-				kept = append(kept, c)
-			}
+		// Claims take heads from the front: the rest is a subslice, and only jobs gone from
+		// further in cost a new slice (passes may still hold the old one: see take).
+		k := 0
+		for k < len(cs) && gone[cs[k].id] {
+			k++
+		}
+		kept := cs[k:]
+		if slices.ContainsFunc(kept, func(c candidate) bool { return gone[c.id] }) {
+			kept = slices.DeleteFunc(slices.Clone(kept), func(c candidate) bool { return gone[c.id] })
 		}
 		if len(kept) == 0 {
 			delete(h.m, t)

@@ -1,7 +1,9 @@
 package drainer
 
 import (
+	"database/sql"
 	"testing"
+	"time"
 )
 
 func ids(cs []candidate) []int64 {
@@ -17,14 +19,23 @@ func TestHeadCache(t *testing.T) {
 	if got := h.take("a"); got != nil {
 		t.Fatalf("empty cache gave %v", got)
 	}
-	h.keep("a", []candidate{{id: 1, tenant: "a"}, {id: 2, tenant: "a"}, {id: 3, tenant: "a"}})
+	h.keep("a", []candidate{{id: 1, tenant: "a"}, {id: 2, tenant: "a", rateKey: sql.NullString{String: "k", Valid: true}}, {id: 3, tenant: "a"}})
 	h.keep("b", []candidate{{id: 10, tenant: "b"}, {id: 11, tenant: "b"}})
 
-	// take hands out a copy: a pass that drops gated heads from it does not edit the cache.
+	// take hands out the cache's own heads, which nothing writes into: an append copies, a pass
+	// that drops gated heads replaces its slice, and claims leave what a pass took as it was.
 	got := h.take("a")
-	got[0].id = 99
-	if g := ids(h.take("a")); len(g) != 3 || g[0] != 1 {
-		t.Fatalf("cache changed through take's result: %v", g)
+	_ = append(got, candidate{id: 98})
+	dropped := map[string][]candidate{"a": got}
+	dropGated(dropped, map[string]time.Time{"k": time.Now().Add(time.Hour)}, time.Now())
+	if g := ids(h.take("a")); len(g) != 3 || g[0] != 1 || g[1] != 2 || g[2] != 3 || len(dropped["a"]) != 2 {
+		t.Fatalf("cache %v after an append and a gate dropped %v; want it intact", g, ids(dropped["a"]))
+	}
+	h.keep("e", []candidate{{id: 40, tenant: "e"}, {id: 41, tenant: "e"}, {id: 42, tenant: "e"}})
+	held := h.take("e")
+	h.claimed([]candidate{{id: 41, tenant: "e"}}, map[int64]bool{41: true})
+	if g, kept := ids(held), ids(h.take("e")); len(g) != 3 || g[1] != 41 || g[2] != 42 || len(kept) != 2 || kept[1] != 42 {
+		t.Fatalf("a claim from the middle: the pass holds %v, the cache %v; want [40 41 42] and [40 42]", g, kept)
 	}
 
 	// Claimed heads leave; a tenant with a head that was not claimed (taken or canceled
