@@ -18,6 +18,8 @@ type want struct {
 	interactive bool
 	// deeper: a lane is full, so the tenant's heads may be jobs the claim skips (SPEC §5a).
 	deeper bool
+	// only is the tenant's one queued job, read with the page (tenantPage.only), or nil.
+	only *store.QueuedJob
 }
 
 // wants returns the tenants of page below their cap, with how many heads to read for each,
@@ -37,7 +39,7 @@ func (cl *claimer) wants(cfg limits.Config, us limits.Usage, page tenantPage) (w
 			capped = true
 			continue
 		}
-		ws = append(ws, want{tenant: t, room: min(room, free, cl.cfg.ClaimBatch), interactive: page.interactive[t]})
+		ws = append(ws, want{tenant: t, room: min(room, free, cl.cfg.ClaimBatch), interactive: page.interactive[t], only: page.only[t]})
 	}
 	deeper := 0
 	if laneFull(cfg, us) {
@@ -217,8 +219,8 @@ func enough(cfg limits.Config, cands map[string][]candidate, inFlight map[string
 	return n >= free
 }
 
-// firstHeads returns the heads of ws: a tenant's cached ones when it has more than its share of
-// this pass (see headCache), else read, headsPerRead at least, and the full reads cached. full
+// firstHeads returns the heads of ws: a tenant's one queued job when the page gave it, its cached
+// ones when it has more than its share of this pass (see headCache), else read, headsPerRead at least, and the full reads cached. full
 // reports, per tenant, whether more queued jobs exist beyond the heads returned. A tenant with
 // interactive queued jobs is always read (an interactive job admitted after its heads were
 // cached goes before them), and while a lane is full a tenant's cached heads are used only if
@@ -228,6 +230,16 @@ func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg limits.Con
 	full := map[string]bool{}
 	var miss []want
 	for _, w := range ws {
+		if w.only != nil {
+			// The page gave the tenant's one queued job: all a read would find.
+			var cs []candidate
+			if nb := w.only.NotBefore; !nb.Valid || !nb.Time.After(now) {
+				cs = []candidate{candidateOf(w.only.Head)}
+			}
+			cands[w.tenant], full[w.tenant] = cs, false
+			cl.headCache.invalidate(w.tenant)
+			continue
+		}
 		// More cached heads than the tenant's share: the pass ends at a tenant's last known
 		// head (see choose), and that should not happen on a cached one.
 		if cs := cl.headCache.take(w.tenant); len(cs) > w.room && !w.interactive && (!w.deeper || fits(cfg, us, cs) >= 0) {

@@ -17,6 +17,8 @@ type tenantPage struct {
 	after   tenantKey
 	// interactive are the tenants read that have interactive queued jobs (they go first).
 	interactive map[string]bool
+	// only are the tenants read whose one queued job the read gave (store.TenantHead.Only).
+	only map[string]*store.QueuedJob
 }
 
 // tenantKey is a position in the tenants index of an ordering: (head_at, head_id) for fair and
@@ -81,11 +83,14 @@ func (cl *claimer) tenantsParams(cfg limits.Config, from tenantKey, first bool) 
 
 // pageOf turns the rows of a tenants page read from from into a page.
 func (cl *claimer) pageOf(cfg limits.Config, from tenantKey, rows []store.TenantHead) tenantPage {
-	p := tenantPage{full: len(rows) >= cl.tenantsPerPage(cfg), after: from, interactive: map[string]bool{}}
+	p := tenantPage{full: len(rows) >= cl.tenantsPerPage(cfg), after: from, interactive: map[string]bool{}, only: map[string]*store.QueuedJob{}}
 	for _, r := range rows {
 		p.tenants = append(p.tenants, r.Tenant)
 		if r.Interactive {
 			p.interactive[r.Tenant] = true
+		}
+		if r.Only != nil {
+			p.only[r.Tenant] = r.Only
 		}
 	}
 	if len(rows) > 0 {

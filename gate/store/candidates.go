@@ -46,6 +46,9 @@ type TenantHead struct {
 	// Interactive: the tenant has interactive queued jobs, which go before its others (read
 	// them with HeadsWant.Interactive).
 	Interactive bool
+	// Only is the tenant's one queued job when it has exactly one and its head is that job
+	// (not left behind by a claim): all a heads read would find, eligible or not. Else nil.
+	Only *QueuedJob
 }
 
 // TenantPage is what ReadTenantPage read.
@@ -55,28 +58,34 @@ type TenantPage struct {
 }
 
 // tenantsSQL is the read of p's page of tenants with work, as rows (tenant, NULL, head_at,
-// head_id, has interactive queued jobs, NULL) (ReadTenantPage adds the jobs in flight as rows
-// (tenant, 1, NULL, NULL, interactive, lanes)). fair and fifo walk the head index (every
-// tenant's oldest queued job, oldest first); round_robin walks work_tenant by name from the
-// tenant served last to the end, then from the first name up to it. Whether a tenant has
-// interactive queued jobs is one dive into the interactive_queue index per tenant read
-// (migration 0014).
+// head_id, has interactive queued jobs, NULL, and the tenant's only queued job's id, rate key,
+// queued_at, version, lanes, interactive, not_before, or NULLs) (ReadTenantPage adds the jobs in
+// flight as rows (tenant, 1, NULL, NULL, interactive, lanes, NULLs)). fair and fifo walk the
+// head index (every tenant's oldest queued job, oldest first); round_robin walks work_tenant by
+// name from the tenant served last to the end, then from the first name up to it. Whether a
+// tenant has interactive queued jobs is one dive into the interactive_queue index per tenant
+// read (migration 0014). A tenant with one queued job whose head is that job (a head is a lower
+// bound: if its job is still queued, it is the oldest) gets the job's row by its primary key:
+// with many tenants of one job each, that row is all a heads read would find, and the heads
+// read (a sub-select per tenant, about 60 µs each) is left out for it (TenantHead.Only).
 func tenantsSQL(p TenantPageParams) (string, []any) {
 	n := p.Limit
-	const cols = `SELECT tenant, NULL, head_at, head_id,
-		EXISTS (SELECT 1 FROM jobs FORCE INDEX (interactive_queue) WHERE interactive_tenant = tenants.tenant), NULL FROM tenants`
+	const cols = `SELECT tenants.tenant, NULL, head_at, head_id,
+		EXISTS (SELECT 1 FROM jobs FORCE INDEX (interactive_queue) WHERE interactive_tenant = tenants.tenant), NULL,
+		j.id, j.rate_key_sha256, j.queued_at, j.version, j.lanes, j.interactive, j.not_before FROM tenants`
+	const only = ` LEFT JOIN jobs j ON j.id = tenants.head_id AND tenants.queued = 1 AND j.status = 'queued'`
 	if p.ByName {
 		if p.Wrapped {
-			return "(" + cols + " FORCE INDEX (work_tenant) WHERE work_tenant > ? AND work_tenant <= ? ORDER BY work_tenant LIMIT ?)",
+			return "(" + cols + " FORCE INDEX (work_tenant)" + only + " WHERE work_tenant > ? AND work_tenant <= ? ORDER BY work_tenant LIMIT ?)",
 				[]any{p.After, p.UpTo, n}
 		}
-		return "(" + cols + " FORCE INDEX (work_tenant) WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?)", []any{p.After, n}
+		return "(" + cols + " FORCE INDEX (work_tenant)" + only + " WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?)", []any{p.After, n}
 	}
 	if p.FromStart {
-		return "(" + cols + " FORCE INDEX (head) WHERE head_at IS NOT NULL ORDER BY head_at, head_id LIMIT ?)", []any{n}
+		return "(" + cols + " FORCE INDEX (head)" + only + " WHERE head_at IS NOT NULL ORDER BY head_at, head_id LIMIT ?)", []any{n}
 	}
 	// A row constructor comparison is not a range MariaDB seeks to, so the keyset is spelt out.
-	return "(" + cols + ` FORCE INDEX (head) WHERE head_at IS NOT NULL AND (head_at > ? OR (head_at = ? AND head_id > ?))
+	return "(" + cols + " FORCE INDEX (head)" + only + ` WHERE head_at IS NOT NULL AND (head_at > ? OR (head_at = ? AND head_id > ?))
 		ORDER BY head_at, head_id LIMIT ?)`, []any{p.HeadAt, p.HeadAt, p.HeadID, n}
 }
 
@@ -90,8 +99,9 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 	if p.WithInFlight {
 		// One row per job in flight and per live slot (see inFlightUsageSQL: no GROUP BY, no
 		// temporary table).
-		q += ` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes ` + inFlightJobs +
-			` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes ` + liveSlots
+		const none = `NULL, NULL, NULL, NULL, NULL, NULL, NULL `
+		q += ` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes, ` + none + inFlightJobs +
+			` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes, ` + none + liveSlots
 		what = "read in-flight counts and tenants with queued jobs"
 	}
 	page, err := readTenants(ctx, db, q, args, p.Config)
@@ -102,8 +112,9 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 }
 
 // readTenants runs q, whose rows are tenants with work (tenant, NULL, head_at, head_id,
-// interactive, NULL) and, WithInFlight, the jobs in flight and live slots (tenant, 1, NULL,
-// NULL, interactive, lanes), and counts the latter in the page's Usage with cfg's tiers.
+// interactive, NULL, the only queued job's columns) and, WithInFlight, the jobs in flight and
+// live slots (tenant, 1, NULL, NULL, interactive, lanes, NULLs), and counts the latter in the
+// page's Usage with cfg's tiers.
 func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg limits.Config) (TenantPage, error) {
 	page := TenantPage{Usage: limits.NewUsage()}
 	rows, err := db.QueryContext(ctx, q, args...)
@@ -113,12 +124,23 @@ func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg lim
 	defer rows.Close()
 	for rows.Next() {
 		var r TenantHead
-		var n sql.NullInt64
-		var lanes sql.NullString
-		if err := rows.Scan(&r.Tenant, &n, &r.HeadAt, &r.HeadID, &r.Interactive, &lanes); err != nil {
+		var n, onlyID, onlyVersion sql.NullInt64
+		var lanes, onlyKey, onlyLanes sql.NullString
+		var onlyAt, onlyNotBefore sql.NullTime
+		var onlyInteractive sql.NullBool
+		if err := rows.Scan(&r.Tenant, &n, &r.HeadAt, &r.HeadID, &r.Interactive, &lanes,
+			&onlyID, &onlyKey, &onlyAt, &onlyVersion, &onlyLanes, &onlyInteractive, &onlyNotBefore); err != nil {
 			return page, err
 		}
 		if !n.Valid {
+			if onlyID.Valid {
+				j := &QueuedJob{Head: Head{ID: onlyID.Int64, Tenant: r.Tenant, RateKey: onlyKey, QueuedAt: onlyAt.Time,
+					Version: onlyVersion.Int64, Interactive: onlyInteractive.Bool}, NotBefore: onlyNotBefore}
+				if onlyLanes.String != "" {
+					j.Lanes = SplitLanes(onlyLanes.String)
+				}
+				r.Only = j
+			}
 			page.Tenants = append(page.Tenants, r)
 			continue
 		}

@@ -24,6 +24,10 @@ func TestReadTenantPage(t *testing.T) {
 	}
 	jobs = append(jobs, k.insert(jobSpec{tenant: "a", status: job.Running}), k.insert(jobSpec{tenant: "e", status: job.Dispatched}),
 		k.insert(jobSpec{tenant: "e", status: job.Running}))
+	later := k.now.Add(time.Hour)
+	deferred := k.insert(jobSpec{tenant: "f", queuedAt: k.now.Add(10 * time.Second), notBefore: &later, rateKey: "k", lanes: "gpu"})
+	jobs = append(jobs, deferred, k.insert(jobSpec{tenant: "g", queuedAt: k.now.Add(11 * time.Second)}),
+		k.insert(jobSpec{tenant: "g", queuedAt: k.now.Add(12 * time.Second)}))
 	tx := k.begin()
 	read := func(p store.TenantPageParams) store.TenantPage {
 		t.Helper()
@@ -45,18 +49,28 @@ func TestReadTenantPage(t *testing.T) {
 		t.Errorf("first page by head: %v, in flight %v (%d)", names(first), first.Usage.Tenant, first.Usage.Total)
 	}
 	last := first.Tenants[1]
-	next := read(store.TenantPageParams{HeadAt: last.HeadAt.Time, HeadID: last.HeadID.Int64, Limit: 5})
+	next := read(store.TenantPageParams{HeadAt: last.HeadAt.Time, HeadID: last.HeadID.Int64, Limit: 2})
 	if !slices.Equal(names(next), []string{"d", "b"}) || len(next.Usage.Tenant) != 0 || next.Usage.Total != 0 {
 		t.Errorf("the page after a: %v, in flight %v", names(next), next.Usage.Tenant)
 	}
-	if got := names(read(store.TenantPageParams{ByName: true, After: "b", Limit: 5})); !slices.Equal(got, []string{"c", "d"}) {
+	// A tenant with one queued job comes with it (its head is that job); one with two does not.
+	all := read(store.TenantPageParams{FromStart: true, Limit: 10, WithInFlight: true})
+	only := map[string]*store.QueuedJob{}
+	for _, h := range all.Tenants {
+		only[h.Tenant] = h.Only
+	}
+	if c, f := only["c"], only["f"]; len(all.Tenants) != 6 || c == nil || c.ID != jobs[0] || c.NotBefore.Valid || only["g"] != nil ||
+		f == nil || f.ID != deferred || !f.NotBefore.Time.Equal(later) || f.RateKey.String != "k" || !slices.Equal(f.Lanes, []string{"gpu"}) {
+		t.Errorf("the tenants' only jobs: %v; c %+v, f %+v", names(all), c, f)
+	}
+	if got := names(read(store.TenantPageParams{ByName: true, After: "b", Limit: 5})); !slices.Equal(got, []string{"c", "d", "f", "g"}) {
 		t.Errorf("by name after b: %v", got)
 	}
 	if got := names(read(store.TenantPageParams{ByName: true, Wrapped: true, After: "", UpTo: "b", Limit: 5})); !slices.Equal(got, []string{"a", "b"}) {
 		t.Errorf("by name, wrapped up to b: %v", got)
 	}
 	k.wantLocked("after the reads", jobs)
-	k.wantTenantsLocked("after the reads", []string{"a", "b", "c", "d", "e"})
+	k.wantTenantsLocked("after the reads", []string{"a", "b", "c", "d", "e", "f", "g"})
 }
 
 // TestReadHeads: each tenant's oldest eligible queued jobs in queue order, at most as many as
