@@ -92,8 +92,9 @@ type Config struct {
 	// BuildVersion is written in heartbeats. Default "dev".
 	BuildVersion string
 	// OutcomeBatch bounds the dispatch outcomes written in one transaction: answers arriving
-	// together are written together (group commit). Default 256; 1 writes each outcome in a
-	// transaction of its own, from the dispatch that got it.
+	// together are written together (group commit), and while Run schedules passes, in the next
+	// claim's transaction (outcomeHandoff). Default 256; 1 writes each outcome in a transaction
+	// of its own, from the dispatch that got it.
 	OutcomeBatch int
 	// AuditOff drops the audit rows of the transitions this drainer writes (store.Store.AuditOff).
 	// Not a setting: it exists only for the benchmarks' same-run comparison of the audit trail's
