@@ -125,24 +125,7 @@ func (s *Store) finishConn(ctx context.Context, tx *ConnTx, now time.Time, items
 	if err != nil {
 		return nil, err
 	}
-	stmts := make([]string, 0, len(p.updates)+3)
-	var args []any
-	if len(p.requeued) > 0 {
-		// The caller locked the job rows, in id order (see lockInOrder).
-		q, targs := LockTenantsSQL(p.requeued)
-		stmts = append(stmts, q)
-		args = append(args, targs...)
-	}
-	for _, u := range p.updates {
-		stmts = append(stmts, u.query)
-		args = append(args, u.args...)
-	}
-	stmts = append(stmts, p.poke.query)
-	args = append(args, p.poke.args...)
-	if aq, aargs := s.finishAudit(ctx, items); aq != "" {
-		stmts = append(stmts, aq)
-		args = append(args, aargs...)
-	}
+	stmts, args := s.finishStatements(ctx, items, p, false)
 	began := !tx.open
 	run := tx.Exec
 	if commit {
@@ -205,23 +188,10 @@ func (s *Store) Settle(now time.Time, items []Finishing) (*Settlement, error) {
 // To returns the state each job ends in, in order.
 func (st *Settlement) To() []job.Status { return st.plan.to }
 
-// statements are the settlement's statements and arguments: each UPDATE followed by a read of the
-// rows it changed (the claim's round trip reads result sets, which carry no rows affected), the
-// outbox INSERT and the audit rows.
+// statements are the settlement's statements and arguments, each UPDATE followed by a read of
+// the rows it changed: the claim's round trip reads result sets, which carry no rows affected.
 func (st *Settlement) statements(ctx context.Context) ([]string, []any) {
-	var stmts []string
-	var args []any
-	for _, u := range st.plan.updates {
-		stmts = append(stmts, u.query, "SELECT ROW_COUNT()")
-		args = append(args, u.args...)
-	}
-	stmts = append(stmts, st.plan.poke.query)
-	args = append(args, st.plan.poke.args...)
-	if aq, aargs := st.store.finishAudit(ctx, st.items); aq != "" {
-		stmts = append(stmts, aq)
-		args = append(args, aargs...)
-	}
-	return stmts, args
+	return st.store.finishStatements(ctx, st.items, st.plan, true)
 }
 
 // check reads the rows each UPDATE changed from res: fenced is ErrFencedCommitted if one changed
@@ -240,6 +210,33 @@ func (st *Settlement) check(res *Results) (fenced, err error) {
 }
 
 func (st *Settlement) log(ctx context.Context) { st.store.logFinish(ctx, st.now, st.items, st.plan) }
+
+// finishStatements are the statements of plan p for items, with their arguments: the lock of the
+// requeued jobs' tenants (the caller locked the job rows, in id order: see lockInOrder), each
+// UPDATE, followed by SELECT ROW_COUNT() with rowCounts, the outbox INSERT and the audit rows.
+func (s *Store) finishStatements(ctx context.Context, items []Finishing, p finishPlan, rowCounts bool) ([]string, []any) {
+	stmts := make([]string, 0, 2*len(p.updates)+3)
+	var args []any
+	if len(p.requeued) > 0 {
+		q, targs := LockTenantsSQL(p.requeued)
+		stmts = append(stmts, q)
+		args = append(args, targs...)
+	}
+	for _, u := range p.updates {
+		stmts = append(stmts, u.query)
+		if rowCounts {
+			stmts = append(stmts, "SELECT ROW_COUNT()")
+		}
+		args = append(args, u.args...)
+	}
+	stmts = append(stmts, p.poke.query)
+	args = append(args, p.poke.args...)
+	if aq, aargs := s.finishAudit(ctx, items); aq != "" {
+		stmts = append(stmts, aq)
+		args = append(args, aargs...)
+	}
+	return stmts, args
+}
 
 // finishPlan is the statements that apply a batch of outcomes.
 type finishPlan struct {
