@@ -60,7 +60,8 @@ func (h *headCache) keep(tenant string, cs []candidate) {
 }
 
 // claimed removes the jobs of ids that the claim attempted from the cache; the tenants of those
-// it did not get (taken or canceled elsewhere) lose their whole entry.
+// it did not get (taken or canceled elsewhere) lose their whole entry. It visits only the tenants
+// of chosen, not every tenant cached.
 func (h *headCache) claimed(chosen []candidate, got map[int64]bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -68,12 +69,15 @@ func (h *headCache) claimed(chosen []candidate, got map[int64]bool) {
 	stale := map[string]bool{}
 	for _, c := range chosen {
 		gone[c.id] = true
-		if !got[c.id] {
-			stale[c.tenant] = true
-		}
+		stale[c.tenant] = stale[c.tenant] || !got[c.id]
 	}
-	for t, cs := range h.m {
-		if stale[t] {
+	isGone := func(c candidate) bool { return gone[c.id] }
+	for t, lost := range stale {
+		cs, ok := h.m[t]
+		if !ok {
+			continue
+		}
+		if lost {
 			delete(h.m, t)
 			continue
 		}
@@ -84,8 +88,8 @@ func (h *headCache) claimed(chosen []candidate, got map[int64]bool) {
 			k++
 		}
 		kept := cs[k:]
-		if slices.ContainsFunc(kept, func(c candidate) bool { return gone[c.id] }) {
-			kept = slices.DeleteFunc(slices.Clone(kept), func(c candidate) bool { return gone[c.id] })
+		if slices.ContainsFunc(kept, isGone) {
+			kept = slices.DeleteFunc(slices.Clone(kept), isGone)
 		}
 		if len(kept) == 0 {
 			delete(h.m, t)
