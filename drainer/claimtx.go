@@ -125,6 +125,15 @@ func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg limits.C
 // their payloads, and how the outcomes went (store.Claimed.Settled).
 func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg limits.Config, chosen []candidate,
 	settle *store.Settlement) (out []claimed, settled error, err error) {
+	// The claim is stamped from a clock reading taken after its lock's round trip. An outcome
+	// whose commit freed what this claim takes committed before that round trip's count, and
+	// read its finish time (on the same clock, which never goes back) before its commit, so no
+	// job is recorded as dispatched before the one it replaced finished, even when that outcome
+	// was written beside the pass that claims (a batch given back to its writer). The pass's own
+	// reading may be older than both.
+	if t, err := cl.cfg.Clock.Now(ctx); err == nil && t.After(now) {
+		now = t
+	}
 	u, err := cl.claimUpdate(now, cfg, chosen)
 	if err != nil {
 		return nil, nil, err
