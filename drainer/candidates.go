@@ -220,11 +220,11 @@ func enough(cfg limits.Config, cands map[string][]candidate, inFlight map[string
 }
 
 // firstHeads returns the heads of ws: a tenant's one queued job when the page gave it, its cached
-// ones when it has more than its share of this pass (see headCache), else read, headsPerRead at least, and the full reads cached. full
-// reports, per tenant, whether more queued jobs exist beyond the heads returned. A tenant with
-// interactive queued jobs is always read (an interactive job admitted after its heads were
-// cached goes before them), and while a lane is full a tenant's cached heads are used only if
-// one of them fits (us), else it is read deeper.
+// ones when it has more than its share of this pass (see headCache), else read, headsPerRead at
+// least, and the full reads cached. full reports, per tenant, whether more queued jobs exist
+// beyond the heads returned. A tenant with interactive queued jobs is always read (an interactive
+// job admitted after its heads were cached goes before them), and while a lane is full a tenant's
+// cached heads are used only if one of them fits (us), else it is read deeper.
 func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg limits.Config, us limits.Usage, ws []want) (map[string][]candidate, map[string]bool, error) {
 	cands := map[string][]candidate{}
 	full := map[string]bool{}

@@ -92,10 +92,10 @@ func (b *batchCompleter) record(ctx context.Context, req *outcomeReq) error {
 	}
 }
 
-// gather lets the answers that are ready to be queued join the writer's first batch, called with
-// mu held by the caller that just became the writer. A claim starts its dispatches together, and
-// an executor that answers at once has them all answered within microseconds: without a yield,
-// the first answer's goroutine would commit a batch of one, and the rest would wait for it and
+// gather lets the answers that are ready to be queued join the writer's next batch, called with
+// mu held by the writer before each batch. A claim starts its dispatches together, and an
+// executor that answers at once has them all answered within microseconds: without a yield, the
+// first answer's goroutine would commit a batch of one, and the rest would wait for it and
 // follow in a second transaction (a commit and its round trips more per claim, which with one
 // P was 8 % of the drain's time; BenchmarkDrainThroughput, session 12). It yields to the
 // scheduler while the queue grows, and costs one yield when answers trickle in.

@@ -11,12 +11,13 @@ import (
 )
 
 // The lone-job claim is the pickup path of an idle queue. A pass normally reads the in-flight
-// counts, the tenants with queued work and their heads before its transaction. When the previous pass left
-// the queue empty, a job that arrives is most likely the only one queued, and then every
-// ordering (fair, fifo, round_robin) picks it whatever the other tenants hold in flight; the
-// caps are the only question. So such a pass first reads at most two queued jobs: none means there is nothing to do, one eligible job without a rate key is claimed at
-// once under the claim lock (the caps read in that transaction, as always), and anything else
-// falls through to the normal pass. The read is as early as the normal pass's candidate read,
+// counts, the tenants with queued work and their heads before its transaction. When the
+// previous pass left the queue empty, a job that arrives is most likely the only one queued, and
+// then every ordering (fair, fifo, round_robin) picks it whatever the other tenants hold in
+// flight; the caps are the only question. So such a pass first reads at most two queued jobs:
+// none means there is nothing to do, one eligible job without a rate key is claimed at once under
+// the claim lock (the caps read in that transaction, as always), and anything else falls through
+// to the normal pass. The read is as early as the normal pass's candidate read,
 // and the claim is fenced the same way, so it decides nothing the normal pass would not. After a
 // Poke the read goes in the claim transaction's first round trip, with the lock and the counts:
 // two round trips from the poke to the dispatch instead of three.

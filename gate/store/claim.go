@@ -262,13 +262,13 @@ type Claimed struct {
 	Settled error
 }
 
-// ClaimJobs runs the claim's UPDATE of p.Jobs (each fenced on its id, version and the queued state,
-// so a job canceled or taken since it was read is skipped), reads back which of them carry this
-// claim's nonces, with their payloads and whether their tenants still have queued work, and
-// commits, in one round trip of tx. The read sees the transaction's own UPDATE, so a job canceled or
-// taken meanwhile is not counted as claimed. The lock order of every transaction that moves jobs
-// into or out of queued (lockorder.go) comes first: the job rows by id, then their tenants' rows by
-// key, which the UPDATE's triggers would otherwise take row by row in its own order.
+// ClaimJobs runs the claim's UPDATE of p.Jobs (each fenced on its id, version and the queued
+// state, so a job canceled or taken since it was read is skipped), reads back which of them carry
+// this claim's nonces, with their payloads and whether their tenants still have queued work, and
+// commits, in one round trip of tx. The read sees the transaction's own UPDATE, so a job canceled
+// or taken meanwhile is not counted as claimed. The lock order of every transaction that moves
+// jobs into or out of queued (lockorder.go) comes first: the job rows by id, then their tenants'
+// rows by key, which the UPDATE's triggers would otherwise take row by row in its own order.
 //
 // The payloads come back before the COMMIT, so the claim lock is held while they are sent: a round
 // trip less per claim than reading them after it (a fifth of a claim's round trips with a no-op
