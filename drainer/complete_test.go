@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestBatchCompleterAnswersEveryCaller records answers arriving together from many goroutines:
@@ -82,14 +83,14 @@ func TestOutcomeHandoff(t *testing.T) {
 	reqs := batch()
 	done := make(chan error, 1)
 	go func() { done <- h.write(context.Background(), reqs) }()
-	<-woken
+	within(t, woken, "the writer to wake a pass")
 	b := h.take()
 	if b.size() != 2 || h.take() != nil {
 		t.Fatalf("the pass took %d outcomes, and then another batch; want the one batch of 2", b.size())
 	}
 	b.answer(errBatch, true)
 	b.answer(nil, false) // only the first answer counts
-	if err := <-done; !errors.Is(err, errBatch) || len(direct) != 1 {
+	if err := within(t, done, "the writer to return"); !errors.Is(err, errBatch) || len(direct) != 1 {
 		t.Fatalf("the writer got %v after %d direct writes; want the pass's answer", err, len(direct))
 	}
 	if !reqs[0].reclaimed || !reqs[1].reclaimed || b.pending() {
@@ -97,14 +98,27 @@ func TestOutcomeHandoff(t *testing.T) {
 	}
 
 	go func() { done <- h.write(context.Background(), batch()) }()
-	<-woken
+	within(t, woken, "the writer to wake a pass")
 	h.setRunning(false)
-	if err := <-done; err != nil || len(direct) != 2 {
+	if err := within(t, done, "the writer to return"); err != nil || len(direct) != 2 {
 		t.Fatalf("Run stopped before a pass took the batch: %v, %d direct writes; want the writer to write it", err, len(direct))
 	}
 	var none *outcomeHandoff // OutcomeBatch 1: no handoff at all
 	none.setRunning(true)
 	if none.take() != nil || (*outcomeBatch)(nil).pending() {
 		t.Error("a nil handoff handed something over")
+	}
+}
+
+// within receives from ch, failing the test if nothing comes within 10 s.
+func within[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("waited 10 s for %s", what)
+		var zero T
+		return zero
 	}
 }
