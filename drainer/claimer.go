@@ -212,7 +212,7 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 			outs.answer(nil, false)
 		}
 		for _, it := range items {
-			us.Add(cfg, limits.Unit{Tenant: it.Row.Tenant, Lanes: it.Row.Lanes, Interactive: it.Row.Interactive}, -1)
+			us.Add(cfg, it.Row.Unit(), -1)
 		}
 	}
 	if len(items) > 0 {

@@ -178,6 +178,11 @@ func (h Head) Unit() limits.Unit {
 	return limits.Unit{Tenant: h.Tenant, Lanes: h.Lanes, Interactive: h.Interactive}
 }
 
+// Unit is what job r asks of the caps (or holds of them, in flight).
+func (r Row) Unit() limits.Unit {
+	return limits.Unit{Tenant: r.Tenant, Lanes: r.Lanes, Interactive: r.Interactive}
+}
+
 // before reports whether h goes before o in a tenant's queue: its interactive jobs first (SPEC
 // §5a), each kind in (queued_at, id) order.
 func (h Head) before(o Head) bool {
