@@ -117,14 +117,10 @@ func (b *batchCompleter) gather() {
 // drain is a cycle of one claim and its outcomes, and this halves its transactions
 // (BenchmarkDrainThroughput, session 13). Without Run (tests driving passes, Stop's grace) the
 // writer writes its batch itself. One batch waits at most: the batchCompleter has one writer.
-// mu guards the rest.
 type outcomeHandoff struct {
 	direct func(ctx context.Context, batch []*outcomeReq) error // outcomeWriter.write
 	wake   func()
-
-	mu      sync.Mutex
-	running bool          // Run schedules passes
-	waiting *outcomeBatch // handed over, not yet taken by a pass
+	q      nextPass[*outcomeBatch]
 }
 
 // outcomeBatch is a batch of outcomes handed to a pass. Its writer waits on done, which the pass
@@ -141,14 +137,10 @@ var errNotTaken = errors.New("no pass took the outcomes")
 // write is the batchCompleter's write: it hands batch to the next pass and waits for its answer,
 // or writes it itself when no pass is coming.
 func (h *outcomeHandoff) write(ctx context.Context, batch []*outcomeReq) error {
-	h.mu.Lock()
-	if !h.running {
-		h.mu.Unlock()
+	b := &outcomeBatch{reqs: batch, done: make(chan error, 1)}
+	if !h.q.add(b, 1) {
 		return h.direct(ctx, batch)
 	}
-	b := &outcomeBatch{reqs: batch, done: make(chan error, 1)}
-	h.waiting = b
-	h.mu.Unlock()
 	h.wake()
 	if err := <-b.done; !errors.Is(err, errNotTaken) {
 		return err
@@ -161,11 +153,10 @@ func (h *outcomeHandoff) take() *outcomeBatch {
 	if h == nil {
 		return nil
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	b := h.waiting
-	h.waiting = nil
-	return b
+	if bs := h.q.take(); len(bs) > 0 {
+		return bs[0]
+	}
+	return nil
 }
 
 // setRunning records whether Run schedules passes; when it stops, a batch still waiting goes
@@ -174,12 +165,8 @@ func (h *outcomeHandoff) setRunning(on bool) {
 	if h == nil {
 		return
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.running = on
-	if !on && h.waiting != nil {
-		h.waiting.answer(errNotTaken, false)
-		h.waiting = nil
+	for _, b := range h.q.setRunning(on) {
+		b.answer(errNotTaken, false)
 	}
 }
 

@@ -236,44 +236,60 @@ func (d *Drainer) PokeThen(f func()) {
 // once. A pass takes them all, so it is only reached while one pass runs long.
 const maxPokeWaiters = 4096
 
-// pokeWaiters are PokeThen's callbacks waiting for a pass. Safe for concurrent use.
-type pokeWaiters struct {
-	mu      sync.Mutex
-	running bool // Run is scheduling passes: a pass follows every Poke
-	waiting []func()
-}
+// pokeWaiters are PokeThen's callbacks waiting for a pass, at most maxPokeWaiters; when Run
+// stops, those still waiting run at once. Safe for concurrent use.
+type pokeWaiters struct{ q nextPass[func()] }
 
 // add keeps f for the next pass and reports whether it did (false: no pass is coming).
-func (w *pokeWaiters) add(f func()) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.running || len(w.waiting) >= maxPokeWaiters {
+func (w *pokeWaiters) add(f func()) bool { return w.q.add(f, maxPokeWaiters) }
+
+// take returns the callbacks waiting, for a pass that is starting.
+func (w *pokeWaiters) take() []func() { return w.q.take() }
+
+// setRunning records whether Run schedules passes.
+func (w *pokeWaiters) setRunning(on bool) { runAll(w.q.setRunning(on)) }
+
+// nextPass holds what waits for the next pass (PokeThen's callbacks, the outcomes handed to a
+// claim) while Run schedules passes, when a pass follows every wake. Safe for concurrent use.
+type nextPass[T any] struct {
+	mu      sync.Mutex
+	running bool
+	waiting []T
+}
+
+// add keeps v for the next pass and reports whether it did: not when no pass is coming, nor past
+// max waiting.
+func (q *nextPass[T]) add(v T, max int) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.running || len(q.waiting) >= max {
 		return false
 	}
-	w.waiting = append(w.waiting, f)
+	q.waiting = append(q.waiting, v)
 	return true
 }
 
-// take returns the callbacks waiting, for a pass that is starting.
-func (w *pokeWaiters) take() []func() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	fs := w.waiting
-	w.waiting = nil
-	return fs
+// take returns what waits, for a pass that is starting.
+func (q *nextPass[T]) take() []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	vs := q.waiting
+	q.waiting = nil
+	return vs
 }
 
-// setRunning records whether Run schedules passes; when it stops, the callbacks still waiting
-// run at once.
-func (w *pokeWaiters) setRunning(on bool) {
-	w.mu.Lock()
-	w.running = on
-	var fs []func()
-	if !on {
-		fs, w.waiting = w.waiting, nil
+// setRunning records whether Run schedules passes. When it stops, it returns what still waited,
+// which no pass will take: the caller deals with it at once.
+func (q *nextPass[T]) setRunning(on bool) []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.running = on
+	if on {
+		return nil
 	}
-	w.mu.Unlock()
-	runAll(fs)
+	vs := q.waiting
+	q.waiting = nil
+	return vs
 }
 
 func runAll(fs []func()) {
