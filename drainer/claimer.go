@@ -167,7 +167,7 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatc
 	us, page := state.us, state.page
 	if outs != nil {
 		for _, r := range outs.reqs {
-			us.Add(cfg, r.c.unit, -1) // out of flight once the claim commits their outcomes
+			us.Add(cfg, r.c.row.Unit(), -1) // out of flight once the claim commits their outcomes
 		}
 	}
 	cl.paged = page.full && cfg.Ordering != limits.RoundRobin // round_robin reads by name, not by head

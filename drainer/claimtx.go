@@ -38,7 +38,6 @@ func (c candidate) before(o candidate) bool {
 // claimed is a job this pass moved to dispatched, with what the dispatch needs.
 type claimed struct {
 	row    store.Row
-	unit   limits.Unit // what it holds of the caps
 	nonce  string
 	wall   time.Duration
 	budget int // the dispatch budget in force at the claim
@@ -108,6 +107,7 @@ func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg limits.C
 		}
 		r := store.Row{}
 		r.ID, r.Tenant, r.Version, r.Status, r.QueuedAt = c.id, c.tenant, c.version+1, job.Dispatched, c.queuedAt
+		r.Lanes, r.Interactive = c.unit.Lanes, c.unit.Interactive
 		p := got.Payloads[c.id]
 		r.Payload, r.Attempt, r.DispatchFailures = p.Payload, p.Attempt, p.DispatchFailures
 		if c.rateKey.Valid {
@@ -115,7 +115,7 @@ func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg limits.C
 			r.RateKeySHA256 = &k
 		}
 		r.DispatchedAt = &stamp
-		out = append(out, claimed{row: r, unit: c.unit, nonce: u.nonces[i], wall: cfg.Wall(), budget: cfg.DispatchAttempts})
+		out = append(out, claimed{row: r, nonce: u.nonces[i], wall: cfg.Wall(), budget: cfg.DispatchAttempts})
 	}
 	return out
 }
