@@ -324,22 +324,21 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	// failed).
 	served := d.then.take()
 	defer func() { runAll(served) }()
-	// The outcomes handed over before this pass ride its claim, or are written on their own
-	// right after it if it claims nothing (and, should the pass end early, when it ends). While
-	// the queue was last found empty, their writer writes them at once instead: the next job is
-	// then most likely one a producer is waiting to see start, and its claim should not wait for
-	// them (pickup, one process: 8.2 ms p50 with every batch handed to a pass, against 5.0 in
-	// session 12; BenchmarkPickupLatency, session 13).
-	outs := d.handoff.take()
-	if outs != nil && d.claims.probe {
-		outs.answer(errNotTaken, false)
-		outs = nil
-	}
-	defer d.writeLeft(ctx, outs)
 	var p Pass
 	now, err := d.cfg.Clock.Now(ctx)
 	if err != nil {
 		return p, err
+	}
+	// The outcomes handed over before this pass ride its claim, or are written on their own
+	// right after it if it claims nothing. While the queue was last found empty, their writer
+	// writes them at once instead: the next job is then most likely one a producer is waiting to
+	// see start, and its claim should not wait for them (pickup, one process: 8.2 ms p50 with
+	// every batch handed to a pass, against 5.0 in session 12; BenchmarkPickupLatency, session
+	// 13).
+	outs := d.handoff.take()
+	if outs != nil && d.claims.probe {
+		outs.answer(errNotTaken, false)
+		outs = nil
 	}
 	// The claim goes first and the upkeep after it, so that a poke's job is not held up by the
 	// upkeep's statements (about one pass a second does both). A failed claim does not skip the
