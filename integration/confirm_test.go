@@ -67,6 +67,23 @@ func newTestDrainer(t testing.TB, cfg drainer.Config, grace time.Duration) *drai
 	return d
 }
 
+// runDrainer runs d's pass loop (Run) until stop is called or the test ends; stop waits for Run to
+// return, and may be called more than once.
+func runDrainer(tb testing.TB, d *drainer.Drainer) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		d.Run(ctx)
+	}()
+	stop = func() {
+		cancel()
+		<-ran
+	}
+	tb.Cleanup(stop)
+	return stop
+}
+
 // awaitRecorded waits for a drainer's Recorded callback n times, at most 10 s each, and returns
 // the jobs it named in order.
 func awaitRecorded(t *testing.T, recorded <-chan int64, n int) []int64 {

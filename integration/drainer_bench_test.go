@@ -269,10 +269,9 @@ func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (dra
 	if err != nil {
 		b.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
 	before := snapshotWork(b, db.DB)
 	start := time.Now()
-	go d.Run(runCtx)
+	stop := runDrainer(b, d)
 	// Wait on the executor's own count (in memory) so that the wait itself does not load the
 	// database, then for the last outcomes to commit.
 	harness.WaitFor(b, 10*time.Minute, "every job to be dispatched", func() (bool, error) {
@@ -285,7 +284,7 @@ func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (dra
 	})
 	el := time.Since(start)
 	w := snapshotWork(b, db.DB).perJob(before, jobs)
-	cancel()
+	stop()
 	d.Stop(ctx)
 	peak := int64(-1)
 	if !auditOff {

@@ -33,7 +33,7 @@ func TestOutcomesRideTheNextClaim(t *testing.T) {
 		return executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	}}
 	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: sender, ID: "rider", PollInterval: 100 * time.Millisecond}, 10*time.Second)
-	runUntilCleanup(t, d)
+	runDrainer(t, d)
 	harness.WaitFor(t, time.Minute, "every job to succeed", func() (bool, error) {
 		var left int
 		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status <> 'succeeded'").Scan(&left)
@@ -87,7 +87,7 @@ func TestRiddenOutcomeOfAMovedJob(t *testing.T) {
 		return executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	}
 	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "rider", PollInterval: 100 * time.Millisecond}, 10*time.Second)
-	runUntilCleanup(t, d)
+	runDrainer(t, d)
 	harness.WaitFor(t, time.Minute, "the other jobs to succeed", func() (bool, error) {
 		var done int
 		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&done)
@@ -97,18 +97,4 @@ func TestRiddenOutcomeOfAMovedJob(t *testing.T) {
 	if err := db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", moved.Load()).Scan(&status); err != nil || status != "lost" {
 		t.Errorf("the moved job is %q (%v); want it left lost", status, err)
 	}
-}
-
-// runUntilCleanup runs d's pass loop (Run) until the test ends.
-func runUntilCleanup(t *testing.T, d *drainer.Drainer) {
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		d.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-ran
-	})
 }

@@ -92,10 +92,8 @@ func TestFiftyThousandTenants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); d.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); <-done; d.Stop(ctx) })
+	t.Cleanup(func() { d.Stop(ctx) }) // after Run has returned: cleanups run last first
+	runDrainer(t, d)
 
 	harness.WaitFor(t, 10*time.Minute, "every tenant's job to succeed", func() (bool, error) {
 		var left int
