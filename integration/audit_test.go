@@ -393,7 +393,7 @@ func TestAuditStoryRequeuedAfterSIGKILL(t *testing.T) {
 type startingSender struct{ exec *client.Client }
 
 func (s startingSender) Send(ctx context.Context, d executor.Dispatch) executor.Answer {
-	if _, err := s.exec.Start(ctx, d.JobID, d.Nonce); err != nil {
+	if _, err := s.exec.Start(ctx, d.JobID, d.Nonce, ""); err != nil {
 		return executor.Answer{Kind: executor.Done, Status: "failed", ErrorMessage: err.Error()}
 	}
 	return executor.Answer{Kind: executor.Done, Status: "succeeded"}

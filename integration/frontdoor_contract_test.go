@@ -55,7 +55,7 @@ func TestFrontDoorContract(t *testing.T) {
 	f.setConfig(t, map[string]any{"tenant_queue_depth": 0})
 	check("POST", "/v1/jobs", "/v1/jobs", fdAlphaToken, map[string]any{"tenant": "acme"}, 429)
 	f.setConfig(t, map[string]any{"tenant_queue_depth": 500, "admission_rate_per_minute": 0})
-	if _, err := f.exec.Start(ctx, 1, "nonce"); client.Code(err) == "" {
+	if _, err := f.exec.Start(ctx, 1, "nonce", ""); client.Code(err) == "" {
 		t.Errorf("start of a queued job accepted")
 	}
 	check("POST", "/v1/jobs/{id}/start", "/v1/jobs/"+id+"/start", fdExecToken, map[string]any{}, 400)

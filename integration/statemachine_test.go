@@ -25,6 +25,7 @@ type pending struct {
 	drainer   int
 	reply     chan executor.Answer
 	confirmed bool
+	startID   string // the start attempt the API let through, once confirmed
 }
 
 type propSender struct {
@@ -44,11 +45,13 @@ func (s *propSender) Send(ctx context.Context, d executor.Dispatch) executor.Ans
 }
 
 // TestStateMachineProperties runs random interleavings of admit, claim passes of three drainers,
-// start confirmations, executor answers (done, 429, 503, unknown, accepted), asynchronous
-// completions, cancels and clock jumps past leases, against the real store and drainer on a real
-// database, one step at a time. After every step it checks SPEC §12 invariants 1-4: no job is in
-// an undefined state, no job was confirmed started under two dispatches, caps hold, and a
-// terminal job never changes again (every write after a claim is fenced).
+// start confirmations (a first attempt, its retry after a lost answer, or the dispatch replayed
+// to another executor: a new start attempt with the same nonce), executor answers (done, 429,
+// 503, unknown, accepted), asynchronous completions, cancels and clock jumps past leases, against
+// the real store and drainer on a real database, one step at a time. After every step it checks
+// SPEC §12 invariants 1-4: no job is in an undefined state, no job was let start by more than one
+// start attempt, caps hold, and a terminal job never changes again (every write after a claim is
+// fenced).
 func TestStateMachineProperties(t *testing.T) {
 	t.Parallel()
 	for seed := int64(1); seed <= 3; seed++ {
@@ -98,7 +101,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 		}
 		close(recorded)
 	})
-	confirmedNonces := map[int64]map[string]bool{}
+	starts := map[int64]map[string]bool{} // job -> "nonce/start id" of each start attempt let through
 	terminal := map[int64]string{} // job -> "status/version" once terminal
 	tenants := []string{"a", "b", "c"}
 	inTx := func(fn func(tx *sql.Tx, now time.Time) error) error {
@@ -145,24 +148,33 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 					t.Fatalf("step %d: claimed %d but only %d dispatches arrived", step, p.Claimed, k)
 				}
 			}
-		case 3: // the executor confirms a held dispatch's start
+		case 3: // an executor confirms a held dispatch's start
 			if len(held) == 0 {
 				continue
 			}
 			p := held[rng.Intn(len(held))]
+			// The attempt that started the job repeating itself (its answer lost), or a new
+			// attempt: the first, or the same dispatch replayed to another executor.
+			startID, retry := p.startID, p.startID != "" && rng.Intn(2) == 0
+			if !retry {
+				startID = fmt.Sprintf("attempt-%d", step)
+			}
 			err := inTx(func(tx *sql.Tx, now time.Time) error {
-				_, err := st.ConfirmStart(ctx, tx, now, p.d.JobID, p.d.Nonce)
+				_, err := st.ConfirmStart(ctx, tx, now, p.d.JobID, p.d.Nonce, startID)
 				return err
 			})
 			var je *job.Error
 			switch {
 			case err == nil:
-				p.confirmed = true
-				if confirmedNonces[p.d.JobID] == nil {
-					confirmedNonces[p.d.JobID] = map[string]bool{}
+				p.confirmed, p.startID = true, startID
+				if starts[p.d.JobID] == nil {
+					starts[p.d.JobID] = map[string]bool{}
 				}
-				confirmedNonces[p.d.JobID][p.d.Nonce] = true
+				starts[p.d.JobID][p.d.Nonce+"/"+startID] = true
 			case errors.As(err, &je):
+				if retry && je.Detail["status"] == job.Running {
+					t.Fatalf("step %d: the start attempt that started job %d was refused on its retry: %v", step, p.d.JobID, err)
+				}
 			default:
 				t.Fatalf("step %d confirm: %v", step, err)
 			}
@@ -221,15 +233,15 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 		case 8: // time passes, sometimes past every lease
 			fake.Advance(time.Duration(rng.Intn(12000)) * time.Millisecond)
 		}
-		checkInvariants(t, ctx, db.DB, step, confirmedNonces, terminal)
+		checkInvariants(t, ctx, db.DB, step, starts, terminal)
 	}
 }
 
-func checkInvariants(t *testing.T, ctx context.Context, db *sql.DB, step int, confirmed map[int64]map[string]bool, terminal map[int64]string) {
+func checkInvariants(t *testing.T, ctx context.Context, db *sql.DB, step int, starts map[int64]map[string]bool, terminal map[int64]string) {
 	t.Helper()
-	for id, nonces := range confirmed {
-		if len(nonces) > 1 {
-			t.Fatalf("step %d: job %d was confirmed started under %d dispatches", step, id, len(nonces))
+	for id, attempts := range starts {
+		if len(attempts) > 1 {
+			t.Fatalf("step %d: job %d was started %d times: %v", step, id, len(attempts), attempts)
 		}
 	}
 	rows, err := db.QueryContext(ctx, `SELECT id, tenant, status, version, lease_until IS NOT NULL,

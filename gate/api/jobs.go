@@ -348,7 +348,13 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 
 type startRequest struct {
 	Nonce string `json:"nonce"`
+	// StartID names the executor's start attempt: a retry of the same attempt repeats it and is
+	// answered 200 again; any other confirmation of a started dispatch is nonce_used.
+	StartID string `json:"start_id"`
 }
+
+// maxStartID bounds start_id: a random name needs far less.
+const maxStartID = 128
 
 func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 	id, err := pathID(r)
@@ -370,13 +376,17 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, job.Invalid("nonce", "nonce is required"))
 		return
 	}
+	if len(req.StartID) > maxStartID {
+		s.fail(w, r, job.Invalid("start_id", "start_id is at most %d bytes", maxStartID))
+		return
+	}
 	var row store.Row
 	err = s.inTx(r.Context(), func(tx *sql.Tx) error {
 		now, err := s.cfg.Clock.Now(r.Context())
 		if err != nil {
 			return err
 		}
-		row, err = s.store.ConfirmStart(r.Context(), tx, now, id, req.Nonce)
+		row, err = s.store.ConfirmStart(r.Context(), tx, now, id, req.Nonce, req.StartID)
 		return err
 	})
 	if err != nil {

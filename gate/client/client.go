@@ -242,11 +242,17 @@ func (c *Client) Redrive(ctx context.Context, id int64) (job.Job, Response, erro
 	return j, r, err
 }
 
-// Start confirms the start of a dispatched job with its nonce (executor). A *Error with code
-// nonce_invalid, nonce_expired, nonce_used or dispatch_void means: do not run the job.
-func (c *Client) Start(ctx context.Context, id int64, nonce string) (job.Job, error) {
+// Start confirms the start of a dispatched job with its nonce (executor). startID names this
+// start attempt: pass a fresh random value, and the same one when repeating a Start whose answer
+// was lost, which is then answered as the first was (SPEC §4); "" cannot be repeated. A *Error
+// with code nonce_invalid, nonce_expired, nonce_used or dispatch_void means: do not run the job.
+func (c *Client) Start(ctx context.Context, id int64, nonce, startID string) (job.Job, error) {
 	var j job.Job
-	_, err := c.Do(ctx, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/start", map[string]string{"nonce": nonce}, &j)
+	body := map[string]string{"nonce": nonce}
+	if startID != "" {
+		body["start_id"] = startID
+	}
+	_, err := c.Do(ctx, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/start", body, &j)
 	return j, err
 }
 

@@ -207,7 +207,7 @@ func TestAuditOff(t *testing.T) {
 		if _, _, err := st.Cancel(k.ctx, tx, k.now, queued); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := st.ConfirmStart(k.ctx, tx, k.now, started.ID, "n1"); err != nil {
+		if _, err := st.ConfirmStart(k.ctx, tx, k.now, started.ID, "n1", "s1"); err != nil {
 			t.Fatal(err)
 		}
 		if gone, err := st.Expire(k.ctx, tx, k.now, k.now.Add(-time.Minute), 10); err != nil || len(gone) != 1 {
@@ -270,7 +270,7 @@ func TestAuditTransitionsFromEachState(t *testing.T) {
 	plain := dispatched(t, k.db, k.now, "acme", "n2")
 	alone := dispatched(t, k.db, k.now, "acme", "n3")
 	tx := k.begin()
-	if _, err := st.ConfirmStart(k.ctx, tx, k.now, running.ID, "n1"); err != nil {
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, running.ID, "n1", "s1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

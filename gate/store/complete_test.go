@@ -190,7 +190,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 	}
 	start := func(id int64, nonce string) error {
 		return inTx(func(tx *sql.Tx) error {
-			_, err := (&store.Store{}).ConfirmStart(ctx, tx, now, id, nonce)
+			_, err := (&store.Store{}).ConfirmStart(ctx, tx, now, id, nonce, "s-"+nonce)
 			return err
 		})
 	}

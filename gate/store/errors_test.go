@@ -38,7 +38,10 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 		"Release":       func(ctx context.Context) error { _, err := st.Release(ctx, k.db, k.now, "acme"); return err },
 		"Cancel":        func(ctx context.Context) error { _, _, err := st.Cancel(ctx, k.db, k.now, queued); return err },
 		"Expire":        func(ctx context.Context) error { _, err := st.Expire(ctx, k.db, k.now, k.now, 10); return err },
-		"ConfirmStart":  func(ctx context.Context) error { _, err := st.ConfirmStart(ctx, k.db, k.now, running, "n"); return err },
+		"ConfirmStart": func(ctx context.Context) error {
+			_, err := st.ConfirmStart(ctx, k.db, k.now, running, "n", "")
+			return err
+		},
 		"Complete": func(ctx context.Context) error {
 			_, _, err := st.Complete(ctx, k.db, k.now, running, store.Completion{Nonce: "n", Status: "succeeded"})
 			return err
@@ -184,7 +187,7 @@ func TestRefusedWritesFailTheOperation(t *testing.T) {
 	ops := map[string]func(tx *sql.Tx) error{
 		"Cancel":       func(tx *sql.Tx) error { _, _, err := st.Cancel(k.ctx, tx, k.now, queued); return err },
 		"Expire":       func(tx *sql.Tx) error { _, err := st.Expire(k.ctx, tx, k.now, k.now, 10); return err },
-		"ConfirmStart": func(tx *sql.Tx) error { _, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "n1"); return err },
+		"ConfirmStart": func(tx *sql.Tx) error { _, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "n1", "s1"); return err },
 		"FinishMany": func(tx *sql.Tx) error {
 			_, err := st.FinishMany(k.ctx, tx, k.now, []store.Finishing{{Row: r, Outcome: store.Outcome{Status: job.Queued}}})
 			return err

@@ -12,12 +12,15 @@ import (
 )
 
 // ConfirmStart moves job id from dispatched to running for the dispatch that minted nonce, if
-// that nonce is still within its TTL at now (SPEC §4). A repeated confirmation with the same
-// nonce while the job is running succeeds again. Errors are *job.Error with codes
-// nonce_invalid, nonce_expired, nonce_used (the executor already reported the dispatch's
-// outcome) or dispatch_void (sluice ended the dispatch: requeued, lost or failed it), or
-// ErrNotFound. The version does not change, so the drainer's outcome write still matches.
-func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id int64, nonce string) (Row, error) {
+// that nonce is still within its TTL at now, and records startID, the executor's random name for
+// this start attempt (SPEC §4). A dispatch starts at most once: a later confirmation with the
+// same nonce succeeds again only when it carries the same non-empty startID (the attempt repeating
+// itself after its answer was lost); any other is nonce_used, so a dispatch replayed to another
+// or a restarted executor is never run. Errors are *job.Error with codes nonce_invalid,
+// nonce_expired, nonce_used (the dispatch already started, or its outcome is recorded) or
+// dispatch_void (sluice ended the dispatch: requeued, lost or failed it), or ErrNotFound. The
+// version does not change, so the drainer's outcome write still matches.
+func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id int64, nonce, startID string) (Row, error) {
 	r, err := Get(ctx, tx, id, true)
 	if err != nil {
 		return r, err
@@ -29,7 +32,11 @@ func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id
 		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
 			Detail: map[string]any{"status": r.Status}}
 	case same && r.Status == job.Running:
-		return r, nil
+		if startID != "" && len(r.StartSHA256) > 0 && bytes.Equal(r.StartSHA256, HashNonce(startID)) {
+			return r, nil
+		}
+		return r, &job.Error{Code: job.CodeNonceUsed, Message: "this dispatch has already started; do not run the job",
+			Detail: map[string]any{"status": r.Status}}
 	case same && r.Status == job.Dispatched:
 		if r.NonceExpiresAt == nil || now.After(*r.NonceExpiresAt) {
 			return r, &job.Error{Code: job.CodeNonceExpired, Message: "the nonce's time to start has passed",
@@ -45,8 +52,12 @@ func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id
 		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
 			Detail: map[string]any{"status": r.Status}}
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'running', started_at = ?
-		WHERE id = ? AND version = ? AND status = 'dispatched'`, now, id, r.Version)
+	var startHash []byte
+	if startID != "" {
+		startHash = HashNonce(startID)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'running', started_at = ?, start_sha256 = ?
+		WHERE id = ? AND version = ? AND status = 'dispatched'`, now, startHash, id, r.Version)
 	if err != nil {
 		return r, fmt.Errorf("confirm start of job %d: %w", id, err)
 	}
@@ -61,6 +72,7 @@ func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id
 	s.LogTransition(ctx, r, job.Running, r.Version, now, "")
 	r.Status = job.Running
 	r.StartedAt = &now
+	r.StartSHA256 = startHash
 	return r, nil
 }
 

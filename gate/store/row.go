@@ -24,6 +24,7 @@ type Row struct {
 	DispatchFailures int
 	NonceSHA256      []byte
 	VoidedNonce      []byte // the nonce hash of the last voided dispatch
+	StartSHA256      []byte // the start_id hash of the attempt that confirmed the running dispatch
 	Refusals         int    // times an executor refused it with 503 before it started
 	NonceExpiresAt   *time.Time
 	LeaseUntil       *time.Time
@@ -38,7 +39,8 @@ type Row struct {
 const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, payload,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
-	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive`
+	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive,
+	start_sha256`
 
 // ListColumns is Columns with only what a job's JSON shows (job.Job, the result included) read
 // from the row, and NULL or zero in place of the rest, for ScanRow: a listing of up to 1,000 jobs
@@ -47,14 +49,16 @@ const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_a
 const ListColumns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, NULL,
 	0, NULL, NULL, NULL, NULL, '',
-	NULL, NULL, NULL, NULL, 0, lanes, interactive`
+	NULL, NULL, NULL, NULL, 0, lanes, interactive,
+	NULL`
 
 // LockColumns is Columns with NULL in place of the result and the payload, for ScanRow: what a
 // transition needs of the rows it locks, without reading back up to 256 KiB of payload a job.
 const LockColumns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, NULL, retry_of, NULL,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
-	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive`
+	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive,
+	start_sha256`
 
 // Scanner is *sql.Row or *sql.Rows.
 type Scanner interface{ Scan(dest ...any) error }
@@ -71,7 +75,8 @@ func ScanRow(s Scanner) (Row, error) {
 	err := s.Scan(&r.ID, &r.Tenant, &rateKey, &status, &r.Version, &r.Attempt, &r.QueuedAt, &claimed,
 		&dispatched, &started, &finished, &errCode, &errMsg, &result, &retryOf, &r.Payload,
 		&r.DispatchFailures, &r.NonceSHA256, &nonceExp, &lease, &drainerID, &r.Caller,
-		&idemKey, &r.RequestSHA256, &notBefore, &r.VoidedNonce, &r.Refusals, &lanes, &r.Interactive)
+		&idemKey, &r.RequestSHA256, &notBefore, &r.VoidedNonce, &r.Refusals, &lanes, &r.Interactive,
+		&r.StartSHA256)
 	if err != nil {
 		return r, err
 	}

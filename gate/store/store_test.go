@@ -175,7 +175,7 @@ func testFinishManyFences(t *testing.T, begin func(ctx context.Context, t *testi
 
 	// The voided nonce now answers dispatch_void, a foreign one on a queued job too.
 	stx, _ := db.BeginTx(ctx, nil)
-	_, err = (&store.Store{}).ConfirmStart(ctx, stx, now, b.ID, "nb")
+	_, err = (&store.Store{}).ConfirmStart(ctx, stx, now, b.ID, "nb", "")
 	_ = stx.Rollback()
 	if job.ErrorCode(err) != job.CodeDispatchVoid {
 		t.Errorf("confirming a voided dispatch: %v, want dispatch_void", err)

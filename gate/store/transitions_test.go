@@ -115,28 +115,52 @@ func TestExpire(t *testing.T) {
 }
 
 // TestConfirmStart: a dispatched job's start moves it to running, the version unchanged so the
-// drainer's outcome write still matches, and locks it; a repeat is accepted; a wrong or late
-// nonce is refused with its code.
+// drainer's outcome write still matches, and locks it; the same start attempt repeated is
+// accepted, any other confirmation of the started dispatch is nonce_used (SPEC §4: a dispatch
+// starts at most once); a wrong or late nonce is refused with its code.
 func TestConfirmStart(t *testing.T) {
 	k := newKit(t)
 	st := &store.Store{}
 	r := dispatched(t, k.db, k.now, "acme", "n1")
 	tx := k.begin()
-	got, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "n1")
+	got, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "n1", "attempt-1")
 	if err != nil || got.Status != job.Running || got.Version != r.Version {
 		t.Fatalf("confirm: %+v (%v)", got, err)
 	}
 	k.wantLocked("inside the confirmation", []int64{r.ID}, r.ID)
-	if _, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "n1"); err != nil {
-		t.Errorf("a repeated confirmation: %v", err)
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "n1", "attempt-1"); err != nil {
+		t.Errorf("the same start attempt repeated: %v", err)
 	}
 	var je *job.Error
-	if _, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "other"); !errors.As(err, &je) || je.Code != job.CodeNonceInvalid {
+	for _, other := range []string{"attempt-2", ""} {
+		_, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "n1", other)
+		if !errors.As(err, &je) || je.Code != job.CodeNonceUsed || je.Detail["status"] != job.Running {
+			t.Errorf("another start attempt %q on the started dispatch: %v, want nonce_used", other, err)
+		}
+	}
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, r.ID, "other", "attempt-1"); !errors.As(err, &je) || je.Code != job.CodeNonceInvalid {
 		t.Errorf("another nonce: %v, want nonce_invalid", err)
 	}
 	late := dispatched(t, k.db, k.now.Add(-time.Hour), "acme", "n2")
-	if _, err := st.ConfirmStart(k.ctx, tx, k.now, late.ID, "n2"); !errors.As(err, &je) || je.Code != job.CodeNonceExpired {
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, late.ID, "n2", "attempt-1"); !errors.As(err, &je) || je.Code != job.CodeNonceExpired {
 		t.Errorf("a late confirmation: %v, want nonce_expired", err)
+	}
+	// A start without a start id can never be repeated, not even by an empty one.
+	anon := dispatched(t, k.db, k.now, "acme", "n3")
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, anon.ID, "n3", ""); err != nil {
+		t.Fatalf("a start without a start id: %v", err)
+	}
+	if _, err := st.ConfirmStart(k.ctx, tx, k.now, anon.ID, "n3", ""); !errors.As(err, &je) || je.Code != job.CodeNonceUsed {
+		t.Errorf("that start again: %v, want nonce_used", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if row := k.row(r.ID); !bytes.Equal(row.StartSHA256, store.HashNonce("attempt-1")) || row.StartedAt == nil {
+		t.Errorf("after commit: start %x at %v, want the first attempt's hash", row.StartSHA256, row.StartedAt)
+	}
+	if row := k.row(anon.ID); row.StartSHA256 != nil {
+		t.Errorf("a start without a start id stored %x", row.StartSHA256)
 	}
 }
 
