@@ -250,6 +250,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		MySQLDSN: c.get("mysql-dsn"), NATSURL: c.get("nats-url"), NATSAuth: c.natsAuth(), CoreNATS: core, Listen: c.get("listen"),
 		MetricsListen: c.get("metrics-listen"), MetricsToken: c.get("metrics-token"), NoTenantLabels: !tenantLabels,
 		ExecutorURL: c.get("executor-url"), ExecutorSecret: c.get("executor-secret"), UnconfirmedStarts: !confirm,
+		ExecutorID: c.get("executor-id"),
 		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
 		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,
 		Version: version, Log: log, LogDropped: logQueue.Dropped, Memcached: splitList(c.get("memcached")),
@@ -368,7 +369,7 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 	// The API URL is given even when starts are not confirmed: async jobs report through
 	// /complete either way, and UnconfirmedStarts skips only /start.
 	ex := simexec.New(simexec.Config{APIURL: "http://" + l.Addr().String(), Token: devToken.Token,
-		UnconfirmedStarts: opts.UnconfirmedStarts, Secret: []byte(opts.ExecutorSecret), Log: opts.Log})
+		UnconfirmedStarts: opts.UnconfirmedStarts, Secret: []byte(opts.ExecutorSecret), Audience: opts.ExecutorID, Log: opts.Log})
 	stop, addr, err := serveHTTP(ctx, c.get("simexec-listen"), ex.Handler())
 	if err != nil {
 		l.Close()
@@ -511,7 +512,7 @@ func simexecCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("SLUICE_EXECUTOR_TOKEN (--executor-token) is required: the simulated executor %s through the API at %s with it (an executor or admin token)", does, apiURL)
 	}
 	cfg := simexec.Config{APIURL: apiURL, Token: token, UnconfirmedStarts: !confirm,
-		Secret: []byte(c.get("executor-secret")), Log: log}
+		Secret: []byte(c.get("executor-secret")), Audience: c.get("executor-id"), Log: log}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("SLUICE_API_URL (--api-url): %w", err)
 	}

@@ -36,6 +36,7 @@ var settings = []setting{
 	{"executor-url", "SLUICE_EXECUTOR_URL", "", "executor dispatch URL"},
 	{"executor-secret", "SLUICE_EXECUTOR_SECRET", "", "secret that signs dispatches"},
 	{"executor-confirm-start", "SLUICE_EXECUTOR_CONFIRM_START", "true", "the executor confirms starts with POST /v1/jobs/{id}/start"},
+	{"executor-id", "SLUICE_EXECUTOR_ID", "", "the executor's id, named as the audience of every dispatch (the executor refuses others)"},
 	{"tokens", "SLUICE_TOKENS", "", "API tokens as inline JSON"},
 	{"tokens-file", "SLUICE_TOKENS_FILE", "", "file holding the API tokens JSON"},
 	{"drainer-id", "SLUICE_DRAINER_ID", "", "drainer id (default hostname-pid)"},

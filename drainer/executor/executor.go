@@ -30,6 +30,10 @@ type Dispatch struct {
 	Deadline      time.Time       `json:"deadline"`
 	Version       int64           `json:"version"`
 	Attempt       int             `json:"attempt"`
+	// Audience names the executor the dispatch is meant for (SLUICE_EXECUTOR_ID), inside the
+	// signed body: an executor configured with another id refuses it, so a dispatch copied to
+	// another executor that shares the secret is not run there. Empty: none named.
+	Audience string `json:"audience,omitempty"`
 }
 
 // Header names of the dispatch request.
@@ -100,6 +104,9 @@ type Client struct {
 	URL string
 	// Secret signs every request body. Required.
 	Secret []byte
+	// Audience is written into every dispatch that names none (Dispatch.Audience). Default "":
+	// dispatches name no audience.
+	Audience string
 	// HTTP is the client to use. Default: a client with keep-alive connections and no overall
 	// timeout (Send bounds each request by its context). Send never follows a redirect, whatever
 	// this client's CheckRedirect says: a 307 or 308 would re-send the signed body, payload and
@@ -142,6 +149,9 @@ const maxAnswer = 1 << 20
 
 // Send posts d and waits for the answer until ctx ends (the caller sets the execution wall).
 func (c *Client) Send(ctx context.Context, d Dispatch) Answer {
+	if d.Audience == "" {
+		d.Audience = c.Audience
+	}
 	raw, err := json.Marshal(d)
 	if err != nil {
 		return Answer{Kind: Unknown, Err: fmt.Errorf("encode dispatch: %w", err)}

@@ -68,6 +68,9 @@ type Options struct {
 	ExecutorURL string
 	// ExecutorSecret signs dispatches. Required with ExecutorURL.
 	ExecutorSecret string
+	// ExecutorID is named as the audience of every dispatch (SLUICE_EXECUTOR_ID). Default "":
+	// none.
+	ExecutorID string
 	// UnconfirmedStarts: the executor cannot confirm starts. Default false.
 	UnconfirmedStarts bool
 	// Tokens authenticates API callers. Required with the API role.
@@ -385,6 +388,7 @@ func (a *App) startDrainer() error {
 			"executor_url", opts.ExecutorURL)
 	}
 	sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
+	sender.Audience = opts.ExecutorID
 	metrics := drainer.NewMetrics(a.registry)
 	if a.drainer, err = drainer.New(drainer.Config{DB: a.db, TxDB: a.txDB, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
 		Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,

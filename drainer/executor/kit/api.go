@@ -3,6 +3,8 @@ package kit
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,17 +17,23 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// confirm confirms the start of j with its nonce. An answer that may have been lost (none, or a
-// 503 that says retryable: the database was unreachable or the COMMIT's outcome is unknown) is
-// asked again with the same nonce until ctx ends: the API answers a repeated /start of a running
-// job 200 again for this (SPEC §4), and giving up would leave a start recorded that the executor
-// never ran. Any other answer than 200 is final: the job must not run.
+// confirm confirms the start of j with its nonce and a start id drawn for this attempt. An
+// answer that may have been lost (none, or a 503 that says retryable: the database was
+// unreachable or the COMMIT's outcome is unknown) is asked again with the same nonce and start id
+// until ctx ends: the API answers a repeat of the start attempt that started the job 200 again,
+// and any other attempt on the same dispatch 409 nonce_used (SPEC §4), so this retry is safe and
+// the same dispatch replayed to another executor is not. Giving up would leave a start recorded
+// that the executor never ran. Any other answer than 200 is final: the job must not run.
 func (h *Handler) confirm(ctx context.Context, j Job) error {
+	startID, err := newStartID()
+	if err != nil {
+		return err
+	}
 	b := backoff.WithContext(backoff.NewExponentialBackOff(backoff.WithInitialInterval(20*time.Millisecond),
 		backoff.WithMaxInterval(time.Second), backoff.WithMaxElapsedTime(0)), ctx)
 	var last error
-	err := backoff.Retry(func() error {
-		last = h.post(ctx, fmt.Sprintf("/v1/jobs/%d/start", j.ID), map[string]any{"nonce": j.Nonce})
+	err = backoff.Retry(func() error {
+		last = h.post(ctx, fmt.Sprintf("/v1/jobs/%d/start", j.ID), map[string]any{"nonce": j.Nonce, "start_id": startID})
 		var refused *refusal
 		if errors.As(last, &refused) && !refused.retryable {
 			return backoff.Permanent(last)
@@ -36,6 +44,15 @@ func (h *Handler) confirm(ctx context.Context, j Job) error {
 		return fmt.Errorf("%w (last answer: %w)", err, last)
 	}
 	return err
+}
+
+// newStartID is a random start attempt id: 128 bits, so no other attempt draws the same one.
+func newStartID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("draw a start id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 // completion is the body of POST /v1/jobs/{id}/complete.

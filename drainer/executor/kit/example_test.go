@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"strconv"
 	"time"
 
@@ -33,11 +34,13 @@ func Example() {
 }
 
 // stubAPI stands for sluice's API in the examples: it answers /start and /complete with 200 and
-// prints each call.
+// prints each call, the random start id as <random>.
 func stubAPI() *httptest.Server {
+	startID := regexp.MustCompile(`"start_id":"[0-9a-f]{32}"`)
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		fmt.Printf("API: %s %s\n", r.URL.Path, bytes.TrimSpace(body))
+		body = startID.ReplaceAll(bytes.TrimSpace(body), []byte(`"start_id":"<random>"`))
+		fmt.Printf("API: %s %s\n", r.URL.Path, body)
 		_, _ = w.Write([]byte(`{}`))
 	}))
 }
@@ -79,7 +82,7 @@ func ExampleNew() {
 	rec = dispatch(h, "a-guess", `{"pages": 3}`)
 	fmt.Print(rec.Code, " ", rec.Body.String())
 	// Output:
-	// API: /v1/jobs/42/start {"nonce":"nonce-of-this-dispatch"}
+	// API: /v1/jobs/42/start {"nonce":"nonce-of-this-dispatch","start_id":"<random>"}
 	// 200 {"result":{"printed":3},"status":"succeeded"}
 	// 401 {"error_code":"bad_signature","message":"Sluice-Signature does not match the body"}
 }
@@ -116,7 +119,7 @@ func ExampleRateLimited() {
 	rec := dispatch(h, "the-secret", `{}`)
 	fmt.Println(rec.Code, "Retry-After:", rec.Header().Get("Retry-After"))
 	// Output:
-	// API: /v1/jobs/42/start {"nonce":"nonce-of-this-dispatch"}
+	// API: /v1/jobs/42/start {"nonce":"nonce-of-this-dispatch","start_id":"<random>"}
 	// 429 Retry-After: 3600
 }
 
@@ -139,7 +142,7 @@ func ExampleAsync() {
 	}
 	fmt.Println(rec.Code)
 	// Output:
-	// API: /v1/jobs/42/start {"nonce":"nonce-of-this-dispatch"}
+	// API: /v1/jobs/42/start {"nonce":"nonce-of-this-dispatch","start_id":"<random>"}
 	// API: /v1/jobs/42/complete {"nonce":"nonce-of-this-dispatch","status":"failed","error_code":"render_failed","error_message":"font missing"}
 	// 202
 }

@@ -1,11 +1,16 @@
 // Package kit turns a Go function into a sluice executor: New returns an http.Handler that
 // speaks the dispatch protocol of SPEC §8, so that an executor's author writes only the work.
 //
-// For each dispatch the handler checks the Sluice-Signature in constant time, refuses a nonce it
-// has already seen and a dispatch whose deadline has passed, takes a slot if a concurrency limit
-// is set (else answers 503 busy with Retry-After), confirms the start with the dispatch's nonce
-// (POST /v1/jobs/{id}/start) and runs the function only once the API has said 200: on a 409 (the
-// dispatch was voided, the nonce expired or was used) the job is not run. The function runs under
+// For each dispatch the handler refuses a body over its size limit before reading it, checks the
+// Sluice-Signature in constant time, refuses a dispatch meant for another executor (Audience), a
+// nonce it has already seen and a dispatch whose deadline has passed, takes a slot if a
+// concurrency limit is set (else answers 503 busy with Retry-After), confirms the start with the
+// dispatch's nonce and a random start id of its own (POST /v1/jobs/{id}/start) and runs the
+// function only once the API has said 200: on a 409 (the dispatch was voided, the nonce expired,
+// or the dispatch already started) the job is not run. The API lets only one start attempt of a
+// dispatch through, so a dispatch replayed to another replica of the executor, or to this one
+// after a restart, is refused there, while this attempt may repeat a confirmation whose answer
+// was lost. The function runs under
 // the dispatch deadline. Its Outcome is the answer to the dispatch or, for jobs the Async option
 // picks, is reported later through POST /v1/jobs/{id}/complete, retried with backoff while the
 // API is unreachable. An outcome of RateLimited (the upstream answered 429) gates the job's rate
@@ -125,11 +130,16 @@ type options struct {
 	onReceive     func(Job)
 	onRefused     func(Job, error)
 	skipVerify    bool
+	audience      string
+	maxDispatch   int64
+	maxReads      int
 }
 
 // UnconfirmedStarts skips the start confirmation (/start), for a sluice run with
 // SLUICE_EXECUTOR_CONFIRM_START=false. The API URL is then needed only to report asynchronous
-// jobs and may be empty if there are none.
+// jobs and may be empty if there are none. It gives up the guarantee that a dispatch starts at
+// most once: only this process's memory of nonces (lost on restart) refuses a replayed dispatch,
+// so a dispatch replayed to another replica or to a restarted executor runs again.
 func UnconfirmedStarts() Option { return func(o *options) { o.unconfirmed = true } }
 
 // MaxConcurrent runs at most n jobs at once (n < 1: no limit, the default). A dispatch that
@@ -167,6 +177,23 @@ func OnReceive(f func(Job)) Option { return func(o *options) { o.onReceive = f }
 // OnStartRefused is called when a start confirmation fails and the job is therefore not run.
 func OnStartRefused(f func(Job, error)) Option { return func(o *options) { o.onRefused = f } }
 
+// Audience makes the handler refuse (403 wrong_audience) every dispatch that does not name id as
+// its audience: sluice names it when run with SLUICE_EXECUTOR_ID=id, inside the signed body, so a
+// dispatch meant for another executor that shares the secret (staging, another pool) is never run
+// here. Default "": any audience is accepted.
+func Audience(id string) Option { return func(o *options) { o.audience = id } }
+
+// MaxDispatchBytes refuses (413) a dispatch whose body is over n bytes, before its signature is
+// checked: unauthenticated bytes are read only up to n. Default 320 KiB: sluice's default
+// payload cap (max_payload_bytes, 256 KiB) and room for the rest of the dispatch. Raise it with
+// max_payload_bytes.
+func MaxDispatchBytes(n int64) Option { return func(o *options) { o.maxDispatch = n } }
+
+// MaxConcurrentReads bounds the dispatch bodies read at once, before their signatures are known
+// (so the memory n × MaxDispatchBytes at most); a dispatch past it is answered 503 with
+// Retry-After 1 and sluice queues the job again without spending its dispatch budget. Default 64.
+func MaxConcurrentReads(n int) Option { return func(o *options) { o.maxReads = n } }
+
 // InsecureSkipVerify accepts dispatches without checking their signature, for tests only:
 // anyone who can reach the handler can then make it run anything.
 func InsecureSkipVerify() Option { return func(o *options) { o.skipVerify = true } }
@@ -182,6 +209,7 @@ type Handler struct {
 
 	seen  *nonceMemory
 	slots chan struct{} // nil: no concurrency limit
+	reads chan struct{} // bodies being read, before their signature is checked
 
 	base   context.Context // asynchronous jobs and every call to the API run under it
 	cancel context.CancelFunc
@@ -220,6 +248,17 @@ func New(secret, apiURL, token string, run Func, opts ...Option) (*Handler, erro
 	if h.o.log == nil {
 		h.o.log = slog.New(slog.DiscardHandler)
 	}
+	if executor.PlainHTTPToRemote(apiURL) {
+		h.o.log.Warn("the API URL is plain http:// to a host that is not loopback: nonces, start ids, outcomes and the executor token cross the network unencrypted; use https://",
+			"api_url", apiURL)
+	}
+	if h.o.maxDispatch <= 0 {
+		h.o.maxDispatch = defaultMaxDispatch
+	}
+	if h.o.maxReads <= 0 {
+		h.o.maxReads = defaultMaxReads
+	}
+	h.reads = make(chan struct{}, h.o.maxReads)
 	if h.o.http == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 64
@@ -234,8 +273,11 @@ func New(secret, apiURL, token string, run Func, opts ...Option) (*Handler, erro
 }
 
 const (
-	// maxDispatch bounds a dispatch body: the largest payload sluice admits (16 MiB) plus room.
-	maxDispatch = 32 << 20
+	// defaultMaxDispatch bounds a dispatch body: sluice's default payload cap and room for the
+	// dispatch's other fields.
+	defaultMaxDispatch = 256<<10 + 64<<10
+	// defaultMaxReads bounds the dispatch bodies read at once before their signatures are known.
+	defaultMaxReads = 64
 	// replayMemory is how many nonces are remembered, each until its dispatch's deadline (past
 	// it the dispatch is refused anyway): a drainer sending 300 dispatches a second with the
 	// default 310 s wall stays within it, in about 10 MB.
@@ -261,22 +303,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "dispatches are POSTed")
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxDispatch+1))
-	switch {
-	case err != nil:
-		writeError(w, http.StatusBadRequest, "invalid_request", "read the dispatch: "+err.Error())
-		return
-	case len(body) > maxDispatch:
-		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", "the dispatch is over 32 MiB")
+	body, ok := h.readBody(w, r)
+	if !ok {
 		return
 	}
 	if !h.o.skipVerify && !executor.Verify(h.secret, body, r.Header.Get(executor.HeaderSignature)) {
 		writeError(w, http.StatusUnauthorized, "bad_signature", "Sluice-Signature does not match the body")
 		return
 	}
-	j, err := decodeJob(body, r.Header.Get(executor.HeaderJobID))
+	j, audience, err := decodeJob(body, r.Header.Get(executor.HeaderJobID))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	if h.o.audience != "" && audience != h.o.audience {
+		writeError(w, http.StatusForbidden, "wrong_audience",
+			fmt.Sprintf("the dispatch is meant for executor %q, not %q", audience, h.o.audience))
 		return
 	}
 	if h.o.onReceive != nil {
@@ -300,6 +342,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.serve(w, r, j, release)
+}
+
+// readBody reads the dispatch's body within MaxDispatchBytes and MaxConcurrentReads; false when
+// it answered the dispatch instead. A declared length over the limit is refused unread.
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	limit := h.o.maxDispatch
+	if r.ContentLength > limit {
+		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large",
+			fmt.Sprintf("the dispatch is over %d bytes (kit.MaxDispatchBytes)", limit))
+		return nil, false
+	}
+	select {
+	case h.reads <- struct{}{}:
+		defer func() { <-h.reads }()
+	default:
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "busy", "too many dispatches are being read")
+		return nil, false
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	switch {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "invalid_request", "read the dispatch: "+err.Error())
+		return nil, false
+	case int64(len(body)) > limit:
+		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large",
+			fmt.Sprintf("the dispatch is over %d bytes (kit.MaxDispatchBytes)", limit))
+		return nil, false
+	}
+	return body, true
 }
 
 // serve takes a job that passed the checks and holds a slot (release gives it back) through its
@@ -357,19 +429,20 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, j Job, release f
 	h.answer(w, j, o)
 }
 
-// decodeJob reads a dispatch body. jobIDHeader, when set, must name the body's job.
-func decodeJob(body []byte, jobIDHeader string) (Job, error) {
+// decodeJob reads a dispatch body and the audience it names. jobIDHeader, when set, must name the
+// body's job.
+func decodeJob(body []byte, jobIDHeader string) (Job, string, error) {
 	var d executor.Dispatch
 	if err := json.Unmarshal(body, &d); err != nil {
-		return Job{}, fmt.Errorf("the dispatch is not JSON: %w", err)
+		return Job{}, "", fmt.Errorf("the dispatch is not JSON: %w", err)
 	}
 	switch {
 	case d.JobID <= 0:
-		return Job{}, errors.New("the dispatch has no job_id")
+		return Job{}, "", errors.New("the dispatch has no job_id")
 	case d.Nonce == "":
-		return Job{}, errors.New("the dispatch has no nonce")
+		return Job{}, "", errors.New("the dispatch has no nonce")
 	case jobIDHeader != "" && jobIDHeader != strconv.FormatInt(d.JobID, 10):
-		return Job{}, fmt.Errorf("%s %q does not match job_id %d", executor.HeaderJobID, jobIDHeader, d.JobID)
+		return Job{}, "", fmt.Errorf("%s %q does not match job_id %d", executor.HeaderJobID, jobIDHeader, d.JobID)
 	}
 	j := Job{ID: d.JobID, Tenant: d.Tenant, Payload: d.Payload, Nonce: d.Nonce, Deadline: d.Deadline,
 		Version: d.Version, Attempt: d.Attempt}
@@ -379,7 +452,7 @@ func decodeJob(body []byte, jobIDHeader string) (Job, error) {
 	if string(j.Payload) == "null" {
 		j.Payload = nil
 	}
-	return j, nil
+	return j, d.Audience, nil
 }
 
 // acquire takes a slot; false when all are taken. release is idempotent.

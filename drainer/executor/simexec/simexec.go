@@ -36,12 +36,18 @@ type Config struct {
 	// Secret, if set, is checked against every dispatch's Sluice-Signature (401 on mismatch).
 	// Unset, dispatches are not checked (tests that post unsigned dispatches).
 	Secret []byte
+	// Audience, if set, is the executor id a dispatch must name (kit.Audience); others are
+	// refused with 403 wrong_audience.
+	Audience string
 	// Log receives problems. Default: discard.
 	Log *slog.Logger
 	// OnReceive, if set, is called when a dispatch arrives, before anything else (tests measure
 	// pickup latency with it).
 	OnReceive func(jobID int64, tenant string, at time.Time)
 }
+
+// maxPayload is the ceiling of max_payload_bytes (limits.MaxPayloadCap).
+const maxPayload = 4 << 20
 
 // Payload is the part of a job's payload the simulated executor reads.
 type Payload struct {
@@ -126,6 +132,12 @@ func (s *Server) buildExec() (*kit.Handler, error) {
 	if len(s.cfg.Secret) == 0 {
 		opts = append(opts, kit.InsecureSkipVerify())
 	}
+	if s.cfg.Audience != "" {
+		opts = append(opts, kit.Audience(s.cfg.Audience))
+	}
+	// The demo and the tests may raise max_payload_bytes to its ceiling: take any dispatch sluice
+	// can send.
+	opts = append(opts, kit.MaxDispatchBytes(maxPayload+64<<10))
 	return kit.New(string(s.cfg.Secret), s.cfg.APIURL, s.cfg.Token, s.work, opts...)
 }
 
