@@ -102,7 +102,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 		close(recorded)
 	})
 	starts := map[int64]map[string]bool{} // job -> "nonce/start id" of each start attempt let through
-	terminal := map[int64]string{} // job -> "status/version" once terminal
+	terminal := map[int64]string{}        // job -> "status/version" once terminal
 	tenants := []string{"a", "b", "c"}
 	inTx := func(fn func(tx *sql.Tx, now time.Time) error) error {
 		now, _ := fake.Now(ctx)

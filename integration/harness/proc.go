@@ -63,21 +63,28 @@ func (s *SyncBuffer) String() string {
 // executor. It is killed (if still running) when tb ends.
 func (e *Env) StartDrainer(tb testing.TB, bin, id string) *Proc {
 	tb.Helper()
-	cmd := exec.Command(bin, "serve", "--drainer")
-	cmd.Env = append(os.Environ(),
-		"SLUICE_MYSQL_DSN="+e.DB.DSN,
-		"SLUICE_NATS_URL="+e.NATS.URL(),
-		"SLUICE_EXECUTOR_URL="+e.ExecURL,
-		"SLUICE_EXECUTOR_SECRET="+Secret,
-		"SLUICE_DRAINER_ID="+id,
+	return StartProc(tb, "drainer "+id, bin, []string{
+		"SLUICE_MYSQL_DSN=" + e.DB.DSN,
+		"SLUICE_NATS_URL=" + e.NATS.URL(),
+		"SLUICE_EXECUTOR_URL=" + e.ExecURL,
+		"SLUICE_EXECUTOR_SECRET=" + Secret,
+		"SLUICE_DRAINER_ID=" + id,
 		"SLUICE_LISTEN=127.0.0.1:0", // a drainer process serves /metrics and health checks too
 		"SLUICE_LOG_LEVEL=warn",
 		"SLUICE_SHUTDOWN_GRACE=5s",
-	)
-	p := &Proc{Name: id, cmd: cmd, out: &SyncBuffer{}, done: make(chan struct{})}
+	}, "serve", "--drainer")
+}
+
+// StartProc runs bin with args, env added to the test's environment. It is killed (if still
+// running) when tb ends, and its output logged if tb failed.
+func StartProc(tb testing.TB, name, bin string, env []string, args ...string) *Proc {
+	tb.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	p := &Proc{Name: name, cmd: cmd, out: &SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start drainer %s: %v", id, err)
+		tb.Fatalf("start %s: %v", name, err)
 	}
 	go func() {
 		_ = cmd.Wait()
@@ -87,7 +94,7 @@ func (e *Env) StartDrainer(tb testing.TB, bin, id string) *Proc {
 		p.Signal(syscall.SIGKILL)
 		<-p.done
 		if tb.Failed() {
-			tb.Logf("drainer %s output:\n%s", id, p.out.String())
+			tb.Logf("%s output:\n%s", name, p.out.String())
 		}
 	})
 	return p
