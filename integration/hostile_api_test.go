@@ -663,7 +663,14 @@ func (h *hostile) body(route string, c caller, id int64) []byte {
 			v = map[string]any{"jobs": h.jsonValue(1)}
 		}
 	case "POST /v1/jobs/{id}/start":
-		v = map[string]any{"nonce": h.nonce(id)}
+		m := map[string]any{"nonce": h.nonce(id)}
+		if h.chance(0.7) {
+			// Two attempts share a few names, so that a start repeats itself and a replay
+			// comes with another attempt's name.
+			m["start_id"] = either[any](h, []any{"attempt-1", "attempt-2", ""}, strings.Repeat("s", 129), 5, nil,
+				[]any{"attempt-1"})
+		}
+		v = m
 	case "POST /v1/jobs/{id}/complete":
 		m := map[string]any{"nonce": h.nonce(id),
 			"status": either[any](h, []any{"succeeded", "failed", "not_started"}, "", "lost", 1)}

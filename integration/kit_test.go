@@ -428,3 +428,41 @@ func TestKitRateLimitGatesKey(t *testing.T) {
 		}
 	}
 }
+
+// TestKitAudience: sluice run with an executor id names it in every signed dispatch. An executor
+// configured for another audience refuses the dispatch before any start, so the job is never
+// started there and goes back to the queue; the executor the dispatch names runs it.
+func TestKitAudience(t *testing.T) {
+	t.Parallel()
+	k := newKitServer(t)
+	env := harness.Start(t, harness.Options{ExecutorURL: k.srv.URL + "/dispatch", ExecutorID: "pool-a"})
+	var ran runs
+	run := func(ctx context.Context, j kit.Job) kit.Outcome { ran.add(j); return kit.Succeeded(nil) }
+	var refused atomic.Int32
+	k.set(t, env.URL, run, kit.Audience("pool-b"), kit.OnReceive(func(kit.Job) { refused.Add(1) }))
+	id := env.Admit(t, "acme", map[string]any{"n": 1})
+	harness.WaitFor(t, 30*time.Second, "a dispatch to reach the executor of another audience", func() (bool, error) {
+		return refused.Load() > 0, nil
+	})
+	if n := len(ran.all()); n != 0 {
+		t.Fatalf("the executor of another audience ran %d job(s)", n)
+	}
+	if j := readKitJob(t, env, id); j.started {
+		t.Fatalf("job %+v was started by an executor it was not meant for", j)
+	}
+	k.set(t, env.URL, run, kit.Audience("pool-a"))
+	harness.WaitFor(t, 30*time.Second, "the job to succeed on its own executor", func() (bool, error) {
+		return readKitJob(t, env, id).status == "succeeded", nil
+	})
+	if got := ran.all(); len(got) != 1 || got[0].ID != id {
+		t.Fatalf("runs %+v, want job %d once", got, id)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, d := range k.received {
+		var body executor.Dispatch
+		if err := json.Unmarshal(d.body, &body); err != nil || body.Audience != "pool-a" {
+			t.Fatalf("a dispatch names audience %q (%v), want pool-a", body.Audience, err)
+		}
+	}
+}

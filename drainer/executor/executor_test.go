@@ -2,6 +2,8 @@ package executor
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -119,5 +121,36 @@ func TestPlainHTTPToRemote(t *testing.T) {
 		if got := PlainHTTPToRemote(u); got != want {
 			t.Errorf("PlainHTTPToRemote(%q) = %v, want %v", u, got, want)
 		}
+	}
+}
+
+// TestSendNamesItsAudience: the client's Audience is inside the signed body of every dispatch
+// that names none; without one the field is absent.
+func TestSendNamesItsAudience(t *testing.T) {
+	got := make(chan Dispatch, 2)
+	exec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if !Verify([]byte("secret"), body, r.Header.Get(HeaderSignature)) {
+			t.Errorf("the body's signature does not verify")
+		}
+		var d Dispatch
+		_ = json.Unmarshal(body, &d)
+		if d.Audience == "" && strings.Contains(string(body), "audience") {
+			t.Errorf("an empty audience was sent: %s", body)
+		}
+		got <- d
+		_, _ = w.Write([]byte(`{"status":"succeeded"}`))
+	}))
+	t.Cleanup(exec.Close)
+	c := NewClient(exec.URL, []byte("secret"))
+	c.Audience = "pool-a"
+	c.Send(context.Background(), Dispatch{JobID: 7, Nonce: "n"})
+	if d := <-got; d.Audience != "pool-a" {
+		t.Errorf("audience %q, want pool-a", d.Audience)
+	}
+	c.Audience = ""
+	c.Send(context.Background(), Dispatch{JobID: 8, Nonce: "n"})
+	if d := <-got; d.Audience != "" {
+		t.Errorf("audience %q, want none", d.Audience)
 	}
 }

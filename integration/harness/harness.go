@@ -71,6 +71,8 @@ type Options struct {
 	// ExecutorURL, if set, receives the dispatches instead of the simulated executor, which is
 	// then not started (Env.Exec is nil): a test's own executor.
 	ExecutorURL string
+	// ExecutorID, as app.Options: the audience every dispatch names. Default none.
+	ExecutorID string
 	// Listen is the API's address (StartApp: to start an API again where a stopped one
 	// listened). Default 127.0.0.1:0, a free port.
 	Listen string
@@ -134,7 +136,7 @@ func (e *Env) StartApp(tb testing.TB, o Options) *app.App {
 	}
 	a, err := app.Start(ctx, app.Options{
 		MySQLDSN: e.DB.DSN, NATSURL: e.natsURL, Listen: listen,
-		ExecutorURL: e.ExecURL, ExecutorSecret: Secret, Tokens: e.tokens, InitStream: true,
+		ExecutorURL: e.ExecURL, ExecutorSecret: Secret, ExecutorID: o.ExecutorID, Tokens: e.tokens, InitStream: true,
 		API: o.API, Relay: o.Relay, Drainer: o.Drainer, Grace: 10 * time.Second, Log: e.log,
 		Memcached: o.Memcached, GateTimeout: o.GateTimeout,
 		MetricsListen: o.MetricsListen, MetricsToken: o.MetricsToken, NoTenantLabels: o.NoTenantLabels,

@@ -316,13 +316,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
 	}
+	if h.o.onReceive != nil {
+		h.o.onReceive(j)
+	}
 	if h.o.audience != "" && audience != h.o.audience {
 		writeError(w, http.StatusForbidden, "wrong_audience",
 			fmt.Sprintf("the dispatch is meant for executor %q, not %q", audience, h.o.audience))
 		return
-	}
-	if h.o.onReceive != nil {
-		h.o.onReceive(j)
 	}
 	now := time.Now()
 	if !j.Deadline.IsZero() && !now.Before(j.Deadline) {
