@@ -249,9 +249,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	opts := app.Options{
 		MySQLDSN: c.get("mysql-dsn"), NATSURL: c.get("nats-url"), NATSAuth: c.natsAuth(), CoreNATS: core, Listen: c.get("listen"),
 		MetricsListen: c.get("metrics-listen"), MetricsToken: c.get("metrics-token"), NoTenantLabels: !tenantLabels,
-		ExecutorURL: c.get("executor-url"), ExecutorSecret: c.get("executor-secret"), UnconfirmedStarts: !confirm,
-		ExecutorID: c.get("executor-id"),
-		Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
+		ExecutorURL: c.get("executor-url"), ExecutorSecret: c.get("executor-secret"), ExecutorID: c.get("executor-id"),
+		UnconfirmedStarts: !confirm, Tokens: tokens, DrainerID: c.get("drainer-id"), Prefix: c.get("subject-prefix"),
 		API: *roleAPI, Relay: *roleRelay, Drainer: *roleDrainer, InitStream: true, Grace: grace,
 		Version: version, Log: log, LogDropped: logQueue.Dropped, Memcached: splitList(c.get("memcached")),
 		CORSOrigins: splitList(c.get("cors-origins")),
