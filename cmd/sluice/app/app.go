@@ -109,6 +109,15 @@ type Options struct {
 	// callbacks and the probes (api.Config.MaxRequests); keep it well below MaxConns. Default
 	// api.DefaultMaxRequests.
 	MaxRequests int
+
+	// TLSCertFile and TLSKeyFile (SLUICE_TLS_CERT, SLUICE_TLS_KEY) are the PEM files of the
+	// certificate (its chain after it) and private key of the HTTP listeners: set both and the
+	// API's listener (or the ops endpoints' of a process without the API role) and the metrics
+	// listener serve HTTPS only. The files are read again on ReloadTLS and whenever they
+	// change (checked every 10 s); a pair that cannot be used then is logged and the previous
+	// one kept. Start fails if they cannot be loaded, or if only one is set. Default: plain
+	// HTTP.
+	TLSCertFile, TLSKeyFile string
 }
 
 // DefaultListen is the API's listen address when Options.Listen is empty (SPEC §9).
@@ -147,6 +156,9 @@ type App struct {
 	loops   sync.WaitGroup
 	serveWG sync.WaitGroup
 	stopped sync.Once
+
+	// tls serves the listeners' certificate (Options.TLSCertFile); nil: plain HTTP.
+	tls *certReloader
 }
 
 // Start connects and starts the roles in opts. The returned App runs until Stop.
@@ -175,6 +187,14 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		return nil, err
 	}
 	a := &App{opts: opts, log: opts.Log, ownLog: ownLog, registry: prometheus.NewRegistry()}
+	if opts.TLSCertFile != "" {
+		// Before connecting to anything: a certificate that cannot be loaded is a
+		// configuration error, found at once.
+		var err error
+		if a.tls, err = newCertReloader(opts.TLSCertFile, opts.TLSKeyFile, a.log); err != nil {
+			return nil, err
+		}
+	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if opts.LogDropped != nil {
 		a.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_log_dropped_total",
@@ -281,6 +301,10 @@ func (opts *Options) check() error {
 		return errors.New("invalid config: executor secret (SLUICE_EXECUTOR_SECRET): required with an executor URL")
 	case opts.API && opts.Tokens == nil:
 		return errors.New("invalid config: tokens (SLUICE_TOKENS or SLUICE_TOKENS_FILE): required to run the API")
+	case opts.TLSCertFile != "" && opts.TLSKeyFile == "":
+		return errors.New("invalid config: TLS key (SLUICE_TLS_KEY): required with a TLS certificate (SLUICE_TLS_CERT)")
+	case opts.TLSKeyFile != "" && opts.TLSCertFile == "":
+		return errors.New("invalid config: TLS certificate (SLUICE_TLS_CERT): required with a TLS key (SLUICE_TLS_KEY)")
 	}
 	return nil
 }
@@ -412,6 +436,9 @@ func (a *App) runLoops() {
 	loopCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.goLoop(func() { a.limits.Run(loopCtx) })
+	if a.tls != nil {
+		a.goLoop(func() { a.tls.run(loopCtx, tlsCheckInterval) })
+	}
 	if a.relay != nil {
 		a.goLoop(func() { a.relay.Run(loopCtx) })
 		a.goLoop(func() { a.purger.Run(loopCtx) })
@@ -498,10 +525,13 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 	}
 	a.listener = newLimitListener(a.listener, maxConns)
 	a.httpSrv = newHTTPServer(h)
+	if a.tls != nil {
+		a.httpSrv.useTLS(a.tls, a.log)
+	}
 	a.serveWG.Add(1)
 	go func() {
 		defer a.serveWG.Done()
-		if err := a.httpSrv.Serve(a.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := a.httpSrv.serveOn(a.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("API server stopped", "error", err)
 		}
 	}()
@@ -519,14 +549,30 @@ func (a *App) startMetricsServer(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", api.MetricsHandler(a.registry, a.opts.MetricsToken))
 	a.metricsLn, a.metricsSrv = ln, newHTTPServer(mux)
+	if a.tls != nil {
+		a.metricsSrv.useTLS(a.tls, a.log)
+	}
 	a.serveWG.Add(1)
 	go func() {
 		defer a.serveWG.Done()
-		if err := a.metricsSrv.Serve(newLimitListener(ln, 64)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := a.metricsSrv.serveOn(newLimitListener(ln, 64)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("metrics server stopped", "error", err)
 		}
 	}()
 	return nil
+}
+
+// TLS reports whether the listeners serve HTTPS (Options.TLSCertFile).
+func (a *App) TLS() bool { return a.tls != nil }
+
+// ReloadTLS reads the certificate files again (on SIGHUP) and serves their pair from the next
+// handshake on, logging the outcome. A pair that cannot be used is returned as the error and
+// the previous certificate stays. Without TLS it does nothing. Safe for concurrent use.
+func (a *App) ReloadTLS() error {
+	if a.tls == nil {
+		return nil
+	}
+	return a.tls.reloadAndLog("SIGHUP")
 }
 
 // MetricsAddr returns the address of the metrics listener (Options.MetricsListen), or "".
