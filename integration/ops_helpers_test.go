@@ -128,17 +128,34 @@ type mariadb struct {
 	cmd     *exec.Cmd
 	done    chan struct{}
 	logFile *os.File
+	opts    mariadbOptions
+}
+
+// mariadbOptions tune a test-owned MariaDB server.
+type mariadbOptions struct {
+	// Args are more mariadbd options (--ssl-cert=...).
+	Args []string
+	// TLS, if set, is the name of a TLS configuration registered with the driver
+	// (mysql.RegisterTLSConfig), over which the start-up check connects: for a server that
+	// requires TLS. Set by the test itself, apart from the code under test.
+	TLS string
 }
 
 // startMariaDB initialises a data directory and starts mariadbd on a free loopback port.
 func startMariaDB(t *testing.T) *mariadb {
+	t.Helper()
+	return startMariaDBWith(t, mariadbOptions{})
+}
+
+// startMariaDBWith is startMariaDB with opts.
+func startMariaDBWith(t *testing.T, opts mariadbOptions) *mariadb {
 	t.Helper()
 	for _, bin := range []string{"/usr/sbin/mariadbd", "mariadb-install-db"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Fatalf("this test needs %s (MariaDB server): %v; run deploy/local/setup.sh", bin, err)
 		}
 	}
-	m := &mariadb{t: t, dir: t.TempDir(), port: natstest.FreePort(t)}
+	m := &mariadb{t: t, dir: t.TempDir(), port: natstest.FreePort(t), opts: opts}
 	install := exec.Command("mariadb-install-db", "--no-defaults", "--datadir="+filepath.Join(m.dir, "data"),
 		"--auth-root-authentication-method=normal", "--skip-test-db", "--user=root")
 	if out, err := install.CombinedOutput(); err != nil {
@@ -165,10 +182,11 @@ func (m *mariadb) DSN(name string) string {
 
 func (m *mariadb) start() {
 	m.t.Helper()
-	m.cmd = exec.Command("/usr/sbin/mariadbd", "--no-defaults", "--datadir="+filepath.Join(m.dir, "data"),
-		"--port="+strconv.Itoa(m.port), "--socket="+filepath.Join(m.dir, "sock"), "--bind-address=127.0.0.1",
+	args := []string{"--no-defaults", "--datadir=" + filepath.Join(m.dir, "data"),
+		"--port=" + strconv.Itoa(m.port), "--socket=" + filepath.Join(m.dir, "sock"), "--bind-address=127.0.0.1",
 		"--user=root", "--skip-name-resolve", "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=16M",
-		"--skip-log-bin", "--pid-file="+filepath.Join(m.dir, "pid"), "--max-connections=500")
+		"--skip-log-bin", "--pid-file=" + filepath.Join(m.dir, "pid"), "--max-connections=500"}
+	m.cmd = exec.Command("/usr/sbin/mariadbd", append(args, m.opts.Args...)...)
 	m.cmd.Stdout, m.cmd.Stderr = m.logFile, m.logFile
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := m.cmd.Start(); err != nil {
@@ -187,7 +205,13 @@ func (m *mariadb) start() {
 		}
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		db, err := store.Open(pctx, m.DSN(""))
+		dsn := m.DSN("")
+		if m.opts.TLS != "" {
+			cfg, _ := mysql.ParseDSN(dsn)
+			cfg.TLSConfig = m.opts.TLS
+			dsn = cfg.FormatDSN()
+		}
+		db, err := store.Open(pctx, dsn)
 		if err != nil {
 			return false, err
 		}

@@ -255,6 +255,23 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		Version: version, Log: log, LogDropped: logQueue.Dropped, Memcached: splitList(c.get("memcached")),
 		CORSOrigins: splitList(c.get("cors-origins")),
 	}
+	// Transport security (issue 30): the database over TLS when its files are set, HTTPS on
+	// the listeners.
+	if opts.MySQLDSN, err = c.mysqlDSN(); err != nil {
+		return err
+	}
+	opts.TLSCertFile, opts.TLSKeyFile = c.get("tls-cert"), c.get("tls-key")
+	if dev && (opts.TLSCertFile != "" || opts.TLSKeyFile != "") {
+		return errDevTLS
+	}
+	// SIGHUP reads the certificate files again (they are polled too). It is caught only with
+	// TLS configured: otherwise a hangup ends the process, as it always has. Registered before
+	// Start, so that no SIGHUP sent once the listener is up can kill the process.
+	hup := make(chan os.Signal, 1)
+	if opts.TLSCertFile != "" {
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
 	var shutdown []func()
 	defer func() {
 		for i := len(shutdown) - 1; i >= 0; i-- {
@@ -286,7 +303,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		}
 		fmt.Fprintf(stdout, "  NATS:       %s\nPress Ctrl-C to stop.\n", broker)
 	}
-	<-ctx.Done()
+	for running := true; running; {
+		select {
+		case <-hup:
+			_ = a.ReloadTLS() // logged there; a pair that cannot be used leaves the previous one
+		case <-ctx.Done():
+			running = false
+		}
+	}
 	log.Info("stopping: no new claims; waiting for in-flight dispatches", "grace", grace.String())
 	// A second signal exits at once; leases and the outbox make that safe.
 	again := make(chan os.Signal, 1)
@@ -413,7 +437,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	db, err := store.Open(ctx, c.get("mysql-dsn"))
+	db, err := c.openDB(ctx)
 	if err != nil {
 		return err
 	}

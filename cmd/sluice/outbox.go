@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
@@ -44,7 +43,7 @@ func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	db, err := store.Open(ctx, c.get("mysql-dsn"))
+	db, err := c.openDB(ctx)
 	if err != nil {
 		return err
 	}

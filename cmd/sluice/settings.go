@@ -46,6 +46,13 @@ var settings = []setting{
 	{"simexec-listen", "SLUICE_SIMEXEC_LISTEN", "127.0.0.1:7481", "simulated executor listen address"},
 	{"api-url", "SLUICE_API_URL", "http://127.0.0.1:7480", "sluice API URL (for the simulated executor)"},
 	{"executor-token", "SLUICE_EXECUTOR_TOKEN", "", "the simulated executor's API token"},
+
+	// Transport security (issue 30): HTTPS for the listeners, TLS to MySQL/MariaDB (tls.go).
+	{"tls-cert", "SLUICE_TLS_CERT", "", "PEM certificate (chain) for HTTPS on the API and metrics listeners, with --tls-key; reloaded on SIGHUP and when the files change"},
+	{"tls-key", "SLUICE_TLS_KEY", "", "PEM private key of --tls-cert"},
+	{"mysql-ca", "SLUICE_MYSQL_CA", "", "CA file that signed the MySQL/MariaDB server's certificate: connect over TLS and verify it"},
+	{"mysql-cert", "SLUICE_MYSQL_CERT", "", "PEM client certificate for MySQL/MariaDB over TLS, with --mysql-key"},
+	{"mysql-key", "SLUICE_MYSQL_KEY", "", "PEM private key of --mysql-cert"},
 }
 
 // config holds resolved settings by flag name.
