@@ -8,7 +8,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 # Packages that need no services run under -race; integration/ talks to MariaDB and NATS.
 UNIT     = $(shell $(GO) list ./... | grep -v /integration)
 
-.PHONY: run test build services vet lint unit fuzz integration bench clean
+.PHONY: run test build services vet lint unit fuzz integration bench benchcmp clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/sluice
@@ -54,10 +54,31 @@ clean:
 
 # Benchmarks print one JSON line per figure ({"bench": ...}); each figure is reported beside the
 # raw limit measured in the same run (same transaction against the same database, raw JetStream
-# publish), because these machines are shared and noisy.
+# publish), because these machines are shared and noisy. With the peers beside the project
+# (PEERS, ../shared/peers: River on PostgreSQL, Asynq on Redis), `make bench` runs them first in
+# the same run and prints each sluice figure beside its peer's (integration/benchtool peers).
+# BENCH picks benchmarks (go test -bench), PEER_MEASURES what run.sh runs (river, asynq or all).
+PEERS         ?= ../shared/peers
+PEER_MEASURES ?= river asynq
+BENCH         ?= .
 bench: services
-	@out=$$(mktemp); status=0; \
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./integration/... > $$out 2>&1 || status=$$?; \
+	@out=$$(mktemp); peers=$$(mktemp); status=0; \
+	if [ -f "$(PEERS)/run.sh" ]; then \
+		bash deploy/local/peers.sh >&2; \
+		for m in $(PEER_MEASURES); do bash "$(PEERS)/run.sh" $$m >> $$peers || status=$$?; done; \
+	else echo "bench: no peers at $(PEERS): sluice's figures only" >&2; fi; \
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 60m ./integration/... > $$out 2>&1 || status=$$?; \
 	grep '^{"bench"' $$out; \
+	if [ -s $$peers ]; then grep '^{' $$peers; echo; $(GO) run ./integration/benchtool peers -sluice $$out -peers $$peers; fi; \
 	if [ $$status -ne 0 ]; then grep -v '^{"bench"' $$out | grep -v '^\[mysql\]' | tail -40; fi; \
-	rm -f $$out; exit $$status
+	rm -f $$out $$peers; exit $$status
+
+# Compares the working tree with BASE (a revision) by alternated rounds of the hot-path
+# benchmarks, and prints each figure's medians, their ratio and in how many rounds the working
+# tree lost: `make benchcmp BASE=v0.4 ROUNDS=5 BENCH='BenchmarkAdmission$$'`. A loss that holds
+# across rounds is a regression to fix or to justify.
+ROUNDS   ?= 5
+CMPBENCH ?= BenchmarkAdmission$$|BenchmarkDrainThroughput$$|BenchmarkPickupLatency$$
+benchcmp: services
+	@test -n "$(BASE)" || { echo "benchcmp: BASE=<revision> is required"; exit 2; }
+	$(GO) run ./integration/benchtool compare -base '$(BASE)' -rounds $(ROUNDS) -bench '$(if $(filter-out .,$(BENCH)),$(BENCH),$(CMPBENCH))'

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+const run1 = `ok, some log line
+{"bench":"admission_single_http","clients":4,"jobs":3840,"jobs_per_s":900,"ratio":0.3}
+{"bench":"admission_single_http","clients":16,"jobs":3840,"jobs_per_s":1800,"ratio":0.6}
+{"bench":"pickup_latency","samples":200,"one_process_p50_ms":4.5}
+`
+
+const run2 = `{"bench":"admission_single_http","clients":4,"jobs":3840,"jobs_per_s":1100,"ratio":0.4}
+{"bench":"admission_single_http","clients":16,"jobs":3840,"jobs_per_s":1700,"ratio":0.5}
+{"bench":"pickup_latency","samples":200,"one_process_p50_ms":3.5}
+`
+
+// TestFiguresGroupByIdentity: lines of one bench with other identity values are other figures;
+// the measured fields are the rest.
+func TestFiguresGroupByIdentity(t *testing.T) {
+	figs, err := parseFigures(strings.NewReader(run1))
+	if err != nil || len(figs) != 3 {
+		t.Fatalf("%d figures (%v), want 3", len(figs), err)
+	}
+	if k := figs[0].key(); k != "admission_single_http clients=4 jobs=3840" {
+		t.Errorf("key %q", k)
+	}
+	if m := figs[0].metrics(); len(m) != 2 || m["jobs_per_s"] != 900 {
+		t.Errorf("metrics %v, want jobs_per_s and ratio", m)
+	}
+	stated, _ := parseFigures(strings.NewReader(`{"bench":"x","take_over_raw_p50":1.5,"target_ratio":2}`))
+	if m := stated[0].metrics(); len(m) != 1 || !lowerIsBetter("take_over_raw_p50") || lowerIsBetter("jobs_per_s") {
+		t.Errorf("metrics %v: a stated target is no measure, and a time over its raw limit is better lower", m)
+	}
+	if _, err := parseFigures(strings.NewReader(`{"bench": nope}`)); err == nil {
+		t.Error("a broken line was accepted")
+	}
+}
+
+// TestReportMediansAndLosses: medians over rounds, head/base, and the rounds the head lost in,
+// a latency's loss being a higher value.
+func TestReportMediansAndLosses(t *testing.T) {
+	r := newRounds()
+	for i, out := range []string{run1, run2, run2, run1} { // base, head, head, base
+		figs, _ := parseFigures(strings.NewReader(out))
+		r.add(i == 0 || i == 3, figs)
+	}
+	var b bytes.Buffer
+	r.report(&b, regexp.MustCompile(`jobs_per_s$|_ms$`))
+	out := b.String()
+	for _, want := range []string{
+		"admission_single_http clients=4 jobs=3840   jobs_per_s          900          1100         1.222      0/2 rounds",
+		"admission_single_http clients=16 jobs=3840  jobs_per_s          1800         1700         0.944      2/2 rounds",
+		"pickup_latency samples=200                  one_process_p50_ms  4.500        3.500        0.778      0/2 rounds",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "ratio") {
+		t.Errorf("a metric outside -fields was printed:\n%s", out)
+	}
+	if median([]float64{3, 1, 2, 10}) != 2.5 {
+		t.Error("median of an even count")
+	}
+}
+
+// TestPeersPairing: a sluice figure beside the peer figure of the same run, the ratio, and the
+// target; a side that is missing is said.
+func TestPeersPairing(t *testing.T) {
+	figs, _ := parseFigures(strings.NewReader(`{"bench":"drain_throughput","jobs":20000,"jobs_per_s":3000,"all_procs_jobs_per_s":3300}
+{"bench":"pickup_latency","one_process_p50_ms":3,"one_process_p99_ms":8}`))
+	lines, err := parsePeers(strings.NewReader(`== river
+{"prog":"river","measure":"drain","settings":"defaults","jobs_per_s":5000}
+{"prog":"river","measure":"drain","settings":"fast","jobs_per_s":12000}
+{"prog":"river","measure":"pickup","settings":"fastest","p50_ms":1.5,"p99_ms":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	reportPeers(&b, figs, lines)
+	out := b.String()
+	for _, want := range []string{
+		"drain, caps 64, one P", "3000", "river drain (fast)", "12000", "0.250", "≥ 0.600",
+		"pickup p50", "≤ 2.000",
+		"batch admission", "no sluice figure admission_batch_http.jobs_per_s",
+		"against Asynq", "no peer figure",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}
