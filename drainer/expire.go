@@ -26,11 +26,11 @@ const expireBatch, expireBatches = 500, 4
 // expired. It uses the config the last pass read: the claim reads it under the claim lock, and
 // the upkeep re-reads it whenever queued work was left behind, which is when anything can expire.
 func (e *expirer) RunOnce(ctx context.Context, now time.Time) (int, error) {
-	age := e.config.get().MaxQueueAgeSeconds
+	age := e.config.get().MaxQueueAge()
 	if age <= 0 {
 		return 0, nil
 	}
-	cutoff := now.Add(-time.Duration(age) * time.Second)
+	cutoff := now.Add(-age)
 	n := 0
 	for range expireBatches {
 		var gone []store.Row

@@ -63,6 +63,11 @@ func TestOpsConfigAPI(t *testing.T) {
 		{map[string]any{"no_such_key": 1}, "no_such_key"},
 		{map[string]any{"admission_mode": nil}, "admission_mode"},
 		{map[string]any{"tenant_in_flight_overrides": map[string]int{"x": -2}}, "tenant_in_flight_overrides"},
+		// Past its bound a day or second count overflows a time.Duration: 213,504 days wrapped to
+		// 25 minutes, and the purger took every finished job and audit event.
+		{map[string]any{"retention_days": 213504}, "retention_days"},
+		{map[string]any{"audit_retention_days": 36501}, "audit_retention_days"},
+		{map[string]any{"execution_wall_seconds": 9223372037}, "execution_wall_seconds"},
 		{map[string]any{}, "changes"},
 	} {
 		r := env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": tc.changes})

@@ -53,23 +53,26 @@ type Config struct {
 	AdmissionRatePerMinute int `json:"admission_rate_per_minute"`
 	// Ordering is fair, fifo or round_robin. Default fair.
 	Ordering Ordering `json:"ordering"`
-	// ExecutionWallSeconds bounds dispatch to outcome. Default 310.
+	// ExecutionWallSeconds bounds dispatch to outcome, at most MaxSeconds. Default 310.
 	ExecutionWallSeconds int `json:"execution_wall_seconds"`
-	// MaxQueueAgeSeconds expires jobs queued longer than this. Default 0 (never).
+	// MaxQueueAgeSeconds expires jobs queued longer than this, at most MaxSeconds. Default 0
+	// (never).
 	MaxQueueAgeSeconds int `json:"max_queue_age_seconds"`
-	// LeaseSeconds is the claim lease, renewed at most every third of it. Default 10.
+	// LeaseSeconds is the claim lease, renewed at most every third of it, at most MaxSeconds.
+	// Default 10.
 	LeaseSeconds int `json:"lease_seconds"`
-	// NonceTTLSeconds is the time from minting in which /start is accepted. Default 300.
+	// NonceTTLSeconds is the time from minting in which /start is accepted, at most MaxSeconds.
+	// Default 300.
 	NonceTTLSeconds int `json:"nonce_ttl_seconds"`
 	// DispatchAttempts is the budget of never-started dispatch failures. Default 3.
 	DispatchAttempts int `json:"dispatch_attempts"`
 	// MaxPayloadBytes is the admission payload limit, at most MaxPayloadCap. Default 262144.
 	MaxPayloadBytes int `json:"max_payload_bytes"`
-	// RetentionDays is how long terminal jobs are kept. Default 90.
+	// RetentionDays is how long terminal jobs are kept, at most MaxDays. Default 90.
 	RetentionDays int `json:"retention_days"`
-	// OutboxRetentionDays is how long published outbox rows are kept. Default 7.
+	// OutboxRetentionDays is how long published outbox rows are kept, at most MaxDays. Default 7.
 	OutboxRetentionDays int `json:"outbox_retention_days"`
-	// AuditRetentionDays is how long audit events are kept. Default 30.
+	// AuditRetentionDays is how long audit events are kept, at most MaxDays. Default 30.
 	AuditRetentionDays int `json:"audit_retention_days"`
 	// Lanes maps a lane name to its cluster-wide in-flight limit (SPEC §5a). Default empty.
 	Lanes map[string]int `json:"lanes"`
@@ -143,14 +146,42 @@ func (c Config) Tier(tenant string) string {
 	return DefaultTier
 }
 
+// MaxDays bounds the *_days keys: 100 years, which is "keep for ever" in practice. A day count
+// becomes a time.Duration, nanoseconds in an int64 (about 292 years), and a purge cutoff in a
+// DATETIME column: 213,504 days, an operator's "never purge", wrapped to 25 minutes and purged
+// every finished job and audit event at once.
+const MaxDays = 36500
+
+// MaxSeconds bounds the *_seconds keys: a year. Past it an execution wall, lease, nonce TTL or
+// queue age means nothing a queue can act on (0 already turns the queue age off), and far past
+// it the conversion to a time.Duration overflows into a small or negative one.
+const MaxSeconds = 365 * 24 * 60 * 60
+
+// days and seconds convert a key's value, saturating at its bound: Validate refuses more, but a
+// configuration stored before the bounds existed is read without validation, and must not wrap.
+func days(n int) time.Duration    { return time.Duration(min(n, MaxDays)) * 24 * time.Hour }
+func seconds(n int) time.Duration { return time.Duration(min(n, MaxSeconds)) * time.Second }
+
 // Lease returns the lease duration.
-func (c Config) Lease() time.Duration { return time.Duration(c.LeaseSeconds) * time.Second }
+func (c Config) Lease() time.Duration { return seconds(c.LeaseSeconds) }
 
 // Wall returns the execution wall.
-func (c Config) Wall() time.Duration { return time.Duration(c.ExecutionWallSeconds) * time.Second }
+func (c Config) Wall() time.Duration { return seconds(c.ExecutionWallSeconds) }
 
 // NonceTTL returns the nonce TTL.
-func (c Config) NonceTTL() time.Duration { return time.Duration(c.NonceTTLSeconds) * time.Second }
+func (c Config) NonceTTL() time.Duration { return seconds(c.NonceTTLSeconds) }
+
+// MaxQueueAge returns the age past which a queued job expires; 0 (or less) means never.
+func (c Config) MaxQueueAge() time.Duration { return seconds(c.MaxQueueAgeSeconds) }
+
+// Retention returns how long terminal jobs are kept.
+func (c Config) Retention() time.Duration { return days(c.RetentionDays) }
+
+// OutboxRetention returns how long published outbox rows are kept.
+func (c Config) OutboxRetention() time.Duration { return days(c.OutboxRetentionDays) }
+
+// AuditRetention returns how long audit events are kept.
+func (c Config) AuditRetention() time.Duration { return days(c.AuditRetentionDays) }
 
 // Validate returns a *FieldError naming the first invalid key and why.
 func (c Config) Validate() error {
@@ -187,6 +218,25 @@ func (c Config) Validate() error {
 	for _, f := range positive {
 		if f.v <= 0 {
 			return invalidf(f.key, "must be at least 1, got %d", f.v)
+		}
+	}
+	bounded := []struct {
+		key  string
+		v    int
+		max  int
+		unit string
+	}{
+		{"execution_wall_seconds", c.ExecutionWallSeconds, MaxSeconds, "seconds (a year)"},
+		{"max_queue_age_seconds", c.MaxQueueAgeSeconds, MaxSeconds, "seconds (a year; 0 turns it off)"},
+		{"lease_seconds", c.LeaseSeconds, MaxSeconds, "seconds (a year)"},
+		{"nonce_ttl_seconds", c.NonceTTLSeconds, MaxSeconds, "seconds (a year)"},
+		{"retention_days", c.RetentionDays, MaxDays, "days (100 years)"},
+		{"outbox_retention_days", c.OutboxRetentionDays, MaxDays, "days (100 years)"},
+		{"audit_retention_days", c.AuditRetentionDays, MaxDays, "days (100 years)"},
+	}
+	for _, f := range bounded {
+		if f.v > f.max {
+			return invalidf(f.key, "at most %d %s, got %d", f.max, f.unit, f.v)
 		}
 	}
 	for t, n := range c.TenantInFlightOverrides {

@@ -375,7 +375,7 @@ func (a *App) startRelay(js jetstream.JetStream, installID string, relayMetrics 
 		return err
 	}
 	if a.purger, err = publisher.NewPurger(publisher.PurgerConfig{DB: a.db, Log: a.log, Retention: func() time.Duration {
-		return time.Duration(a.limits.Current().Config.OutboxRetentionDays) * 24 * time.Hour
+		return a.limits.Current().Config.OutboxRetention()
 	}}); err != nil {
 		return err
 	}
@@ -386,7 +386,7 @@ func (a *App) startRelay(js jetstream.JetStream, installID string, relayMetrics 
 			return store.PurgeSettled(ctx, db, cutoff, limit)
 		},
 		Retention: func() time.Duration {
-			return time.Duration(a.limits.Current().Config.RetentionDays) * 24 * time.Hour
+			return a.limits.Current().Config.Retention()
 		}}); err != nil {
 		return err
 	}
@@ -395,7 +395,7 @@ func (a *App) startRelay(js jetstream.JetStream, installID string, relayMetrics 
 			return store.PurgeAudit(ctx, db, cutoff, limit)
 		},
 		Retention: func() time.Duration {
-			return time.Duration(a.limits.Current().Config.AuditRetentionDays) * 24 * time.Hour
+			return a.limits.Current().Config.AuditRetention()
 		}}); err != nil {
 		return err
 	}
