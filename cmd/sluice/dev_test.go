@@ -181,10 +181,11 @@ func TestDevUnconfirmedAsync(t *testing.T) {
 // TestDevOwnExecutor: with SLUICE_EXECUTOR_URL set, the banner names that executor and prints
 // no stats URL, the built-in executor not running.
 func TestDevOwnExecutor(t *testing.T) {
-	ex := simexec.New(simexec.Config{Secret: []byte("own-secret")})
+	const secret = "own-secret-0123456789abcdef01234567"
+	ex := simexec.New(simexec.Config{Secret: []byte(secret)})
 	srv := httptest.NewServer(ex.Handler())
 	t.Cleanup(func() { srv.Close(); ex.Close() })
-	d := startDev(t, map[string]string{"SLUICE_EXECUTOR_URL": srv.URL + "/dispatch", "SLUICE_EXECUTOR_SECRET": "own-secret"})
+	d := startDev(t, map[string]string{"SLUICE_EXECUTOR_URL": srv.URL + "/dispatch", "SLUICE_EXECUTOR_SECRET": secret})
 	banner := d.stdout.String()
 	if !strings.Contains(banner, "executor:   "+srv.URL+"/dispatch") {
 		t.Errorf("the banner does not name the configured executor:\n%s", banner)

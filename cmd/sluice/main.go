@@ -10,6 +10,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -374,7 +376,11 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 		return x, nil
 	}
 	if opts.ExecutorSecret == "" {
-		opts.ExecutorSecret = "dev-secret"
+		// The built-in executor is the only one that has to know it, in this process: a fresh
+		// random secret each run is as long as serve requires and guessable by no one.
+		key := make([]byte, app.MinExecutorSecretLength)
+		_, _ = rand.Read(key) // never fails (crypto/rand)
+		opts.ExecutorSecret = hex.EncodeToString(key)
 	}
 	// The executor calls the API back, so it needs the API's real address (an OS-chosen port
 	// with --listen 127.0.0.1:0) before the first dispatch, and the drainer may dispatch a job

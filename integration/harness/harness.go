@@ -31,7 +31,7 @@ const (
 	ProducerToken = "producer-token-0123456789abcdef0123"
 	ExecutorToken = "executor-token-0123456789abcdef0123"
 	AdminToken    = "admin-token-0123456789abcdef0123456"
-	Secret        = "test-secret"
+	Secret        = "test-secret-0123456789abcdef0123456"
 )
 
 // Env is a running sluice with its dependencies.

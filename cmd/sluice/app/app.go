@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,7 +67,8 @@ type Options struct {
 	Listener net.Listener
 	// ExecutorURL receives dispatches. Required with the drainer role.
 	ExecutorURL string
-	// ExecutorSecret signs dispatches. Required with ExecutorURL.
+	// ExecutorSecret signs dispatches. Required with ExecutorURL: at least
+	// MinExecutorSecretLength bytes, and not the placeholder of deploy/sluice.env.example.
 	ExecutorSecret string
 	// ExecutorID is named as the audience of every dispatch (SLUICE_EXECUTOR_ID). Default "":
 	// none.
@@ -288,6 +290,16 @@ func (opts *Options) setDefaults() {
 	}
 }
 
+// MinExecutorSecretLength is the shortest executor signing secret, in bytes. Whoever has the
+// secret can forge dispatches that an executor runs, and a captured signed dispatch lets its
+// holder test guesses offline at any rate: only a secret as long as an API token
+// (api.MinTokenLength) makes that hopeless.
+const MinExecutorSecretLength = 32
+
+// placeholder marks the example values of deploy/sluice.env.example and the README, compared
+// in lower case: a copied example, however long, is known to everyone who read it.
+const placeholder = "change-me"
+
 // check refuses options a process cannot start with, naming the setting.
 func (opts *Options) check() error {
 	switch {
@@ -299,6 +311,12 @@ func (opts *Options) check() error {
 		return errors.New("invalid config: executor URL (SLUICE_EXECUTOR_URL): required to run the drainer")
 	case opts.ExecutorURL != "" && opts.ExecutorSecret == "":
 		return errors.New("invalid config: executor secret (SLUICE_EXECUTOR_SECRET): required with an executor URL")
+	case opts.ExecutorURL != "" && len(opts.ExecutorSecret) < MinExecutorSecretLength:
+		return fmt.Errorf("invalid config: executor secret (SLUICE_EXECUTOR_SECRET): at least %d bytes, got %d (generate one with `openssl rand -hex 32`)",
+			MinExecutorSecretLength, len(opts.ExecutorSecret))
+	case opts.ExecutorURL != "" && strings.Contains(strings.ToLower(opts.ExecutorSecret), placeholder):
+		return fmt.Errorf("invalid config: executor secret (SLUICE_EXECUTOR_SECRET): still the %q placeholder of the example settings (generate one with `openssl rand -hex 32`)",
+			placeholder)
 	case opts.API && opts.Tokens == nil:
 		return errors.New("invalid config: tokens (SLUICE_TOKENS or SLUICE_TOKENS_FILE): required to run the API")
 	case opts.TLSCertFile != "" && opts.TLSKeyFile == "":
