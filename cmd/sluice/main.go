@@ -282,6 +282,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	}()
 	var extras devExtras
 	if dev {
+		if err := devLoopbackOnly(c); err != nil {
+			return err
+		}
 		if extras, err = devSetup(ctx, c, &opts, stdout, &shutdown); err != nil {
 			return err
 		}
@@ -339,6 +342,38 @@ func oneProcForDrainer(log *slog.Logger, env string) {
 	}
 	runtime.GOMAXPROCS(1)
 	log.Info("drainer-only process: Go code runs on one thread (set GOMAXPROCS to change it)")
+}
+
+// devLoopbackOnly refuses an API or metrics listen address of `sluice dev` that is not loopback.
+// dev accepts its built-in admin token `dev`, which everyone knows: on any other address, anyone
+// who can reach the host could read every tenant's jobs and change the runtime config.
+func devLoopbackOnly(c *config) error {
+	for _, l := range []struct{ flag, env string }{{"listen", "SLUICE_LISTEN"}, {"metrics-listen", "SLUICE_METRICS_LISTEN"}} {
+		addr := c.get(l.flag)
+		if addr == "" && l.flag == "metrics-listen" {
+			continue // metrics on the API listener
+		}
+		if !loopbackAddr(addr) {
+			return fmt.Errorf("sluice dev: %s (--%s) %q is not a loopback address: dev accepts its built-in admin token `dev`, "+
+				"which would let anyone who reaches that address act as admin; listen on 127.0.0.1, [::1] or localhost, "+
+				"or run `sluice serve` with tokens of your own", l.env, l.flag, addr)
+		}
+	}
+	return nil
+}
+
+// loopbackAddr reports whether the host of the listen address addr is loopback: 127.0.0.0/8,
+// ::1 or localhost. An empty host means every interface.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // devExtras is what devSetup started, for the banner.
