@@ -298,11 +298,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 	}
 	if dev {
 		fmt.Fprintf(stdout, "sluice dev is running\n  API:        http://%s   (token: %s)\n  console:    http://%s/ui/\n  executor:   %s\n",
-			a.Addr(), devToken.Token, a.Addr(), opts.ExecutorURL)
+			a.Addr(), devToken.Token, a.Addr(), app.RedactURL(opts.ExecutorURL))
 		if extras.statsURL != "" {
 			fmt.Fprintf(stdout, "  stats:      %s\n", extras.statsURL)
 		}
-		broker := opts.NATSURL
+		broker := app.RedactURL(opts.NATSURL)
 		if extras.embeddedNATS {
 			broker += "   (embedded: SLUICE_NATS_URL is unset)"
 		}

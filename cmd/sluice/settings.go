@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/publisher"
 )
 
@@ -162,7 +163,7 @@ func (c config) connectNATS(name string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(url, append(auth, nats.Name(name), nats.Timeout(5*time.Second), nats.ReconnectBufSize(-1))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", app.RedactURL(url), app.RedactError(err, url))
 	}
 	return nc, nil
 }

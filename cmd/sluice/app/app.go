@@ -359,7 +359,7 @@ func (a *App) connect(ctx context.Context) (jetstream.JetStream, error) {
 		return nil, err
 	}
 	if a.nc, err = nats.Connect(opts.NATSURL, append(a.natsOptions(name), auth...)...); err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", opts.NATSURL, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", RedactURL(opts.NATSURL), RedactError(err, opts.NATSURL))
 	}
 	var js jetstream.JetStream
 	if !opts.CoreNATS {
@@ -427,7 +427,7 @@ func (a *App) startDrainer() error {
 	var err error
 	if executor.PlainHTTPToRemote(opts.ExecutorURL) {
 		a.log.Warn("the executor URL is plain http:// to a host that is not loopback: signed payloads and nonces cross the network unencrypted; use https://",
-			"executor_url", opts.ExecutorURL)
+			"executor_url", RedactURL(opts.ExecutorURL))
 	}
 	sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
 	sender.Audience = opts.ExecutorID

@@ -46,7 +46,8 @@ func (a *App) natsOptions(name string) []nats.Option {
 			}
 			a.log.Warn("NATS disconnected; reconnecting (pokes are hints: the drainer polls, the outbox keeps what is not published)", "error", err)
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { a.log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted()) }),
+		// Not ConnectedUrlRedacted: it masks a password but shows a token (nats://token@host).
+		nats.ReconnectHandler(func(nc *nats.Conn) { a.log.Info("NATS reconnected", "url", RedactURL(nc.ConnectedUrl())) }),
 		nats.ClosedHandler(func(*nats.Conn) { a.ops.closeOnce.Do(func() { close(a.ops.ncClosed) }) }))
 }
 
