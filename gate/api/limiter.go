@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -111,20 +112,32 @@ func (l *bucketLimiter) len() int {
 	return l.order.Len()
 }
 
-// sourceOf is the address a request's failures are counted against: the peer's IP (behind a
-// proxy, the proxy's: failing requests through it then share one bucket), an IPv6 address by
-// its /64, since one host commonly holds a whole /64.
+// sourceOf is the address a request's failures are counted against: SourceOf the peer's IP
+// (behind a proxy, the proxy's: failing requests through it then share one bucket).
 func sourceOf(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
 	}
-	ip := net.ParseIP(host)
-	if ip == nil {
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
 		return host
 	}
-	if ip.To4() == nil {
-		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	return SourceOf(ip)
+}
+
+// SourceOf is the one notion of a client's source, for every per-source limit (failed
+// authentications here, connections in cmd/sluice/app): an IPv4 address (an IPv4-mapped IPv6
+// one counts as IPv4) by itself, an IPv6 address by its /64, since one host commonly holds a
+// whole /64.
+func SourceOf(ip netip.Addr) string {
+	ip = ip.Unmap()
+	if ip.Is4() {
+		return ip.String()
 	}
-	return ip.String()
+	p, err := ip.WithZone("").Prefix(64)
+	if err != nil {
+		return ip.String()
+	}
+	return p.String()
 }

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -79,6 +80,10 @@ type Options struct {
 	// Tokens are configured besides the three of every harness (a producer scoped to some
 	// tenants, say).
 	Tokens []api.Token
+	// MaxConns, MaxConnsPerSource, ReservedConns and ExecutorSources, as app.Options: the
+	// listener's connection bounds. Default: app's.
+	MaxConns, MaxConnsPerSource, ReservedConns int
+	ExecutorSources                            []netip.Prefix
 }
 
 // Start brings up an Env for tb.
@@ -140,6 +145,8 @@ func (e *Env) StartApp(tb testing.TB, o Options) *app.App {
 		API: o.API, Relay: o.Relay, Drainer: o.Drainer, Grace: 10 * time.Second, Log: e.log,
 		Memcached: o.Memcached, GateTimeout: o.GateTimeout,
 		MetricsListen: o.MetricsListen, MetricsToken: o.MetricsToken, NoTenantLabels: o.NoTenantLabels,
+		MaxConns: o.MaxConns, MaxConnsPerSource: o.MaxConnsPerSource, ReservedConns: o.ReservedConns,
+		ExecutorSources: o.ExecutorSources,
 	})
 	if err != nil {
 		tb.Fatalf("harness: start sluice: %v", err)

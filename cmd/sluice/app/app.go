@@ -5,6 +5,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -120,6 +122,23 @@ type Options struct {
 	// one kept. Start fails if they cannot be loaded, or if only one is set. Default: plain
 	// HTTP.
 	TLSCertFile, TLSKeyFile string
+
+	// MaxConnsPerSource bounds the connections one source (an IPv4 address, an IPv6 /64)
+	// outside ExecutorSources may hold open at once; past it, a new one of its connections is
+	// closed as soon as it is accepted (SLUICE_MAX_CONNS_PER_SOURCE). Default
+	// DefaultMaxConnsPerSource; negative: no bound.
+	MaxConnsPerSource int
+	// ReservedConns of MaxConns are kept for ExecutorSources: the other sources together hold
+	// at most MaxConns-ReservedConns, and past that a new connection of theirs is closed as soon
+	// as it is accepted, so that idle or slow sockets of unauthenticated clients never leave the
+	// executor's /start and /complete without a connection (SLUICE_RESERVED_CONNS). Default
+	// DefaultReservedConns, or an eighth of a MaxConns below 1,024; negative: none. Must be
+	// below MaxConns.
+	ReservedConns int
+	// ExecutorSources are the addresses the executors call back from (SLUICE_EXECUTOR_SOURCES):
+	// their connections are never capped per source and alone may take ReservedConns. Default
+	// DefaultExecutorSources (loopback); an empty, non-nil list: none.
+	ExecutorSources []netip.Prefix
 }
 
 // DefaultListen is the API's listen address when Options.Listen is empty (SPEC §9).
@@ -300,9 +319,33 @@ const MinExecutorSecretLength = 32
 // in lower case: a copied example, however long, is known to everyone who read it.
 const placeholder = "change-me"
 
+// connLimits resolves the listener's bounds: defaults for unset ones, none for negative ones.
+func (opts *Options) connLimits(refused *prometheus.CounterVec) connLimits {
+	lim := connLimits{max: cmp.Or(opts.MaxConns, DefaultMaxConns),
+		perSource: cmp.Or(opts.MaxConnsPerSource, DefaultMaxConnsPerSource),
+		reserved:  opts.ReservedConns, exempt: opts.ExecutorSources, refused: refused}
+	if lim.reserved == 0 {
+		// An eighth of a smaller bound, so that a MaxConns set below the default reserve
+		// still leaves the other sources most of it.
+		lim.reserved = min(DefaultReservedConns, lim.max/8)
+	}
+	if lim.exempt == nil {
+		lim.exempt = DefaultExecutorSources()
+	}
+	return lim
+}
+
+// DefaultExecutorSources are Options.ExecutorSources' default: loopback, where `sluice dev`'s
+// simulated executor and an executor beside sluice on one host call from.
+func DefaultExecutorSources() []netip.Prefix {
+	return []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+}
+
 // check refuses options a process cannot start with, naming the setting.
 func (opts *Options) check() error {
 	switch {
+	case opts.ReservedConns > 0 && opts.MaxConns >= 0 && opts.ReservedConns >= cmp.Or(opts.MaxConns, DefaultMaxConns):
+		return errors.New("invalid config: reserved connections (SLUICE_RESERVED_CONNS): must be below the connection bound (SLUICE_MAX_CONNS)")
 	case opts.MySQLDSN == "":
 		return errors.New("invalid config: MySQL DSN: required")
 	case opts.NATSURL == "":
@@ -537,11 +580,13 @@ func (a *App) serve(ctx context.Context, h http.Handler) error {
 			return fmt.Errorf("listen on %s: %w", a.opts.Listen, err)
 		}
 	}
-	maxConns := a.opts.MaxConns
-	if maxConns == 0 {
-		maxConns = DefaultMaxConns
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_connections_refused_total",
+		Help: "Connections closed as soon as accepted: reason source (past SLUICE_MAX_CONNS_PER_SOURCE) or reserved (the other sources' share of SLUICE_MAX_CONNS, past SLUICE_RESERVED_CONNS, is full)."},
+		[]string{"reason"})
+	if err := a.registry.Register(refused); err != nil {
+		return fmt.Errorf("register connection metrics: %w", err)
 	}
-	a.listener = newLimitListener(a.listener, maxConns)
+	a.listener = newConnLimiter(a.listener, a.opts.connLimits(refused))
 	a.httpSrv = newHTTPServer(h)
 	if a.tls != nil {
 		a.httpSrv.useTLS(a.tls, a.log)

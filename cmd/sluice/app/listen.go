@@ -4,8 +4,13 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/gate/api"
 )
 
 // Bounds of the HTTP listeners (API, and the ops endpoints of processes without the API
@@ -15,6 +20,14 @@ const (
 	// Accept waits for one to close. It is well above api.DefaultMaxRequests, so that the
 	// executor's callbacks still find connections while other callers hold their share.
 	DefaultMaxConns = 1024
+	// DefaultReservedConns of DefaultMaxConns are kept for the executors' addresses
+	// (Options.ReservedConns): one connection per callback in flight, for a few hundred jobs
+	// in flight at once, with the other sources still holding 896.
+	DefaultReservedConns = 128
+	// DefaultMaxConnsPerSource bounds one source's connections (Options.MaxConnsPerSource):
+	// a client or a proxy pool rarely needs more, and 14 sources are needed to fill the other
+	// sources' share of DefaultMaxConns.
+	DefaultMaxConnsPerSource = 64
 	// readTimeout bounds reading a whole request, body included: a 32 MiB batch needs
 	// about 0.5 MiB/s, and a slow client cannot hold a connection and its goroutine longer.
 	readTimeout = 60 * time.Second
@@ -23,8 +36,10 @@ const (
 	writeTimeout = 90 * time.Second
 	// readHeaderTimeout bounds reading the request line and headers.
 	readHeaderTimeout = 10 * time.Second
-	// idleTimeout closes keep-alive connections left idle.
-	idleTimeout = 2 * time.Minute
+	// idleTimeout closes keep-alive connections left idle: short, since an idle connection
+	// holds a slot of MaxConns and of its source's MaxConnsPerSource; a client that comes back
+	// later dials again.
+	idleTimeout = 30 * time.Second
 	// maxHeaderBytes bounds the request line and headers (net/http's default is 1 MiB).
 	maxHeaderBytes = 64 << 10
 )
@@ -76,35 +91,128 @@ func (s *httpServer) Shutdown(ctx context.Context) error {
 	return s.Server.Shutdown(ctx)
 }
 
-// limitListener accepts at most n connections open at once: Accept waits while n are open.
+// connLimits are the bounds of a listener's connections (Options.MaxConns, MaxConnsPerSource,
+// ReservedConns, ExecutorSources), resolved: a value <= 0 is no bound.
+type connLimits struct {
+	max       int            // connections open at once, all sources
+	perSource int            // connections open at once from one source outside exempt
+	reserved  int            // of max, kept for exempt sources
+	exempt    []netip.Prefix // the executors' addresses: no per-source bound, may take reserved
+	// refused, if set, counts connections closed at accept: reason "source" (past perSource)
+	// or "reserved" (past max-reserved).
+	refused *prometheus.CounterVec
+}
+
+// limitListener holds at most max connections open at once: Accept waits while max are open.
+// A connection from a source outside exempt is closed as soon as it is accepted when its source
+// already holds perSource, or when such sources together hold max-reserved: Accept must not wait
+// for them, since the kernel hands connections over in arrival order and an executor's would then
+// wait behind theirs. An executor's connection is never closed here; it only waits, as every
+// connection does, while max are open, which the other sources alone can no longer reach.
 // Safe for concurrent use.
 type limitListener struct {
 	net.Listener
-	slots     chan struct{}
+	lim       connLimits
+	slots     chan struct{} // one per open connection; nil: no bound
 	done      chan struct{}
 	closeOnce sync.Once
+
+	mu     sync.Mutex
+	others int            // open connections of sources outside exempt
+	bySrc  map[string]int // open connections per source outside exempt
 }
 
 // newLimitListener wraps l to hold at most n connections open (n <= 0: no bound).
 func newLimitListener(l net.Listener, n int) net.Listener {
-	if n <= 0 {
+	return newConnLimiter(l, connLimits{max: n})
+}
+
+// newConnLimiter wraps l in the bounds of lim; with no bound at all it returns l.
+func newConnLimiter(l net.Listener, lim connLimits) net.Listener {
+	if lim.max <= 0 && lim.perSource <= 0 {
 		return l
 	}
-	return &limitListener{Listener: l, slots: make(chan struct{}, n), done: make(chan struct{})}
+	ll := &limitListener{Listener: l, lim: lim, done: make(chan struct{}), bySrc: map[string]int{}}
+	if lim.max > 0 {
+		ll.slots = make(chan struct{}, lim.max)
+	}
+	return ll
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
+	for {
+		if l.slots != nil {
+			select {
+			case l.slots <- struct{}{}:
+			case <-l.done:
+				return nil, net.ErrClosed
+			}
+		}
+		c, err := l.Listener.Accept()
+		if err != nil {
+			l.freeSlot()
+			return nil, err
+		}
+		src, counted := l.source(c.RemoteAddr())
+		if !counted {
+			return &limitConn{Conn: c, release: l.freeSlot}, nil
+		}
+		if reason := l.admit(src); reason != "" {
+			_ = c.Close()
+			l.freeSlot()
+			if l.lim.refused != nil {
+				l.lim.refused.WithLabelValues(reason).Inc()
+			}
+			continue
+		}
+		return &limitConn{Conn: c, release: func() { l.leave(src); l.freeSlot() }}, nil
 	}
-	c, err := l.Listener.Accept()
+}
+
+// source returns the source key of a connection from addr and whether its source is bounded
+// (outside the exempt prefixes). An address that is not IP (a test's pipe) is exempt.
+func (l *limitListener) source(addr net.Addr) (string, bool) {
+	ap, err := netip.ParseAddrPort(addr.String())
 	if err != nil {
-		<-l.slots
-		return nil, err
+		return "", false
 	}
-	return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
+	ip := ap.Addr().Unmap()
+	for _, p := range l.lim.exempt {
+		if p.Contains(ip) {
+			return "", false
+		}
+	}
+	return api.SourceOf(ip), true
+}
+
+// admit counts a connection of src, or returns why it is refused.
+func (l *limitListener) admit(src string) (reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.lim.perSource > 0 && l.bySrc[src] >= l.lim.perSource:
+		return "source"
+	case l.lim.max > 0 && l.lim.reserved > 0 && l.others >= l.lim.max-l.lim.reserved:
+		return "reserved"
+	}
+	l.others++
+	l.bySrc[src]++
+	return ""
+}
+
+func (l *limitListener) leave(src string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.others--
+	if l.bySrc[src]--; l.bySrc[src] <= 0 {
+		delete(l.bySrc, src)
+	}
+}
+
+func (l *limitListener) freeSlot() {
+	if l.slots != nil {
+		<-l.slots
+	}
 }
 
 func (l *limitListener) Close() error {

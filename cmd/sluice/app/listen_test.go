@@ -5,8 +5,11 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestHTTPServerBounds: the API and ops servers bound every phase of a request and the header
@@ -116,4 +119,112 @@ func TestShutdownClosesFreshConns(t *testing.T) {
 	if _, err := idle.Read(make([]byte, 1)); err == nil {
 		t.Fatal("the connection that sent nothing is still open")
 	}
+}
+
+// TestConnLimiterSources: a source outside the exempt prefixes holds at most perSource
+// connections, and such sources together at most max-reserved; past either bound a new
+// connection is closed at once and counted, without holding up Accept. An exempt source is never
+// capped per source and may take the reserved connections; the connections closed at accept give
+// their slots back, and a source that closed one may open another.
+func TestConnLimiterSources(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "refused"}, []string{"reason"})
+	l := newConnLimiter(inner, connLimits{max: 6, perSource: 2, reserved: 2,
+		exempt: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, refused: refused})
+	accepted := make(chan net.Conn, 16)
+	served := make(chan struct{})
+	go func() { // owned by the test: ends when the cleanup closes l
+		defer close(served)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-served
+		close(accepted)
+		for c := range accepted {
+			c.Close()
+		}
+	})
+	dial := func(last byte) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, last)}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", inner.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// closedByServer reports whether the server closed c (a read ends with EOF or a reset) rather
+	// than keeping it open (the read times out).
+	closedByServer := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	}
+	take := func(what string) net.Conn {
+		t.Helper()
+		select {
+		case c := <-accepted:
+			return c
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s was not accepted", what)
+			return nil
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(refused)
+	count := func(reason string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		return 0
+	}
+
+	a1, a2 := dial(2), dial(2)
+	take("127.0.0.2's first")
+	first := take("127.0.0.2's second")
+	if a3 := dial(2); !closedByServer(a3) || count("source") != 1 {
+		t.Fatalf("a third connection of one source was kept (refused by source: %v)", count("source"))
+	}
+	dial(3)
+	dial(3)
+	take("127.0.0.3's first")
+	take("127.0.0.3's second")
+	// Four bounded connections are open: the other sources' share of 6-2 is full.
+	if b := dial(4); !closedByServer(b) || count("reserved") != 1 {
+		t.Fatalf("a fifth connection of bounded sources was kept (refused by reserve: %v)", count("reserved"))
+	}
+	// The exempt source takes the two reserved connections, past the per-source bound.
+	dial(1)
+	dial(1)
+	take("the exempt source's first")
+	take("the exempt source's second")
+	for _, c := range []net.Conn{a1, a2} {
+		if closedByServer(c) {
+			t.Fatal("a connection within its source's bound was closed")
+		}
+	}
+	// Closing one of 127.0.0.2's frees its place: the source may connect again.
+	first.Close()
+	dial(2)
+	take("127.0.0.2's connection after one closed")
 }
