@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,4 +139,86 @@ func TestIdleFloodLeavesCallbacks(t *testing.T) {
 			t.Errorf("source 127.0.0.%d held %d connections; want at most %d", 2+s, n, perSource)
 		}
 	}
+}
+
+// TestReadyzFloodLeavesCallbacks: /readyz, which needs no token and no request slot, answers from a
+// probe at most a second old, run by one request at a time; a flood of it while the database is
+// slow to answer the probe holds one database connection, not the whole pool, and /start answers
+// at once. Before, each /readyz read schema_migrations on the pool /start uses, and while a lock
+// kept those reads waiting, the flood held every connection of it (issue 30, finding 4).
+func TestReadyzFloodLeavesCallbacks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := harness.Start(t, harness.Options{API: true})
+	id := env.Admit(t, "acme", map[string]any{})
+
+	// The probe's statement waits on this lock (at most the probe's 2 s timeout).
+	lock, err := env.DB.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.ExecContext(ctx, "LOCK TABLES schema_migrations WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	unlocked := false
+	unlock := func() {
+		if !unlocked {
+			unlocked = true
+			_, _ = lock.ExecContext(ctx, "UNLOCK TABLES")
+			lock.Close()
+		}
+	}
+	t.Cleanup(unlock)
+
+	// 48 callers, more than the pool's 32 connections, each asking up to 5 times: the flood
+	// stops by itself, or sooner once /start has been tried.
+	const callers, rounds = 48, 5
+	stop := make(chan struct{})
+	var flood sync.WaitGroup
+	var asked atomic.Int64
+	tr := &http.Transport{MaxIdleConnsPerHost: callers}
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	stopFlood := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		flood.Wait()
+		tr.CloseIdleConnections()
+	}
+	t.Cleanup(stopFlood)
+	for range callers {
+		flood.Add(1)
+		go func() { // owned by the test: at most rounds requests, stopped by stopFlood
+			defer flood.Done()
+			for range rounds {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				asked.Add(1)
+				if resp, err := client.Get(env.URL + "/readyz"); err == nil {
+					resp.Body.Close()
+				}
+			}
+		}()
+	}
+	harness.WaitFor(t, 20*time.Second, "a readiness probe waiting on the lock", func() (bool, error) {
+		var n int
+		err := env.DB.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.processlist
+			WHERE db = ? AND state = 'Waiting for table metadata lock'`, env.DB.Name).Scan(&n)
+		return n > 0 && asked.Load() >= callers, err
+	})
+
+	callStart(t, env, id, 1500*time.Millisecond)
+
+	stopFlood()
+	unlock()
+	harness.WaitFor(t, 20*time.Second, "/readyz ready again once the lock is gone", func() (bool, error) {
+		r := env.Do(t, http.MethodGet, "/readyz", "", nil)
+		return r.Status == http.StatusOK, nil
+	})
+	t.Logf("%d /readyz requests sent", asked.Load())
 }

@@ -223,6 +223,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			func() float64 { return float64(opts.LogDropped()) }))
 	}
 	a.ops.init(opts)
+	a.ops.ready = newReadyProbe(a.schemaReady)
 	defer func() {
 		if !ok {
 			if a.metricsSrv != nil { // started before a later step failed
@@ -648,11 +649,17 @@ func (a *App) MetricsAddr() string {
 
 // ready is /readyz: the database reachable and its schema current, and the process not
 // stopping (so a load balancer stops sending it work while it drains). Its errors are
-// *api.NotReadyError: /readyz shows only their reason word and logs the rest.
+// *api.NotReadyError: /readyz shows only their reason word and logs the rest. Stopping shows at
+// once; the database's answer comes from a.ops.ready, at most a second old.
 func (a *App) ready(ctx context.Context) error {
 	if a.ops.stopping.Load() {
 		return api.NotReady(api.ReadyReasonStopping, errors.New("shutting down"))
 	}
+	return a.ops.ready.Ready(ctx)
+}
+
+// schemaReady is ready's database check: one round trip, at most 2 s.
+func (a *App) schemaReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	current, err := migrations.Current(ctx, a.db)
