@@ -274,6 +274,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
 	}
+	if err := c.boundsOptions(&opts); err != nil {
+		return err
+	}
 	var shutdown []func()
 	defer func() {
 		for i := len(shutdown) - 1; i >= 0; i-- {
