@@ -35,6 +35,10 @@ type ListFilter struct {
 	Limit int
 	// Before, if not 0, lists only jobs with a lower id: the cursor of the previous page.
 	Before int64
+	// Reserve, if set, is called with the bytes of the page's results and error messages
+	// once they are known, before they are read; its error ends the listing (the API charges
+	// its memory budget with it).
+	Reserve func(bytes int) error
 }
 
 // List returns jobs matching f, newest (highest id) first, and the cursor of the next page (0
@@ -50,7 +54,7 @@ func (a *Admitter) List(ctx context.Context, f ListFilter) ([]job.Job, int64, er
 		return []job.Job{}, 0, nil
 	}
 	page, err := store.ListJobs(ctx, a.cfg.DB, store.ListJobsParams{Tenants: f.Tenants, Status: f.Status, Before: f.Before,
-		Limit: f.Limit, MaxResultBytes: MaxListResultBytes, StatementTimeout: ListStatementTimeout})
+		Limit: f.Limit, MaxResultBytes: MaxListResultBytes, StatementTimeout: ListStatementTimeout, Reserve: f.Reserve})
 	if err != nil {
 		return nil, 0, a.listErr(err)
 	}

@@ -84,6 +84,15 @@ type Config struct {
 	// 32 MiB of body and about twice that while it is decoded. Past it a batch answers 503 busy
 	// with Retry-After before its body is read. Default DefaultMaxBatches; negative: no bound.
 	MaxBatches int
+	// MemoryBudget bounds the bytes that request bodies and pages of jobs in progress hold
+	// together, process-wide (SLUICE_MEMORY_BUDGET): a body is charged twice its Content-Length
+	// before it is read (as it arrives, when its length is unknown), a page of GET /v1/jobs
+	// twice its rows' estimate before it is read and twice its results once their size is
+	// known. Past it a request answers 503 busy with Retry-After and writes nothing. The
+	// executor's callbacks are charged but never refused: they must get through, and the jobs
+	// in flight bound them. A request larger than the whole budget passes when nothing else is
+	// charged. Default DefaultMemoryBudget; negative: no budget.
+	MemoryBudget int64
 	// CORSOrigins are the browser origins allowed to call the API (SLUICE_CORS_ORIGINS): a
 	// request from one of them is answered with Access-Control-Allow-Origin and the capacity
 	// headers exposed, and its preflight is answered. "*" allows every origin. Default none.
@@ -118,6 +127,7 @@ type Server struct {
 	releases  *bucketLimiter // nil: no limit  // nil: no limit
 	requests  chan struct{}  // a slot per request in progress that MaxRequests counts; nil: no bound
 	batches   chan struct{}  // a slot per batch in progress (MaxBatches); nil: no bound
+	budget    *memBudget     // MemoryBudget; nil: none
 }
 
 // New returns a Server, or an "invalid config" error naming the field.
@@ -153,6 +163,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxRequests > 0 {
 		s.requests = make(chan struct{}, cfg.MaxRequests)
+	}
+	if cfg.MemoryBudget == 0 {
+		cfg.MemoryBudget = DefaultMemoryBudget
+	}
+	if cfg.MemoryBudget > 0 {
+		s.budget = &memBudget{limit: cfg.MemoryBudget}
 	}
 	if cfg.MaxBatches == 0 {
 		cfg.MaxBatches = DefaultMaxBatches
@@ -344,8 +360,13 @@ func (s *Server) auth(h http.HandlerFunc, roles ...Role) http.HandlerFunc {
 			s.fail(w, r, job.Errorf(job.CodeForbidden, "role %s may not call %s %s", c.Role, r.Method, r.Pattern))
 			return
 		}
-		// The caller is the actor of the audit rows the request writes (SPEC §10).
-		h(w, r.WithContext(store.WithActor(context.WithValue(r.Context(), callerKey{}, c), c.Name)))
+		// The caller is the actor of the audit rows the request writes (SPEC §10). The hold
+		// is what its body and page take of the memory budget: every route that reads a body
+		// or builds a page is authenticated, so it is attached here, with the caller.
+		hold := &memHold{b: s.budget, force: unbounded[r.Pattern]}
+		defer hold.release()
+		ctx := context.WithValue(context.WithValue(r.Context(), callerKey{}, c), holdKey{}, hold)
+		h(w, r.WithContext(store.WithActor(ctx, c.Name)))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -22,22 +23,35 @@ import (
 // and a body this size still decodes in well under a second.
 const maxBatchBody = 32 << 20
 
-// readRaw reads at most limit bytes of r's body; more is payload_too_large.
+// readRaw reads at most limit bytes of r's body; more is payload_too_large. The body is charged
+// to the memory budget before it is read (Config.MemoryBudget): a spent budget is 503 busy.
 func readRaw(r *http.Request, limit int) ([]byte, error) {
 	if r.ContentLength > int64(limit) {
 		// Refused unread: reading a body already declared too large cost as much as admitting
 		// it (BenchmarkSoak's 33 MiB batches were each read to their 32 MiB limit first).
 		return nil, tooLarge(limit)
 	}
+	hold := holdOf(r.Context())
+	var body io.Reader = io.LimitReader(r.Body, int64(limit)+1)
 	// Sized once from Content-Length when the client sent one (at most limit+1, a body that
 	// claims more is still read only that far), rather than grown by doubling: a 32 MiB batch
 	// then costs one 32 MiB buffer instead of the garbage of every smaller one.
 	var buf bytes.Buffer
 	if n := r.ContentLength; n > 0 {
-		buf.Grow(int(min(n, int64(limit)+1)) + bytes.MinRead) // ReadFrom wants MinRead free to not grow
+		size := min(n, int64(limit)+1)
+		if err := hold.take(bodyCost(size)); err != nil {
+			return nil, err
+		}
+		buf.Grow(int(size) + bytes.MinRead) // ReadFrom wants MinRead free to not grow
+	} else if n < 0 {
+		body = &heldReader{r: body, h: hold}
 	}
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, int64(limit)+1))
+	_, err := buf.ReadFrom(body)
 	data := buf.Bytes()
+	var busy *job.Error
+	if errors.As(err, &busy) {
+		return nil, busy
+	}
 	if err != nil {
 		return nil, job.Invalid("body", "could not read the request body: %v", err)
 	}
@@ -261,6 +275,14 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	// The page is charged to the memory budget before it is read: its rows' estimate now, its
+	// results and error messages once the listing knows their size.
+	hold := holdOf(r.Context())
+	if err := hold.take(pageCost(f.Limit, 0)); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f.Reserve = func(variable int) error { return hold.take(pageCost(0, variable)) }
 	jobs, next, err := s.cfg.Admitter.List(r.Context(), f)
 	if err != nil {
 		s.fail(w, r, err)

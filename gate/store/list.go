@@ -29,6 +29,10 @@ type ListJobsParams struct {
 	MaxResultBytes int
 	// StatementTimeout bounds each statement on the server.
 	StatementTimeout time.Duration
+	// Reserve, if set, is called with the bytes of the page's results and error messages
+	// after the first round trip, before the second reads them; its error ends the listing
+	// and is returned as it is.
+	Reserve func(bytes int) error
 }
 
 // JobPage is a page of jobs and the cursor of the next, 0 when this page is the last.
@@ -40,10 +44,11 @@ type JobPage struct {
 // ListJobs returns the page p selects, newest (highest id) first; queued jobs carry their
 // position. The cursor is an id bound, so rows inserted meanwhile (which get higher ids) never
 // shift a later page. It takes two round trips, three when the page holds queued jobs: the
-// page's ids and result sizes, then those jobs' columns as ListColumns (never the payload), then
-// the positions. Each statement runs at most p.StatementTimeout on the server (MariaDB's
-// max_statement_time, MySQL's MAX_EXECUTION_TIME: a listing that an index cannot serve must not
-// run on after its caller has given up), and ctx cancels it from here. It locks nothing.
+// page's ids and the sizes of their results and error messages (for p.Reserve), then those
+// jobs' columns as ListColumns (never the payload), then the positions. Each statement runs at
+// most p.StatementTimeout on the server (MariaDB's max_statement_time, MySQL's
+// MAX_EXECUTION_TIME: a listing that an index cannot serve must not run on after its caller has
+// given up), and ctx cancels it from here. It locks nothing.
 func ListJobs(ctx context.Context, db sqldb.DB, p ListJobsParams) (JobPage, error) {
 	var where []string
 	var args []any
@@ -72,19 +77,24 @@ func ListJobs(ctx context.Context, db sqldb.DB, p ListJobsParams) (JobPage, erro
 		where = append(where, "id < ?")
 		args = append(args, p.Before)
 	}
-	q := "SELECT id, COALESCE(LENGTH(result), 0)" + from
+	q := "SELECT id, COALESCE(LENGTH(result), 0), COALESCE(LENGTH(error_message), 0)" + from
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	q += " ORDER BY id DESC LIMIT ?"
 	args = append(args, p.Limit+1)
-	ids, next, err := listPage(ctx, db, p, q, args)
+	ids, next, variable, err := listPage(ctx, db, p, q, args)
 	if err != nil {
 		return JobPage{}, err
 	}
 	out := []job.Job{}
 	if len(ids) == 0 {
 		return JobPage{Jobs: out}, nil
+	}
+	if p.Reserve != nil {
+		if err := p.Reserve(variable); err != nil {
+			return JobPage{}, err
+		}
 	}
 	rows, err := listQuery(ctx, db, p.StatementTimeout, "SELECT "+ListColumns+" FROM jobs WHERE id IN ("+
 		Placeholders(len(ids))+") ORDER BY id DESC", ids)
@@ -108,34 +118,35 @@ func ListJobs(ctx context.Context, db sqldb.DB, p ListJobsParams) (JobPage, erro
 	return JobPage{Jobs: out, Next: next}, nil
 }
 
-// listPage runs q, which selects the ids and result sizes of up to p.Limit+1 jobs, newest first,
-// and returns the ids of the page (at most p.Limit of them, their results within
-// p.MaxResultBytes but at least one) and the cursor of the next page, 0 if there is none.
-func listPage(ctx context.Context, db sqldb.DB, p ListJobsParams, q string, args []any) ([]any, int64, error) {
+// listPage runs q, which selects the ids, result sizes and error message sizes of up to
+// p.Limit+1 jobs, newest first, and returns the ids of the page (at most p.Limit of them, their
+// results within p.MaxResultBytes but at least one), the cursor of the next page (0 if there is
+// none) and the bytes of the page's results and error messages.
+func listPage(ctx context.Context, db sqldb.DB, p ListJobsParams, q string, args []any) ([]any, int64, int, error) {
 	rows, err := listQuery(ctx, db, p.StatementTimeout, q, args)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	defer rows.Close()
 	var ids []any
 	var next, last int64
-	total := 0
+	total, messages := 0, 0
 	for rows.Next() {
 		var id int64
-		var size int
-		if err := rows.Scan(&id, &size); err != nil {
-			return nil, 0, fmt.Errorf("list jobs: %w", err)
+		var size, message int
+		if err := rows.Scan(&id, &size, &message); err != nil {
+			return nil, 0, 0, fmt.Errorf("list jobs: %w", err)
 		}
 		if len(ids) == p.Limit || (len(ids) > 0 && total+size > p.MaxResultBytes) {
 			next = last
 			break
 		}
-		ids, last, total = append(ids, id), id, total+size
+		ids, last, total, messages = append(ids, id), id, total+size, messages+message
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("list jobs: %w", err)
+		return nil, 0, 0, fmt.Errorf("list jobs: %w", err)
 	}
-	return ids, next, nil
+	return ids, next, total + messages, nil
 }
 
 // listQuery runs a listing statement under timeout: MariaDB's SET STATEMENT max_statement_time
