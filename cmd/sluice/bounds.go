@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"strconv"
+	"strings"
 
 	"github.com/sluicehq/sluice/cmd/sluice/app"
 )
@@ -32,6 +34,16 @@ func (c *config) boundsOptions(opts *app.Options) error {
 			n = -1
 		}
 		*b.dst = n
+	}
+	if c.set["memory-budget"] {
+		n, err := parseBytes(c.get("memory-budget"))
+		if err != nil {
+			return fmt.Errorf("memory-budget: %w", err)
+		}
+		if n == 0 {
+			n = -1
+		}
+		opts.MemoryBudget = n
 	}
 	if c.set["executor-sources"] {
 		sources, err := parseSources(c.get("executor-sources"))
@@ -62,4 +74,25 @@ func parseSources(v string) ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	return out, nil
+}
+
+// parseBytes reads a size: a whole number of bytes, or of KiB, MiB or GiB (K, M, G, as systemd's
+// MemoryMax, mean the same).
+func parseBytes(v string) (int64, error) {
+	num, unit := v, int64(1)
+	for _, u := range []struct {
+		suffixes []string
+		size     int64
+	}{{[]string{"KiB", "K"}, 1 << 10}, {[]string{"MiB", "M"}, 1 << 20}, {[]string{"GiB", "G"}, 1 << 30}} {
+		for _, suf := range u.suffixes {
+			if n, ok := strings.CutSuffix(v, suf); ok {
+				num, unit = n, u.size
+			}
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/unit {
+		return 0, fmt.Errorf("want a size in bytes, KiB, MiB or GiB, 0 or more, got %q", v)
+	}
+	return n * unit, nil
 }

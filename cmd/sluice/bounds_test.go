@@ -39,7 +39,14 @@ func TestBoundsOptions(t *testing.T) {
 	if err := cfg(map[string]string{"executor-sources": "none"}).boundsOptions(&opts); err != nil || opts.ExecutorSources == nil || len(opts.ExecutorSources) != 0 {
 		t.Errorf("none: %v, %v; want an empty list", opts.ExecutorSources, err)
 	}
-	for _, bad := range []map[string]string{{"max-conns": "-1"}, {"reserved-conns": "many"}, {"executor-sources": "localhost"}} {
+	for v, want := range map[string]int64{"256MiB": 256 << 20, "64M": 64 << 20, "1G": 1 << 30, "1048576": 1 << 20, "0": -1} {
+		opts = app.Options{}
+		if err := cfg(map[string]string{"memory-budget": v}).boundsOptions(&opts); err != nil || opts.MemoryBudget != want {
+			t.Errorf("memory-budget %s: %d, %v; want %d", v, opts.MemoryBudget, err, want)
+		}
+	}
+	for _, bad := range []map[string]string{{"max-conns": "-1"}, {"reserved-conns": "many"}, {"executor-sources": "localhost"},
+		{"memory-budget": "lots"}, {"memory-budget": "-1M"}, {"memory-budget": "9999999999G"}} {
 		if err := cfg(bad).boundsOptions(&app.Options{}); err == nil {
 			t.Errorf("%v accepted", bad)
 		}

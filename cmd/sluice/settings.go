@@ -60,6 +60,7 @@ var settings = []setting{
 	{"max-conns-per-source", "SLUICE_MAX_CONNS_PER_SOURCE", "64", "connections open at once from one address outside SLUICE_EXECUTOR_SOURCES (an IPv6 /64 counts as one; 0: no bound)"},
 	{"reserved-conns", "SLUICE_RESERVED_CONNS", "128", "connections of SLUICE_MAX_CONNS only SLUICE_EXECUTOR_SOURCES may take (unset: 128, or an eighth of a smaller SLUICE_MAX_CONNS; 0: none)"},
 	{"executor-sources", "SLUICE_EXECUTOR_SOURCES", "127.0.0.0/8,::1/128", "addresses (CIDR, comma-separated) the executors call /start and /complete from, or none"},
+	{"memory-budget", "SLUICE_MEMORY_BUDGET", "256MiB", "bytes API request bodies and pages of jobs in progress may hold together; past it 503 busy (KiB, MiB, GiB; 0: no budget)"},
 }
 
 // config holds resolved settings by flag name.

@@ -139,6 +139,10 @@ type Options struct {
 	// their connections are never capped per source and alone may take ReservedConns. Default
 	// DefaultExecutorSources (loopback); an empty, non-nil list: none.
 	ExecutorSources []netip.Prefix
+	// MemoryBudget bounds the bytes that API request bodies and pages of jobs in progress hold
+	// together (api.Config.MemoryBudget, SLUICE_MEMORY_BUDGET). Default
+	// api.DefaultMemoryBudget; negative: no budget.
+	MemoryBudget int64
 }
 
 // DefaultListen is the API's listen address when Options.Listen is empty (SPEC §9).
@@ -565,10 +569,18 @@ func (a *App) startAPI(ctx context.Context) error {
 	}
 	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
 		Gatherer: a.registry, MetricsToken: a.opts.MetricsToken, MetricsElsewhere: a.MetricsAddr(), Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
-		Clock: a.clock, MaxRequests: a.opts.MaxRequests, CORSOrigins: a.opts.CORSOrigins})
+		Clock: a.clock, MaxRequests: a.opts.MaxRequests, CORSOrigins: a.opts.CORSOrigins, MemoryBudget: a.opts.MemoryBudget})
 	if err != nil {
 		return err
 	}
+	budget := cmp.Or(a.opts.MemoryBudget, api.DefaultMemoryBudget)
+	a.registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_request_memory_bytes",
+			Help: "Bytes charged to the memory budget by API request bodies and pages of jobs in progress (SLUICE_MEMORY_BUDGET)."},
+			func() float64 { return float64(srv.MemoryInUse()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_request_memory_budget_bytes",
+			Help: "The memory budget of API request bodies and pages of jobs (SLUICE_MEMORY_BUDGET); negative: none."},
+			func() float64 { return float64(budget) }))
 	return a.serve(ctx, srv)
 }
 
