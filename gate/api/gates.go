@@ -156,15 +156,23 @@ func (s *Server) clearGate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, GateAnswer{RateKeySHA256: hash})
 }
 
-// gateFromCompletion applies the gate field of a /complete to the job's rate key. The outcome is
+// gateFromCompletion applies the gate field of a /complete to the rate key of row, the job as
+// store.Complete read it, when the report carries a nonce sluice sent with that job's dispatch
+// (row.SentNonce). Only the executor that dispatch reached holds it, so its quota news is true
+// whatever became of the outcome (a repeat, a conflict, a late report on a voided dispatch);
+// without that proof an executor token alone could gate any job's key for a day. The outcome is
 // already recorded (or refused); a gate store that fails is never turned into an error, because
 // the executor cannot usefully retry a completion for it, and is logged at debug level only (the
 // store warns of the outage itself, at most once per 15 s).
-func (s *Server) gateFromCompletion(ctx context.Context, jobID int64, rateKey *string, retryAfter int) {
-	if s.cfg.Gates == nil || rateKey == nil {
+func (s *Server) gateFromCompletion(ctx context.Context, row store.Row, nonce string, retryAfter int) {
+	if s.cfg.Gates == nil || row.RateKeySHA256 == nil {
 		return
 	}
-	if _, err := s.cfg.Gates.Extend(ctx, *rateKey, retryAfter); err != nil {
-		s.cfg.Log.Debug("could not apply the gate of a completion", "job_id", jobID, "rate_key_sha256", *rateKey, "error", err)
+	if !row.SentNonce(nonce) {
+		s.cfg.Log.Info("ignored the gate of a completion whose nonce is not the job's dispatch's", "job_id", row.ID)
+		return
+	}
+	if _, err := s.cfg.Gates.Extend(ctx, *row.RateKeySHA256, retryAfter); err != nil {
+		s.cfg.Log.Debug("could not apply the gate of a completion", "job_id", row.ID, "rate_key_sha256", *row.RateKeySHA256, "error", err)
 	}
 }

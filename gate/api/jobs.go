@@ -482,8 +482,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		s.store.Metrics.Finished(row.Status, row.DispatchedAt, now)
 	}
 	if req.Gate != nil {
-		// The quota news is true whatever became of this outcome: gate the key either way.
-		s.gateFromCompletion(r.Context(), id, row.RateKeySHA256, *req.Gate.RetryAfter)
+		s.gateFromCompletion(r.Context(), row, req.Nonce, *req.Gate.RetryAfter)
 	}
 	if err != nil {
 		s.fail(w, r, err)

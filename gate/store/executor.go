@@ -107,6 +107,8 @@ type Completion struct {
 // its nonce, and a late outcome on it is dispatch_void with the job's status. moved reports
 // whether this call wrote a transition (false for a repeated outcome), for the caller to count
 // once tx commits; the job returned is then as it ended, dispatched_at and finished_at included.
+// With an error other than ErrNotFound, r is the job as read, under its lock, for the decision,
+// so a caller may still ask r.SentNonce(c.Nonce) whether the report was the executor's own.
 func (s *Store) Complete(ctx context.Context, tx sqldb.DB, now time.Time, id int64, c Completion) (r Row, moved bool, err error) {
 	r, err = Get(ctx, tx, id, true)
 	if err != nil {
@@ -174,4 +176,14 @@ func (s *Store) Complete(ctx context.Context, tx sqldb.DB, now time.Time, id int
 	}
 	r.Job, err = WithPosition(ctx, tx, r.Job)
 	return r, err == nil, err
+}
+
+// SentNonce reports whether nonce is the one sluice sent with r's current dispatch, or with the
+// last dispatch it voided (a not_started requeue, a recovery): only the executor that dispatch
+// reached can hold it, so a report carrying it is that executor's own even when its outcome is
+// refused. An older dispatch's nonce, or a made-up one, is not.
+func (r Row) SentNonce(nonce string) bool {
+	hash := HashNonce(nonce)
+	return (len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, hash)) ||
+		(len(r.VoidedNonce) > 0 && bytes.Equal(r.VoidedNonce, hash))
 }
