@@ -499,3 +499,77 @@ func TestAuditListingBounded(t *testing.T) {
 		t.Errorf("second page: HTTP %d %s, want the refusal and no cursor", r.Status, r.Raw)
 	}
 }
+
+// TestAuditJobEventsActorsForProducers: GET /v1/jobs/{id}/events shows a producer its own token
+// name as the actor of what it did, and for everyone else only what kind of actor it was: the
+// role of a token (admin, executor, producer) or drainer for a drainer's id (host-pid), which
+// would otherwise tell a producer the operators' token names and the hosts sluice runs on
+// (issue 30, finding 12a). An admin sees every name.
+func TestAuditJobEventsActorsForProducers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := startFrontDoor(t, fdOptions{})
+	// Admitted by an admin, canceled by alpha.
+	byAdmin := jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdAdminToken, map[string]any{"tenant": "acme"}).Body)
+	if r := f.do(t, http.MethodDelete, "/v1/jobs/"+strconv.FormatInt(byAdmin, 10), fdAlphaToken, nil); r.Status != 200 {
+		t.Fatalf("cancel: HTTP %d %s", r.Status, r.Raw)
+	}
+	// Reported by the executor.
+	byExec, err := dispatchedJob(ctx, f.db.DB, "acme", "n-exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := f.do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(byExec, 10)+"/complete", fdExecToken,
+		map[string]any{"nonce": "n-exec", "status": "succeeded"}); r.Status != 200 {
+		t.Fatalf("complete: HTTP %d %s", r.Status, r.Raw)
+	}
+	// Ended by a drainer, which names itself by its id.
+	byDrainer, err := dispatchedJob(ctx, f.db.DB, "acme", "n-drainer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	if _, _, err := (&store.Store{Actor: "web-7.example.net-4242"}).Complete(ctx, tx, now, byDrainer,
+		store.Completion{Nonce: "n-drainer", Status: "failed"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	actors := func(token string, id int64) []string {
+		t.Helper()
+		r := f.do(t, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/events", token, nil)
+		if r.Status != 200 {
+			t.Fatalf("events of job %d: HTTP %d %s", id, r.Status, r.Raw)
+		}
+		var out []string
+		for _, e := range r.Body["events"].([]any) {
+			a, _ := e.(map[string]any)["actor"].(string)
+			out = append(out, a)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		who, token string
+		id         int64
+		want       []string
+	}{
+		{"alpha", fdAlphaToken, byAdmin, []string{"admin", "alpha"}},
+		{"star", fdStarToken, byAdmin, []string{"admin", "producer"}},
+		{"admin", fdAdminToken, byAdmin, []string{"admin", "alpha"}},
+		{"alpha", fdAlphaToken, byExec, []string{"executor"}},
+		{"admin", fdAdminToken, byExec, []string{"exec"}},
+		{"alpha", fdAlphaToken, byDrainer, []string{"drainer"}},
+		{"admin", fdAdminToken, byDrainer, []string{"web-7.example.net-4242"}},
+	} {
+		if got := actors(c.token, c.id); strings.Join(got, ",") != strings.Join(c.want, ",") {
+			t.Errorf("%s reads job %d's actors as %q, want %q", c.who, c.id, got, c.want)
+		}
+	}
+}

@@ -18,8 +18,13 @@ var auditEvents = []string{store.EventAdmitted, store.EventReplayed, store.Event
 	store.EventShadowRefused, store.EventTransition, store.EventSlotGranted, store.EventSlotRefused,
 	store.EventSlotReleased, store.EventSlotLost, store.EventSlotRenewFailed}
 
+// drainerActor is how GET /v1/jobs/{id}/events shows a producer an actor that is no token's
+// name: a drainer's id.
+const drainerActor = "drainer"
+
 // jobEvents answers GET /v1/jobs/{id}/events: the job's audit trail, oldest first. Another
-// tenant's job is not_found, as for GET /v1/jobs/{id}.
+// tenant's job is not_found, as for GET /v1/jobs/{id}. A producer sees actors as shownActor
+// says; an admin sees them as recorded.
 func (s *Server) jobEvents(w http.ResponseWriter, r *http.Request) {
 	row, err := s.visible(r)
 	if err != nil {
@@ -31,7 +36,28 @@ func (s *Server) jobEvents(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, gate.AsUnavailable(err))
 		return
 	}
+	if c := callerOf(r); c.Role != Admin {
+		for i := range events {
+			events[i].Actor = s.shownActor(c, events[i].Actor)
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"events": events})
+}
+
+// shownActor is the actor of an event as caller c, not an admin, may see it: its own name, and
+// for anyone else only the kind of actor, the role of a token or drainerActor. Names tell a
+// tenant's integrator nothing it needs, while admin token names and drainer ids (hostname-pid)
+// map the operators and hosts behind sluice. An actor that is no configured token's name is
+// shown as a drainer: drainer ids are the only other actors sluice writes, and a token since
+// removed from the configuration is better mislabeled than named.
+func (s *Server) shownActor(c Caller, actor string) string {
+	if actor == "" || actor == c.Name {
+		return actor
+	}
+	if role, ok := s.cfg.Tokens.RoleOf(actor); ok {
+		return string(role)
+	}
+	return drainerActor
 }
 
 // listAudit answers GET /v1/audit: audit events, newest first, paginated like GET /v1/jobs,

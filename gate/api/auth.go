@@ -58,6 +58,7 @@ func (c Caller) MayActFor(tenant string) bool {
 // Tokens authenticates bearer tokens. Safe for concurrent use.
 type Tokens struct {
 	entries []tokenEntry
+	roles   map[string]Role // by token name
 }
 
 type tokenEntry struct {
@@ -76,7 +77,7 @@ func DecodeTokens(raw []byte) ([]Token, error) {
 
 // NewTokens checks list and returns the authenticator.
 func NewTokens(list []Token) (*Tokens, error) {
-	t := &Tokens{}
+	t := &Tokens{roles: map[string]Role{}}
 	seen := map[string]bool{}
 	names := map[string]int{}
 	for i, tok := range list {
@@ -101,10 +102,17 @@ func NewTokens(list []Token) (*Tokens, error) {
 		}
 		seen[tok.Token] = true
 		names[tok.Name] = i
+		t.roles[tok.Name] = tok.Role
 		t.entries = append(t.entries, tokenEntry{hash: sha256.Sum256([]byte(tok.Token)),
 			caller: Caller{Name: tok.Name, Role: tok.Role, Tenants: tok.Tenants}})
 	}
 	return t, nil
+}
+
+// RoleOf returns the role of the token named name, if one is configured.
+func (t *Tokens) RoleOf(name string) (Role, bool) {
+	r, ok := t.roles[name]
+	return r, ok
 }
 
 // Authenticate returns the caller of r's bearer token. Every configured token is compared, in
