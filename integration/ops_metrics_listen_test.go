@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -44,5 +45,32 @@ func TestMetricsOwnListener(t *testing.T) {
 	}
 	if code, body := scrape(env.URL+"/metrics", "scrape-token-0123456789"); code != http.StatusNotFound || !strings.Contains(body, env.App.MetricsAddr()) {
 		t.Errorf("the API's /metrics: HTTP %d %s, want 404 naming the metrics listener", code, body)
+	}
+}
+
+// TestMetricsOpenWarns: a process that serves /metrics on its API listener without a token says
+// so once at start, at warn (issue 30, finding 12b): anyone who reaches the API then reads queue
+// depths and the deepest tenants' names. A metrics token, or a listener of its own, silences it.
+func TestMetricsOpenWarns(t *testing.T) {
+	t.Parallel()
+	logs := &logBuffer{}
+	env := harness.Start(t, harness.Options{API: true, Log: slog.New(slog.NewJSONHandler(logs, nil))})
+	// warned counts the warn lines that tell the operator how to close /metrics.
+	warned := func() int {
+		n := 0
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, `"level":"WARN"`) && strings.Contains(line, "SLUICE_METRICS_TOKEN") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := warned(); n != 1 {
+		t.Fatalf("open /metrics: %d warn lines naming SLUICE_METRICS_TOKEN, want 1:\n%s", n, logs.String())
+	}
+	env.StartApp(t, harness.Options{API: true, MetricsToken: "scrape-token-0123456789"})
+	env.StartApp(t, harness.Options{API: true, MetricsListen: "127.0.0.1:0"})
+	if n := warned(); n != 1 {
+		t.Errorf("after two more processes, with a metrics token and with a listener of their own: %d warn lines, want still 1", n)
 	}
 }

@@ -290,8 +290,25 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	a.runLoops()
 	ok = true
+	a.warnOpenMetrics()
 	a.log.Info("sluice started", "api", opts.API, "relay", opts.Relay, "drainer", opts.Drainer, "listen", a.Addr(), "version", opts.Version)
 	return a, nil
+}
+
+// warnOpenMetrics says once, at start, that /metrics answers anyone who reaches the listener:
+// the default (SPEC §9) suits a scraper on a private network, but on an exposed listener every
+// caller reads queue depths and, with tenant labels, the names of the deepest tenants.
+func (a *App) warnOpenMetrics() {
+	if a.opts.MetricsToken != "" || a.opts.MetricsListen != "" {
+		return
+	}
+	shows := "queue depths, in flight and gated keys"
+	if !a.opts.NoTenantLabels {
+		shows += ", and the names of the deepest tenants"
+	}
+	a.log.Warn("/metrics is open to anyone who reaches "+a.Addr()+": it shows "+shows+
+		"; set SLUICE_METRICS_TOKEN, or SLUICE_METRICS_LISTEN to serve it on an address of its own",
+		"listen", a.Addr())
 }
 
 // setDefaults fills in the options left unset: every role, the default listener, prefix, grace
