@@ -325,7 +325,10 @@ func (a *Admitter) RenewSlot(ctx context.Context, caller string, admin bool, id 
 
 // ReleaseSlot deletes slot id (idempotent: a slot already gone is no error) and pokes the
 // drainers: the poke goes through Config.Published at once (a drainer in this process claims
-// without waiting for the relay). not_found: another caller's slot (admin may release any).
+// without waiting for the relay). Another caller's slot (an admin may release any) is left
+// alone and answered as a slot already gone, Found false and no error: a not_found there would
+// tell a caller which ids are other callers' live slots, and to the caller that never held it,
+// that slot is no more its own after the call than before, which is all a release promises.
 func (a *Admitter) ReleaseSlot(ctx context.Context, caller string, admin bool, id int64) (store.Released, error) {
 	now, err := a.cfg.Clock.Now(ctx)
 	if err != nil {
@@ -334,7 +337,8 @@ func (a *Admitter) ReleaseSlot(ctx context.Context, caller string, admin bool, i
 	r, err := a.store.ReleaseSlot(ctx, a.cfg.TxDB, clock.Trunc(now), id, caller, admin)
 	switch {
 	case errors.Is(err, store.ErrSlotNotFound):
-		return r, job.Errorf(job.CodeNotFound, "no such slot")
+		a.cfg.Log.Info("a release named another caller's slot; nothing released", "slot_id", id, "caller", caller)
+		return store.Released{}, nil
 	case err != nil:
 		return r, AsUnavailable(err)
 	}

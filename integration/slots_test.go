@@ -2,8 +2,10 @@ package integration_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,8 +67,44 @@ func liveSlots(t *testing.T, e *harness.Env) int {
 	return n
 }
 
-// TestSlotLifecycle: grant (201, body and headers), renew, a forged renew or release by another
-// caller (404), release (204, twice), renewal after expiry (410, never revived), validation.
+// TestSlotReleaseTellsNothingOfOthersSlots: DELETE /v1/slots/{id} answers another caller's live
+// slot exactly as it answers a missing or an already released one, 204 with no body, so that a
+// producer cannot probe which slot ids exist (issue 30, finding 12c); it releases nothing and
+// audits nothing. The owner then releases it.
+func TestSlotReleaseTellsNothingOfOthersSlots(t *testing.T) {
+	t.Parallel()
+	e := startSlotsEnv(t, harness.Options{API: true})
+	live := slotIDOf(t, takeSlot(t, e, harness.ProducerToken, true, map[string]any{"tenant": "acme", "lease_seconds": 600}))
+	released := slotIDOf(t, takeSlot(t, e, harness.ProducerToken, true, map[string]any{"tenant": "acme"}))
+	if r := e.Do(t, http.MethodDelete, "/v1/slots/"+released, harness.ProducerToken, nil); r.Status != http.StatusNoContent {
+		t.Fatalf("release: HTTP %d %s", r.Status, r.Raw)
+	}
+	n, _ := strconv.ParseInt(live, 10, 64)
+	missing := strconv.FormatInt(n+1000, 10)
+	var answers []string
+	for _, id := range []string{live, released, missing} {
+		r := e.Do(t, http.MethodDelete, "/v1/slots/"+id, otherProducerToken, nil)
+		answers = append(answers, fmt.Sprintf("HTTP %d %q %s", r.Status, r.Raw, r.Header.Get("Content-Type")))
+	}
+	if answers[0] != answers[1] || answers[0] != answers[2] || !strings.HasPrefix(answers[0], "HTTP 204 ") {
+		t.Errorf("another caller's DELETE of a live, a released and a missing slot: %q, want the same 204 for each", answers)
+	}
+	if got := liveSlots(t, e); got != 1 {
+		t.Errorf("%d live slots after another caller's DELETE, want the owner's 1", got)
+	}
+	if evs := readAudit(t, e.DB.DB, "event = 'slot_released' AND slot_id = ?", live); len(evs) != 0 {
+		t.Errorf("another caller's DELETE audited a release: %v", evs)
+	}
+	if r := e.Do(t, http.MethodPost, "/v1/slots/"+live+"/renew", harness.ProducerToken, nil); r.Status != http.StatusOK {
+		t.Errorf("the owner's renewal after another caller's DELETE: HTTP %d %s", r.Status, r.Raw)
+	}
+	if r := e.Do(t, http.MethodDelete, "/v1/slots/"+live, harness.ProducerToken, nil); r.Status != http.StatusNoContent || liveSlots(t, e) != 0 {
+		t.Errorf("the owner's release: HTTP %d %s, %d live slots", r.Status, r.Raw, liveSlots(t, e))
+	}
+}
+
+// TestSlotLifecycle: grant (201, body and headers), renew, a forged renew (404) or release (204,
+// releasing nothing) by another caller, release (204, twice), renewal after expiry (410, never revived), validation.
 func TestSlotLifecycle(t *testing.T) {
 	t.Parallel()
 	e := startSlotsEnv(t, harness.Options{API: true})
@@ -94,8 +132,8 @@ func TestSlotLifecycle(t *testing.T) {
 	if r := e.Do(t, http.MethodPost, "/v1/slots/"+id+"/renew", otherProducerToken, nil); r.Status != http.StatusNotFound {
 		t.Errorf("forged renew: HTTP %d %s", r.Status, r.Raw)
 	}
-	if r := e.Do(t, http.MethodDelete, "/v1/slots/"+id, otherProducerToken, nil); r.Status != http.StatusNotFound {
-		t.Errorf("forged release: HTTP %d %s", r.Status, r.Raw)
+	if r := e.Do(t, http.MethodDelete, "/v1/slots/"+id, otherProducerToken, nil); r.Status != http.StatusNoContent || liveSlots(t, e) != 1 {
+		t.Errorf("forged release: HTTP %d %s, %d live slots; want 204 as for a missing slot, and the slot still live", r.Status, r.Raw, liveSlots(t, e))
 	}
 	if r := e.Do(t, http.MethodPost, "/v1/slots/"+id+"/renew", harness.ProducerToken, nil); r.Status != http.StatusOK || r.Body["expires_at"] == nil {
 		t.Errorf("renew: HTTP %d %s", r.Status, r.Raw)

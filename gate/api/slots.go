@@ -101,8 +101,9 @@ func (s *Server) renewSlot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"id": sl.ID, "expires_at": timeText(sl.ExpiresAt)})
 }
 
-// releaseSlot is DELETE /v1/slots/{id}: 204, again 204 once it is gone; 404 for another
-// caller's live slot.
+// releaseSlot is DELETE /v1/slots/{id}: 204, again 204 once it is gone, and 204 for another
+// caller's slot, which stays (gate.Admitter.ReleaseSlot): the answer never tells whether an id is
+// someone else's live slot.
 func (s *Server) releaseSlot(w http.ResponseWriter, r *http.Request) {
 	id, err := slotID(r)
 	if err != nil {

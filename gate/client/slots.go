@@ -104,7 +104,9 @@ func (s *Slot) Release() error {
 		<-s.done
 		err := s.c.ReleaseSlot(context.Background(), s.ID)
 		if Code(err) == "not_found" {
-			err = nil // an admin released it; it is gone all the same
+			// Servers before issue 30 answered a slot no longer the caller's with 404; it is
+			// gone all the same.
+			err = nil
 		}
 		s.relErr = err
 	})
