@@ -2,9 +2,11 @@ package integration_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -246,32 +248,66 @@ func limitsPatchDirect(ctx context.Context, env *opsEnv, changes map[string]any)
 	return limits.Patch(ctx, env.DB.DB, nil, "other-process", raw, "from another process")
 }
 
-// TestOpsConfigHistoryIsWhole: GET /v1/config/history answers every change (SPEC §6), however
-// many, and ?limit= the newest ones, each still diffed against its predecessor.
-func TestOpsConfigHistoryIsWhole(t *testing.T) {
+// TestOpsConfigHistoryPages: GET /v1/config/history answers a page of changes, newest first (50
+// by default, at most 1,000), and next_cursor leads through every change, each still diffed
+// against its predecessor across page ends (issue 30, finding 12d: it read every version in one
+// request). A limit out of range or a cursor it never gave is a 400 naming the parameter.
+func TestOpsConfigHistoryPages(t *testing.T) {
 	t.Parallel()
 	f := startFrontDoor(t, fdOptions{})
 	const changes = 130
 	for i := 1; i <= changes; i++ {
 		f.setConfig(t, map[string]any{"tenant_queue_depth": 1000 + i})
 	}
-	r := f.do(t, http.MethodGet, "/v1/config/history", fdAdminToken, nil)
-	if r.Status != http.StatusOK {
-		t.Fatalf("history: HTTP %d %s", r.Status, r.Raw)
+	page := func(query string) ([]any, string) {
+		t.Helper()
+		r := f.do(t, http.MethodGet, "/v1/config/history"+query, fdAdminToken, nil)
+		if r.Status != http.StatusOK {
+			t.Fatalf("history%s: HTTP %d %s", query, r.Status, r.Raw)
+		}
+		next, _ := r.Body["next_cursor"].(string)
+		if _, ok := r.Body["next_cursor"]; !ok {
+			t.Fatalf("history%s: no next_cursor in %.200s", query, r.Raw)
+		}
+		return r.Body["history"].([]any), next
 	}
-	if n := len(r.Body["history"].([]any)); n != changes {
-		t.Errorf("history has %d entries, want all %d", n, changes)
+	first, next := page("")
+	if len(first) != 50 || next == "" {
+		t.Fatalf("the first page: %d entries, cursor %q; want the default 50 and a cursor", len(first), next)
 	}
-	r = f.do(t, http.MethodGet, "/v1/config/history?limit=3", fdAdminToken, nil)
-	hist, _ := r.Body["history"].([]any)
-	if r.Status != http.StatusOK || len(hist) != 3 {
-		t.Fatalf("history?limit=3: HTTP %d, %d entries, want 3", r.Status, len(hist))
+	all := first
+	for pages := 1; next != ""; pages++ {
+		if pages > 3 {
+			t.Fatalf("more than 3 pages of 50 for %d changes", changes)
+		}
+		var h []any
+		h, next = page("?limit=50&cursor=" + url.QueryEscape(next))
+		all = append(all, h...)
 	}
-	oldest := hist[2].(map[string]any)
-	if oldest["version"] != float64(changes-2) || oldest["old"].(map[string]any)["tenant_queue_depth"] != float64(1000+changes-3) {
-		t.Errorf("the oldest of three: %v, want version %d changed from %d", oldest, changes-2, 1000+changes-3)
+	if len(all) != changes {
+		t.Fatalf("the pages hold %d changes, want all %d", len(all), changes)
 	}
-	if r := f.do(t, http.MethodGet, "/v1/config/history?limit=0", fdAdminToken, nil); r.Status != 400 || r.Body["field"] != "limit" {
-		t.Errorf("history?limit=0: HTTP %d %s, want 400 naming limit", r.Status, r.Raw)
+	for i, e := range all {
+		c := e.(map[string]any)
+		v := changes - i
+		old := 500.0 // version 1's predecessor is the defaults
+		if v > 1 {
+			old = float64(1000 + v - 1)
+		}
+		if c["version"] != float64(v) || c["old"].(map[string]any)["tenant_queue_depth"] != old ||
+			c["new"].(map[string]any)["tenant_queue_depth"] != float64(1000+v) {
+			t.Errorf("entry %d: %v, want version %d changed from %v to %d", i, c, v, old, 1000+v)
+		}
+	}
+	if h, next := page("?limit=1000"); len(h) != changes || next != "" {
+		t.Errorf("history?limit=1000: %d entries, cursor %q; want all %d and none", len(h), next, changes)
+	}
+	for _, bad := range []struct{ query, field string }{
+		{"?limit=0", "limit"}, {"?limit=1001", "limit"}, {"?limit=x", "limit"},
+		{"?cursor=zz", "cursor"}, {"?cursor=" + base64.RawURLEncoding.EncodeToString([]byte("before:0")), "cursor"},
+	} {
+		if r := f.do(t, http.MethodGet, "/v1/config/history"+bad.query, fdAdminToken, nil); r.Status != 400 || r.Body["field"] != bad.field {
+			t.Errorf("history%s: HTTP %d %s, want 400 naming %s", bad.query, r.Status, r.Raw, bad.field)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -25,7 +26,8 @@ func configCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
 	note := fs.String("note", "", "why the change is made (set)")
-	limit := fs.Int("limit", 0, "show only the newest N changes (history; default every change)")
+	limit := fs.Int("limit", 50, "page size (history; at most 1000)")
+	cursor := fs.String("cursor", "", "the next_cursor a previous page printed (history)")
 	token := tokenFlag(fs)
 	flags, pos := splitArgs(args[1:], "json", "-json")
 	c, err := parseSettings(fs, flags)
@@ -75,23 +77,27 @@ func configCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "version %d in force (each sluice process applies it within %s)\n", v.Version, limits.ReloadEvery)
 		printChange(stdout, *v.Change)
 	case "history":
-		h, err := cl.ConfigHistory(ctx, *limit)
+		p, err := cl.ConfigHistory(ctx, client.ConfigHistoryOptions{Limit: *limit, Cursor: *cursor})
 		if err != nil {
 			return err
 		}
 		if *asJSON {
-			return printIndented(stdout, map[string]any{"history": h})
+			return printIndented(stdout, p)
 		}
-		if len(h) == 0 {
+		if len(p.History) == 0 && *cursor == "" {
 			fmt.Fprintln(stdout, "no changes: the defaults are in force")
 		}
-		for _, ch := range h {
+		for _, ch := range p.History {
 			fmt.Fprintf(stdout, "version %d  %s  by %s", ch.Version, ch.When.Format("2006-01-02T15:04:05Z"), ch.Who)
 			if ch.Note != "" {
 				fmt.Fprintf(stdout, "  %q", ch.Note)
 			}
 			fmt.Fprintln(stdout)
 			printChange(stdout, ch)
+		}
+		// One page per request, as `sluice audit`: the history is read a bounded page at a time.
+		if more := moreHint("sluice config history", [][2]string{{"limit", strconv.Itoa(*limit)}}, p.NextCursor); more != "" {
+			fmt.Fprintln(stdout, more)
 		}
 	default:
 		return fmt.Errorf("config: unknown subcommand %q (want show, set or history)", sub)

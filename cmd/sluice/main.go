@@ -61,6 +61,7 @@ Usage:
   sluice status [--json] [flags]                       queue, tenants, gates, drainers, outbox (admin token)
   sluice tenants [--order name|depth] [--cursor C]     every tenant with work, a page at a time (admin token)
   sluice config show|set key=value... --note TEXT|history   runtime config (admin token)
+  sluice config history [--limit N] [--cursor C]       its changes, newest first, a page at a time (admin token)
 
 Settings come from flags, SLUICE_* environment variables or a --config file, in that order
 (an empty variable or file value counts as unset).

@@ -3,9 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"math"
 	"net/http"
-	"strconv"
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
@@ -84,22 +82,24 @@ func (s *Server) patchConfig(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
-// configHistory is GET /v1/config/history?limit= (admin): every change (SPEC §6), or the newest
-// limit, newest first.
+// configHistory is GET /v1/config/history?limit=&cursor= (admin): a page of changes, newest
+// first, paged like GET /v1/jobs (limit 50 by default, at most 1,000, the cursor the version the
+// next page starts below), so that a request reads a page of versions, never the whole history.
 func (s *Server) configHistory(w http.ResponseWriter, r *http.Request) {
-	limit := 0
-	if l := r.URL.Query().Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > math.MaxInt32 {
-			s.fail(w, r, job.Invalid("limit", "limit must be a whole number of at least 1"))
-			return
-		}
-		limit = n
+	limit, before, err := idPage(r.URL.Query())
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
-	h, err := limits.History(r.Context(), s.cfg.DB, limit)
+	h, err := limits.History(r.Context(), s.cfg.DB, before, limit)
 	if err != nil {
 		s.fail(w, r, gate.AsUnavailable(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"history": h})
+	var cursor *string
+	if h.Next > 0 {
+		c := encodeCursor(h.Next)
+		cursor = &c
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"history": h.Changes, "next_cursor": cursor})
 }

@@ -49,18 +49,32 @@ func (c *Client) PatchConfig(ctx context.Context, changes map[string]any, note s
 	return v, err
 }
 
-// ConfigHistory reads GET /v1/config/history (admin), newest first: every change, or the newest
-// limit if limit > 0.
-func (c *Client) ConfigHistory(ctx context.Context, limit int) ([]limits.Change, error) {
-	path := "/v1/config/history"
-	if limit > 0 {
-		path += fmt.Sprintf("?limit=%d", limit)
+// ConfigHistoryOptions select a page of ConfigHistory; zero values take the API's defaults (the
+// 50 newest changes).
+type ConfigHistoryOptions struct {
+	Limit  int
+	Cursor string
+}
+
+// ConfigHistoryPage is one page of ConfigHistory: NextCursor is "" on the last page.
+type ConfigHistoryPage struct {
+	History    []limits.Change `json:"history"`
+	NextCursor string          `json:"next_cursor"`
+}
+
+// ConfigHistory reads one page of GET /v1/config/history (admin), newest first: pass NextCursor
+// back as Cursor for the next.
+func (c *Client) ConfigHistory(ctx context.Context, o ConfigHistoryOptions) (ConfigHistoryPage, error) {
+	var p struct {
+		History    []limits.Change `json:"history"`
+		NextCursor *string         `json:"next_cursor"`
 	}
-	var out struct {
-		History []limits.Change `json:"history"`
+	_, err := c.Do(ctx, http.MethodGet, pagePath("/v1/config/history", url.Values{}, o.Limit, o.Cursor), nil, &p)
+	out := ConfigHistoryPage{History: p.History}
+	if p.NextCursor != nil {
+		out.NextCursor = *p.NextCursor
 	}
-	_, err := c.Do(ctx, http.MethodGet, path, nil, &out)
-	return out.History, err
+	return out, err
 }
 
 // TenantsOptions selects a page of GET /v1/tenants; zero values take the API's defaults (order

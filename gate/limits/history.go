@@ -243,17 +243,29 @@ func asMap(c Config) map[string]json.RawMessage {
 	return m
 }
 
-// History returns every change, or the newest limit if limit > 0, newest first, each with the
-// keys it changed. Version 1's old values are the defaults.
-func History(ctx context.Context, db sqldb.DB, limit int) ([]Change, error) {
-	if limit <= 0 {
-		limit = math.MaxInt32 // changes are made by hand: the whole history is small
+// HistoryPage is one page of History: at most the limit asked for, newest first, and Next, when
+// not 0, the version the following page starts below (0: none follows).
+type HistoryPage struct {
+	Changes []Change
+	Next    int64
+}
+
+// History returns a page of changes, newest first, each with the keys it changed: at most limit
+// (at least 1) of the versions below before (0: from the newest). Version 1's old values are the
+// defaults. Its one statement reads at most limit+1 rows by the primary key, whatever the length
+// of the history: the row past the page is the predecessor its oldest change is diffed against,
+// and tells that another page follows.
+func History(ctx context.Context, db sqldb.DB, before int64, limit int) (HistoryPage, error) {
+	if limit < 1 {
+		return HistoryPage{}, fmt.Errorf("read runtime config history: limit %d: want at least 1", limit)
 	}
-	// One row more than asked for: the oldest change returned needs its predecessor to diff.
+	if before <= 0 {
+		before = math.MaxInt64
+	}
 	rows, err := db.QueryContext(ctx, `SELECT version, config, changed_by, changed_at, COALESCE(note, '')
-		FROM config_versions ORDER BY version DESC LIMIT ?`, limit+1)
+		FROM config_versions WHERE version < ? ORDER BY version DESC LIMIT ?`, before, limit+1)
 	if err != nil {
-		return nil, fmt.Errorf("read runtime config history: %w", err)
+		return HistoryPage{}, fmt.Errorf("read runtime config history: %w", err)
 	}
 	defer rows.Close()
 	type row struct {
@@ -265,28 +277,32 @@ func History(ctx context.Context, db sqldb.DB, limit int) ([]Change, error) {
 		var r row
 		var raw string
 		if err := rows.Scan(&r.c.Version, &raw, &r.c.Who, &r.c.When, &r.c.Note); err != nil {
-			return nil, fmt.Errorf("read runtime config history: %w", err)
+			return HistoryPage{}, fmt.Errorf("read runtime config history: %w", err)
 		}
 		r.c.When = r.c.When.UTC()
 		if r.cfg, err = Decode([]byte(raw)); err != nil {
-			return nil, fmt.Errorf("read runtime config history: version %d: %w", r.c.Version, err)
+			return HistoryPage{}, fmt.Errorf("read runtime config history: version %d: %w", r.c.Version, err)
 		}
 		list = append(list, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read runtime config history: %w", err)
+		return HistoryPage{}, fmt.Errorf("read runtime config history: %w", err)
 	}
-	out := make([]Change, 0, min(len(list), limit))
-	for i := 0; i < len(list) && i < limit; i++ {
-		prev := Default()
+	var page HistoryPage
+	n := len(list)
+	if n > limit {
+		n = limit
+		page.Next = list[n-1].c.Version
+	}
+	page.Changes = make([]Change, 0, n)
+	for i := range n {
+		prev := Default() // nothing older: the defaults were in force before it
 		if i+1 < len(list) {
 			prev = list[i+1].cfg
-		} else if list[i].c.Version > 1 {
-			break // the predecessor was not read (limit); never diff against the wrong base
 		}
 		c := list[i].c
 		c.Old, c.New = diff(prev, list[i].cfg)
-		out = append(out, c)
+		page.Changes = append(page.Changes, c)
 	}
-	return out, nil
+	return page, nil
 }
