@@ -12,6 +12,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -48,14 +49,29 @@ const (
 	otherSecret  = "fz-secret-of-b"
 )
 
+// The names no answer to a producer may show (issue 30, finding 12a): the admin token that admits
+// the set-up jobs, and the drainer id that ends some of them. Only their roles may show.
+const (
+	namedAdminToken = "named-admin-token-0123456789abcdef01"
+	namedAdmin      = "fz-ops-alice"
+	namedDrainer    = "fz-web-7.example.net-4242"
+)
+
+// doneKey is the rate key of the dispatched set-up jobs: only a /complete carrying a job's own
+// nonce may gate it (issue 30, finding 10).
+const doneKey = "fz-done-key"
+
 // TestHostileAPI sends a seeded stream of hostile requests to every route of a running sluice
 // (the App, API role, with memcached for the gates): random methods, headers, bodies (malformed
 // JSON, wrong types, huge, invalid UTF-8, deep), ids, cursors and tokens of every role. Each
 // answer must be JSON with a stable error_code, or a success; never a 5xx other than 503 busy or
 // unavailable; a refused request must leave every table as it was (a depth-cap refusal excepted:
 // SPEC §5 records it as a rejected job); an admission that succeeds writes exactly its job; a
-// role never succeeds on a route it may not call; and nothing in an answer to the producer scoped
-// to one tenant belongs to another tenant; every tenant's queue state matches its jobs. Then a
+// role never succeeds on a route it may not call; nothing in an answer to the producer scoped
+// to one tenant belongs to another tenant, and nothing in an answer to a producer names an admin
+// token or a drainer; a refused /complete without the job's own nonce gates nothing; a release
+// never answers 404 for a slot id; a config history page holds at most its limit; every
+// tenant's queue state matches its jobs. Then a
 // burst from four callers at once is checked the same way, but for the writes. SLUICE_FUZZ_SEED
 // runs another seed and SLUICE_FUZZ_REQUESTS another number of requests.
 func TestHostileAPI(t *testing.T) {
@@ -71,7 +87,8 @@ func TestHostileAPI(t *testing.T) {
 	t.Logf("seed %d (SLUICE_FUZZ_SEED replays it)", seed)
 	mc := memcachedtest.Start(t)
 	env := harness.Start(t, harness.Options{API: true, Memcached: []string{mc.Addr()}, GateTimeout: time.Second,
-		Tokens: []api.Token{{Name: "scoped", Token: scopedToken, Role: api.Producer, Tenants: []string{scopedTenant}}}})
+		Tokens: []api.Token{{Name: "scoped", Token: scopedToken, Role: api.Producer, Tenants: []string{scopedTenant}},
+			{Name: namedAdmin, Token: namedAdminToken, Role: api.Admin}}})
 	h := newHostile(t, env, seed)
 	h.setUp()
 	h.last = h.snapshot()
@@ -188,8 +205,11 @@ type hostile struct {
 	ownIDs, otherIDs, anyIDs []int64
 	failedIDs                []int64
 	slotIDs                  []int64 // slots the scoped producer took in setUp
+	keptSlotIDs              []int64 // more of its slots, which only the star producer is sent to release
+	storyIDs                 []int64 // scopedTenant's jobs whose events name the named admin or drainer
 	nonces                   []string
 	nonceOf                  map[int64]string // the dispatched jobs' nonces, while they are usable
+	sentNonce                map[int64]string // every dispatched job's nonce, for good
 	cursors                  []string
 	hashes                   []string
 	keys                     []string
@@ -214,6 +234,7 @@ func newHostile(t *testing.T, env *harness.Env, seed uint64) *hostile {
 	}
 	h := &hostile{t: t, env: env, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), routes: srv.Routes(),
 		codes: map[string]bool{}, statuses: map[int]int{}, succeeded: map[string]int{}, nonceOf: map[int64]string{},
+		sentNonce: map[int64]string{},
 		http: &http.Client{Timeout: 30 * time.Second,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 	for _, c := range []job.Code{job.CodeInvalidRequest, job.CodeUnauthorized, job.CodeForbidden, job.CodeNotFound,
@@ -321,11 +342,14 @@ func (h *hostile) setUp() {
 				body["payload"] = map[string]any{"secret": otherSecret, "n": i}
 				body["idempotency_key"] = fmt.Sprintf("%s-%d", otherSecret, i)
 			}
-			r := h.env.Do(t, http.MethodPost, "/v1/jobs", harness.AdminToken, body)
+			r := h.env.Do(t, http.MethodPost, "/v1/jobs", namedAdminToken, body)
 			if r.Status != http.StatusAccepted {
 				t.Fatalf("set up: HTTP %d %s", r.Status, r.Raw)
 			}
 			h.addJob(tenant, int64(r.Body["id"].(float64)))
+			if tenant == scopedTenant {
+				h.storyIDs = append(h.storyIDs, int64(r.Body["id"].(float64)))
+			}
 		}
 	}
 	for i := range 40 {
@@ -336,10 +360,10 @@ func (h *hostile) setUp() {
 			payload = fmt.Sprintf(`{"secret":%q}`, otherSecret)
 		}
 		res, err := h.env.DB.ExecContext(ctx, `INSERT INTO jobs (tenant, status, version, attempt, queued_at,
-			claimed_at, dispatched_at, lease_until, drainer_id, nonce_sha256, nonce_expires_at, payload)
+			claimed_at, dispatched_at, lease_until, drainer_id, nonce_sha256, nonce_expires_at, payload, rate_key_sha256)
 			VALUES (?, 'dispatched', 1, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
-			UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, 'fz', ?, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, ?)`,
-			tenant, store.HashNonce(nonce), payload)
+			UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, 'fz', ?, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, ?, ?)`,
+			tenant, store.HashNonce(nonce), payload, gate.RateKeyHash(doneKey))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -347,13 +371,22 @@ func (h *hostile) setUp() {
 		h.addJob(tenant, id)
 		h.nonces = append(h.nonces, nonce)
 		h.nonceOf[id] = nonce
-		if i < 4 { // ended failed: redrive's material
+		h.sentNonce[id] = nonce
+		switch {
+		case i < 2: // ended failed: redrive's material
 			delete(h.nonceOf, id)
 			h.failedIDs = append(h.failedIDs, id)
 			r := h.env.Do(t, http.MethodPost, fmt.Sprintf("/v1/jobs/%d/complete", id), harness.ExecutorToken,
 				map[string]any{"nonce": nonce, "status": "failed", "error_code": "boom"})
 			if r.Status != http.StatusOK {
 				t.Fatalf("set up: complete: HTTP %d %s", r.Status, r.Raw)
+			}
+		case i < 4: // ended failed by a drainer, whose id the job's events name
+			delete(h.nonceOf, id)
+			h.failedIDs = append(h.failedIDs, id)
+			h.drainerFails(id, nonce)
+			if tenant == scopedTenant {
+				h.storyIDs = append(h.storyIDs, id)
 			}
 		}
 	}
@@ -365,12 +398,34 @@ func (h *hostile) setUp() {
 		"changes": map[string]any{"global_in_flight": 200, "tenant_in_flight": 100}, "note": "fuzz"}); r.Status != http.StatusOK {
 		t.Fatalf("set up: config: HTTP %d %s", r.Status, r.Raw)
 	}
-	for range 4 {
+	for i := range 6 {
 		r := h.env.Do(t, http.MethodPost, "/v1/slots", scopedToken, map[string]any{"tenant": scopedTenant, "lease_seconds": 900})
 		if r.Status != http.StatusCreated {
 			t.Fatalf("set up: slot: HTTP %d %s", r.Status, r.Raw)
 		}
-		h.slotIDs = append(h.slotIDs, int64(r.Body["id"].(float64)))
+		if i < 4 {
+			h.slotIDs = append(h.slotIDs, int64(r.Body["id"].(float64)))
+		} else {
+			h.keptSlotIDs = append(h.keptSlotIDs, int64(r.Body["id"].(float64)))
+		}
+	}
+}
+
+// drainerFails records job id failed as a drainer does, under its id.
+func (h *hostile) drainerFails(id int64, nonce string) {
+	t, ctx := h.t, context.Background()
+	tx, err := h.env.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	if _, _, err := (&store.Store{Actor: namedDrainer}).Complete(ctx, tx, now, id,
+		store.Completion{Nonce: nonce, Status: "failed", ErrorCode: "boom"}); err != nil {
+		t.Fatalf("set up: a drainer's outcome: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -400,6 +455,9 @@ func (h *hostile) hostileChance(p float64) bool { return !h.honest && h.chance(p
 
 // request builds the next hostile request.
 func (h *hostile) request() hostileReq {
+	if h.chance(0.04) {
+		return h.forgedCompletion()
+	}
 	q := hostileReq{header: http.Header{}}
 	h.honest = h.chance(0.35)
 	q.caller = pick(h, asNone, asInvalid, asScoped, asScoped, asStar, asExecutor, asExecutor, asAdmin, asAdmin)
@@ -431,6 +489,29 @@ func (h *hostile) request() hostileReq {
 	return q
 }
 
+// forgedCompletion is a well-formed /complete with a gate on a dispatched job, from a caller
+// that may report outcomes, carrying a nonce that is not the one sluice sent with that job: another
+// job's, or made up. It must be refused and gate nothing.
+func (h *hostile) forgedCompletion() hostileReq {
+	h.honest = false
+	id := pick(h, slices.Sorted(maps.Keys(h.sentNonce))...)
+	nonce := pick(h, h.nonces...)
+	if nonce == h.sentNonce[id] || h.chance(0.3) {
+		nonce = "forged-" + strconv.Itoa(h.rng.IntN(1000))
+	}
+	body, err := json.Marshal(map[string]any{"nonce": nonce, "status": pick(h, "succeeded", "failed", "not_started"),
+		"gate": map[string]any{"retry_after": pick(h, 1, 30, 86400)}})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	c := pick(h, asExecutor, asAdmin)
+	q := hostileReq{route: "POST /v1/jobs/{id}/complete", id: id, method: http.MethodPost,
+		path: fmt.Sprintf("/v1/jobs/%d/complete", id), caller: c, header: http.Header{}, body: body}
+	q.header.Set("Content-Type", "application/json")
+	q.auth = h.authFor(c)
+	return q
+}
+
 // fillPath fills pattern's {id} and {rate_key_sha256}, and returns the job id it named, if any.
 func (h *hostile) fillPath(route, pattern string, c caller) (string, int64) {
 	var named int64
@@ -439,8 +520,13 @@ func (h *hostile) fillPath(route, pattern string, c caller) (string, int64) {
 			switch {
 			case route == "POST /v1/jobs/{id}/redrive" && len(h.failedIDs) > 0:
 				named = pick(h, h.failedIDs...)
+			case (strings.HasPrefix(route, "POST /v1/slots/") || strings.HasPrefix(route, "DELETE /v1/slots/")) && c == asStar:
+				// Another caller's live slots: refused as if missing, never released.
+				return strconv.FormatInt(pick(h, h.keptSlotIDs...), 10)
 			case strings.HasPrefix(route, "POST /v1/slots/") || strings.HasPrefix(route, "DELETE /v1/slots/"):
 				return strconv.FormatInt(pick(h, h.slotIDs...), 10) // not a job: named stays 0
+			case route == "GET /v1/jobs/{id}/events" && (c == asScoped || c == asStar) && h.chance(0.5):
+				named = pick(h, h.storyIDs...)
 			case strings.HasSuffix(route, "/start") || strings.HasSuffix(route, "/complete"):
 				if ids := slices.Sorted(maps.Keys(h.nonceOf)); len(ids) > 0 {
 					named = pick(h, ids...)
@@ -477,6 +563,13 @@ func (h *hostile) fillPath(route, pattern string, c caller) (string, int64) {
 
 func (h *hostile) query(route string) string {
 	if h.honest {
+		if route == "GET /v1/config/history" && h.chance(0.5) {
+			q := "?limit=" + pick(h, "1", "2", "1000")
+			if len(h.cursors) > 0 && h.chance(0.5) {
+				q += "&cursor=" + pick(h, h.cursors...)
+			}
+			return q
+		}
 		if route == "GET /v1/jobs" && h.chance(0.5) {
 			q := "?limit=" + pick(h, "1", "3", "50")
 			if len(h.cursors) > 0 && h.chance(0.5) {
@@ -812,11 +905,27 @@ func (h *hostile) one(i int, q hostileReq) {
 	// Nothing else writes (the App runs the API role only: no drainer, no relay), so the
 	// tables are as the previous request left them.
 	before := h.last
+	complete := q.route == "POST /v1/jobs/{id}/complete"
+	var gateBefore time.Time
+	var gatedBefore bool
+	if complete {
+		gateBefore, gatedBefore = h.doneGate()
+	}
 	a, err := h.send(i, q)
 	if err != nil {
 		t.Fatal(err)
 	}
 	after := h.snapshot()
+	if complete && a.status >= 300 && !h.ownNonce(q) {
+		if nb, ok := h.doneGate(); ok && (!gatedBefore || nb.After(gateBefore)) {
+			t.Errorf("%s: a refused /complete without the job's own nonce gated its rate key until %s", a.what, nb)
+		}
+	}
+	if q.route == "DELETE /v1/slots/{id}" && q.caller == asStar && slices.Contains(h.keptSlotIDs, h.pathSlot(q)) {
+		if c := before.changed(after); len(c) > 0 {
+			t.Errorf("%s: another caller's release of a slot changed %v", a.what, c)
+		}
+	}
 	h.last = after
 	h.statuses[a.status]++
 	if a.status < 300 {
@@ -891,9 +1000,68 @@ func (h *hostile) checkAnswer(q hostileReq, a answer) {
 	if a.status < 300 && q.route != "" && !mayCall(q.route, q.caller) {
 		t.Errorf("%s: %s may not call %s", a.what, callerNames[q.caller], q.route)
 	}
+	if q.caller == asScoped || q.caller == asStar {
+		for _, name := range []string{namedAdmin, namedDrainer} {
+			if bytes.Contains(a.raw, []byte(name)) {
+				t.Errorf("%s: a producer was shown the name %q", a.what, name)
+			}
+		}
+	}
 	if q.caller == asScoped {
 		h.checkScoped(a.what, q, a.raw)
 	}
+	if q.route == "DELETE /v1/slots/{id}" && q.method == http.MethodDelete && a.status == http.StatusNotFound && h.pathSlot(q) > 0 {
+		// 404 is for an id that is none at all: another caller's slot answers as a missing one.
+		t.Errorf("%s: a release answered 404 for a slot id, telling whether it is someone's live slot", a.what)
+	}
+	if q.route == "GET /v1/config/history" && q.method == http.MethodGet && a.status == http.StatusOK {
+		limit := 50
+		if u, err := url.Parse(q.path); err == nil && u.Query().Has("limit") {
+			limit, _ = strconv.Atoi(u.Query().Get("limit"))
+		}
+		if hist, _ := a.body["history"].([]any); len(hist) > limit {
+			t.Errorf("%s: %d changes on a page of at most %d", a.what, len(hist), limit)
+		}
+		if _, ok := a.body["next_cursor"]; !ok {
+			t.Errorf("%s: a history page without next_cursor", a.what)
+		}
+	}
+}
+
+// pathSlot is the slot id q's path names as the server reads it, or 0.
+func (h *hostile) pathSlot(q hostileReq) int64 {
+	n, err := strconv.ParseInt(strings.TrimPrefix(pathOnly(q.path), "/v1/slots/"), 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// doneGate reads the gate of doneKey: when it ends, and whether there is one.
+func (h *hostile) doneGate() (time.Time, bool) {
+	h.t.Helper()
+	nb, ok, err := h.env.App.Gates().Get(context.Background(), gate.RateKeyHash(doneKey))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return nb, ok
+}
+
+// ownNonce reports whether q, a /complete, carries the nonce sluice sent with the job its path
+// names.
+func (h *hostile) ownNonce(q hostileReq) bool {
+	id, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(pathOnly(q.path), "/v1/jobs/"), "/complete"), 10, 64)
+	if err != nil {
+		return false
+	}
+	var body struct {
+		Nonce string `json:"nonce"`
+	}
+	if json.Unmarshal(q.body, &body) != nil {
+		return false
+	}
+	n, ok := h.sentNonce[id]
+	return ok && body.Nonce == n
 }
 
 // checkWrites: a refused request writes nothing (a depth-cap refusal writes its rejected job),
@@ -1029,6 +1197,12 @@ func (h *hostile) learn(q hostileReq, status int, body map[string]any) {
 			h.addJob(tn, int64(id))
 		}
 	}
+}
+
+// pathOnly is path without its query, as the server routes it.
+func pathOnly(path string) string {
+	p, _, _ := strings.Cut(path, "?")
+	return p
 }
 
 func trimmed(s string) string {
