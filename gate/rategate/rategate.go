@@ -233,9 +233,12 @@ func transient(err error) bool {
 }
 
 // NotBefore returns the gate instant of each key among hashes that has a gate, in one round trip
-// per server (GetMulti). Expired gates (not after now) are included; callers compare. On a
-// memcached failure it returns what it could read and an error wrapping ErrUnavailable: treat
-// the missing keys as not gated (fail open).
+// per server (GetMulti). Expired gates (not after now) are included; callers compare. A gate
+// further ahead than the longest one SPEC §5 allows (now + MaxRetryAfter + Margin), which only a
+// direct write to memcached can make, is read as that longest one: whoever can reach memcached
+// may delay a key by a day at a time, not forever. On a memcached failure it returns what it
+// could read and an error wrapping ErrUnavailable: treat the missing keys as not gated (fail
+// open).
 func (s *Store) NotBefore(ctx context.Context, hashes []string) (map[string]time.Time, error) {
 	out := map[string]time.Time{}
 	if len(hashes) == 0 {
@@ -244,6 +247,11 @@ func (s *Store) NotBefore(ctx context.Context, hashes []string) (map[string]time
 	if err := ctx.Err(); err != nil {
 		return out, err
 	}
+	now, err := s.cfg.Clock.Now(ctx)
+	if err != nil {
+		return out, fmt.Errorf("get gates: %w", err)
+	}
+	longest := now.Add(MaxRetryAfter*time.Second + Margin)
 	if !s.available() {
 		return out, s.skipped("get gates")
 	}
@@ -258,6 +266,9 @@ func (s *Store) NotBefore(ctx context.Context, hashes []string) (map[string]time
 		nb, perr := ParseValue(it.Value)
 		if perr != nil {
 			continue // not a gate sluice understands: not gated
+		}
+		if nb.After(longest) {
+			nb = longest
 		}
 		out[k[len(KeyPrefix):]] = nb
 	}

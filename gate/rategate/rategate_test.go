@@ -282,6 +282,19 @@ func TestReadsForeignGates(t *testing.T) {
 	if len(got) != 1 || !got[h1].Equal(at) {
 		t.Errorf("NotBefore = %v, want only %s at %v", got, h1, at)
 	}
+	// A gate written a year ahead holds for the longest retry_after, not for the year.
+	now, _ := b.clock.Now(ctx)
+	far := now.AddDate(1, 0, 0)
+	if err := b.raw.Set(&memcache.Item{Key: "sluice:gate:" + h3, Value: []byte(strconv.FormatInt(far.UnixMilli(), 10)), Expiration: 300}); err != nil {
+		t.Fatal(err)
+	}
+	longest := now.Add(rategate.MaxRetryAfter*time.Second + rategate.Margin)
+	if got, err := b.store.NotBefore(ctx, []string{h3}); err != nil || !got[h3].Equal(longest) {
+		t.Errorf("a gate a year ahead reads %v (%v), want the longest one, %v", got[h3], err, longest)
+	}
+	if err := b.raw.Delete(rategate.Key(h3)); err != nil {
+		t.Fatal(err)
+	}
 	// A foreign gate is extended by CAS like ours, and a later, shorter write keeps it.
 	if nb, err := b.store.Extend(ctx, h1, 1); err != nil || !nb.Equal(at) {
 		t.Errorf("Extend over a longer foreign gate = %v, %v; want %v kept", nb, err, at)
