@@ -100,9 +100,14 @@ func awaitRecorded(t *testing.T, recorded <-chan int64, n int) []int64 {
 	return ids
 }
 
-func (e *harnessEnv) start(t *testing.T, id int64, nonce string) harness.Response {
+// start confirms job id's start with nonce, as the start attempt named startID ("" for none).
+func (e *harnessEnv) start(t *testing.T, id int64, nonce, startID string) harness.Response {
 	t.Helper()
-	return e.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/start", harness.ExecutorToken, map[string]any{"nonce": nonce})
+	body := map[string]any{"nonce": nonce}
+	if startID != "" {
+		body["start_id"] = startID
+	}
+	return e.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/start", harness.ExecutorToken, body)
 }
 
 type harnessEnv struct{ *harness.Env }
@@ -141,18 +146,21 @@ func TestStartConfirmation(t *testing.T) {
 		if disp.JobID != id || disp.Attempt != 1 {
 			t.Fatalf("dispatched %+v, want job %d attempt 1", disp, id)
 		}
-		if r := env.start(t, id, disp.Nonce); r.Status != 200 || r.Body["status"] != "running" {
+		if r := env.start(t, id, disp.Nonce, "attempt-1"); r.Status != 200 || r.Body["status"] != "running" {
 			t.Fatalf("first /start: HTTP %d %s", r.Status, r.Raw)
 		}
-		if r := env.start(t, id, disp.Nonce); r.Status != 200 {
-			t.Errorf("repeated /start while running: HTTP %d %s, want 200", r.Status, r.Raw)
+		if r := env.start(t, id, disp.Nonce, "attempt-1"); r.Status != 200 {
+			t.Errorf("the same start attempt repeated while running: HTTP %d %s, want 200", r.Status, r.Raw)
 		}
-		wantCode(t, "foreign nonce while running", env.start(t, id, "not-the-nonce"), 409, "nonce_invalid")
+		// The dispatch replayed elsewhere: another start attempt, or one without a name.
+		wantCode(t, "another start attempt while running", env.start(t, id, disp.Nonce, "attempt-2"), 409, "nonce_used")
+		wantCode(t, "an unnamed start attempt while running", env.start(t, id, disp.Nonce, ""), 409, "nonce_used")
+		wantCode(t, "foreign nonce while running", env.start(t, id, "not-the-nonce", "attempt-1"), 409, "nonce_invalid")
 		s.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 		harness.WaitFor(t, 10*time.Second, "the job to succeed", func() (bool, error) {
 			return readJob(t, env.DB.DB, id).status == "succeeded", nil
 		})
-		wantCode(t, "/start after the dispatch finished", env.start(t, id, disp.Nonce), 409, "nonce_used")
+		wantCode(t, "/start after the dispatch finished", env.start(t, id, disp.Nonce, "attempt-1"), 409, "nonce_used")
 	})
 
 	t.Run("expired", func(t *testing.T) {
@@ -168,7 +176,7 @@ func TestStartConfirmation(t *testing.T) {
 			t.Fatal(err)
 		}
 		disp := s.next(t)
-		wantCode(t, "/start with an expired nonce", env.start(t, id, disp.Nonce), 409, "nonce_expired")
+		wantCode(t, "/start with an expired nonce", env.start(t, id, disp.Nonce, "attempt-1"), 409, "nonce_expired")
 		if st := readJob(t, env.DB.DB, id).status; st != "dispatched" {
 			t.Errorf("job is %s after a refused start, want dispatched", st)
 		}
@@ -201,8 +209,8 @@ func TestStartConfirmation(t *testing.T) {
 		if redo.JobID != id || redo.Attempt != 2 || redo.Version <= old.Version || redo.Nonce == old.Nonce {
 			t.Fatalf("redispatch %+v after %+v: want the same job, attempt 2, a higher version, a new nonce", redo, old)
 		}
-		wantCode(t, "/start with the voided nonce", env.start(t, id, old.Nonce), 409, "dispatch_void")
-		if r := env.start(t, id, redo.Nonce); r.Status != 200 {
+		wantCode(t, "/start with the voided nonce", env.start(t, id, old.Nonce, "attempt-1"), 409, "dispatch_void")
+		if r := env.start(t, id, redo.Nonce, "attempt-1"); r.Status != 200 {
 			t.Fatalf("/start with the current nonce: HTTP %d %s", r.Status, r.Raw)
 		}
 		second.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
@@ -529,7 +537,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 		}
 		disp := s.next(t)
 		if start {
-			if r := env.start(t, id, disp.Nonce); r.Status != http.StatusOK {
+			if r := env.start(t, id, disp.Nonce, "attempt-1"); r.Status != http.StatusOK {
 				t.Fatalf("/start: HTTP %d %s", r.Status, r.Raw)
 			}
 		}
@@ -566,7 +574,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 		if st != status || ec != code {
 			t.Fatalf("%s: the job ended %s/%s, want %s/%s", what, st, ec, status, code)
 		}
-		for _, r := range []harness.Response{complete(id, nonce, "failed"), complete(id, nonce, "succeeded"), env.start(t, id, nonce)} {
+		for _, r := range []harness.Response{complete(id, nonce, "failed"), complete(id, nonce, "succeeded"), env.start(t, id, nonce, "attempt-1")} {
 			wantCode(t, what+": late report", r, http.StatusConflict, "dispatch_void")
 			if r.Body["status"] != status {
 				t.Errorf("%s: the dispatch_void answer names status %v, want %s", what, r.Body["status"], status)
@@ -595,7 +603,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 		t.Errorf("/complete repeating the executor's 2xx outcome: HTTP %d %s, want 200 failed", r.Status, r.Raw)
 	}
 	wantCode(t, "another outcome than the executor's 2xx", complete(id, nonce, "succeeded"), http.StatusConflict, "outcome_conflict")
-	wantCode(t, "/start after the executor's 2xx outcome", env.start(t, id, nonce), http.StatusConflict, "nonce_used")
+	wantCode(t, "/start after the executor's 2xx outcome", env.start(t, id, nonce, "attempt-1"), http.StatusConflict, "nonce_used")
 
 	// Last, since this drainer stops renewing its lease: another drainer recovers the running
 	// job past the lease and it is lost.

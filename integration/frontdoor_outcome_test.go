@@ -253,7 +253,7 @@ func TestFrontDoorExecutorCallsDatabaseDown(t *testing.T) {
 		id                                  int64
 	}{
 		{"start", http.MethodPost, "/v1/jobs/{id}/start", jobPath(running, "/start"), fdExecToken,
-			map[string]any{"nonce": "n1"}, http.StatusOK, "running", running},
+			map[string]any{"nonce": "n1", "start_id": "attempt-1"}, http.StatusOK, "running", running},
 		{"complete", http.MethodPost, "/v1/jobs/{id}/complete", jobPath(running, "/complete"), fdExecToken,
 			map[string]any{"nonce": "n1", "status": "succeeded"}, http.StatusOK, "succeeded", running},
 		{"cancel", http.MethodDelete, "/v1/jobs/{id}", jobPath(queued, ""), fdAlphaToken,

@@ -178,7 +178,7 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	if p, err := d2.RunOnce(ctx); err != nil || p.Claimed != 1 {
 		t.Fatalf("dying drainer's pass: %+v, %v; want 1 claimed", p, err)
 	}
-	if r := env.start(t, lost, s2.next(t).Nonce); r.Status != http.StatusOK {
+	if r := env.start(t, lost, s2.next(t).Nonce, "attempt-1"); r.Status != http.StatusOK {
 		t.Fatalf("/start: HTTP %d %s", r.Status, r.Raw)
 	}
 	check("after the lost job's dispatch", 8, 3)
