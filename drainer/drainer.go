@@ -3,7 +3,8 @@
 // records their outcomes (fenced on the claimed version), renews leases, recovers the jobs of
 // drainers that died and deletes the slots whose lease ran out. One pass of all of that is
 // RunOnce; Run only schedules passes. Live slots (SPEC §5a) count against the caps with the jobs
-// in flight in every claim (store.LockClaims).
+// in flight in every claim (store.LockClaims), except those granted past a limit, which never
+// count (migration 0020): a caller looping slot grants cannot take what the queue needs.
 //
 // The Drainer is a scheduler of small services, each with its own state and a RunOnce of its
 // own that tests may drive without goroutines: the claimer (claimer.go, with tenants.go,

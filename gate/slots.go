@@ -86,6 +86,8 @@ func waitingBound(cfg limits.Config) int { return min(cfg.GlobalInFlight, 1000) 
 // TakeSlot decides req for caller under the claim lock and grants it (the slot is written) or
 // refuses it (nothing is written): a *SlotRefusal (capacity_exceeded), a *job.Error
 // (invalid_request, forbidden when mayActFor refuses the tenant, unavailable), or another error.
+// A slot granted past a limit (shadow-refused, or with the rollout mode off) does not count
+// (store.Slot.Counted).
 func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest, mayActFor func(string) bool) (SlotResult, error) {
 	cur := a.cfg.Limits.Current().Config
 	if err := validSlot(&req, cur); err != nil {
@@ -95,50 +97,50 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 		return SlotResult{}, job.Errorf(job.CodeForbidden, "this token may not act for tenant %q", req.Tenant)
 	}
 	unit := limits.Unit{Tenant: req.Tenant, Lanes: req.Lanes, Interactive: req.Interactive}
-	var res SlotResult
-	var refused bool
-	var gated map[string]bool // rate keys known gated: nil until looked up
-	var heldBy []string       // the rate keys of the waiting heads that refused the slot
+	var d slotDecision
+	// gated holds the rate keys looked up, true if gated; nil until a lookup. Without a gate
+	// store nothing is ever gated, and nothing is looked up.
+	var gated map[string]bool
+	if a.cfg.Gates == nil {
+		gated = map[string]bool{}
+	}
 	take := func() (store.SlotState, *store.Slot, error) {
-		refused, heldBy = false, nil
 		return store.TakeSlot(ctx, a.cfg.TxDB, store.TakeSlotParams{
 			Tenant: req.Tenant, Caller: caller, Lanes: req.Lanes, Interactive: req.Interactive,
 			LeaseSeconds: req.LeaseSeconds, WaitingLimit: waitingBound(cur),
-			Decide: func(st store.SlotState) (bool, store.AuditEvent) {
-				var ok bool
-				res.Decision, res.Verdict, heldBy, ok = decideSlot(st, unit, req.Aware, gated)
-				if !ok {
-					refused = true
-					return false, store.AuditEvent{}
+			Decide: func(st store.SlotState) store.SlotGrant {
+				d = decideSlot(st, unit, req.Aware, gated)
+				if !d.grant {
+					return store.SlotGrant{}
 				}
-				detail, _ := json.Marshal(slotDetail(res.Verdict, req))
-				return true, store.AuditEvent{Event: store.EventSlotGranted, Tenant: req.Tenant, Actor: caller,
-					Scope: res.Verdict.Scope, Detail: detail}
+				detail := slotDetail(d.verdict, req)
+				detail["counted"] = d.counted
+				raw, _ := json.Marshal(detail)
+				return store.SlotGrant{Grant: true, Counted: d.counted, Event: store.AuditEvent{Event: store.EventSlotGranted,
+					Tenant: req.Tenant, Actor: caller, Scope: d.verdict.Scope, Detail: raw}}
 			}})
 	}
 	st, slot, err := take()
-	if err == nil && len(heldBy) > 0 && a.cfg.Gates != nil {
-		// Refused for queued work whose heads carry rate keys: their gates are read (never under
-		// the claim lock) and, if any is gated, the slot is decided again without those tenants.
-		// A gate store that fails leaves the refusal standing.
-		if nb, gerr := a.cfg.Gates.NotBefore(ctx, heldBy); gerr == nil {
-			now := a.now()
-			gated = map[string]bool{}
-			for _, k := range heldBy {
-				if nb[k].After(now) {
-					gated[k] = true
-				}
-			}
-			if len(gated) > 0 { // else the same refusal: nothing holding the slot back is gated
-				st, slot, err = take()
-			}
+	if err == nil && len(d.heldBy) > 0 {
+		// Held back by queued work whose heads carry rate keys: their gates are read (never under
+		// the claim lock) and the slot is decided again, with those known. A gate store that
+		// fails leaves them not gated. A refusal that no gated key changes stands as it is.
+		gated = map[string]bool{}
+		nb, gerr := a.cfg.Gates.NotBefore(ctx, d.heldBy)
+		now, anyGated := a.now(), false
+		for _, k := range d.heldBy {
+			gated[k] = gerr == nil && nb[k].After(now)
+			anyGated = anyGated || gated[k]
+		}
+		if d.decision != Refused || anyGated {
+			st, slot, err = take()
 		}
 	}
 	if err != nil {
 		return SlotResult{}, AsUnavailable(err)
 	}
-	if refused {
-		refusal := a.refuseSlot(st, res.Verdict)
+	if slot == nil {
+		refusal := a.refuseSlot(st, d.verdict)
 		a.observeSlot(string(Refused), refusal.Verdict.Scope)
 		detail := slotDetail(refusal.Verdict, req)
 		detail["retry_after"] = refusal.Err.Detail["retry_after"]
@@ -148,12 +150,14 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 		return SlotResult{}, refusal
 	}
 	if st.Config.AdmissionMode != limits.ModeOff {
-		a.observeSlot(string(res.Decision), res.Verdict.Scope)
+		a.observeSlot(string(d.decision), d.verdict.Scope)
 	} else {
 		a.observeSlot("off", "")
 	}
-	res.Slot = *slot
-	res.RenewEvery = slot.LeaseSeconds / 3
+	res := SlotResult{Slot: *slot, Decision: d.decision, Verdict: d.verdict, RenewEvery: slot.LeaseSeconds / 3}
+	if d.decision == "" {
+		res.Verdict = limits.Verdict{} // off: no headers, and no figures to show
+	}
 	return res, nil
 }
 
@@ -164,35 +168,56 @@ func slotDetail(v limits.Verdict, req SlotRequest) map[string]any {
 		"lease_seconds": req.LeaseSeconds, "aware": req.Aware}
 }
 
-// decideSlot is the decision of a slot for unit on what the grant read under the claim lock: the
-// decision (empty with the rollout mode off), the verdict, and whether to grant. With the mode
-// off every slot is granted unchecked; with shadow, or with enforce_for=aware and a request that
-// is not aware, a slot enforce would refuse is granted as shadow-refused. heldBy, when the slot
-// is refused only by the fair-order rule, lists the rate keys at the heads of the tenants waiting
-// ahead whose gates are not known (not in gated): the caller may look them up and decide again
-// with gated filled.
-func decideSlot(st store.SlotState, unit limits.Unit, aware bool, gated map[string]bool) (Decision, limits.Verdict, []string, bool) {
+// slotDecision is what decideSlot decided.
+type slotDecision struct {
+	// decision is admitted, shadow-refused or refused; empty with the rollout mode off.
+	decision Decision
+	// verdict is the capacity decision: the headers' figures, and the scope that refused.
+	verdict limits.Verdict
+	// grant: the slot is written. counted: it counts against the limits.
+	grant, counted bool
+	// heldBy, when not empty, are the rate keys at the heads of the tenants waiting ahead that
+	// held the slot back by the fair-order rule and whose gates were not looked up: nothing is
+	// granted yet, decision says what would be without a gated key, and the caller looks them up
+	// and decides again.
+	heldBy []string
+}
+
+// decideSlot is the decision of a slot for unit on what the grant read under the claim lock.
+//
+// A slot counts against the limits only when it fits them all and the fair-order rule: what
+// enforce would grant. Such a slot is admitted in every mode (with the mode off, granted without
+// a decision). A slot that does not fit is refused with enforce (enforce_for all, or an aware
+// request); otherwise (shadow, or enforce_for=aware and a request that is not aware, or the mode
+// off) it is granted but does not count, shadow-refused: the caller's work goes ahead, as it
+// would without sluice, and it takes nothing the claim gives the queue (SPEC §5a: the caps stay
+// exact for the jobs in flight and the slots that count). Counted, such slots let one producer
+// that loops grants fill the global cap so that no queued job ever starts (issue 30, finding 6).
+func decideSlot(st store.SlotState, unit limits.Unit, aware bool, gated map[string]bool) slotDecision {
 	cfg := st.Config
-	if cfg.AdmissionMode == limits.ModeOff {
-		return "", limits.Verdict{}, nil, true
-	}
-	v := cfg.Check(st.Usage, unit)
-	var heldBy []string
-	if v.OK {
+	d := slotDecision{verdict: cfg.Check(st.Usage, unit)}
+	if d.verdict.OK {
 		var blocked bool
-		if blocked, heldBy = jumpsQueue(cfg, st, unit, gated); blocked {
-			v.OK, v.Paused = false, false
-			v.Scope, v.Limit, v.InFlight = limits.ScopeGlobal, cfg.GlobalInFlight, st.Usage.Total
+		if blocked, d.heldBy = jumpsQueue(cfg, st, unit, gated); blocked {
+			d.verdict.OK, d.verdict.Paused = false, false
+			d.verdict.Scope, d.verdict.Limit, d.verdict.InFlight = limits.ScopeGlobal, cfg.GlobalInFlight, st.Usage.Total
 		}
 	}
 	switch {
-	case v.OK:
-		return Admitted, v, nil, true
+	case d.verdict.OK:
+		d.decision, d.grant, d.counted = Admitted, true, true
 	case cfg.AdmissionMode == limits.ModeEnforce && (cfg.EnforceFor == limits.EnforceAll || aware):
-		return Refused, v, heldBy, false
+		d.decision = Refused
 	default:
-		return ShadowRefused, v, nil, true
+		d.decision, d.grant = ShadowRefused, true
 	}
+	if cfg.AdmissionMode == limits.ModeOff {
+		d.decision = ""
+	}
+	if len(d.heldBy) > 0 {
+		d.grant, d.counted = false, false
+	}
+	return d
 }
 
 // jumpsQueue is the fair-order rule of SPEC §5a: a slot does not take the capacity that queued
@@ -203,9 +228,10 @@ func decideSlot(st store.SlotState, unit limits.Unit, aware bool, gated map[stri
 // interactive slot within the reserve is exempt.
 //
 // Only each waiting tenant's oldest job is looked at (its queue state's head), as the status
-// does. Gates live in memcached, which is never asked under the claim lock: gated lists the keys
-// known gated (nil: none looked up yet), and when the slot is refused and every head ahead has a
-// rate key not yet looked up, it returns those keys (see decideSlot).
+// does. Gates live in memcached, which is never asked under the claim lock: gated holds the keys
+// looked up, true if gated (nil: none looked up yet). When the slot is held back while none was
+// looked up, it returns the rate keys of the heads ahead (see slotDecision.heldBy); once they
+// were, a key not among them (a head that came since) is taken as not gated.
 func jumpsQueue(cfg limits.Config, st store.SlotState, unit limits.Unit, gated map[string]bool) (bool, []string) {
 	us := st.Usage
 	if unit.Interactive && cfg.InteractiveReserve > 0 && us.Interactive < cfg.InteractiveReserve {
@@ -219,7 +245,7 @@ func jumpsQueue(cfg limits.Config, st store.SlotState, unit limits.Unit, gated m
 			continue
 		}
 		ahead++
-		if _, known := gated[w.HeadRateKey]; w.HeadRateKey != "" && !known {
+		if gated == nil && w.HeadRateKey != "" {
 			keys = append(keys, w.HeadRateKey)
 		}
 	}
@@ -323,9 +349,9 @@ func (a *Admitter) RenewSlot(ctx context.Context, caller string, admin bool, id 
 	return s, nil
 }
 
-// ReleaseSlot deletes slot id (idempotent: a slot already gone is no error) and pokes the
-// drainers: the poke goes through Config.Published at once (a drainer in this process claims
-// without waiting for the relay). Another caller's slot (an admin may release any) is left
+// ReleaseSlot deletes slot id (idempotent: a slot already gone is no error) and, if it counted,
+// pokes the drainers: the poke goes through Config.Published at once (a drainer in this process
+// claims without waiting for the relay). Another caller's slot (an admin may release any) is left
 // alone and answered as a slot already gone, Found false and no error: a not_found there would
 // tell a caller which ids are other callers' live slots, and to the caller that never held it,
 // that slot is no more its own after the call than before, which is all a release promises.
@@ -342,7 +368,7 @@ func (a *Admitter) ReleaseSlot(ctx context.Context, caller string, admin bool, i
 	case err != nil:
 		return r, AsUnavailable(err)
 	}
-	if r.Found && a.cfg.Published != nil {
+	if r.Found && r.Slot.Counted && a.cfg.Published != nil {
 		a.cfg.Published([]outbox.Row{r.Poke})
 	}
 	return r, nil

@@ -57,6 +57,11 @@ func TestJumpsQueue(t *testing.T) {
 	if blocked, keys := jumpsQueue(cfg, st, a, map[string]bool{"k": false}); !blocked || len(keys) != 0 {
 		t.Errorf("b's head known not gated: %v %v", blocked, keys)
 	}
+	// Looked up already, a key not among those looked up (a head that came since) is not gated
+	// and not asked again.
+	if blocked, keys := jumpsQueue(cfg, st, a, map[string]bool{"other": true}); !blocked || len(keys) != 0 {
+		t.Errorf("b's head came after the lookup: %v %v", blocked, keys)
+	}
 	if blocked, _ := jumpsQueue(cfg, st, limits.Unit{Tenant: "c"}, nil); blocked {
 		t.Error("c, with nothing in flight, refused")
 	}
@@ -76,29 +81,73 @@ func TestJumpsQueue(t *testing.T) {
 	}
 }
 
-// TestDecideSlot: the rollout modes over one refusing verdict.
+// TestDecideSlot: the rollout modes over a verdict that refuses and one that fits. A slot counts
+// only where enforce would grant it; granted past a limit (shadow, aware, off) it does not, so a
+// caller looping grants takes nothing from the queue.
 func TestDecideSlot(t *testing.T) {
 	cfg := limits.Default()
 	cfg.TenantInFlight = 1
 	us := limits.NewUsage()
 	us.Add(cfg, limits.Unit{Tenant: "a"}, 1)
-	unit := limits.Unit{Tenant: "a"}
+	full, free := limits.Unit{Tenant: "a"}, limits.Unit{Tenant: "b"}
 	for _, tc := range []struct {
 		mode, enforceFor string
 		aware            bool
+		unit             limits.Unit
 		want             Decision
-		grant            bool
+		grant, counted   bool
 	}{
-		{limits.ModeEnforce, limits.EnforceAll, false, Refused, false},
-		{limits.ModeEnforce, limits.EnforceAware, false, ShadowRefused, true},
-		{limits.ModeEnforce, limits.EnforceAware, true, Refused, false},
-		{limits.ModeShadow, limits.EnforceAll, true, ShadowRefused, true},
-		{limits.ModeOff, limits.EnforceAll, true, "", true},
+		{limits.ModeEnforce, limits.EnforceAll, false, full, Refused, false, false},
+		{limits.ModeEnforce, limits.EnforceAware, false, full, ShadowRefused, true, false},
+		{limits.ModeEnforce, limits.EnforceAware, true, full, Refused, false, false},
+		{limits.ModeShadow, limits.EnforceAll, true, full, ShadowRefused, true, false},
+		{limits.ModeOff, limits.EnforceAll, true, full, "", true, false},
+		{limits.ModeEnforce, limits.EnforceAll, true, free, Admitted, true, true},
+		{limits.ModeEnforce, limits.EnforceAware, false, free, Admitted, true, true},
+		{limits.ModeShadow, limits.EnforceAll, false, free, Admitted, true, true},
+		{limits.ModeOff, limits.EnforceAll, false, free, "", true, true},
 	} {
 		cfg.AdmissionMode, cfg.EnforceFor = tc.mode, tc.enforceFor
-		d, v, _, grant := decideSlot(store.SlotState{Config: cfg, Usage: us}, unit, tc.aware, nil)
-		if d != tc.want || grant != tc.grant || (tc.mode != limits.ModeOff && v.Scope != limits.ScopeTenant) {
-			t.Errorf("%s/%s aware %v: %q %v %+v", tc.mode, tc.enforceFor, tc.aware, d, grant, v)
+		d := decideSlot(store.SlotState{Config: cfg, Usage: us}, tc.unit, tc.aware, nil)
+		if d.decision != tc.want || d.grant != tc.grant || d.counted != tc.counted || len(d.heldBy) != 0 ||
+			(tc.unit.Tenant == full.Tenant && d.verdict.Scope != limits.ScopeTenant) {
+			t.Errorf("%s/%s aware %v %s: %+v", tc.mode, tc.enforceFor, tc.aware, tc.unit.Tenant, d)
+		}
+	}
+}
+
+// TestDecideSlotHeldByGates: a slot the fair-order rule holds back for heads whose rate keys were
+// not looked up is granted in no mode (decision says what it would be), and names the keys; once
+// they are looked up it is decided: refused or uncounted while a head ahead is not gated, counted
+// when every head ahead is gated.
+func TestDecideSlotHeldByGates(t *testing.T) {
+	cfg := limits.Default() // global 4, tenant 2
+	us := limits.NewUsage()
+	us.Add(cfg, limits.Unit{Tenant: "a"}, 1)
+	us.Add(cfg, limits.Unit{Tenant: "x"}, 2)
+	st := store.SlotState{Config: cfg, Usage: us, Waiting: []store.Waiting{{Tenant: "b", Due: true, HeadRateKey: "k"}}}
+	a := limits.Unit{Tenant: "a"}
+	for _, tc := range []struct {
+		mode, enforceFor string
+		gated            map[string]bool
+		want             Decision
+		grant, counted   bool
+		heldBy           []string
+	}{
+		{limits.ModeEnforce, limits.EnforceAll, nil, Refused, false, false, []string{"k"}},
+		{limits.ModeShadow, limits.EnforceAll, nil, ShadowRefused, false, false, []string{"k"}},
+		{limits.ModeOff, limits.EnforceAll, nil, "", false, false, []string{"k"}},
+		{limits.ModeEnforce, limits.EnforceAll, map[string]bool{"k": false}, Refused, false, false, nil},
+		{limits.ModeShadow, limits.EnforceAll, map[string]bool{"k": false}, ShadowRefused, true, false, nil},
+		{limits.ModeShadow, limits.EnforceAll, map[string]bool{}, ShadowRefused, true, false, nil},
+		{limits.ModeOff, limits.EnforceAll, map[string]bool{"k": false}, "", true, false, nil},
+		{limits.ModeShadow, limits.EnforceAll, map[string]bool{"k": true}, Admitted, true, true, nil},
+		{limits.ModeOff, limits.EnforceAll, map[string]bool{"k": true}, "", true, true, nil},
+	} {
+		st.Config.AdmissionMode, st.Config.EnforceFor = tc.mode, tc.enforceFor
+		d := decideSlot(st, a, false, tc.gated)
+		if d.decision != tc.want || d.grant != tc.grant || d.counted != tc.counted || !slices.Equal(d.heldBy, tc.heldBy) {
+			t.Errorf("%s gated %v: %+v", tc.mode, tc.gated, d)
 		}
 	}
 }

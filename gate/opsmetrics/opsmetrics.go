@@ -124,7 +124,7 @@ func New(cfg Config) (*Collector, error) {
 		queueDepth:        d("sluice_queue_depth", "Jobs queued, all tenants."),
 		queueOldest:       d("sluice_queue_oldest_age_seconds", "Age of the oldest queued job (0 when the queue is empty)."),
 		inFlight:          d("sluice_in_flight", "Jobs claimed, dispatched or running, all tenants."),
-		slotsInFlight:     d("sluice_slots_in_flight", "Live slots (SPEC §5a), all tenants: they count against the caps with sluice_in_flight."),
+		slotsInFlight:     d("sluice_slots_in_flight", "Live slots that count (SPEC §5a), all tenants: they count against the caps with sluice_in_flight (slots granted past a limit do not)."),
 		gatedKeys:         d("sluice_gated_keys", "Gated rate keys among the rate keys of queued jobs."),
 		outboxUnpublished: d("sluice_outbox_unpublished", "Outbox rows not yet acknowledged by the broker."),
 		outboxOldest:      d("sluice_outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished outbox row (0 when none)."),

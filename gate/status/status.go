@@ -440,8 +440,9 @@ func (r *Reader) inFlight(ctx context.Context, now time.Time, cfg limits.Config)
 	return out, nil
 }
 
-// slots reads the live slots (store.LiveSlots: bounded by the live slots, which the global cap
-// bounds) and returns them in total, by tier and lane, and per tenant.
+// slots reads the live slots that count (store.LiveSlots: bounded by those, which the global cap
+// bounds; a slot granted past a limit is not read) and returns them in total, by tier and lane,
+// and per tenant.
 func (r *Reader) slots(ctx context.Context, cfg limits.Config) (Slots, map[string]int, error) {
 	us, err := store.LiveSlots(ctx, r.cfg.DB, cfg)
 	if err != nil {

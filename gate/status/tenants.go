@@ -46,7 +46,7 @@ type TenantRow struct {
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 	InFlight         int     `json:"in_flight"`
 	Cap              int     `json:"cap"`
-	// Slots are the tenant's live slots (SPEC §5a).
+	// Slots are the tenant's live slots that count (SPEC §5a; not those granted past a limit).
 	Slots int `json:"slots"`
 	// Tier is the tenant's tier (runtime config tenant_tiers; limits.DefaultTier if not named).
 	Tier string `json:"tier"`

@@ -29,14 +29,16 @@ func (k *kit) beginAdmission(t *testing.T, stmts *store.StmtCache) *store.Admiss
 }
 
 // TestReadAdmissionCountsLiveSlots: what an admission reads as in flight is the jobs and the
-// live slots together (SPEC §5a: one accounting), so a queue=false admission and the headers see
-// the capacity a slot holds; an expired slot no longer counts.
+// live slots that count together (SPEC §5a: one accounting), so a queue=false admission and the
+// headers see the capacity a slot holds; an expired slot no longer counts, nor does one granted
+// past a limit (counted false, migration 0020).
 func TestReadAdmissionCountsLiveSlots(t *testing.T) {
 	k := newKit(t)
 	k.insert(jobSpec{tenant: "a", status: job.Running})
-	if _, err := k.db.ExecContext(k.ctx, `INSERT INTO slots (tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at) VALUES
-		('b', 'p', 'gpu', 1, 60, NOW(6) + INTERVAL 1 HOUR, NOW(6)),
-		('b', 'p', '', 0, 60, NOW(6) - INTERVAL 1 SECOND, NOW(6))`); err != nil {
+	if _, err := k.db.ExecContext(k.ctx, `INSERT INTO slots (tenant, caller, lanes, interactive, lease_seconds, counted, expires_at, created_at) VALUES
+		('b', 'p', 'gpu', 1, 60, TRUE, NOW(6) + INTERVAL 1 HOUR, NOW(6)),
+		('b', 'p', 'gpu', 1, 60, FALSE, NOW(6) + INTERVAL 1 HOUR, NOW(6)),
+		('b', 'p', '', 0, 60, TRUE, NOW(6) - INTERVAL 1 SECOND, NOW(6))`); err != nil {
 		t.Fatal(err)
 	}
 	tx := k.beginAdmission(t, nil)

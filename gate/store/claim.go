@@ -94,8 +94,8 @@ type ClaimLock struct {
 	// Config is the runtime configuration in force (the newest version, or the defaults).
 	Config limits.Config
 	// Usage is what is in flight, by tenant, tier, lane and interactive, as read under the
-	// claim lock: the jobs in flight (inFlightUsageSQL) and the live slots (SPEC §5a), counted
-	// together.
+	// claim lock: the jobs in flight (inFlightUsageSQL) and the live slots that count (SPEC §5a,
+	// liveSlotsSQL), counted together.
 	Usage limits.Usage
 	// Lone is the lone-job probe's answer (ProbeQueue), when asked for.
 	Lone []QueuedJob
@@ -104,9 +104,9 @@ type ClaimLock struct {
 }
 
 // LockClaims begins tx in its first round trip, takes the claim lock, reads the runtime
-// configuration in force and what is in flight (Usage: the jobs in flight and the live slots;
-// slots.go: a slot's grant counts both under the same lock, so the caps hold for their sum);
-// with probe, the lone-job probe (ProbeQueue) goes in the same round trip, read under the
+// configuration in force and what is in flight (Usage: the jobs in flight and the live slots that
+// count; slots.go: a slot's grant counts both under the same lock, so the caps hold for their
+// sum); with probe, the lone-job probe (ProbeQueue) goes in the same round trip, read under the
 // claim lock.
 func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) {
 	return lockClaims(ctx, tx, probe, nil)

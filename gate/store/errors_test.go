@@ -132,7 +132,7 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 		},
 		"TakeSlot": func(ctx context.Context) error {
 			_, _, err := store.TakeSlot(ctx, k.db.DB, store.TakeSlotParams{Tenant: "acme", LeaseSeconds: 60, WaitingLimit: 1,
-				Decide: func(store.SlotState) (bool, store.AuditEvent) { return true, store.AuditEvent{} }})
+				Decide: func(store.SlotState) store.SlotGrant { return store.SlotGrant{Grant: true, Counted: true} }})
 			return err
 		},
 		"RenewSlot": func(ctx context.Context) error { _, err := store.RenewSlot(ctx, k.db.DB, 1, "p", false); return err },

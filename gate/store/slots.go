@@ -18,7 +18,9 @@ import (
 // counts while its expires_at, on the database's clock, is in the future. Its grant runs under
 // the claim lock, like a claim, and counts the jobs in flight and the live slots together, so
 // every cap holds for their sum; a claim counts the live slots in the same round trip as its
-// jobs (LockClaims). Renewal is fenced on the caller and on the slot being alive: an expired
+// jobs (LockClaims). A slot granted past a limit (decision shadow-refused, or admission_mode off)
+// does not count (counted false, migration 0020): it is never read as in flight, so a caller
+// looping grants cannot take capacity the claim would give the queue. Renewal is fenced on the caller and on the slot being alive: an expired
 // slot is never revived. A release and the upkeep's expiry sweep write a release poke, so the
 // drainers take the freed capacity at once.
 
@@ -45,8 +47,12 @@ type Slot struct {
 	Lanes        []string
 	Interactive  bool
 	LeaseSeconds int
-	ExpiresAt    time.Time
-	CreatedAt    time.Time
+	// Counted: the slot counts against the limits while live. False for a slot granted past a
+	// limit (TakeSlotParams.Decide): it is recorded, renewed and released like any other, and
+	// never read as in flight.
+	Counted   bool
+	ExpiresAt time.Time
+	CreatedAt time.Time
 }
 
 // Unit is the slot as a unit of capacity.
@@ -54,18 +60,19 @@ func (s Slot) Unit() limits.Unit {
 	return limits.Unit{Tenant: s.Tenant, Lanes: s.Lanes, Interactive: s.Interactive}
 }
 
-// liveSlotsSQL reads the live slots' tenant, interactive flag and lanes, a row each, in
-// inFlightUsageSQL's columns (scanUsage reads both): one range of the live index (covering, so no
-// row is read), bounded by the live slots, which the global cap bounds (shadow grants aside). It is
-// not grouped, for the reason inFlightUsageSQL is not: a GROUP BY over the lanes column made
+// liveSlotsSQL reads the live slots that count: tenant, interactive flag and lanes, a row each, in
+// inFlightUsageSQL's columns (scanUsage reads both): one range of the counted index (covering, so
+// no row is read), bounded by the slots that count, which the global cap bounds however many
+// uncounted slots are live. It is not grouped, for the reason inFlightUsageSQL is not: a GROUP BY over the lanes column made
 // MariaDB build an on-disk temporary table per read.
 const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1 ` + liveSlots
 
-// liveSlots is the range of the live slots, for the readers that count them one row each.
-const liveSlots = `FROM slots FORCE INDEX (live) WHERE expires_at > NOW(6)`
+// liveSlots is the range of the live slots that count, for the readers that count them one row
+// each. `counted = TRUE` (not a bare `counted`) makes the range cover both key parts.
+const liveSlots = `FROM slots FORCE INDEX (counted) WHERE counted = TRUE AND expires_at > NOW(6)`
 
-// LiveSlots returns the live slots as a limits.Usage (tiers as cfg says), for /v1/status and the
-// metrics: one range of the live index, bounded by the live slots.
+// LiveSlots returns the live slots that count as a limits.Usage (tiers as cfg says), for
+// /v1/status and the metrics: one range of the counted index, bounded by the slots that count.
 func LiveSlots(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
 	return queryUsage(ctx, db, cfg, liveSlotsSQL, "count live slots")
 }
@@ -133,13 +140,23 @@ type TakeSlotParams struct {
 	LeaseSeconds int
 	// WaitingLimit bounds the tenants with work read for the fair-order check.
 	WaitingLimit int
-	// Decide is called under the claim lock with what was read: grant says whether the slot is
-	// written, and event is the audit row of the grant (its SlotID is filled in here).
-	Decide func(SlotState) (grant bool, event AuditEvent)
+	// Decide is called under the claim lock with what was read and says whether the slot is
+	// written and whether it counts.
+	Decide func(SlotState) SlotGrant
+}
+
+// SlotGrant is Decide's answer.
+type SlotGrant struct {
+	// Grant: the slot is written; otherwise nothing is.
+	Grant bool
+	// Counted: the slot counts against the limits (Slot.Counted).
+	Counted bool
+	// Event is the audit row of the grant (its SlotID is filled in by TakeSlot).
+	Event AuditEvent
 }
 
 // TakeSlot decides a slot request under the claim lock and, if Decide grants it, inserts the slot
-// and its audit row and commits: two round trips of a ConnTx on db (an OpenMulti pool). The first
+// (counted as Decide says) and its audit row and commits: two round trips of a ConnTx on db (an OpenMulti pool). The first
 // begins the transaction, takes the claim lock (reading the runtime config in force, as a claim
 // does), counts the jobs in flight and the live slots, reads the tenants waiting ahead in fair
 // order and the tenant's queued depth; the second inserts, reads back and commits. A refusal
@@ -166,25 +183,26 @@ func TakeSlot(ctx context.Context, db *sql.DB, p TakeSlotParams) (SlotState, *Sl
 	if err := res.Close(); err != nil {
 		return st, nil, fmt.Errorf("take slot: %w", err)
 	}
-	grant, ev := p.Decide(st)
-	if !grant {
+	g := p.Decide(st)
+	if !g.Grant {
 		return st, nil, nil
 	}
 	lanes := JoinLanes(p.Lanes)
-	evArgs := appendAuditArgs(nil, ev)
+	evArgs := appendAuditArgs(nil, g.Event)
 	// appendAuditArgs gives event, tenant, job_id, slot_id, ...: the slot id is the INSERT's.
 	evArgs = append(evArgs[:2:2], evArgs[4:]...)
-	args := append([]any{p.Tenant, p.Caller, lanes, p.Interactive, p.LeaseSeconds, p.LeaseSeconds}, evArgs...)
+	args := append([]any{p.Tenant, p.Caller, lanes, p.Interactive, p.LeaseSeconds, g.Counted, p.LeaseSeconds}, evArgs...)
 	rs, err := tx.QueryCommit(ctx, []string{
-		`INSERT INTO slots (tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at)
-			VALUES (?, ?, ?, ?, ?, NOW(6) + INTERVAL ? SECOND, NOW(6))`,
+		`INSERT INTO slots (tenant, caller, lanes, interactive, lease_seconds, counted, expires_at, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, NOW(6) + INTERVAL ? SECOND, NOW(6))`,
 		`SELECT id, expires_at, created_at FROM slots WHERE id = LAST_INSERT_ID()`,
 		auditInsert + `VALUES (?, ?, NULL, LAST_INSERT_ID(), ?, ?, ?, ?, ?, ?, ?, ?)`,
 	}, args...)
 	if err != nil {
 		return st, nil, fmt.Errorf("take slot: insert: %w", err)
 	}
-	s := &Slot{Tenant: p.Tenant, Caller: p.Caller, Lanes: SplitLanes(lanes), Interactive: p.Interactive, LeaseSeconds: p.LeaseSeconds}
+	s := &Slot{Tenant: p.Tenant, Caller: p.Caller, Lanes: SplitLanes(lanes), Interactive: p.Interactive, LeaseSeconds: p.LeaseSeconds,
+		Counted: g.Counted}
 	if err := rs.ScanOne(&s.ID, &s.ExpiresAt, &s.CreatedAt); err != nil {
 		_ = rs.Close()
 		return st, nil, fmt.Errorf("take slot: read back: %w", err)
@@ -241,7 +259,7 @@ func RenewSlot(ctx context.Context, db sqldb.DB, id int64, caller string, admin 
 	// has expires_at in the past and stays there.
 	rows, err := db.QueryContext(ctx, `UPDATE slots SET expires_at = NOW(6) + INTERVAL lease_seconds SECOND
 		WHERE id = ? AND (caller = ? OR ?) AND expires_at > NOW(6);
-		SELECT id, tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at, expires_at > NOW(6)
+		SELECT id, tenant, caller, lanes, interactive, lease_seconds, counted, expires_at, created_at, expires_at > NOW(6)
 		FROM slots WHERE id = ? AND (caller = ? OR ?)`, id, caller, admin, id, caller, admin)
 	if err != nil {
 		return Slot{}, fmt.Errorf("renew slot %d: %w", id, err)
@@ -251,7 +269,7 @@ func RenewSlot(ctx context.Context, db sqldb.DB, id int64, caller string, admin 
 	var s Slot
 	var lanes string
 	var alive bool
-	switch err := res.ScanOne(&s.ID, &s.Tenant, &s.Caller, &lanes, &s.Interactive, &s.LeaseSeconds, &s.ExpiresAt, &s.CreatedAt, &alive); {
+	switch err := res.ScanOne(&s.ID, &s.Tenant, &s.Caller, &lanes, &s.Interactive, &s.LeaseSeconds, &s.Counted, &s.ExpiresAt, &s.CreatedAt, &alive); {
 	case errors.Is(err, sql.ErrNoRows):
 		return Slot{}, ErrSlotNotFound
 	case err != nil:
@@ -274,12 +292,14 @@ type Released struct {
 	Found bool
 	// Expired: its lease had run out (the upkeep had not yet swept it).
 	Expired bool
-	// Poke is the release poke written, when Found: for the fast path that publishes it at once.
+	// Poke is the release poke written, when Found and the slot counted: for the fast path that
+	// publishes it at once. A slot that did not count freed nothing: no poke (a caller releasing
+	// uncounted slots in a loop makes no drainer run a pass).
 	Poke outbox.Row
 }
 
-// ReleaseSlot deletes slot id, fenced on the caller (any, with admin), with its audit row and a
-// release poke, in two round trips of a ConnTx on db: the first locks and reads the row, the
+// ReleaseSlot deletes slot id, fenced on the caller (any, with admin), with its audit row and,
+// if it counted, a release poke, in two round trips of a ConnTx on db: the first locks and reads the row, the
 // second writes and commits. A slot that is gone is not an error (Found false): a release is
 // idempotent. ErrSlotNotFound: the slot belongs to another caller.
 func (s *Store) ReleaseSlot(ctx context.Context, db *sql.DB, now time.Time, id int64, caller string, admin bool) (Released, error) {
@@ -289,14 +309,14 @@ func (s *Store) ReleaseSlot(ctx context.Context, db *sql.DB, now time.Time, id i
 		return out, fmt.Errorf("release slot %d: begin: %w", id, err)
 	}
 	defer tx.Close()
-	res, err := tx.Query(ctx, []string{`SELECT id, tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at,
+	res, err := tx.Query(ctx, []string{`SELECT id, tenant, caller, lanes, interactive, lease_seconds, counted, expires_at, created_at,
 		expires_at <= NOW(6) FROM slots WHERE id = ? FOR UPDATE`}, id)
 	if err != nil {
 		return out, fmt.Errorf("release slot %d: %w", id, err)
 	}
 	sl := &out.Slot
 	var lanes string
-	err = res.ScanOne(&sl.ID, &sl.Tenant, &sl.Caller, &lanes, &sl.Interactive, &sl.LeaseSeconds, &sl.ExpiresAt, &sl.CreatedAt, &out.Expired)
+	err = res.ScanOne(&sl.ID, &sl.Tenant, &sl.Caller, &lanes, &sl.Interactive, &sl.LeaseSeconds, &sl.Counted, &sl.ExpiresAt, &sl.CreatedAt, &out.Expired)
 	err = errors.Join(err, res.Close())
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -309,37 +329,45 @@ func (s *Store) ReleaseSlot(ctx context.Context, db *sql.DB, now time.Time, id i
 	sl.Lanes = SplitLanes(lanes)
 	out.Found = true
 	slotID := strconv.FormatInt(id, 10)
-	detail, _ := json.Marshal(map[string]any{"lease_seconds": sl.LeaseSeconds, "expired": out.Expired, "owner": sl.Caller})
+	detail, _ := json.Marshal(map[string]any{"lease_seconds": sl.LeaseSeconds, "expired": out.Expired, "owner": sl.Caller,
+		"counted": sl.Counted})
 	aq, aargs := AuditInsertSQL([]AuditEvent{{Event: EventSlotReleased, Tenant: sl.Tenant, SlotID: &slotID,
 		Actor: caller, Detail: detail}})
+	stmts, args := []string{aq, `DELETE FROM slots WHERE id = ?`}, append(aargs, id)
 	msg := outbox.PokeMessage(s.prefix(), outbox.Release, sl.Tenant, 0)
-	pq, pargs := outbox.Insert(now, msg)
-	args := append(append(aargs, id), pargs...)
-	done, err := tx.ExecCommit(ctx, []string{aq, `DELETE FROM slots WHERE id = ?`, pq}, args...)
+	if sl.Counted {
+		pq, pargs := outbox.Insert(now, msg)
+		stmts, args = append(stmts, pq), append(args, pargs...)
+	}
+	done, err := tx.ExecCommit(ctx, stmts, args...)
 	if err != nil {
 		return out, fmt.Errorf("release slot %d: %w", id, err)
 	}
-	pokeID, _ := done.LastInsertId() // the last statement's: the outbox row's
-	out.Poke = outbox.Row{ID: pokeID, Subject: msg.Subject, Payload: msg.Payload, CreatedAt: now}
+	if sl.Counted {
+		pokeID, _ := done.LastInsertId() // the last statement's: the outbox row's
+		out.Poke = outbox.Row{ID: pokeID, Subject: msg.Subject, Payload: msg.Payload, CreatedAt: now}
+	}
 	return out, nil
 }
 
 // ExpiredSlot is a slot whose lease ran out, as the upkeep's scan read it.
 type ExpiredSlot struct {
-	ID     int64
-	Tenant string
+	ID      int64
+	Tenant  string
+	Counted bool
 }
 
-// expiredSlotsSQL reads the slots whose lease ran out, oldest first: the other end of the live
-// index's range, so it reads only expired rows.
-const expiredSlotsSQL = `SELECT id, tenant FROM slots FORCE INDEX (live) WHERE expires_at <= NOW(6)
+// expiredSlotsSQL reads the slots whose lease ran out, counted or not, oldest first: the other end
+// of the live index's range, so it reads only expired rows (and each one's counted flag by its
+// primary key: at most LIMIT of them).
+const expiredSlotsSQL = `SELECT id, tenant, counted FROM slots FORCE INDEX (live) WHERE expires_at <= NOW(6)
 	ORDER BY expires_at LIMIT ?`
 
 func scanExpiredSlots(rows *sql.Rows) ([]ExpiredSlot, error) {
 	var out []ExpiredSlot
 	for rows.Next() {
 		var e ExpiredSlot
-		if err := rows.Scan(&e.ID, &e.Tenant); err != nil {
+		if err := rows.Scan(&e.ID, &e.Tenant, &e.Counted); err != nil {
 			return nil, fmt.Errorf("scan expired slots: %w", err)
 		}
 		out = append(out, e)
@@ -351,9 +379,10 @@ func scanExpiredSlots(rows *sql.Rows) ([]ExpiredSlot, error) {
 }
 
 // SweepSlots deletes the slots of expired that are still expired (a slot's lease never comes
-// back), each with a lost audit row naming actor, and writes a release poke per tenant, in one
-// round trip and transaction of a ConnTx on db. Another drainer sweeping the same slots meanwhile
-// deletes each once: it returns the slots this call deleted.
+// back), each with a lost audit row naming actor, and writes a release poke per tenant of a slot
+// that counted (one that did not freed nothing), in one round trip and transaction of a ConnTx on
+// db. Another drainer sweeping the same slots meanwhile deletes each once: it returns the slots
+// this call deleted.
 func (s *Store) SweepSlots(ctx context.Context, db *sql.DB, now time.Time, actor string, expired []ExpiredSlot) (int, error) {
 	if len(expired) == 0 {
 		return 0, nil
@@ -368,28 +397,31 @@ func (s *Store) SweepSlots(ctx context.Context, db *sql.DB, now time.Time, actor
 	seen := map[string]bool{}
 	for i, e := range expired {
 		ids[i] = e.ID
-		if !seen[e.Tenant] {
+		if e.Counted && !seen[e.Tenant] {
 			seen[e.Tenant] = true
 			msgs = append(msgs, outbox.PokeMessage(s.prefix(), outbox.Release, e.Tenant, 0))
 		}
 	}
 	in := "id IN (" + Placeholders(len(ids)) + ") AND expires_at <= NOW(6)"
 	idArgs := int64Args(ids)
-	pq, pargs := outbox.Insert(now, msgs...)
-	args := append(append(append(append(append([]any{}, idArgs...), actor), idArgs...), idArgs...), pargs...)
-	res, err := tx.ExecCommit(ctx, []string{
+	args := append(append(append(append([]any{}, idArgs...), actor), idArgs...), idArgs...)
+	stmts := []string{
 		"SELECT id FROM slots WHERE " + in + " ORDER BY id FOR UPDATE",
 		auditInsert + `SELECT '` + EventSlotLost + `', tenant, NULL, id, ?, NULL, NULL, NULL, NULL, NULL, NULL,
-			JSON_OBJECT('lease_seconds', lease_seconds, 'expires_at', expires_at) FROM slots WHERE ` + in,
-		"DELETE FROM slots WHERE " + in,
-		pq}, args...)
+			JSON_OBJECT('lease_seconds', lease_seconds, 'expires_at', expires_at, 'counted', counted IS TRUE) FROM slots WHERE ` + in,
+		"DELETE FROM slots WHERE " + in}
+	if len(msgs) > 0 {
+		pq, pargs := outbox.Insert(now, msgs...)
+		stmts, args = append(stmts, pq), append(args, pargs...)
+	}
+	res, err := tx.ExecCommit(ctx, stmts, args...)
 	if err != nil {
 		return 0, fmt.Errorf("sweep %d slot(s): %w", len(ids), err)
 	}
-	// START TRANSACTION, the lock, the audit rows, the DELETE, the pokes.
+	// START TRANSACTION, the lock, the audit rows, the DELETE, the pokes if any.
 	affected := res.AllRowsAffected()
-	if len(affected) < 5 {
-		return 0, fmt.Errorf("sweep slots: %d results for 5 statements", len(affected))
+	if len(affected) < 4 {
+		return 0, fmt.Errorf("sweep slots: %d results for %d statements", len(affected), len(stmts)+1)
 	}
 	return int(affected[3]), nil
 }
@@ -403,7 +435,7 @@ type SlotFilter struct {
 
 // ListSlots returns at most f.Limit slots, live or expired and not yet swept, newest first.
 func ListSlots(ctx context.Context, db sqldb.DB, f SlotFilter) ([]Slot, error) {
-	q := `SELECT id, tenant, caller, lanes, interactive, lease_seconds, expires_at, created_at FROM slots WHERE TRUE`
+	q := `SELECT id, tenant, caller, lanes, interactive, lease_seconds, counted, expires_at, created_at FROM slots WHERE TRUE`
 	var args []any
 	if f.Tenant != "" {
 		q += ` AND tenant = ?`
@@ -424,7 +456,7 @@ func ListSlots(ctx context.Context, db sqldb.DB, f SlotFilter) ([]Slot, error) {
 	for rows.Next() {
 		var s Slot
 		var lanes string
-		if err := rows.Scan(&s.ID, &s.Tenant, &s.Caller, &lanes, &s.Interactive, &s.LeaseSeconds, &s.ExpiresAt, &s.CreatedAt); err != nil {
+		if err := rows.Scan(&s.ID, &s.Tenant, &s.Caller, &lanes, &s.Interactive, &s.LeaseSeconds, &s.Counted, &s.ExpiresAt, &s.CreatedAt); err != nil {
 			return nil, fmt.Errorf("list slots: %w", err)
 		}
 		s.Lanes = SplitLanes(lanes)

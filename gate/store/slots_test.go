@@ -11,22 +11,30 @@ import (
 	"github.com/sluicehq/sluice/gate/store"
 )
 
-// grantAll is a Decide that grants every slot, recording what it was shown.
-func grantAll(seen *store.SlotState) func(store.SlotState) (bool, store.AuditEvent) {
-	return func(st store.SlotState) (bool, store.AuditEvent) {
+// grantAll is a Decide that grants every slot, counted as counted says, recording what it was
+// shown.
+func grantAll(seen *store.SlotState, counted bool) func(store.SlotState) store.SlotGrant {
+	return func(st store.SlotState) store.SlotGrant {
 		*seen = st
-		return true, store.AuditEvent{Event: store.EventSlotGranted, Tenant: "x", Actor: "p1", Scope: "global"}
+		return store.SlotGrant{Grant: true, Counted: counted,
+			Event: store.AuditEvent{Event: store.EventSlotGranted, Tenant: "x", Actor: "p1", Scope: "global"}}
 	}
 }
 
-// take grants a slot of tenant to caller and returns it.
+// take grants a slot of tenant to caller that counts and returns it.
 func (k *kit) take(tenant, caller string, lease int, lanes ...string) store.Slot {
+	k.t.Helper()
+	return k.takeCounted(true, tenant, caller, lease, lanes...)
+}
+
+// takeCounted grants a slot of tenant to caller, counted or not, and returns it.
+func (k *kit) takeCounted(counted bool, tenant, caller string, lease int, lanes ...string) store.Slot {
 	k.t.Helper()
 	var st store.SlotState
 	_, s, err := store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: tenant, Caller: caller, Lanes: lanes,
-		LeaseSeconds: lease, WaitingLimit: 10, Decide: grantAll(&st)})
-	if err != nil || s == nil {
-		k.t.Fatalf("take slot: %v %v", s, err)
+		LeaseSeconds: lease, WaitingLimit: 10, Decide: grantAll(&st, counted)})
+	if err != nil || s == nil || s.Counted != counted {
+		k.t.Fatalf("take slot (counted %v): %+v %v", counted, s, err)
 	}
 	return *s
 }
@@ -57,12 +65,12 @@ func TestTakeSlot(t *testing.T) {
 
 	var st store.SlotState
 	_, s, err := store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: "a", Caller: "p2", Interactive: true,
-		LeaseSeconds: 60, WaitingLimit: 10, Decide: func(got store.SlotState) (bool, store.AuditEvent) {
+		LeaseSeconds: 60, WaitingLimit: 10, Decide: func(got store.SlotState) store.SlotGrant {
 			st = got
 			if !k.claimLockHeld() {
 				t.Error("Decide runs without the claim lock")
 			}
-			return false, store.AuditEvent{}
+			return store.SlotGrant{}
 		}})
 	if err != nil || s != nil {
 		t.Fatalf("refused: %v %v", s, err)
@@ -87,7 +95,7 @@ func TestTakeSlot(t *testing.T) {
 	}
 	// The waiting read is bounded.
 	_, _, err = store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: "a", Caller: "p2", LeaseSeconds: 60, WaitingLimit: 1,
-		Decide: func(got store.SlotState) (bool, store.AuditEvent) { st = got; return false, store.AuditEvent{} }})
+		Decide: func(got store.SlotState) store.SlotGrant { st = got; return store.SlotGrant{} }})
 	if err != nil || len(st.Waiting) != 1 || st.Waiting[0].Tenant != "c" {
 		t.Errorf("waiting with limit 1: %v %v", st.Waiting, err)
 	}
@@ -95,20 +103,24 @@ func TestTakeSlot(t *testing.T) {
 	// waits, due, with no rate key known.
 	k.exec("UPDATE tenants SET head_id = 999999 WHERE tenant = 'c'")
 	_, _, err = store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: "a", Caller: "p2", LeaseSeconds: 60, WaitingLimit: 1,
-		Decide: func(got store.SlotState) (bool, store.AuditEvent) { st = got; return false, store.AuditEvent{} }})
+		Decide: func(got store.SlotState) store.SlotGrant { st = got; return store.SlotGrant{} }})
 	if err != nil || !slices.Equal(st.Waiting, []store.Waiting{{Tenant: "c", Due: true}}) {
 		t.Errorf("waiting, c's head purged: %v %v", st.Waiting, err)
 	}
 }
 
 // TestLockClaimsCountsSlots: the claim counts the live slots with the jobs in flight, per tenant
-// and in total; an expired slot no longer counts. The tenant page's in-flight read does too.
+// and in total; an expired slot no longer counts, nor does a slot granted uncounted (past a
+// limit), however many. The tenant page's in-flight read and the status's do the same.
 func TestLockClaimsCountsSlots(t *testing.T) {
 	k := newKit(t)
 	k.insert(jobSpec{tenant: "a", status: job.Running})
 	k.take("a", "p", 60)
 	k.take("b", "p", 60, "search")
 	k.expire(k.take("b", "p", 60).ID)
+	for range 5 {
+		k.takeCounted(false, "c", "p", 60, "search")
+	}
 	tx := k.beginConn()
 	l, err := store.LockClaims(k.ctx, tx, false)
 	if err != nil {
@@ -122,11 +134,11 @@ func TestLockClaimsCountsSlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if page.Usage.Total != 3 || page.Usage.Tenant["a"] != 2 || page.Usage.Tenant["b"] != 1 {
+	if page.Usage.Total != 3 || page.Usage.Tenant["a"] != 2 || page.Usage.Tenant["b"] != 1 || page.Usage.Tenant["c"] != 0 {
 		t.Errorf("tenant page in flight %v total %d", page.Usage.Tenant, page.Usage.Total)
 	}
 	live, err := store.LiveSlots(k.ctx, k.db, limits.Default())
-	if err != nil || live.Total != 2 {
+	if err != nil || live.Total != 2 || live.Lane["search"] != 1 {
 		t.Errorf("live slots %+v %v", live, err)
 	}
 }
@@ -138,8 +150,12 @@ func TestRenewSlot(t *testing.T) {
 	s := k.take("a", "p1", 30)
 	// A shorter lease configured later does not shorten a live slot: the slot's own is used.
 	got, err := store.RenewSlot(k.ctx, k.db.DB, s.ID, "p1", false)
-	if err != nil || got.LeaseSeconds != 30 || got.ExpiresAt.Before(s.ExpiresAt) {
+	if err != nil || got.LeaseSeconds != 30 || got.ExpiresAt.Before(s.ExpiresAt) || !got.Counted {
 		t.Fatalf("renew: %+v %v", got, err)
+	}
+	// An uncounted slot renews the same, and stays uncounted.
+	if u, err := store.RenewSlot(k.ctx, k.db.DB, k.takeCounted(false, "a", "p1", 30).ID, "p1", false); err != nil || u.Counted {
+		t.Errorf("renew of an uncounted slot: %+v %v", u, err)
 	}
 	if n := k.count("SELECT TIMESTAMPDIFF(SECOND, NOW(6), expires_at) FROM slots WHERE id = ?", s.ID); n < 28 || n > 30 {
 		t.Errorf("renewed to %d s from now, want 30", n)
@@ -198,6 +214,19 @@ func TestReleaseSlot(t *testing.T) {
 	if r, err := st.ReleaseSlot(k.ctx, k.db.DB, k.now, old.ID, "admin", true); err != nil || !r.Found || !r.Expired {
 		t.Errorf("an admin's release of an expired slot: %+v %v", r, err)
 	}
+	// A slot that did not count freed nothing: deleted and audited, without a poke.
+	pokes := k.count("SELECT COUNT(*) FROM outbox")
+	u := k.takeCounted(false, "a", "p1", 60)
+	if r, err := st.ReleaseSlot(k.ctx, k.db.DB, k.now, u.ID, "p1", false); err != nil || !r.Found || r.Slot.Counted || r.Poke.ID != 0 {
+		t.Errorf("release of an uncounted slot: %+v %v", r, err)
+	}
+	if n := k.count("SELECT COUNT(*) FROM outbox"); n != pokes {
+		t.Errorf("%d outbox rows after releasing an uncounted slot, want %d", n, pokes)
+	}
+	if n := k.count("SELECT COUNT(*) FROM slots WHERE id = ?", u.ID) + k.count(
+		"SELECT COUNT(*) FROM audit_events WHERE event = 'slot_released' AND slot_id = ?", u.ID); n != 1 {
+		t.Errorf("uncounted slot %d: %d rows and released audit rows, want the audit row only", u.ID, n)
+	}
 }
 
 // TestSweepSlots: the upkeep's scan reads the expired slots in its round trip, and the sweep
@@ -207,17 +236,18 @@ func TestSweepSlots(t *testing.T) {
 	k := newKit(t)
 	st := &store.Store{}
 	live := k.take("a", "p", 60)
-	gone := []int64{k.take("a", "p", 60).ID, k.take("a", "p", 60).ID, k.take("b", "p", 60).ID}
+	// c's slot did not count: it is swept like the others, and its tenant gets no poke.
+	gone := []int64{k.take("a", "p", 60).ID, k.take("a", "p", 60).ID, k.take("b", "p", 60).ID, k.takeCounted(false, "c", "p", 60).ID}
 	for _, id := range gone {
 		k.expire(id)
 	}
 	hb := &store.Heartbeat{DrainerID: "d1", Host: "h", PID: 1, Version: "t", Now: k.now, PollInterval: time.Second}
 	jobs, expired, err := store.ScanExpiredWithSlots(k.ctx, k.db.DB, store.ScanExpiredParams{Now: k.now, Heartbeat: hb}, 10)
-	if err != nil || len(jobs) != 0 || len(expired) != 3 {
-		t.Fatalf("scan: %v %v %v", jobs, expired, err)
+	if err != nil || len(jobs) != 0 || len(expired) != 4 || expired[3] != (store.ExpiredSlot{ID: gone[3], Tenant: "c"}) || !expired[0].Counted {
+		t.Fatalf("scan: %v %+v %v", jobs, expired, err)
 	}
 	n, err := st.SweepSlots(k.ctx, k.db.DB, k.now, "d1", expired)
-	if err != nil || n != 3 {
+	if err != nil || n != 4 {
 		t.Fatalf("sweep: %d %v", n, err)
 	}
 	if n, err := st.SweepSlots(k.ctx, k.db.DB, k.now, "d1", expired); err != nil || n != 0 {
@@ -226,14 +256,23 @@ func TestSweepSlots(t *testing.T) {
 	if n := k.count("SELECT COUNT(*) FROM slots"); n != 1 {
 		t.Errorf("%d slots left, want the live one %d", n, live.ID)
 	}
-	if n := k.count("SELECT COUNT(*) FROM audit_events WHERE event = 'slot_lost' AND actor = 'd1'"); n != 3 {
+	if n := k.count("SELECT COUNT(*) FROM audit_events WHERE event = 'slot_lost' AND actor = 'd1'"); n != 4 {
 		t.Errorf("%d lost audit rows", n)
 	}
 	if n := k.count("SELECT COUNT(*) FROM outbox"); n != 4 {
-		t.Errorf("%d outbox rows, want a poke per tenant per sweep", n)
+		t.Errorf("%d outbox rows, want a poke per tenant of a counted slot (a, b) per sweep", n)
 	}
 	if _, expired, err = store.ScanExpiredWithSlots(k.ctx, k.db.DB, store.ScanExpiredParams{Now: k.now}, 10); err != nil || len(expired) != 0 {
 		t.Errorf("scan after the sweep: %v %v", expired, err)
+	}
+	// A sweep of uncounted slots only writes no poke at all.
+	u := k.takeCounted(false, "c", "p", 60)
+	k.expire(u.ID)
+	if n, err := st.SweepSlots(k.ctx, k.db.DB, k.now, "d1", []store.ExpiredSlot{{ID: u.ID, Tenant: "c"}}); err != nil || n != 1 {
+		t.Errorf("sweep of an uncounted slot: %d %v", n, err)
+	}
+	if n := k.count("SELECT COUNT(*) FROM outbox"); n != 4 {
+		t.Errorf("%d outbox rows after sweeping an uncounted slot, want 4", n)
 	}
 }
 
@@ -246,7 +285,7 @@ func TestListSlots(t *testing.T) {
 		t.Fatalf("first page %+v %v", page, err)
 	}
 	page, err = store.ListSlots(k.ctx, k.db, store.SlotFilter{Tenant: "a", Before: a2.ID, Limit: 2})
-	if err != nil || len(page) != 1 || page[0].ID != a1.ID || page[0].Caller != "p" {
+	if err != nil || len(page) != 1 || page[0].ID != a1.ID || page[0].Caller != "p" || !page[0].Counted {
 		t.Errorf("tenant a after %d: %+v %v", a2.ID, page, err)
 	}
 }
