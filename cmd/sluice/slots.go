@@ -42,10 +42,10 @@ func slotsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return printJSON(stdout, p)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tTENANT\tLANES\tINTERACTIVE\tCALLER\tLEASE\tEXPIRES AT")
+		fmt.Fprintln(tw, "ID\tTENANT\tLANES\tINTERACTIVE\tCOUNTED\tCALLER\tLEASE\tEXPIRES AT")
 		for _, s := range p.Slots {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%s\t%ds\t%s\n", s.ID, strconv.Quote(s.Tenant), strings.Join(s.Lanes, ","),
-				s.Interactive, s.Caller, s.LeaseSeconds, s.ExpiresAt.Format(time.RFC3339))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%v\t%s\t%ds\t%s\n", s.ID, strconv.Quote(s.Tenant), strings.Join(s.Lanes, ","),
+				s.Interactive, s.Counted, s.Caller, s.LeaseSeconds, s.ExpiresAt.Format(time.RFC3339))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

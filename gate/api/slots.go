@@ -19,16 +19,19 @@ const AwareHeader = "Sluice-Capacity-Aware"
 
 // slotBody is a slot as the API shows it.
 type slotBody struct {
-	ID           int64    `json:"id"`
-	Tenant       string   `json:"tenant"`
-	Lanes        []string `json:"lanes"`
-	Interactive  bool     `json:"interactive"`
-	Decision     string   `json:"decision,omitempty"`
-	LeaseSeconds int      `json:"lease_seconds"`
-	ExpiresAt    string   `json:"expires_at"`
-	RenewEvery   int      `json:"renew_every_seconds"`
-	Caller       string   `json:"caller,omitempty"`
-	CreatedAt    string   `json:"created_at,omitempty"`
+	ID          int64    `json:"id"`
+	Tenant      string   `json:"tenant"`
+	Lanes       []string `json:"lanes"`
+	Interactive bool     `json:"interactive"`
+	Decision    string   `json:"decision,omitempty"`
+	// Counted: the slot counts against the limits; false for one granted past a limit
+	// (shadow-refused, or with admission_mode off), which takes no capacity from the queue.
+	Counted      bool   `json:"counted"`
+	LeaseSeconds int    `json:"lease_seconds"`
+	ExpiresAt    string `json:"expires_at"`
+	RenewEvery   int    `json:"renew_every_seconds"`
+	Caller       string `json:"caller,omitempty"`
+	CreatedAt    string `json:"created_at,omitempty"`
 }
 
 func timeText(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
@@ -38,7 +41,7 @@ func slotOf(s store.Slot) slotBody {
 	if lanes == nil {
 		lanes = []string{}
 	}
-	return slotBody{ID: s.ID, Tenant: s.Tenant, Lanes: lanes, Interactive: s.Interactive,
+	return slotBody{ID: s.ID, Tenant: s.Tenant, Lanes: lanes, Interactive: s.Interactive, Counted: s.Counted,
 		LeaseSeconds: s.LeaseSeconds, ExpiresAt: timeText(s.ExpiresAt), RenewEvery: s.LeaseSeconds / 3}
 }
 

@@ -58,9 +58,11 @@ type Slot struct {
 	Tenant      string   `json:"tenant"`
 	Lanes       []string `json:"lanes"`
 	Interactive bool     `json:"interactive"`
-	// Decision is admitted, shadow-refused (granted, but enforce would have refused it) or
-	// DecisionUnavailable (failed open: not counted, not renewed).
-	Decision     string    `json:"decision"`
+	// Decision is admitted, shadow-refused (granted, but enforce would have refused it: it does
+	// not count against the limits) or DecisionUnavailable (failed open: not counted, not renewed).
+	Decision string `json:"decision"`
+	// Counted: the slot counts against the limits (admitted); false otherwise.
+	Counted      bool      `json:"counted"`
 	LeaseSeconds int       `json:"lease_seconds"`
 	ExpiresAt    time.Time `json:"expires_at"`
 	RenewEvery   int       `json:"renew_every_seconds"`
@@ -229,6 +231,7 @@ type SlotRow struct {
 	Tenant       string    `json:"tenant"`
 	Lanes        []string  `json:"lanes"`
 	Interactive  bool      `json:"interactive"`
+	Counted      bool      `json:"counted"`
 	LeaseSeconds int       `json:"lease_seconds"`
 	ExpiresAt    time.Time `json:"expires_at"`
 	Caller       string    `json:"caller"`

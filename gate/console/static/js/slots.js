@@ -14,7 +14,7 @@ export async function slots(v) {
   const outcome = h('div');
   const list = h('div', {id: 'slot-list'});
   v.main.append(h('h1', null, 'Slots'),
-    h('p', {class: 'lead'}, 'Live slots, newest first: capacity taken by callers that run the work themselves. Each counts against its tenant\'s cap, its tier and its lanes until it is released or its lease runs out.'),
+    h('p', {class: 'lead'}, 'Live slots, newest first: capacity taken by callers that run the work themselves. Each one granted within the limits counts against its tenant\'s cap, its tier and its lanes until it is released or its lease runs out; one granted past a limit (shadow-refused) does not count, so it takes nothing from the queue.'),
     v.liveNote(), outcome, errors, list);
 
   async function release(s) {
@@ -46,13 +46,14 @@ export async function slots(v) {
     replace(errors);
     replace(list,
       table('Live slots',
-        [{label: 'Slot', num: true}, {label: 'Tenant'}, {label: 'Lanes'}, {label: 'Interactive'}, {label: 'Holder'},
+        [{label: 'Slot', num: true}, {label: 'Tenant'}, {label: 'Lanes'}, {label: 'Interactive'}, {label: 'Counts'}, {label: 'Holder'},
           {label: 'Taken'}, {label: 'Expires'}, {label: 'Action'}],
         body.slots.map((s) => [
           String(s.id),
           h('a', {href: `#/tenants/${encodeURIComponent(s.tenant)}`}, s.tenant),
           s.lanes.length ? s.lanes.join(', ') : '—',
           s.interactive ? 'yes' : 'no',
+          s.counted ? 'yes' : 'no: past a limit',
           s.caller || '—',
           fmt.when(s.created_at),
           fmt.when(s.expires_at),
