@@ -83,8 +83,8 @@ type capLimits struct {
 	reserve              int // interactive_reserve: non-interactive units never exceed global - reserve
 }
 
-// checkCaps reads, in one consistent snapshot, the jobs in flight and the live slots, and
-// returns what breaks a limit, if anything.
+// checkCaps reads, in one consistent snapshot, the jobs in flight and the live slots that count
+// (a slot granted past a limit does not), and returns what breaks a limit, if anything.
 func checkCaps(ctx context.Context, db *sql.DB, l capLimits) (string, error) {
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
@@ -92,7 +92,7 @@ func checkCaps(ctx context.Context, db *sql.DB, l capLimits) (string, error) {
 	}
 	defer func() { _ = tx.Rollback() }()
 	rows, err := tx.QueryContext(ctx, `SELECT tenant, lanes, interactive FROM jobs WHERE status IN ('claimed','dispatched','running')
-		UNION ALL SELECT tenant, lanes, interactive FROM slots WHERE expires_at > NOW(6)`)
+		UNION ALL SELECT tenant, lanes, interactive FROM slots WHERE counted AND expires_at > NOW(6)`)
 	if err != nil {
 		return "", err
 	}
@@ -147,12 +147,14 @@ func checkCaps(ctx context.Context, db *sql.DB, l capLimits) (string, error) {
 // that the drainers claim and finish, in random interleavings; a checker reads every instant it
 // can (one consistent snapshot each) and no snapshot may break a limit: the global cap, the
 // tenant cap, a lane's limit, a tier's ceiling and the interactive reserve, for jobs and slots
-// together.
+// together. enforce_for is aware and a third of the slot requests are not: those are granted past
+// a limit, uncounted, and must not break the limits either.
 func TestSlotCapsExactWithThreeProcesses(t *testing.T) {
 	t.Parallel()
 	e := startSlotsEnv(t, harness.Options{})
 	patchConfig(t, e, map[string]any{"global_in_flight": 4, "tenant_in_flight": 2, "lanes": map[string]int{"search": 2},
-		"tenant_tiers": map[string]string{"t3": "gold"}, "tier_in_flight": map[string]int{"gold": 1}, "interactive_reserve": 1})
+		"tenant_tiers": map[string]string{"t3": "gold"}, "tier_in_flight": map[string]int{"gold": 1}, "interactive_reserve": 1,
+		"enforce_for": "aware"})
 	l := capLimits{global: 4, tenant: 2, lane: 2, tier: 1, tierTenants: map[string]bool{"t3": true}, reserve: 1}
 	urls := []string{e.URL}
 	for range 2 {
@@ -201,9 +203,12 @@ func TestSlotCapsExactWithThreeProcesses(t *testing.T) {
 					if rng.IntN(2) == 0 {
 						body["lanes"] = []string{"search"}
 					}
-					r := takeSlot(t, env, harness.ProducerToken, true, body)
+					r := takeSlot(t, env, harness.ProducerToken, rng.IntN(3) != 0, body)
 					mu.Lock()
 					stats[fmt.Sprint("take ", r.Status)]++
+					if r.Status == http.StatusCreated {
+						stats[fmt.Sprint("take ", r.Body["decision"])]++
+					}
 					mu.Unlock()
 					if r.Status == http.StatusCreated {
 						held = append(held, fmt.Sprint(int64(r.Body["id"].(float64))))
@@ -253,7 +258,81 @@ func TestSlotCapsExactWithThreeProcesses(t *testing.T) {
 		t.Errorf("%d of %d snapshots broke a limit, first: %v", len(violations), snapshots, violations[:min(5, len(violations))])
 	}
 	t.Logf("%d snapshots; %d jobs; %v", snapshots, len(jobs), stats)
-	if stats["take 201"] == 0 || stats["take 429"] == 0 || len(jobs) == 0 {
+	if stats["take 201"] == 0 || stats["take 429"] == 0 || stats["take shadow-refused"] == 0 || len(jobs) == 0 {
 		t.Errorf("the run did not exercise grants, refusals and jobs: %v, %d jobs", stats, len(jobs))
+	}
+}
+
+// TestSlotFloodLeavesQueue (issue 30, finding 6): a producer that does not handle a refusal loops
+// POST /v1/slots, with admission_mode shadow or with enforce_for aware and no
+// Sluice-Capacity-Aware header. Every request is granted, but only those within the limits count:
+// the rest answer shadow-refused, counted false, and take nothing from the queue, so another
+// tenant's queued jobs still start at the global cap. Counted, the flood's slots filled the
+// global cap and no queued job was ever dispatched again.
+func TestSlotFloodLeavesQueue(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		config map[string]any
+	}{
+		{"shadow", map[string]any{"admission_mode": "shadow"}},
+		{"aware", map[string]any{"enforce_for": "aware"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := startSlotsEnv(t, harness.Options{})
+			patchConfig(t, e, tc.config) // global 4, tenant 2: the defaults
+			const flood = 12
+			var held []string
+			for i := range flood {
+				r := takeSlot(t, e, harness.ProducerToken, false, map[string]any{"tenant": "flood", "lease_seconds": 600})
+				held = append(held, slotIDOf(t, r))
+				counted := i < 2 // the tenant's cap
+				if want := map[bool]string{true: "admitted", false: "shadow-refused"}[counted]; r.Body["decision"] != want ||
+					r.Body["counted"] != counted || r.Header.Get("Sluice-Capacity-Decision") != want {
+					t.Fatalf("slot %d: %s %v, want %s, counted %v", i, r.Raw, r.Header, want, counted)
+				}
+			}
+			// Renewed, as a holder does, an uncounted slot stays uncounted.
+			for _, id := range held {
+				if r := e.Do(t, http.MethodPost, "/v1/slots/"+id+"/renew", harness.ProducerToken, nil); r.Status != http.StatusOK {
+					t.Fatalf("renew %s: HTTP %d %s", id, r.Status, r.Raw)
+				}
+			}
+			var live, counted int
+			if err := e.DB.QueryRowContext(context.Background(), "SELECT COUNT(*), COALESCE(SUM(counted), 0) FROM slots WHERE expires_at > NOW(6)").
+				Scan(&live, &counted); err != nil || live != flood || counted != 2 {
+				t.Fatalf("%d live slots, %d counted (%v); want %d, 2", live, counted, err, flood)
+			}
+			if r := e.Do(t, http.MethodGet, "/v1/status", harness.AdminToken, nil); r.Status != http.StatusOK ||
+				r.Body["slots"].(map[string]any)["total"] != float64(2) {
+				t.Errorf("status slots: HTTP %d %v, want 2 (the counted ones)", r.Status, r.Body["slots"])
+			}
+			// Two units are left under the global cap: beta's jobs take them, two at a time.
+			var jobs []int64
+			for range 4 {
+				jobs = append(jobs, e.Admit(t, "beta", map[string]any{}))
+			}
+			harness.WaitFor(t, 30*time.Second, "beta's queued jobs started and finished beside the flood's slots", func() (bool, error) {
+				for _, id := range jobs {
+					if slotJobStatus(t, e, id) != "succeeded" {
+						return false, nil
+					}
+				}
+				return true, nil
+			})
+			// Releasing an uncounted slot frees nothing: no release poke is written for it.
+			var pokes, after int
+			q := "SELECT COUNT(*) FROM outbox WHERE subject LIKE '%release%'"
+			if err := e.DB.QueryRowContext(context.Background(), q).Scan(&pokes); err != nil {
+				t.Fatal(err)
+			}
+			if r := e.Do(t, http.MethodDelete, "/v1/slots/"+held[flood-1], harness.ProducerToken, nil); r.Status != http.StatusNoContent {
+				t.Fatalf("release: HTTP %d", r.Status)
+			}
+			if err := e.DB.QueryRowContext(context.Background(), q).Scan(&after); err != nil || after != pokes {
+				t.Errorf("%d release pokes after releasing an uncounted slot, want %d (%v)", after, pokes, err)
+			}
+		})
 	}
 }

@@ -283,7 +283,7 @@ func TestSlotRollout(t *testing.T) {
 		t.Errorf("off: HTTP %d %s %v", r.Status, r.Raw, r.Header)
 	}
 	if n := liveSlots(t, e); n != 5 {
-		t.Errorf("%d live slots, want 5 (shadow and off grants count)", n)
+		t.Errorf("%d live slots, want 5 (shadow and off grants are granted)", n)
 	}
 	var refusedEvents, granted int
 	if err := e.DB.QueryRowContext(context.Background(), `SELECT
@@ -336,8 +336,18 @@ func TestSlotFairOrder(t *testing.T) {
 	if r := takeSlot(t, g, harness.ProducerToken, true, map[string]any{"tenant": "acme"}); r.Status != http.StatusTooManyRequests {
 		t.Errorf("acme's second slot with beta's ungated job waiting: HTTP %d %s", r.Status, r.Raw)
 	}
+	// In shadow the same slot is decided once beta's gate is read: granted past the fair order,
+	// it does not count.
+	patchConfig(t, g, map[string]any{"admission_mode": "shadow"})
+	if r := takeSlot(t, g, harness.ProducerToken, true, map[string]any{"tenant": "acme"}); r.Status != http.StatusCreated ||
+		r.Body["decision"] != "shadow-refused" || r.Body["counted"] != false {
+		t.Errorf("shadow: acme's second slot with beta's ungated job waiting: HTTP %d %s", r.Status, r.Raw)
+	}
+	patchConfig(t, g, map[string]any{"admission_mode": "enforce"})
 	if r := g.Do(t, http.MethodPost, "/v1/gates", harness.ExecutorToken, map[string]any{"rate_key": key, "retry_after": 60}); r.Status != http.StatusOK {
 		t.Fatalf("gate: HTTP %d %s", r.Status, r.Raw)
 	}
-	slotIDOf(t, takeSlot(t, g, harness.ProducerToken, true, map[string]any{"tenant": "acme"}))
+	if r := takeSlot(t, g, harness.ProducerToken, true, map[string]any{"tenant": "acme"}); r.Body["decision"] != "admitted" || r.Body["counted"] != true {
+		t.Errorf("acme's second slot with beta's job gated: HTTP %d %s", r.Status, r.Raw)
+	}
 }
