@@ -70,6 +70,28 @@ func All() ([]Migration, error) {
 	return out, nil
 }
 
+// StatementTimeout is the read timeout DSN gives a migration's connection: above any statement a
+// migration runs. A table rebuild or an index build takes tens of seconds per million jobs on a
+// small server (deploy/RUNBOOK.md, "Upgrades: what each migration locks"), and the 30 s read
+// timeout sluice's pools use by default would cut such a statement: the client gives up while
+// the server goes on, the version is not recorded, and the next run fails on the half-applied
+// migration.
+const StatementTimeout = 6 * time.Hour
+
+// DSN returns dsn for a connection that applies migrations: with a read timeout of
+// StatementTimeout, unless dsn sets one of its own (an operator's choice wins). Errors are the
+// driver's, for a DSN it cannot parse.
+func DSN(dsn string) (string, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("invalid MySQL DSN: %w", err)
+	}
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = StatementTimeout
+	}
+	return cfg.FormatDSN(), nil
+}
+
 // Latest returns the highest embedded migration version.
 func Latest() int {
 	all, err := All()

@@ -1,6 +1,11 @@
 package migrations
 
-import "testing"
+import (
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
 
 func TestStatements(t *testing.T) {
 	got := Statements("-- a comment\nCREATE TABLE a (\n  x INT -- inline stays\n);\n\nINSERT INTO a VALUES (1);\n-- end\n")
@@ -28,5 +33,29 @@ func TestEmbedded(t *testing.T) {
 	}
 	if Latest() != all[len(all)-1].Version {
 		t.Errorf("Latest() = %d, want %d", Latest(), all[len(all)-1].Version)
+	}
+}
+
+// TestDSN: a migration's connection waits StatementTimeout for a statement, unless the DSN names
+// its own read timeout.
+func TestDSN(t *testing.T) {
+	for _, tc := range []struct {
+		dsn  string
+		want time.Duration
+	}{
+		{"root@tcp(127.0.0.1:3306)/sluice", StatementTimeout},
+		{"root@tcp(127.0.0.1:3306)/sluice?readTimeout=90s&parseTime=true", 90 * time.Second},
+	} {
+		got, err := DSN(tc.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := mysql.ParseDSN(got)
+		if err != nil || cfg.ReadTimeout != tc.want || cfg.DBName != "sluice" {
+			t.Errorf("DSN(%q) = %q (%v): read timeout %v, want %v", tc.dsn, got, err, cfg.ReadTimeout, tc.want)
+		}
+	}
+	if _, err := DSN("not a dsn"); err == nil {
+		t.Error("a DSN the driver cannot parse: no error")
 	}
 }

@@ -399,7 +399,11 @@ func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Write
 		*shutdown = append(*shutdown, b.Stop)
 		opts.NATSURL, x.embeddedNATS = b.URL(), true
 	}
-	db, err := store.Open(ctx, opts.MySQLDSN)
+	dsn, err := migrations.DSN(opts.MySQLDSN)
+	if err != nil {
+		return x, err
+	}
+	db, err := store.Open(ctx, dsn)
 	if err != nil {
 		return x, err
 	}
@@ -482,7 +486,14 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	db, err := c.openDB(ctx)
+	dsn, err := c.mysqlDSN()
+	if err != nil {
+		return err
+	}
+	if dsn, err = migrations.DSN(dsn); err != nil {
+		return err
+	}
+	db, err := store.Open(ctx, dsn)
 	if err != nil {
 		return err
 	}
