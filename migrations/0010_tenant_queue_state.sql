@@ -10,18 +10,24 @@
 -- transaction: it can never disagree with the jobs it describes, and no code path can forget it.
 -- Only such moves touch the tenants row; an outcome (dispatched → succeeded) does not. The head is
 -- recomputed by one probe of the claim index, and only when the head itself leaves `queued`.
+--
+-- Three statements, so that an installation with many tenants upgrades online: the columns are
+-- instant and the indexes built while tenants are written. In one statement MariaDB refuses to
+-- add a virtual column with anything else in place and copies the table instead (LOCK=SHARED:
+-- admissions and claims blocked for 6 s per million tenants, integration/migration_locks_bench_test.go).
 ALTER TABLE tenants
   ADD COLUMN queued INT UNSIGNED NOT NULL DEFAULT 0,
   ADD COLUMN head_at DATETIME(6) NULL,
-  ADD COLUMN head_id BIGINT UNSIGNED NULL,
-  -- The tenant's name while it has queued work, NULL otherwise: round_robin reads the next tenants
-  -- with work in name order from this index, never walking idle tenants.
-  ADD COLUMN work_tenant VARBINARY(191) AS (IF(head_id IS NULL, NULL, tenant)) VIRTUAL,
+  ADD COLUMN head_id BIGINT UNSIGNED NULL, ALGORITHM=INSTANT;
+-- The tenant's name while it has queued work, NULL otherwise: round_robin reads the next tenants
+-- with work in name order from this index, never walking idle tenants.
+ALTER TABLE tenants ADD COLUMN work_tenant VARBINARY(191) AS (IF(head_id IS NULL, NULL, tenant)) VIRTUAL, ALGORITHM=INSTANT;
+ALTER TABLE tenants
   -- fair and fifo: tenants with work by their oldest queued job (IS NOT NULL skips idle ones).
   ADD KEY head (head_at, head_id),
   ADD KEY work_tenant (work_tenant),
   -- /v1/status and GET /v1/tenants?order=depth: the deepest tenants first.
-  ADD KEY depth (queued, tenant);
+  ADD KEY depth (queued, tenant), ALGORITHM=INPLACE, LOCK=NONE;
 
 -- MariaDB assigns SET columns left to right, each seeing the ones before it: head_at follows the
 -- head_id just chosen.
@@ -52,7 +58,9 @@ CREATE TRIGGER jobs_queue_delete AFTER DELETE ON jobs FOR EACH ROW
   WHERE tenant = OLD.tenant AND OLD.status = 'queued';
 
 -- Jobs queued before the triggers existed. Each tenant's row is recomputed under its row lock,
--- after the triggers were created, so a job admitted meanwhile is counted exactly once.
+-- after the triggers were created, so a job admitted meanwhile is counted exactly once. The one
+-- statement holds every tenant's row until it ends: admissions and claims wait for it, 7 s per
+-- million tenants (with a job in ten queued; deploy/RUNBOOK.md).
 UPDATE tenants t SET
   queued = (SELECT COUNT(*) FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant),
   head_id = (SELECT j.id FROM jobs j FORCE INDEX (claim) WHERE j.status = 'queued' AND j.tenant = t.tenant
