@@ -14,6 +14,12 @@
 -- The statements also run only for a job that enters or leaves queued: an outcome of a job in
 -- flight (half of all job updates in a drain) no longer runs an UPDATE of tenants that matches
 -- nothing.
+--
+-- Each trigger is dropped and created again under LOCK TABLES jobs WRITE: without it, a job that
+-- entered or left queued between the DROP and the CREATE (an admission or a claim of a process
+-- still running during the upgrade) would not be counted in its tenant's queue state, ever. Writes
+-- to jobs wait the few milliseconds the swap takes.
+LOCK TABLES jobs WRITE;
 DROP TRIGGER jobs_queue_update;
 
 CREATE TRIGGER jobs_queue_update AFTER UPDATE ON jobs FOR EACH ROW
@@ -45,3 +51,5 @@ CREATE TRIGGER jobs_queue_delete AFTER DELETE ON jobs FOR EACH ROW
       head_id),
     head_at = (SELECT queued_at FROM jobs WHERE id = head_id)
   WHERE tenant = OLD.tenant; END IF;
+
+UNLOCK TABLES;

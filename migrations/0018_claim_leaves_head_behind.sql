@@ -17,6 +17,12 @@
 -- may already be behind, the head is also cleared whenever the count reaches 0, and a head left
 -- behind keeps its head_at even once its job is purged (head_at is only looked up for a new
 -- head_id).
+--
+-- Each trigger is dropped and created again under LOCK TABLES jobs WRITE: without it, a job that
+-- entered or left queued between the DROP and the CREATE (an admission or a claim of a process
+-- still running during the upgrade) would not be counted in its tenant's queue state, ever. Writes
+-- to jobs wait the few milliseconds the swap takes.
+LOCK TABLES jobs WRITE;
 DROP TRIGGER jobs_queue_update;
 
 CREATE TRIGGER jobs_queue_update AFTER UPDATE ON jobs FOR EACH ROW
@@ -54,3 +60,5 @@ CREATE TRIGGER jobs_queue_delete AFTER DELETE ON jobs FOR EACH ROW
       head_id)),
     head_at = IF(head_id IS NULL, NULL, COALESCE((SELECT queued_at FROM jobs WHERE id = head_id), head_at))
   WHERE tenant = OLD.tenant; END IF;
+
+UNLOCK TABLES;
