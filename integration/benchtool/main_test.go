@@ -75,8 +75,9 @@ func TestPeersPairing(t *testing.T) {
 {"bench":"pickup_latency","one_process_p50_ms":3,"one_process_p99_ms":8}`))
 	lines, err := parsePeers(strings.NewReader(`== river
 {"prog":"river","measure":"drain","settings":"defaults","jobs_per_s":5000}
-{"prog":"river","measure":"drain","settings":"fast","jobs_per_s":12000}
-{"prog":"river","measure":"pickup","settings":"fastest","p50_ms":1.5,"p99_ms":3}`))
+{"prog":"river","measure":"drain","settings":"fast(FetchCooldown=1ms)","jobs_per_s":12000}
+{"prog":"river","measure":"pickup","settings":"fast-notify(FetchCooldown=1ms)","p50_ms":9,"p99_ms":9}
+{"prog":"river","measure":"pickup","settings":"fastest(FetchCooldown=1ms,FetchPollInterval=1ms)","p50_ms":1.5,"p99_ms":3}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,7 @@ func TestPeersPairing(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"drain, caps 64, one P", "3000", "river drain (fast)", "12000", "0.250", "≥ 0.600",
-		"pickup p50", "≤ 2.000",
+		"pickup p50", "1.500", "≤ 2.000",
 		"batch admission", "no sluice figure admission_batch_http.jobs_per_s",
 		"against Asynq", "no peer figure",
 	} {

@@ -163,7 +163,8 @@ func (p pairing) peerValue(lines []peerLine) (float64, bool) {
 		if l["prog"] != p.prog || l["measure"] != p.measure {
 			continue
 		}
-		if p.settings != "" && l["settings"] != p.settings {
+		// run.sh names settings with their values: "fast(FetchCooldown=1ms)".
+		if s, _ := l["settings"].(string); p.settings != "" && s != p.settings && !strings.HasPrefix(s, p.settings+"(") {
 			continue
 		}
 		if v, ok := l[p.peerField].(float64); ok && v > 0 {
