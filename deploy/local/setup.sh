@@ -8,39 +8,13 @@
 # Both `make run` and `make test` (and so CI) call it.
 set -euo pipefail
 
-SUDO=""
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null || { echo "setup: need root or sudo to install services" >&2; exit 1; }
-  SUDO="sudo"
-fi
-
-say() { echo "setup: $*"; }
-
-updated=""
-install() {
-  if [ -z "$updated" ]; then
-    say "apt-get update"
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    updated=1
-  fi
-  say "installing $*"
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
+NAME=setup
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 # Each service is started with a pidfile of its own: start-stop-daemon matching on the
 # executable alone would take any other mariadbd (a private server on another port, say) for
 # ours and start nothing.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-wait_for() { # name port seconds
-  local i
-  for ((i = 0; i < $3 * 10; i++)); do
-    port_open "$2" && return 0
-    sleep 0.1
-  done
-  echo "setup: $1 did not answer on 127.0.0.1:$2 within $3 s" >&2
-  return 1
-}
 
 # --- MariaDB ---------------------------------------------------------------------------------
 if ! port_open 3306; then
