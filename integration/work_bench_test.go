@@ -65,7 +65,16 @@ func processCPU(pidFile string) time.Duration {
 	if err != nil {
 		return -1
 	}
-	stat, err := os.ReadFile("/proc/" + strings.TrimSpace(string(b)) + "/stat")
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	return pidCPU(pid)
+}
+
+// pidCPU is the user and system time of process pid, or -1.
+func pidCPU(pid int) time.Duration {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return -1
 	}
