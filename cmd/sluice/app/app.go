@@ -227,7 +227,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			func() float64 { return float64(opts.LogDropped()) }))
 	}
 	a.ops.init(opts)
-	a.ops.ready = newReadyProbe(a.schemaReady)
+	a.ops.ready = newProbe(a.schemaReady)
 	defer func() {
 		if !ok {
 			if a.metricsSrv != nil { // started before a later step failed
@@ -684,7 +684,7 @@ func (a *App) ready(ctx context.Context) error {
 	if a.ops.stopping.Load() {
 		return api.NotReady(api.ReadyReasonStopping, errors.New("shutting down"))
 	}
-	return a.ops.ready.Ready(ctx)
+	return a.ops.ready.Read(ctx)
 }
 
 // schemaReady is ready's database check: one round trip, at most 2 s.

@@ -20,7 +20,7 @@ import (
 // state of the shutdown sequence that Stop runs.
 type opsState struct {
 	memcached *memcachedProbe
-	ready     *readyProbe // /readyz's database check, cached (probe.go)
+	ready     *probe // /readyz's database check, cached (probe.go)
 	status    *status.Reader
 	stopping  atomic.Bool   // /readyz answers 503 from the first moment of Stop
 	ncClosed  chan struct{} // closed when the NATS connection is closed (after Drain)

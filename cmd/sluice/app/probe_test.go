@@ -18,7 +18,7 @@ func TestReadyProbeCaches(t *testing.T) {
 	var calls atomic.Int32
 	release := make(chan struct{})
 	sick := errors.New("sick")
-	p := newReadyProbe(func(context.Context) error {
+	p := newProbe(func(context.Context) error {
 		calls.Add(1)
 		<-release
 		return sick
@@ -33,7 +33,7 @@ func TestReadyProbeCaches(t *testing.T) {
 		callers.Add(1)
 		go func() { // owned by the test: ends once release is closed
 			defer callers.Done()
-			results <- p.Ready(context.Background())
+			results <- p.Read(context.Background())
 		}()
 	}
 	wait.Until(t, 5*time.Second, "a reading in progress", func() bool { return calls.Load() == 1 })
@@ -49,15 +49,15 @@ func TestReadyProbeCaches(t *testing.T) {
 		t.Fatalf("%d checks for 10 callers at once, want 1", n)
 	}
 	mu.Lock()
-	now = now.Add(readyMaxAge - time.Millisecond)
+	now = now.Add(probeMaxAge - time.Millisecond)
 	mu.Unlock()
-	if err := p.Ready(context.Background()); !errors.Is(err, sick) || calls.Load() != 1 {
+	if err := p.Read(context.Background()); !errors.Is(err, sick) || calls.Load() != 1 {
 		t.Fatalf("within the second: %v after %d checks, want the kept reading", err, calls.Load())
 	}
 	mu.Lock()
 	now = now.Add(time.Millisecond)
 	mu.Unlock()
-	_ = p.Ready(context.Background())
+	_ = p.Read(context.Background())
 	if n := calls.Load(); n != 2 {
 		t.Fatalf("a second after the reading began: %d checks, want a new one", n)
 	}
