@@ -27,12 +27,16 @@ func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id
 	}
 	hash := HashNonce(nonce)
 	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, hash)
+	var startHash []byte // nil: an unnamed attempt, which no later confirmation can repeat
+	if startID != "" {
+		startHash = HashNonce(startID)
+	}
 	switch {
 	case len(r.VoidedNonce) > 0 && bytes.Equal(r.VoidedNonce, hash):
 		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
 			Detail: map[string]any{"status": r.Status}}
 	case same && r.Status == job.Running:
-		if startID != "" && len(r.StartSHA256) > 0 && bytes.Equal(r.StartSHA256, HashNonce(startID)) {
+		if startHash != nil && bytes.Equal(r.StartSHA256, startHash) {
 			return r, nil
 		}
 		return r, &job.Error{Code: job.CodeNonceUsed, Message: "this dispatch has already started; do not run the job",
@@ -51,10 +55,6 @@ func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id
 	default:
 		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
 			Detail: map[string]any{"status": r.Status}}
-	}
-	var startHash []byte
-	if startID != "" {
-		startHash = HashNonce(startID)
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'running', started_at = ?, start_sha256 = ?
 		WHERE id = ? AND version = ? AND status = 'dispatched'`, now, startHash, id, r.Version)
