@@ -37,10 +37,7 @@ type devRun struct {
 // environment are cleared first, so the test cannot run in parallel.
 func startDev(t *testing.T, env map[string]string) *devRun {
 	t.Helper()
-	for _, s := range settings {
-		unsetEnv(t, s.env)
-	}
-	unsetEnv(t, "SLUICE_CONFIG")
+	unsetSettings(t, true)
 	db := testdb.New(t)
 	ns := natstest.Start(t)
 	base := map[string]string{
@@ -235,10 +232,7 @@ func TestDevTokenCollision(t *testing.T) {
 // TestSimexecNeedsToken: `sluice simexec` without an executor token refuses to start, naming
 // the setting, whether it confirms starts or only reports async jobs; with one it serves.
 func TestSimexecNeedsToken(t *testing.T) {
-	for _, s := range settings {
-		unsetEnv(t, s.env)
-	}
-	unsetEnv(t, "SLUICE_CONFIG")
+	unsetSettings(t, true)
 	for _, confirm := range []string{"true", "false"} {
 		// Without the check the command would serve until the deadline and return nil.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -15,10 +15,7 @@ import (
 // listen (API or metrics) anywhere but on loopback, naming the setting and saying why. The rest
 // of the settings are valid: without the check it would start and serve until the deadline.
 func TestDevRefusesNonLoopback(t *testing.T) {
-	for _, s := range settings {
-		unsetEnv(t, s.env)
-	}
-	unsetEnv(t, "SLUICE_CONFIG")
+	unsetSettings(t, true)
 	db := testdb.New(t)
 	ns := natstest.Start(t)
 	for _, tc := range []struct {

@@ -19,10 +19,7 @@ const natsPassword = "nats-pa55word-0123"
 // returns, from serve or from an operator's command, whether the URL cannot be parsed (url.Parse
 // quotes it) or the broker cannot be reached.
 func TestNATSURLCredentialsRedacted(t *testing.T) {
-	for _, s := range settings {
-		unsetEnv(t, s.env)
-	}
-	unsetEnv(t, "SLUICE_CONFIG")
+	unsetSettings(t, true)
 	db := testdb.New(t)
 	bad := "nats://sluice:" + natsPassword + "@127.0.0.1:bad"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -57,10 +54,7 @@ func serveArgs(dsn, natsURL string) []string {
 // TestServeLogRedactsNATSURL: with a token in SLUICE_NATS_URL (nats://token@host), the log
 // line of a reconnection names the broker without it.
 func TestServeLogRedactsNATSURL(t *testing.T) {
-	for _, s := range settings {
-		unsetEnv(t, s.env)
-	}
-	unsetEnv(t, "SLUICE_CONFIG")
+	unsetSettings(t, true)
 	db := testdb.New(t)
 	ns := natstest.Start(t) // it takes any token
 	u := strings.Replace(ns.URL(), "nats://", "nats://"+natsPassword+"@", 1)

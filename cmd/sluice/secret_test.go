@@ -16,10 +16,7 @@ import (
 // and never echoing the secret. Everything else is valid, so without the check the process would
 // start and serve until the deadline.
 func TestServeRefusesWeakExecutorSecret(t *testing.T) {
-	for _, s := range settings {
-		unsetEnv(t, s.env)
-	}
-	unsetEnv(t, "SLUICE_CONFIG")
+	unsetSettings(t, true)
 	db := testdb.New(t)
 	ns := natstest.Start(t)
 	for name, secret := range map[string]string{

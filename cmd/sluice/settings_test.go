@@ -37,9 +37,7 @@ func TestSettingsPrecedence(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Every setting the cases read starts unset, whatever the developer's shell holds.
-			for _, s := range settings {
-				unsetEnv(t, s.env)
-			}
+			unsetSettings(t, false)
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
@@ -60,6 +58,18 @@ func TestSettingsPrecedence(t *testing.T) {
 }
 
 // unsetEnv removes key from the environment for the rest of tb; Setenv's cleanup restores it.
+// unsetSettings unsets every setting's environment variable for tb, and SLUICE_CONFIG too with
+// config, so that a test sees only what it sets.
+func unsetSettings(tb testing.TB, config bool) {
+	tb.Helper()
+	for _, s := range settings {
+		unsetEnv(tb, s.env)
+	}
+	if config {
+		unsetEnv(tb, "SLUICE_CONFIG")
+	}
+}
+
 func unsetEnv(tb testing.TB, key string) {
 	tb.Helper()
 	tb.Setenv(key, "")

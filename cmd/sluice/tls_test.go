@@ -40,10 +40,7 @@ func httpsGet(url string, pool *x509.CertPool) (int, *x509.Certificate, error) {
 // logged (issue 30, finding 9). Settings left in the developer's environment are cleared
 // first, and the process's SIGHUP is caught by serve, so the test cannot run in parallel.
 func TestServeHTTPS(t *testing.T) {
-	for _, s := range settings {
-		unsetEnv(t, s.env)
-	}
-	unsetEnv(t, "SLUICE_CONFIG")
+	unsetSettings(t, true)
 	dir := t.TempDir()
 	first := tlstest.NewCA(t, "sluice-first").Pair
 	certFile, keyFile := first.Files(t, dir, "api")
@@ -132,10 +129,7 @@ func TestServeHTTPS(t *testing.T) {
 // for MySQL, stops the command before it connects to anything, naming the missing setting; and
 // `sluice dev` refuses the listeners' TLS settings.
 func TestTLSSettingsRefused(t *testing.T) {
-	for _, s := range settings {
-		unsetEnv(t, s.env)
-	}
-	unsetEnv(t, "SLUICE_CONFIG")
+	unsetSettings(t, true)
 	dir := t.TempDir()
 	certFile, keyFile := tlstest.NewCA(t, "sluice").Files(t, dir, "api")
 	missing := filepath.Join(dir, "missing.pem")
