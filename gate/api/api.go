@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/console"
+	"github.com/sluicehq/sluice/gate/groupcommit"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
@@ -128,6 +129,8 @@ type Server struct {
 	requests  chan struct{}  // a slot per request in progress that MaxRequests counts; nil: no bound
 	batches   chan struct{}  // a slot per batch in progress (MaxBatches); nil: no bound
 	budget    *memBudget     // MemoryBudget; nil: none
+	// starts commits concurrent start confirmations together (confirmStarts).
+	starts *groupcommit.Group[*store.Start]
 }
 
 // New returns a Server, or an "invalid config" error naming the field.
@@ -158,6 +161,9 @@ func New(cfg Config) (*Server, error) {
 		releasesPerMinute = DefaultReleasesPerMinute
 	}
 	s.releases = newBucketLimiter(releasesPerMinute, releaseCallers, nil)
+	s.starts = groupcommit.New(startLanes, startGroupSize, func(ctx context.Context, batch []*store.Start) error {
+		return s.confirmStarts(ctx, batch, false)
+	})
 	if cfg.MaxRequests == 0 {
 		cfg.MaxRequests = DefaultMaxRequests
 	}

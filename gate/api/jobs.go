@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"database/sql"
 	"encoding/base64"
 	"encoding/json"
@@ -402,20 +403,40 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, job.Invalid("start_id", "start_id is at most %d bytes", maxStartID))
 		return
 	}
-	var row store.Row
-	err = s.inTx(r.Context(), func(tx *sql.Tx) error {
-		now, err := s.cfg.Clock.Now(r.Context())
-		if err != nil {
-			return err
-		}
-		row, err = s.store.ConfirmStart(r.Context(), tx, now, id, req.Nonce, req.StartID)
-		return err
-	})
+	st := &store.Start{ID: id, Nonce: req.Nonce, StartID: req.StartID, Actor: store.ActorOf(r.Context())}
+	err = s.starts.Do(r.Context(), st)
+	if err == nil && st.Locked {
+		// Another transaction holds the job's row (the drainer recording an outcome, say): wait
+		// for it here, outside the shared transactions, which never wait.
+		st.Locked = false
+		err = s.confirmStarts(r.Context(), []*store.Start{st}, true)
+	}
+	if err == nil {
+		err = st.Err
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, row.Job)
+	writeJSON(w, http.StatusOK, st.Row.Job)
+}
+
+// startGroupSize bounds the start confirmations one shared transaction carries, and startLanes
+// how many such transactions run at once. One lane: a group never waits for a lock, so it
+// cannot stall the others, and a second lane measured no faster (BenchmarkDrainThroughBinaries,
+// 2,027 jobs/s with two lanes, 2,145 with one, one run each) while it halves the groups.
+const startGroupSize, startLanes = 64, 1
+
+// confirmStarts decides starts in one transaction (store.ConfirmStarts); s.starts runs groups
+// of concurrent confirmations through it, none waiting for another transaction's lock.
+func (s *Server) confirmStarts(ctx context.Context, starts []*store.Start, wait bool) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		now, err := s.cfg.Clock.Now(ctx)
+		if err != nil {
+			return err
+		}
+		return s.store.ConfirmStarts(ctx, tx, now, starts, !wait)
+	})
 }
 
 type completeRequest struct {

@@ -5,11 +5,28 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/sqldb"
 )
+
+// Start is one executor's confirmation of a dispatch's start (POST /v1/jobs/{id}/start), for
+// ConfirmStarts, which records its outcome in Row and Err.
+type Start struct {
+	ID      int64
+	Nonce   string
+	StartID string
+	Actor   string // who confirms, for the audit trail (ActorOf the request); "": the Store's
+
+	Row Row   // the job as the decision left it
+	Err error // the confirmation's refusal (*job.Error) or ErrNotFound; nil when it started
+	// Locked reports that another transaction held the job's row, so ConfirmStarts, told not to
+	// wait, decided nothing: the caller confirms it again in a transaction that waits.
+	Locked bool
+}
 
 // ConfirmStart moves job id from dispatched to running for the dispatch that minted nonce, if
 // that nonce is still within its TTL at now, and records startID, the executor's random name for
@@ -21,59 +38,155 @@ import (
 // dispatch_void (sluice ended the dispatch: requeued, lost or failed it), or ErrNotFound. The
 // version does not change, so the drainer's outcome write still matches.
 func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id int64, nonce, startID string) (Row, error) {
-	r, err := Get(ctx, tx, id, true)
+	st := &Start{ID: id, Nonce: nonce, StartID: startID, Actor: ActorOf(ctx)}
+	if err := s.ConfirmStarts(ctx, tx, now, []*Start{st}, false); err != nil {
+		return st.Row, err
+	}
+	return st.Row, st.Err
+}
+
+// ConfirmStarts decides starts in tx, in order, as ConfirmStart decides one: one read that locks
+// their rows, one UPDATE for those that start and one audit statement, so that concurrent
+// confirmations share a transaction (group commit). A later start of the same job sees the
+// earlier one's effect. With skipLocked, a row another transaction holds is not waited for: its
+// starts come back Locked and undecided, and the transaction never waits for a lock, so a group
+// cannot stall behind, or deadlock with, the drainer's writes. The error is the transaction's
+// (nothing may be committed); each start's own refusal is in its Err.
+func (s *Store) ConfirmStarts(ctx context.Context, tx sqldb.DB, now time.Time, starts []*Start, skipLocked bool) error {
+	ids := make([]int64, 0, len(starts))
+	for _, st := range starts {
+		ids = append(ids, st.ID)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	q := "SELECT " + LockColumns + " FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE"
+	if skipLocked {
+		q += " SKIP LOCKED"
+	}
+	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
-		return r, err
+		return fmt.Errorf("lock %d job(s) to start: %w", len(ids), err)
 	}
-	hash := HashNonce(nonce)
-	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, hash)
-	var startHash []byte // nil: an unnamed attempt, which no later confirmation can repeat
-	if startID != "" {
-		startHash = HashNonce(startID)
-	}
-	switch {
-	case len(r.VoidedNonce) > 0 && bytes.Equal(r.VoidedNonce, hash):
-		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
-			Detail: map[string]any{"status": r.Status}}
-	case same && r.Status == job.Running:
-		if startHash != nil && bytes.Equal(r.StartSHA256, startHash) {
-			return r, nil
+	byID := make(map[int64]*Row, len(ids))
+	for rows.Next() {
+		r, err := ScanRow(rows)
+		if err != nil {
+			rows.Close()
+			return fmt.Errorf("lock %d job(s) to start: %w", len(ids), err)
 		}
-		return r, &job.Error{Code: job.CodeNonceUsed, Message: "this dispatch has already started; do not run the job",
-			Detail: map[string]any{"status": r.Status}}
-	case same && r.Status == job.Dispatched:
-		if r.NonceExpiresAt == nil || now.After(*r.NonceExpiresAt) {
-			return r, &job.Error{Code: job.CodeNonceExpired, Message: "the nonce's time to start has passed",
-				Detail: map[string]any{"status": r.Status}}
-		}
-	case same && r.Status.Terminal():
-		return r, &job.Error{Code: job.CodeNonceUsed, Message: "this dispatch has already finished",
-			Detail: map[string]any{"status": r.Status}}
-	case r.Status == job.Dispatched || r.Status == job.Running || r.Status == job.Claimed:
-		return r, &job.Error{Code: job.CodeNonceInvalid, Message: "the nonce does not belong to the job's current dispatch",
-			Detail: map[string]any{"status": r.Status}}
-	default:
-		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
-			Detail: map[string]any{"status": r.Status}}
+		byID[r.ID] = &r
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'running', started_at = ?, start_sha256 = ?
-		WHERE id = ? AND version = ? AND status = 'dispatched'`, now, startHash, id, r.Version)
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("lock %d job(s) to start: %w", len(ids), err)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("lock %d job(s) to start: %w", len(ids), err)
+	}
+	var started []*Start
+	for _, st := range starts {
+		r, ok := byID[st.ID]
+		if !ok {
+			if skipLocked {
+				// Another's lock, or gone: only a transaction that waits can tell.
+				st.Locked = true
+			} else {
+				st.Err = ErrNotFound
+			}
+			continue
+		}
+		st.Row, st.Err = *r, decideStart(*r, now, HashNonce(st.Nonce), st.StartID)
+		if st.Err != nil || r.Status == job.Running {
+			continue // refused, or the same attempt repeated
+		}
+		started = append(started, st)
+		r.Status, r.StartedAt = job.Running, &now
+		if st.StartID != "" {
+			r.StartSHA256 = HashNonce(st.StartID)
+		}
+		st.Row = *r
+	}
+	if len(started) == 0 {
+		return nil
+	}
+	var set strings.Builder
+	args = args[:0]
+	set.WriteString("UPDATE jobs SET status = 'running', started_at = ?, start_sha256 = CASE id")
+	args = append(args, now)
+	for _, st := range started {
+		set.WriteString(" WHEN ? THEN ?")
+		args = append(args, st.ID, st.Row.StartSHA256)
+	}
+	set.WriteString(" END WHERE status = 'dispatched' AND id IN (" + Placeholders(len(started)) + ")")
+	for _, st := range started {
+		args = append(args, st.ID)
+	}
+	res, err := tx.ExecContext(ctx, set.String(), args...)
 	if err != nil {
-		return r, fmt.Errorf("confirm start of job %d: %w", id, err)
+		return fmt.Errorf("confirm start of %d job(s): %w", len(started), err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return r, &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job"}
+	if n, err := res.RowsAffected(); err != nil || n != int64(len(started)) {
+		// The rows are locked since the read, so this cannot happen unless something is badly
+		// wrong: write nothing.
+		return fmt.Errorf("confirm start of %d job(s): %d rows changed (%v)", len(started), n, err)
+	}
+	events := make([]AuditEvent, len(started))
+	for i, st := range started {
+		from := st.Row
+		from.Status = job.Dispatched
+		actor := st.Actor
+		if actor == "" {
+			actor = s.Actor
+		}
+		events[i] = transitionEvent(actor, from, job.Running, from.Version, from.Attempt, "")
 	}
 	// A statement of its own, in the start's transaction: tx may be on a pool that refuses
 	// stacked statements (Open).
-	if err := s.insertAudit(ctx, tx, transitionEvent(s.actor(ctx), r, job.Running, r.Version, r.Attempt, "")); err != nil {
-		return r, fmt.Errorf("confirm start of job %d: %w", id, err)
+	if err := s.insertAudit(ctx, tx, events...); err != nil {
+		return fmt.Errorf("confirm start of %d job(s): %w", len(started), err)
 	}
-	s.LogTransition(ctx, r, job.Running, r.Version, now, "")
-	r.Status = job.Running
-	r.StartedAt = &now
-	r.StartSHA256 = startHash
-	return r, nil
+	for _, st := range started {
+		from := st.Row
+		from.Status = job.Dispatched
+		s.LogTransition(ctx, from, job.Running, from.Version, now, "")
+	}
+	return nil
+}
+
+// decideStart is ConfirmStart's decision for job r and a confirmation whose nonce hashes to hash:
+// nil to start it, or to answer a repeat of the attempt that started it, else the refusal.
+func decideStart(r Row, now time.Time, hash []byte, startID string) error {
+	same := len(r.NonceSHA256) > 0 && bytes.Equal(r.NonceSHA256, hash)
+	switch {
+	case len(r.VoidedNonce) > 0 && bytes.Equal(r.VoidedNonce, hash):
+		return &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
+			Detail: map[string]any{"status": r.Status}}
+	case same && r.Status == job.Running:
+		// nil startHash: an unnamed attempt, which no later confirmation can repeat
+		if startID != "" && bytes.Equal(r.StartSHA256, HashNonce(startID)) {
+			return nil
+		}
+		return &job.Error{Code: job.CodeNonceUsed, Message: "this dispatch has already started; do not run the job",
+			Detail: map[string]any{"status": r.Status}}
+	case same && r.Status == job.Dispatched:
+		if r.NonceExpiresAt == nil || now.After(*r.NonceExpiresAt) {
+			return &job.Error{Code: job.CodeNonceExpired, Message: "the nonce's time to start has passed",
+				Detail: map[string]any{"status": r.Status}}
+		}
+		return nil
+	case same && r.Status.Terminal():
+		return &job.Error{Code: job.CodeNonceUsed, Message: "this dispatch has already finished",
+			Detail: map[string]any{"status": r.Status}}
+	case r.Status == job.Dispatched || r.Status == job.Running || r.Status == job.Claimed:
+		return &job.Error{Code: job.CodeNonceInvalid, Message: "the nonce does not belong to the job's current dispatch",
+			Detail: map[string]any{"status": r.Status}}
+	default:
+		return &job.Error{Code: job.CodeDispatchVoid, Message: "the dispatch was voided; do not run the job",
+			Detail: map[string]any{"status": r.Status}}
+	}
 }
 
 // NotStartedCode is the error_code of a job queued again by a not_started completion.
