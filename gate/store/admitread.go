@@ -116,7 +116,7 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 	}
 	globalSQL, globalArg := "(SELECT ?)", any(p.GlobalEstimate)
 	if p.GlobalCountUpTo > 0 {
-		globalSQL = "(SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' LIMIT ?) g)"
+		globalSQL = "(SELECT COUNT(*) FROM (SELECT 1 FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT ?) g)"
 		globalArg = p.GlobalCountUpTo
 	}
 	// The depths and in-flight counts are read from the claim index (status, tenant, ...) alone,

@@ -24,7 +24,7 @@ import (
 // in its own transaction.
 
 // inFlightUsageSQL reads the jobs in flight by tenant and capacity class (SPEC §5a): what
-// limits.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the claim
+// limits.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the lease
 // index over the in-flight states and each such job's row (lanes, interactive), so its cost is
 // bounded by the global cap, not by any backlog. It does not GROUP BY: grouping on lanes (up to
 // 520 bytes) with the tenant makes MariaDB build an on-disk (Aria) temporary table for every
@@ -33,7 +33,10 @@ import (
 const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 ` + inFlightJobs
 
 // inFlightJobs is the range of the jobs in flight, for the readers that count them one row each.
-const inFlightJobs = `FROM jobs WHERE status IN ('claimed','dispatched','running')`
+// The index is forced: left to itself, the optimizer read the whole table in two claims of three
+// during a drain of 6,400 jobs (6,400 rows examined for 64 sent, in the slow log), its estimate of
+// the range thrown off by the index entries that the drain's status changes delete-mark.
+const inFlightJobs = `FROM jobs FORCE INDEX (lease) WHERE status IN ('claimed','dispatched','running')`
 
 // addUnit adds n of u, whose lanes are stored as lanes (JoinLanes), to us.
 func addUnit(us *limits.Usage, cfg limits.Config, u limits.Unit, lanes string, n int) {
