@@ -120,7 +120,9 @@ func (s *Store) ConfirmStarts(ctx context.Context, tx sqldb.DB, now time.Time, s
 		set.WriteString(" WHEN ? THEN ?")
 		args = append(args, st.ID, st.Row.StartSHA256)
 	}
-	set.WriteString(" END WHERE status = 'dispatched' AND id IN (" + Placeholders(len(started)) + ")")
+	// No status in the WHERE: the rows are locked since the read that decided them, and with it
+	// the optimizer walks the lease index's every dispatched job instead of the primary key.
+	set.WriteString(" END WHERE id IN (" + Placeholders(len(started)) + ")")
 	for _, st := range started {
 		args = append(args, st.ID)
 	}
