@@ -119,30 +119,37 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 		globalSQL = "(SELECT COUNT(*) FROM (SELECT 1 FROM jobs FORCE INDEX (claim) WHERE status = 'queued' LIMIT ?) g)"
 		globalArg = p.GlobalCountUpTo
 	}
-	// The depths and in-flight counts are read from the claim index (status, tenant, ...) alone,
-	// four short ranges per tenant, and the interactive depth from interactive_queue: neither
-	// reads a job row. Left to itself the optimizer chose tenant_id (every job the tenant ever
-	// had) or lease (the queued and in-flight jobs of every tenant), and the interactive flag,
+	// A tenant's depth is its row's queued count (migration 0010: admission counts the jobs it
+	// inserts, the triggers those leaving and re-entering the queue), read under the tenant's
+	// lock, which every change of it takes: exact, and one row however deep the queue, where
+	// counting the claim index's queued entries read up to the depth cap a tenant on every
+	// admission (446 entries an admission in BenchmarkAdmission's multi-tenant groups). The
+	// in-flight counts are read from the claim index (status, tenant, ...) alone, three short
+	// ranges per tenant bounded by the caps, and the interactive depth from interactive_queue:
+	// neither reads a job row. Left to itself the optimizer chose tenant_id (every job the
+	// tenant ever had) or lease (the in-flight jobs of every tenant), and the interactive flag,
 	// which is in no index of the jobs in those states, cost a row lookup per queued job.
 	if len(p.Tenants) == 1 {
-		interactiveSQL := "0"
+		t := p.Tenants[0]
+		interactiveSQL, interactiveArgs := "0", []any{}
 		if p.CountInteractive {
 			interactiveSQL = "(SELECT COUNT(*) FROM jobs FORCE INDEX (interactive_queue) WHERE interactive_tenant = ?)"
-			args = append(args, p.Tenants[0])
+			interactiveArgs = append(interactiveArgs, t)
 		}
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6),
-			COALESCE(SUM(status = 'queued'), 0),
+			(SELECT queued FROM tenants WHERE tenant = ?),
 			`+interactiveSQL+`,
-			COALESCE(SUM(status <> 'queued'), 0),
-			`+globalSQL+`
-			FROM jobs FORCE INDEX (claim) WHERE tenant = ? AND status IN ('queued','claimed','dispatched','running')`)
-		args = append(args, globalArg, p.Tenants[0])
+			(SELECT COUNT(*) FROM jobs FORCE INDEX (claim) WHERE tenant = ? AND status IN ('claimed','dispatched','running')),
+			`+globalSQL)
+		args = append(append(append(args, t), interactiveArgs...), t, globalArg)
 	} else {
 		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL,
-			`SELECT tenant, status = 'queued', COUNT(*) FROM jobs FORCE INDEX (claim)
-			WHERE status IN ('queued','claimed','dispatched','running') AND tenant IN (`+Placeholders(len(p.Tenants))+`)
-			GROUP BY tenant, status = 'queued'`)
+			`SELECT tenant, TRUE, queued FROM tenants WHERE tenant IN (`+Placeholders(len(p.Tenants))+`)
+			UNION ALL SELECT tenant, FALSE, COUNT(*) FROM jobs FORCE INDEX (claim)
+			WHERE status IN ('claimed','dispatched','running') AND tenant IN (`+Placeholders(len(p.Tenants))+`)
+			GROUP BY tenant`)
 		args = append(args, globalArg)
+		args = append(args, tenantArgs...)
 		args = append(args, tenantArgs...)
 		if p.CountInteractive {
 			stmts = append(stmts, `SELECT interactive_tenant, COUNT(*) FROM jobs FORCE INDEX (interactive_queue)
