@@ -72,7 +72,7 @@ func TestReportMediansAndLosses(t *testing.T) {
 // target; a side that is missing is said.
 func TestPeersPairing(t *testing.T) {
 	figs, _ := parseFigures(strings.NewReader(`{"bench":"drain_throughput","jobs":20000,"jobs_per_s":3000,"all_procs_jobs_per_s":3300}
-{"bench":"pickup_latency","one_process_p50_ms":3,"one_process_p99_ms":8}`))
+{"bench":"pickup_latency","one_process_p50_ms":3,"one_process_from_answer_p50_ms":2.4,"one_process_p99_ms":8}`))
 	lines, err := parsePeers(strings.NewReader(`== river
 {"prog":"river","measure":"drain","settings":"defaults","jobs_per_s":5000}
 {"prog":"river","measure":"drain","settings":"fast(FetchCooldown=1ms)","jobs_per_s":12000}
@@ -86,7 +86,7 @@ func TestPeersPairing(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"drain, caps 64, one P", "3000", "river drain (fast)", "12000", "0.250", "≥ 0.600",
-		"pickup p50", "1.500", "≤ 2.000",
+		"pickup p50 (sluice from the admission's answer", "2.400", "1.600", "≤ 2.000",
 		"batch admission", "no sluice figure admission_batch_http.jobs_per_s",
 		"against Asynq", "no peer figure",
 	} {
