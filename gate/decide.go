@@ -76,6 +76,7 @@ type state struct {
 	tenantInteractive map[string]int
 	tenantInFlight    map[string]int
 	globalDepth       int
+	noHeadAfterNow    bool // store.AdmissionState.NoHeadAfterNow
 	// usage is what is in flight (read unless the rollout mode is off), plus the queue=false
 	// jobs this transaction admitted: each was promised a unit, so the next one's "could be
 	// claimed now" counts them as in flight.

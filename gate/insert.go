@@ -45,7 +45,7 @@ func (a *Admitter) newJobs(items []*item, st *state, perTenant bool) (store.NewJ
 			ins = append(ins, it)
 		}
 	}
-	p := store.NewJobs{Now: st.now, Prefix: a.cfg.Prefix, Jobs: make([]store.NewJob, len(ins))}
+	p := store.NewJobs{Now: st.now, NoHeadAfterNow: st.noHeadAfterNow, Prefix: a.cfg.Prefix, Jobs: make([]store.NewJob, len(ins))}
 	for i, it := range ins {
 		j := store.NewJob{Tenant: it.req.Tenant, RateKeySHA256: it.hash, Caller: it.caller, RetryOf: it.retryOf,
 			Lanes: it.req.Lanes, Interactive: it.req.interactive(),

@@ -21,7 +21,7 @@ func (a *Admitter) read(ctx context.Context, tx txConn, items []*item, cfg limit
 		a.depth.counted(started, got.GlobalDepth)
 	}
 	st := newState()
-	st.now, st.globalDepth = got.Now, got.GlobalDepth
+	st.now, st.globalDepth, st.noHeadAfterNow = got.Now, got.GlobalDepth, got.NoHeadAfterNow
 	st.tenantDepth, st.tenantInteractive, st.tenantInFlight, st.usage = got.TenantDepth, got.TenantInteractive, got.TenantInFlight, got.Usage
 	for _, r := range got.Keyed {
 		st.keyed[keyOf(r.Tenant, *r.IdempotencyKey)] = &r

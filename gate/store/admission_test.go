@@ -229,16 +229,30 @@ func TestInsertJobs(t *testing.T) {
 }
 
 // TestInsertJobsClockStepBack: a tenant whose oldest queued job is newer than the admission's
-// time (the database clock stepped back) gets the new job as its head.
+// time (the database clock stepped back) gets the new job as its head. The read says so
+// (NoHeadAfterNow false), alone and among other tenants, so the insert takes the UPDATE that
+// looks the head up; a tenant whose head is older keeps it with the UPDATE that does not.
 func TestInsertJobsClockStepBack(t *testing.T) {
 	k := newKit(t)
 	k.insert(jobSpec{tenant: "c", queuedAt: k.now.Add(time.Hour)})
+	old := k.insert(jobSpec{tenant: "d", queuedAt: k.now.Add(-time.Hour)})
+	for _, tenants := range [][]string{{"c", "d"}, {"c"}} {
+		tx := k.beginAdmission(t, nil)
+		st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: tenants})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.NoHeadAfterNow {
+			t.Errorf("tenants %v: no head after now, but c's is an hour ahead", tenants)
+		}
+		tx.Close()
+	}
 	tx := k.beginAdmission(t, nil)
 	st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"c"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := tx.InsertJobs(k.ctx, store.NewJobs{Now: st.Now, Jobs: []store.NewJob{{Tenant: "c"}}}, true)
+	got, err := tx.InsertJobs(k.ctx, store.NewJobs{Now: st.Now, NoHeadAfterNow: st.NoHeadAfterNow, Jobs: []store.NewJob{{Tenant: "c"}}}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,6 +260,18 @@ func TestInsertJobsClockStepBack(t *testing.T) {
 		t.Errorf("queue state %+v, want job %d at the head of 2", qs, got.IDs[0])
 	}
 	wantQueueState(t, k, "c")
+
+	tx = k.beginAdmission(t, nil)
+	if st, err = tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"d"}}); err != nil || !st.NoHeadAfterNow {
+		t.Fatalf("tenant d, its head an hour old: no head after now %v (%v), want true", st.NoHeadAfterNow, err)
+	}
+	if _, err = tx.InsertJobs(k.ctx, store.NewJobs{Now: st.Now, NoHeadAfterNow: true, Jobs: []store.NewJob{{Tenant: "d"}, {Tenant: "d"}}}, true); err != nil {
+		t.Fatal(err)
+	}
+	if qs := readQueueState(t, k.db.DB, "d"); qs.headID != old || qs.queued != 3 {
+		t.Errorf("queue state %+v, want job %d still at the head of 3", qs, old)
+	}
+	wantQueueState(t, k, "d")
 }
 
 // wantQueueState fails unless each tenant's queue state is what a recount gives.

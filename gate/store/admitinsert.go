@@ -34,9 +34,12 @@ type NewJob struct {
 
 // NewJobs are the rows one admission transaction writes.
 type NewJobs struct {
-	Now    time.Time // the transaction's time (AdmissionState.Now)
-	Prefix string    // the pokes' subject prefix
-	Jobs   []NewJob  // at least one
+	Now time.Time // the transaction's time (AdmissionState.Now)
+	// NoHeadAfterNow, from AdmissionState, says that no tenant of Jobs has a queue head dated
+	// after Now: the queue-state UPDATE then needs no lookup of a tenant's oldest job.
+	NoHeadAfterNow bool
+	Prefix         string   // the pokes' subject prefix
+	Jobs           []NewJob // at least one
 	// Audit, if not nil, holds each job's admission event (SPEC §10), written in the same round
 	// trip and transaction as the job; InsertJobs fills in the job ids.
 	Audit []AuditEvent
@@ -280,9 +283,18 @@ func queueCountSQL(p NewJobs, firstKnown bool) (string, []any) {
 			q.WriteString(" WHEN ? THEN ?")
 			args = append(args, t, first[t])
 		}
-		q.WriteString(` END, IF(head_at > ?, ` + probe + `, head_id)),
+		if p.NoHeadAfterNow {
+			// A head dated at or before Now stays the head: no lookup. The subqueries cost the
+			// statement 85 us of optimising even where they are not run (135 against 50 us a
+			// statement, 2,000 in a row), a tenth of a single admission's database time.
+			q.WriteString(` END, head_id),
+		head_at = IF(head_at IS NULL, ?, head_at)`)
+			args = append(args, p.Now)
+		} else {
+			q.WriteString(` END, IF(head_at > ?, ` + probe + `, head_id)),
 		head_at = IF(head_at IS NULL, ?, IF(head_at > ?, (SELECT j.queued_at FROM jobs j WHERE j.id = tenants.head_id), head_at))`)
-		args = append(args, p.Now, p.Now, p.Now)
+			args = append(args, p.Now, p.Now, p.Now)
+		}
 	} else {
 		q.WriteString(`
 		head_id = IF(head_id IS NULL OR head_at > ?, ` + probe + `, head_id),

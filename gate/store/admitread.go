@@ -45,6 +45,8 @@ type AdmissionState struct {
 	TenantInteractive map[string]int
 	TenantInFlight    map[string]int
 	GlobalDepth       int // counted, or the estimate given
+	// NoHeadAfterNow says that no tenant read has a queue head dated after Now (NewJobs).
+	NoHeadAfterNow bool
 	// Usage is what is in flight by tenant, tier, lane and interactive, when counted.
 	Usage    limits.Usage
 	Keyed    []Row
@@ -140,15 +142,17 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 			(SELECT queued FROM tenants WHERE tenant = ?),
 			`+interactiveSQL+`,
 			(SELECT COUNT(*) FROM jobs FORCE INDEX (claim) WHERE tenant = ? AND status IN ('claimed','dispatched','running')),
-			`+globalSQL)
-		args = append(append(append(args, t), interactiveArgs...), t, globalArg)
+			`+globalSQL+`,
+			`+noHeadAfterNowSQL(1))
+		args = append(append(append(args, t), interactiveArgs...), t, globalArg, t)
 	} else {
-		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL,
+		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL+`, `+noHeadAfterNowSQL(len(p.Tenants)),
 			`SELECT tenant, TRUE, queued FROM tenants WHERE tenant IN (`+Placeholders(len(p.Tenants))+`)
 			UNION ALL SELECT tenant, FALSE, COUNT(*) FROM jobs FORCE INDEX (claim)
 			WHERE status IN ('claimed','dispatched','running') AND tenant IN (`+Placeholders(len(p.Tenants))+`)
 			GROUP BY tenant`)
 		args = append(args, globalArg)
+		args = append(args, tenantArgs...)
 		args = append(args, tenantArgs...)
 		args = append(args, tenantArgs...)
 		if p.CountInteractive {
@@ -179,18 +183,24 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 	return stmts, args
 }
 
+// noHeadAfterNowSQL is whether none of n tenants has a queue head dated after the statement's
+// UTC_TIMESTAMP(6) (AdmissionState.NoHeadAfterNow).
+func noHeadAfterNowSQL(n int) string {
+	return "NOT EXISTS (SELECT 1 FROM tenants WHERE tenant IN (" + Placeholders(n) + ") AND head_at > UTC_TIMESTAMP(6))"
+}
+
 // scanDepths reads the database time, the depths (with interactive, the interactive ones) and
 // the in-flight counts into st.
 func scanDepths(res *Results, tenants []string, interactive bool, st *AdmissionState) error {
 	if len(tenants) == 1 {
 		var depth, interactiveDepth, inFlight int
-		if err := res.ScanOne(&st.Now, &depth, &interactiveDepth, &inFlight, &st.GlobalDepth); err != nil {
+		if err := res.ScanOne(&st.Now, &depth, &interactiveDepth, &inFlight, &st.GlobalDepth, &st.NoHeadAfterNow); err != nil {
 			return fmt.Errorf("read admission state: %w", err)
 		}
 		st.TenantDepth[tenants[0]], st.TenantInteractive[tenants[0]], st.TenantInFlight[tenants[0]] = depth, interactiveDepth, inFlight
 		return nil
 	}
-	if err := res.ScanOne(&st.Now, &st.GlobalDepth); err != nil {
+	if err := res.ScanOne(&st.Now, &st.GlobalDepth, &st.NoHeadAfterNow); err != nil {
 		return fmt.Errorf("read admission state: %w", err)
 	}
 	err := eachCount(res, func(t string, queued bool, n int) {
