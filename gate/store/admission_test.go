@@ -49,6 +49,29 @@ func TestReadAdmissionCountsLiveSlots(t *testing.T) {
 	if u := st.Usage; u.Total != 2 || u.Tenant["b"] != 1 || u.Lane["gpu"] != 1 || u.Interactive != 1 {
 		t.Errorf("in flight %+v, want a's job and b's live slot", u)
 	}
+	if st.TenantInFlight["a"] != 1 {
+		t.Errorf("a's jobs in flight %d, want 1", st.TenantInFlight["a"])
+	}
+	tx.Close()
+	// Each tenant's jobs in flight, taken from the same read, leave the slots out; alone or
+	// with another tenant, with the in-flight read or counted on their own without it.
+	for _, p := range []store.AdmissionRead{
+		{Tenants: []string{"a", "b"}, CountInFlight: true}, {Tenants: []string{"a", "b"}},
+		{Tenants: []string{"b"}, CountInFlight: true}, {Tenants: []string{"b"}},
+	} {
+		tx := k.beginAdmission(t, nil)
+		st, err := tx.ReadAdmission(k.ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int{"a": 1, "b": 0}
+		for _, tenant := range p.Tenants {
+			if st.TenantInFlight[tenant] != want[tenant] {
+				t.Errorf("read %+v: %s's jobs in flight %d, want %d (its slots are not jobs)", p, tenant, st.TenantInFlight[tenant], want[tenant])
+			}
+		}
+		tx.Close()
+	}
 }
 
 // TestReadAdmission: the read creates and locks the tenants' rows (no job row), and returns the

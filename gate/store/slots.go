@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -80,18 +81,25 @@ func LiveSlots(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usag
 // readUsage reads the next two result sets of res, inFlightUsageSQL's and liveSlotsSQL's, as
 // what is in flight: the jobs and the live slots together.
 func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
+	us, _, err := readUsageJobs(res, cfg)
+	return us, err
+}
+
+// readUsageJobs is readUsage that also returns each tenant's jobs in flight, the slots left out.
+func readUsageJobs(res *Results, cfg limits.Config) (limits.Usage, map[string]int, error) {
 	us := limits.NewUsage()
 	rows, err := res.Next()
 	if err != nil {
-		return us, fmt.Errorf("count in-flight jobs: %w", err)
+		return us, nil, fmt.Errorf("count in-flight jobs: %w", err)
 	}
 	if err := scanUsage(rows, cfg, &us, "count in-flight jobs"); err != nil {
-		return us, err
+		return us, nil, err
 	}
+	jobs := maps.Clone(us.Tenant)
 	if rows, err = res.Next(); err != nil {
-		return us, fmt.Errorf("count live slots: %w", err)
+		return us, nil, fmt.Errorf("count live slots: %w", err)
 	}
-	return us, scanUsage(rows, cfg, &us, "count live slots")
+	return us, jobs, scanUsage(rows, cfg, &us, "count live slots")
 }
 
 // waitingSQL reads, in the head index's order (oldest queued job first), the tenants with queued
