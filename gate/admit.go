@@ -158,6 +158,9 @@ func New(cfg Config) (*Admitter, error) {
 // Store returns the job store the Admitter writes transitions through.
 func (a *Admitter) Store() *store.Store { return a.store }
 
+// TxDB is the pool of the transactions that send several statements in one round trip.
+func (a *Admitter) TxDB() *sql.DB { return a.cfg.TxDB }
+
 // Decision is the admission decision of SPEC §5 (the Sluice-Capacity-Decision header); empty
 // when the rollout mode is off.
 type Decision string

@@ -68,8 +68,8 @@ type fdOptions struct {
 	// admitDB, if set, is the database handle admission uses (a proxied one), for its
 	// transactions and its reads; it must take several statements in one round trip.
 	admitDB *sql.DB
-	// apiDB, if set, is the database handle of the API's own transactions (start, complete,
-	// cancel, releases) and clock; reads of jobs go through admission's.
+	// apiDB, if set, is the database handle (an OpenMulti pool) of the API's own transactions
+	// (start, complete, cancel, releases) and clock; reads of jobs go through admission's.
 	apiDB *sql.DB
 	// apiGates, if set, is the gate store of the API's /v1/gates endpoints.
 	apiGates *rategate.Store
@@ -182,11 +182,11 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiDB := plain
+	apiDB, apiTxDB := plain, (*sql.DB)(nil) // the Admitter's
 	if o.apiDB != nil {
-		apiDB = o.apiDB
+		apiDB, apiTxDB = o.apiDB, o.apiDB
 	}
-	s, err := api.New(api.Config{DB: apiDB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log,
+	s, err := api.New(api.Config{DB: apiDB, TxDB: apiTxDB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log,
 		Gates: o.apiGates})
 	if err != nil {
 		t.Fatal(err)

@@ -31,6 +31,9 @@ import (
 type Config struct {
 	// DB is the sluice database. Required.
 	DB *sql.DB
+	// TxDB is the pool of the API's own transactions that send several statements in one round
+	// trip (the start confirmations): an OpenMulti pool. Default: the Admitter's.
+	TxDB *sql.DB
 	// Admitter admits jobs. Required.
 	Admitter *gate.Admitter
 	// Limits supplies the runtime configuration. Required.
@@ -147,6 +150,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.NewDBSynced(cfg.DB)
+	}
+	if cfg.TxDB == nil {
+		cfg.TxDB = cfg.Admitter.TxDB()
 	}
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()

@@ -427,16 +427,20 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 // 2,027 jobs/s with two lanes, 2,145 with one, one run each) while it halves the groups.
 const startGroupSize, startLanes = 64, 1
 
-// confirmStarts decides starts in one transaction (store.ConfirmStarts); s.starts runs groups
-// of concurrent confirmations through it, none waiting for another transaction's lock.
+// confirmStarts decides starts in one transaction of two round trips
+// (store.ConfirmStartsCommit); s.starts runs groups of concurrent confirmations through it,
+// none waiting for another transaction's lock.
 func (s *Server) confirmStarts(ctx context.Context, starts []*store.Start, wait bool) error {
-	return s.inTx(ctx, func(tx *sql.Tx) error {
-		now, err := s.cfg.Clock.Now(ctx)
-		if err != nil {
-			return err
-		}
-		return s.store.ConfirmStarts(ctx, tx, now, starts, !wait)
-	})
+	now, err := s.cfg.Clock.Now(ctx)
+	if err != nil {
+		return gate.AsUnavailable(err)
+	}
+	err = s.store.ConfirmStartsCommit(ctx, s.cfg.TxDB, now, starts, !wait)
+	if errors.Is(err, store.ErrInCommitTrip) && gate.ConnectionLost(err) {
+		// A start is safe to repeat with its start_id.
+		return outcomeUnknown(err)
+	}
+	return gate.AsUnavailable(err)
 }
 
 type completeRequest struct {

@@ -3,7 +3,9 @@ package store
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -53,6 +55,83 @@ func (s *Store) ConfirmStart(ctx context.Context, tx sqldb.DB, now time.Time, id
 // cannot stall behind, or deadlock with, the drainer's writes. The error is the transaction's
 // (nothing may be committed); each start's own refusal is in its Err.
 func (s *Store) ConfirmStarts(ctx context.Context, tx sqldb.DB, now time.Time, starts []*Start, skipLocked bool) error {
+	q, args := lockStartsSQL(starts, skipLocked)
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("lock %d job(s) to start: %w", len(args), err)
+	}
+	started, err := s.decideStarts(rows, now, starts, skipLocked)
+	if err != nil || len(started) == 0 {
+		return err
+	}
+	stmts, wargs := s.startWritesSQL(now, started)
+	for i, q := range stmts {
+		res, err := tx.ExecContext(ctx, q, wargs[i]...)
+		if err != nil {
+			return fmt.Errorf("confirm start of %d job(s): %w", len(started), err)
+		}
+		if i == 0 {
+			n, err := res.RowsAffected()
+			if err := startsWritten(n, err, started); err != nil {
+				return err
+			}
+		}
+	}
+	s.logStarts(ctx, now, started)
+	return nil
+}
+
+// ErrInCommitTrip marks an error of the round trip that carried a COMMIT: if the connection
+// broke there, the outcome is unknown.
+var ErrInCommitTrip = errors.New("in the round trip that commits")
+
+// ConfirmStartsCommit is ConfirmStarts in a transaction of its own on db, an OpenMulti pool, in
+// two round trips: BEGIN with the locking read, then the writes with COMMIT (where database/sql's
+// Tx takes five). A group that starts nothing commits nothing. An error means nothing committed,
+// unless the connection broke with the COMMIT sent, when the outcome is unknown.
+func (s *Store) ConfirmStartsCommit(ctx context.Context, db *sql.DB, now time.Time, starts []*Start, skipLocked bool) error {
+	tx, err := BeginConnTx(ctx, db)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Close()
+	q, args := lockStartsSQL(starts, skipLocked)
+	res, err := tx.Query(ctx, []string{q}, args...)
+	if err != nil {
+		return fmt.Errorf("lock %d job(s) to start: %w", len(args), err)
+	}
+	rows, err := res.Next()
+	if err != nil {
+		res.Close()
+		return fmt.Errorf("lock %d job(s) to start: %w", len(args), err)
+	}
+	started, err := s.decideStarts(rows, now, starts, skipLocked)
+	if cerr := res.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("lock %d job(s) to start: %w", len(args), cerr)
+	}
+	if err != nil || len(started) == 0 {
+		return err
+	}
+	stmts, wargs := s.startWritesSQL(now, started)
+	var all []any
+	for _, a := range wargs {
+		all = append(all, a...)
+	}
+	out, err := tx.ExecCommit(ctx, stmts, all...)
+	if err != nil {
+		return fmt.Errorf("confirm start of %d job(s): %w: %w", len(started), ErrInCommitTrip, err)
+	}
+	if err := startsWritten(out.AllRowsAffected()[0], nil, started); err != nil {
+		// Committed all the same: the rows were locked, so this cannot happen unless something
+		// is badly wrong, and the caller is told.
+		return err
+	}
+	s.logStarts(ctx, now, started)
+	return nil
+}
+
+// lockStartsSQL is the read that locks the jobs of starts, in id order.
+func lockStartsSQL(starts []*Start, skipLocked bool) (string, []any) {
 	ids := make([]int64, 0, len(starts))
 	for _, st := range starts {
 		ids = append(ids, st.ID)
@@ -67,24 +146,26 @@ func (s *Store) ConfirmStarts(ctx context.Context, tx sqldb.DB, now time.Time, s
 	if skipLocked {
 		q += " SKIP LOCKED"
 	}
-	rows, err := tx.QueryContext(ctx, q, args...)
-	if err != nil {
-		return fmt.Errorf("lock %d job(s) to start: %w", len(ids), err)
-	}
-	byID := make(map[int64]*Row, len(ids))
+	return q, args
+}
+
+// decideStarts reads the rows of lockStartsSQL and decides starts in order, recording each
+// one's outcome in it, and returns those that start the job.
+func (s *Store) decideStarts(rows *sql.Rows, now time.Time, starts []*Start, skipLocked bool) ([]*Start, error) {
+	byID := make(map[int64]*Row, len(starts))
 	for rows.Next() {
 		r, err := ScanRow(rows)
 		if err != nil {
 			rows.Close()
-			return fmt.Errorf("lock %d job(s) to start: %w", len(ids), err)
+			return nil, fmt.Errorf("lock job(s) to start: %w", err)
 		}
 		byID[r.ID] = &r
 	}
 	if err := rows.Close(); err != nil {
-		return fmt.Errorf("lock %d job(s) to start: %w", len(ids), err)
+		return nil, fmt.Errorf("lock job(s) to start: %w", err)
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("lock %d job(s) to start: %w", len(ids), err)
+		return nil, fmt.Errorf("lock job(s) to start: %w", err)
 	}
 	var started []*Start
 	for _, st := range starts {
@@ -109,13 +190,15 @@ func (s *Store) ConfirmStarts(ctx context.Context, tx sqldb.DB, now time.Time, s
 		}
 		st.Row = *r
 	}
-	if len(started) == 0 {
-		return nil
-	}
+	return started, nil
+}
+
+// startWritesSQL is the statements that write started (at least one): the UPDATE, first, and
+// the audit rows unless the audit is off, each with its arguments.
+func (s *Store) startWritesSQL(now time.Time, started []*Start) ([]string, [][]any) {
 	var set strings.Builder
-	args = args[:0]
+	args := []any{now}
 	set.WriteString("UPDATE jobs SET status = 'running', started_at = ?, start_sha256 = CASE id")
-	args = append(args, now)
 	for _, st := range started {
 		set.WriteString(" WHEN ? THEN ?")
 		args = append(args, st.ID, st.Row.StartSHA256)
@@ -126,14 +209,9 @@ func (s *Store) ConfirmStarts(ctx context.Context, tx sqldb.DB, now time.Time, s
 	for _, st := range started {
 		args = append(args, st.ID)
 	}
-	res, err := tx.ExecContext(ctx, set.String(), args...)
-	if err != nil {
-		return fmt.Errorf("confirm start of %d job(s): %w", len(started), err)
-	}
-	if n, err := res.RowsAffected(); err != nil || n != int64(len(started)) {
-		// The rows are locked since the read, so this cannot happen unless something is badly
-		// wrong: write nothing.
-		return fmt.Errorf("confirm start of %d job(s): %d rows changed (%v)", len(started), n, err)
+	stmts, all := []string{set.String()}, [][]any{args}
+	if s.AuditOff {
+		return stmts, all
 	}
 	events := make([]AuditEvent, len(started))
 	for i, st := range started {
@@ -145,17 +223,25 @@ func (s *Store) ConfirmStarts(ctx context.Context, tx sqldb.DB, now time.Time, s
 		}
 		events[i] = transitionEvent(actor, from, job.Running, from.Version, from.Attempt, "")
 	}
-	// A statement of its own, in the start's transaction: tx may be on a pool that refuses
-	// stacked statements (Open).
-	if err := s.insertAudit(ctx, tx, events...); err != nil {
-		return fmt.Errorf("confirm start of %d job(s): %w", len(started), err)
+	q, aargs := AuditInsertSQL(events)
+	return append(stmts, q), append(all, aargs)
+}
+
+// startsWritten checks the UPDATE of startWritesSQL changed every row it was to.
+func startsWritten(n int64, err error, started []*Start) error {
+	if err != nil || n != int64(len(started)) {
+		return fmt.Errorf("confirm start of %d job(s): %d rows changed (%v)", len(started), n, err)
 	}
+	return nil
+}
+
+// logStarts writes the transition line of each start.
+func (s *Store) logStarts(ctx context.Context, now time.Time, started []*Start) {
 	for _, st := range started {
 		from := st.Row
 		from.Status = job.Dispatched
 		s.LogTransition(ctx, from, job.Running, from.Version, now, "")
 	}
-	return nil
 }
 
 // decideStart is ConfirmStart's decision for job r and a confirmation whose nonce hashes to hash:

@@ -168,74 +168,91 @@ func TestConfirmStart(t *testing.T) {
 // a later one seeing an earlier one's start of the same job; each refusal is its own member's;
 // the audit names each member's actor. Told not to wait, it leaves a job another transaction
 // holds undecided (Locked) and does not wait for it; told to wait, an id that does not exist is
-// ErrNotFound.
+// ErrNotFound. Both forms: in the caller's transaction, and in two round trips of its own.
 func TestConfirmStarts(t *testing.T) {
-	k := newKit(t)
-	st := &store.Store{Actor: "drainer-x"}
-	a := dispatched(t, k.db, k.now, "acme", "na")
-	b := dispatched(t, k.db, k.now, "acme", "nb")
-	held := dispatched(t, k.db, k.now, "acme", "nh")
-	hold := k.begin()
-	if _, err := store.Get(k.ctx, hold, held.ID, true); err != nil {
-		t.Fatal(err)
-	}
-	group := []*store.Start{
-		{ID: b.ID, Nonce: "nb", StartID: "s1", Actor: "exec-1"},
-		{ID: a.ID, Nonce: "na", StartID: "s2"},
-		{ID: b.ID, Nonce: "nb", StartID: "s1", Actor: "exec-1"},
-		{ID: b.ID, Nonce: "nb", StartID: "s3", Actor: "exec-2"},
-		{ID: a.ID, Nonce: "wrong", StartID: "s4"},
-		{ID: held.ID, Nonce: "nh", StartID: "s5"},
-		{ID: 1 << 40, Nonce: "nx"},
-	}
-	tx := k.begin()
-	if err := st.ConfirmStarts(k.ctx, tx, k.now, group, true); err != nil {
-		t.Fatal(err)
-	}
-	var je *job.Error
-	for i, want := range []job.Code{"", "", "", job.CodeNonceUsed, job.CodeNonceInvalid} {
-		m := group[i]
-		switch {
-		case want == "" && (m.Err != nil || m.Row.Status != job.Running || m.Locked):
-			t.Errorf("member %d (job %d, start %s): %+v %v, want running", i, m.ID, m.StartID, m.Row.Status, m.Err)
-		case want != "" && (!errors.As(m.Err, &je) || je.Code != want):
-			t.Errorf("member %d (job %d, start %s): %v, want %s", i, m.ID, m.StartID, m.Err, want)
-		}
-	}
-	for _, m := range group[5:] {
-		if !m.Locked || m.Err != nil {
-			t.Errorf("job %d, held elsewhere or missing, without waiting: locked %v, %v; want undecided", m.ID, m.Locked, m.Err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if got := k.count("SELECT COUNT(*) FROM audit_events WHERE to_status = 'running'"); got != 2 {
-		t.Errorf("%d start events, want 2", got)
-	}
-	if got := k.count("SELECT COUNT(*) FROM audit_events WHERE to_status = 'running' AND job_id = ? AND actor = 'exec-1'", b.ID) +
-		k.count("SELECT COUNT(*) FROM audit_events WHERE to_status = 'running' AND job_id = ? AND actor = 'drainer-x'", a.ID); got != 2 {
-		t.Errorf("the start events do not name each member's actor (or the store's for none)")
-	}
-	for id, hash := range map[int64]string{a.ID: "s2", b.ID: "s1"} {
-		if row := k.row(id); row.Status != job.Running || !bytes.Equal(row.StartSHA256, store.HashNonce(hash)) {
-			t.Errorf("job %d after commit: %s, start %x, want running with %s's hash", id, row.Status, row.StartSHA256, hash)
-		}
-	}
-	_ = hold.Rollback()
-	waited := []*store.Start{{ID: held.ID, Nonce: "nh", StartID: "s5"}, {ID: 1 << 40, Nonce: "nx"}}
-	tx = k.begin()
-	if err := st.ConfirmStarts(k.ctx, tx, k.now, waited, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if m := waited[0]; m.Err != nil || m.Row.Status != job.Running {
-		t.Errorf("the job no longer held: %s %v, want running", m.Row.Status, m.Err)
-	}
-	if m := waited[1]; !errors.Is(m.Err, store.ErrNotFound) {
-		t.Errorf("a job that does not exist: %v, want ErrNotFound", m.Err)
+	for _, form := range []string{"in a transaction", "committing"} {
+		t.Run(form, func(t *testing.T) {
+			k := newKit(t)
+			st := &store.Store{Actor: "drainer-x"}
+			confirm := func(group []*store.Start, skipLocked bool) {
+				t.Helper()
+				if form == "committing" {
+					if err := st.ConfirmStartsCommit(k.ctx, k.db.DB, k.now, group, skipLocked); err != nil {
+						t.Fatal(err)
+					}
+					return
+				}
+				tx := k.begin()
+				if err := st.ConfirmStarts(k.ctx, tx, k.now, group, skipLocked); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a := dispatched(t, k.db, k.now, "acme", "na")
+			b := dispatched(t, k.db, k.now, "acme", "nb")
+			held := dispatched(t, k.db, k.now, "acme", "nh")
+			hold := k.begin()
+			if _, err := store.Get(k.ctx, hold, held.ID, true); err != nil {
+				t.Fatal(err)
+			}
+			group := []*store.Start{
+				{ID: b.ID, Nonce: "nb", StartID: "s1", Actor: "exec-1"},
+				{ID: a.ID, Nonce: "na", StartID: "s2"},
+				{ID: b.ID, Nonce: "nb", StartID: "s1", Actor: "exec-1"},
+				{ID: b.ID, Nonce: "nb", StartID: "s3", Actor: "exec-2"},
+				{ID: a.ID, Nonce: "wrong", StartID: "s4"},
+				{ID: held.ID, Nonce: "nh", StartID: "s5"},
+				{ID: 1 << 40, Nonce: "nx"},
+			}
+			confirm(group, true)
+			var je *job.Error
+			for i, want := range []job.Code{"", "", "", job.CodeNonceUsed, job.CodeNonceInvalid} {
+				m := group[i]
+				switch {
+				case want == "" && (m.Err != nil || m.Row.Status != job.Running || m.Locked):
+					t.Errorf("member %d (job %d, start %s): %+v %v, want running", i, m.ID, m.StartID, m.Row.Status, m.Err)
+				case want != "" && (!errors.As(m.Err, &je) || je.Code != want):
+					t.Errorf("member %d (job %d, start %s): %v, want %s", i, m.ID, m.StartID, m.Err, want)
+				}
+			}
+			for _, m := range group[5:] {
+				if !m.Locked || m.Err != nil {
+					t.Errorf("job %d, held elsewhere or missing, without waiting: locked %v, %v; want undecided", m.ID, m.Locked, m.Err)
+				}
+			}
+			if got := k.count("SELECT COUNT(*) FROM audit_events WHERE to_status = 'running'"); got != 2 {
+				t.Errorf("%d start events, want 2", got)
+			}
+			if got := k.count("SELECT COUNT(*) FROM audit_events WHERE to_status = 'running' AND job_id = ? AND actor = 'exec-1'", b.ID) +
+				k.count("SELECT COUNT(*) FROM audit_events WHERE to_status = 'running' AND job_id = ? AND actor = 'drainer-x'", a.ID); got != 2 {
+				t.Errorf("the start events do not name each member's actor (or the store's for none)")
+			}
+			for id, hash := range map[int64]string{a.ID: "s2", b.ID: "s1"} {
+				if row := k.row(id); row.Status != job.Running || !bytes.Equal(row.StartSHA256, store.HashNonce(hash)) {
+					t.Errorf("job %d after commit: %s, start %x, want running with %s's hash", id, row.Status, row.StartSHA256, hash)
+				}
+			}
+			_ = hold.Rollback()
+			waited := []*store.Start{{ID: held.ID, Nonce: "nh", StartID: "s5"}, {ID: 1 << 40, Nonce: "nx"}}
+			confirm(waited, false)
+			if m := waited[0]; m.Err != nil || m.Row.Status != job.Running {
+				t.Errorf("the job no longer held: %s %v, want running", m.Row.Status, m.Err)
+			}
+			if m := waited[1]; !errors.Is(m.Err, store.ErrNotFound) {
+				t.Errorf("a job that does not exist: %v, want ErrNotFound", m.Err)
+			}
+			// A group that starts nothing writes nothing.
+			refused := []*store.Start{{ID: a.ID, Nonce: "na", StartID: "other"}}
+			confirm(refused, true)
+			if !errors.As(refused[0].Err, &je) || je.Code != job.CodeNonceUsed {
+				t.Errorf("another attempt on a started job: %v, want nonce_used", refused[0].Err)
+			}
+			if got := k.count("SELECT COUNT(*) FROM audit_events WHERE to_status = 'running'"); got != 3 {
+				t.Errorf("%d start events, want 3", got)
+			}
+		})
 	}
 }
 
