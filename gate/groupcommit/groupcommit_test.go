@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // recorder is a run function that records its batches and blocks each until released.
@@ -33,18 +35,6 @@ func (r *recorder) run(ctx context.Context, batch []int) error {
 	return err
 }
 
-// waitFor waits until cond holds, or fails the test after a deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestGroups: a request that finds the lane free runs at once, alone; those that arrive while
 // it runs share the next transaction, at most max to a group, in arrival order; each member
 // gets its group's error.
@@ -59,7 +49,7 @@ func TestGroups(t *testing.T) {
 	}
 	for i := 1; i <= 4; i++ {
 		go func() { errs <- g.Do(ctx, i) }()
-		waitFor(t, "the request to queue", func() bool { return g.Waiting() == i })
+		wait.Until(t, 10*time.Second, "the request to queue", func() bool { return g.Waiting() == i })
 	}
 	failed := errors.New("commit failed")
 	rec.release <- nil
@@ -101,7 +91,7 @@ func TestCanceledWhileWaiting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	gone := make(chan error, 1)
 	go func() { gone <- g.Do(ctx, 2) }()
-	waitFor(t, "the request to queue", func() bool { return g.Waiting() == 1 })
+	wait.Until(t, 10*time.Second, "the request to queue", func() bool { return g.Waiting() == 1 })
 	cancel()
 	if err := <-gone; !errors.Is(err, context.Canceled) {
 		t.Errorf("canceled waiter: %v, want context.Canceled", err)
@@ -126,9 +116,9 @@ func TestLeaderCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errs := make(chan error, 2)
 	go func() { errs <- g.Do(ctx, 1) }()
-	waitFor(t, "the leader to queue", func() bool { return g.Waiting() == 1 })
+	wait.Until(t, 10*time.Second, "the leader to queue", func() bool { return g.Waiting() == 1 })
 	go func() { errs <- g.Do(context.Background(), 2) }()
-	waitFor(t, "the member to queue", func() bool { return g.Waiting() == 2 })
+	wait.Until(t, 10*time.Second, "the member to queue", func() bool { return g.Waiting() == 2 })
 	rec.release <- nil
 	if got := <-rec.entered; !slices.Equal(got, []int{1, 2}) {
 		t.Fatalf("batch %v, want [1 2]", got)
