@@ -159,10 +159,13 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 			if !retry {
 				startID = fmt.Sprintf("attempt-%d", step)
 			}
-			err := inTx(func(tx *sql.Tx, now time.Time) error {
-				_, err := st.ConfirmStart(ctx, tx, now, p.d.JobID, p.d.Nonce, startID)
-				return err
-			})
+			// As the API confirms it: store.ConfirmStartsCommit, the start's own transaction.
+			now, _ := fake.Now(ctx)
+			start := &store.Start{ID: p.d.JobID, Nonce: p.d.Nonce, StartID: startID}
+			err := st.ConfirmStartsCommit(ctx, db.DB, now, []*store.Start{start}, false)
+			if err == nil {
+				err = start.Err
+			}
 			var je *job.Error
 			switch {
 			case err == nil:
