@@ -86,12 +86,8 @@ func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (Admis
 	}
 	st.Now = st.Now.UTC()
 	if p.CountInFlight {
-		var jobs map[string]int
-		if st.Usage, jobs, err = readUsageJobs(res, p.Config); err != nil {
+		if st.Usage, st.TenantInFlight, err = readUsageJobs(res, p.Config, p.Tenants); err != nil {
 			return st, err
-		}
-		for _, t := range p.Tenants {
-			st.TenantInFlight[t] = jobs[t]
 		}
 	}
 	if len(p.IdempotencyKeys) > 0 {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"strconv"
 	"time"
 
@@ -81,12 +80,13 @@ func LiveSlots(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usag
 // readUsage reads the next two result sets of res, inFlightUsageSQL's and liveSlotsSQL's, as
 // what is in flight: the jobs and the live slots together.
 func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
-	us, _, err := readUsageJobs(res, cfg)
+	us, _, err := readUsageJobs(res, cfg, nil)
 	return us, err
 }
 
-// readUsageJobs is readUsage that also returns each tenant's jobs in flight, the slots left out.
-func readUsageJobs(res *Results, cfg limits.Config) (limits.Usage, map[string]int, error) {
+// readUsageJobs is readUsage that also returns the jobs in flight of each of tenants, the slots
+// left out.
+func readUsageJobs(res *Results, cfg limits.Config, tenants []string) (limits.Usage, map[string]int, error) {
 	us := limits.NewUsage()
 	rows, err := res.Next()
 	if err != nil {
@@ -95,7 +95,10 @@ func readUsageJobs(res *Results, cfg limits.Config) (limits.Usage, map[string]in
 	if err := scanUsage(rows, cfg, &us, "count in-flight jobs"); err != nil {
 		return us, nil, err
 	}
-	jobs := maps.Clone(us.Tenant)
+	jobs := make(map[string]int, len(tenants))
+	for _, t := range tenants {
+		jobs[t] = us.Tenant[t]
+	}
 	if rows, err = res.Next(); err != nil {
 		return us, nil, fmt.Errorf("count live slots: %w", err)
 	}
