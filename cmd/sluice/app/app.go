@@ -49,7 +49,8 @@ type Options struct {
 	NATSAuth publisher.NATSAuth
 	// MetricsListen, if set, serves /metrics on this address instead of the API's listener
 	// (SLUICE_METRICS_LISTEN); MetricsToken, if set, is the bearer token a scrape must carry
-	// (SLUICE_METRICS_TOKEN); NoTenantLabels keeps tenant names out of metric labels
+	// (SLUICE_METRICS_TOKEN; not the placeholder of the example settings); NoTenantLabels keeps
+	// tenant names out of metric labels
 	// (SLUICE_METRICS_TENANT_LABELS=false).
 	MetricsListen, MetricsToken string
 	NoTenantLabels              bool
@@ -335,11 +336,22 @@ func (opts *Options) setDefaults() {
 // secret can forge dispatches that an executor runs, and a captured signed dispatch lets its
 // holder test guesses offline at any rate: only a secret as long as an API token
 // (api.MinTokenLength) makes that hopeless.
-const MinExecutorSecretLength = 32
+const MinExecutorSecretLength = api.MinTokenLength
 
 // placeholder marks the example values of deploy/sluice.env.example and the README, compared
 // in lower case: a copied example, however long, is known to everyone who read it.
 const placeholder = "change-me"
+
+// isPlaceholder reports whether a secret is still an example value.
+func isPlaceholder(secret string) bool {
+	return strings.Contains(strings.ToLower(secret), placeholder)
+}
+
+// placeholderErr is the refusal of setting still holding an example value; it never shows the value.
+func placeholderErr(setting string) error {
+	return fmt.Errorf("invalid config: %s: still the %q placeholder of the example settings (generate one with `openssl rand -hex 32`)",
+		setting, placeholder)
+}
 
 // connLimits resolves the listener's bounds: defaults for unset ones, none for negative ones.
 func (opts *Options) connLimits(refused *prometheus.CounterVec) connLimits {
@@ -379,9 +391,12 @@ func (opts *Options) check() error {
 	case opts.ExecutorURL != "" && len(opts.ExecutorSecret) < MinExecutorSecretLength:
 		return fmt.Errorf("invalid config: executor secret (SLUICE_EXECUTOR_SECRET): at least %d bytes, got %d (generate one with `openssl rand -hex 32`)",
 			MinExecutorSecretLength, len(opts.ExecutorSecret))
-	case opts.ExecutorURL != "" && strings.Contains(strings.ToLower(opts.ExecutorSecret), placeholder):
-		return fmt.Errorf("invalid config: executor secret (SLUICE_EXECUTOR_SECRET): still the %q placeholder of the example settings (generate one with `openssl rand -hex 32`)",
-			placeholder)
+	case opts.ExecutorURL != "" && isPlaceholder(opts.ExecutorSecret):
+		return placeholderErr("executor secret (SLUICE_EXECUTOR_SECRET)")
+	case isPlaceholder(opts.MetricsToken):
+		// The example settings ship this one uncommented: a copied file must not leave /metrics
+		// behind a token everyone who read the example knows.
+		return placeholderErr("metrics token (SLUICE_METRICS_TOKEN)")
 	case opts.API && opts.Tokens == nil:
 		return errors.New("invalid config: tokens (SLUICE_TOKENS or SLUICE_TOKENS_FILE): required to run the API")
 	case opts.TLSCertFile != "" && opts.TLSKeyFile == "":

@@ -38,3 +38,26 @@ func TestCheckExecutorSecret(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckMetricsToken: the metrics token of the example settings, which ships uncommented, is
+// refused by name without being shown; any other token, or none, is taken as before.
+func TestCheckMetricsToken(t *testing.T) {
+	for _, tc := range []struct {
+		token string
+		ok    bool
+	}{
+		{"CHANGE-ME-long-random-string", false},
+		{"", true},
+		{"short", true},
+		{strings.Repeat("m", 40), true},
+	} {
+		opts := Options{MySQLDSN: "x", NATSURL: "x", Relay: true, MetricsToken: tc.token}
+		err := opts.check()
+		if tc.ok != (err == nil) {
+			t.Fatalf("token %q: check() = %v, want ok %v", tc.token, err, tc.ok)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "SLUICE_METRICS_TOKEN") || strings.Contains(err.Error(), tc.token)) {
+			t.Errorf("check() = %v: want the setting named and the token not shown", err)
+		}
+	}
+}
