@@ -6,18 +6,14 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sluicehq/sluice/integration/natstest"
-	"github.com/sluicehq/sluice/integration/testdb"
 )
 
 // TestDevRefusesNonLoopback: `sluice dev` accepts its built-in admin token `dev`, so it refuses to
-// listen (API or metrics) anywhere but on loopback, naming the setting and saying why. The rest
-// of the settings are valid: without the check it would start and serve until the deadline.
+// listen (API or metrics) anywhere but on loopback, naming the setting and saying why, before any
+// connection: the database and broker named do not exist, so without the check it would fail on
+// them instead, with an error that names none of these.
 func TestDevRefusesNonLoopback(t *testing.T) {
 	unsetSettings(t, true)
-	db := testdb.New(t)
-	ns := natstest.Start(t)
 	for _, tc := range []struct {
 		name, flag, addr, setting string
 	}{
@@ -30,7 +26,7 @@ func TestDevRefusesNonLoopback(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
-			args := []string{"--mysql-dsn", db.DSN, "--nats-url", ns.URL(), "--listen", "127.0.0.1:0",
+			args := []string{"--mysql-dsn", nowhereDSN, "--nats-url", nowhereNATS, "--listen", "127.0.0.1:0",
 				"--simexec-listen", "127.0.0.1:0", "--memcached", "", "--log-level", "warn", tc.flag, tc.addr}
 			err := serve(ctx, args, io.Discard, io.Discard, true)
 			if err == nil || !strings.Contains(err.Error(), tc.setting) || !strings.Contains(err.Error(), "loopback") ||

@@ -7,18 +7,19 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/integration/harness"
-	"github.com/sluicehq/sluice/integration/natstest"
-	"github.com/sluicehq/sluice/integration/testdb"
 )
+
+// nowhereDSN and nowhereNATS name a database and a broker that do not exist (port 1 on
+// loopback), for tests of refusals that must come before any connection.
+const nowhereDSN, nowhereNATS = "u:p@tcp(127.0.0.1:1)/nowhere", "nats://127.0.0.1:1"
 
 // TestServeRefusesWeakExecutorSecret: `sluice serve` refuses to start with a signing secret
 // shorter than 32 bytes or with the placeholder of deploy/sluice.env.example, naming the setting
-// and never echoing the secret. Everything else is valid, so without the check the process would
-// start and serve until the deadline.
+// and never echoing the secret. The refusal comes before any connection: the database and the
+// broker named here do not exist, so without the check serve would fail on them instead, with an
+// error that does not name the setting.
 func TestServeRefusesWeakExecutorSecret(t *testing.T) {
 	unsetSettings(t, true)
-	db := testdb.New(t)
-	ns := natstest.Start(t)
 	for name, secret := range map[string]string{
 		"short":                     "s3cr3t",
 		"one byte short":            strings.Repeat("k", 31),
@@ -30,10 +31,9 @@ func TestServeRefusesWeakExecutorSecret(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
 			var stderr harness.SyncBuffer
-			err := serve(ctx, []string{"--mysql-dsn", db.DSN, "--nats-url", ns.URL(), "--listen", "127.0.0.1:0",
-				"--memcached", "", "--log-level", "warn",
-				"--executor-url", "http://127.0.0.1:1/dispatch", "--executor-secret", secret,
-				"--tokens", `[{"name":"ops","token":"` + harness.AdminToken + `","role":"admin"}]`}, &stderr, &stderr, false)
+			// serveArgs' own secret is valid; the last --executor-secret wins.
+			args := append(serveArgs(nowhereDSN, nowhereNATS), "--log-level", "warn", "--executor-secret", secret)
+			err := serve(ctx, args, &stderr, &stderr, false)
 			if err == nil || !strings.Contains(err.Error(), "SLUICE_EXECUTOR_SECRET") {
 				t.Fatalf("serve with secret %q: %v; want a refusal naming SLUICE_EXECUTOR_SECRET", secret, err)
 			}
