@@ -268,7 +268,13 @@ func (s *Store) NotBefore(ctx context.Context, hashes []string) (map[string]time
 			continue // not a gate sluice understands: not gated
 		}
 		if nb.After(longest) {
+			// Written by something else than sluice, which never gates past the longest
+			// retry_after: read as the longest, and rewritten so (best effort: a failure is
+			// rewritten at the next read) with the longest gate's expiry, so that an item
+			// stored without one does not gate the key a day at a time forever.
 			nb = longest
+			it.Value, it.Expiration = Value(longest), int32(TTL(MaxRetryAfter)/time.Second)
+			_ = s.mc.CompareAndSwap(it)
 		}
 		out[k[len(KeyPrefix):]] = nb
 	}
@@ -329,7 +335,10 @@ func (s *Store) Extend(ctx context.Context, hash string, retryAfter int) (time.T
 		case err != nil:
 			return time.Time{}, s.failed("read gate", err)
 		}
-		if cur, perr := ParseValue(it.Value); perr == nil && !cur.Before(want) {
+		// A gate past the longest sluice writes is not one of sluice's (NotBefore): overwritten
+		// like a value it cannot parse, never returned as the gate in force.
+		longest := now.Add(MaxRetryAfter*time.Second + Margin)
+		if cur, perr := ParseValue(it.Value); perr == nil && !cur.Before(want) && !cur.After(longest) {
 			s.succeeded()
 			return cur, nil
 		}

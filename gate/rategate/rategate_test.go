@@ -292,6 +292,23 @@ func TestReadsForeignGates(t *testing.T) {
 	if got, err := b.store.NotBefore(ctx, []string{h3}); err != nil || !got[h3].Equal(longest) {
 		t.Errorf("a gate a year ahead reads %v (%v), want the longest one, %v", got[h3], err, longest)
 	}
+	// Stored without an expiry, it is rewritten as the longest gate with the longest gate's
+	// expiry, so it does not hold the key forever; and Extend replaces it rather than report it.
+	if err := b.raw.Set(&memcache.Item{Key: "sluice:gate:" + h3, Value: []byte(strconv.FormatInt(far.UnixMilli(), 10))}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.store.NotBefore(ctx, []string{h3}); err != nil || !got[h3].Equal(longest) {
+		t.Errorf("a gate a year ahead without expiry reads %v (%v), want the longest one, %v", got[h3], err, longest)
+	}
+	if it, err := b.raw.Get(rategate.Key(h3)); err != nil || string(it.Value) != string(rategate.Value(longest)) {
+		t.Errorf("after the read the item holds %q (%v), want the longest gate %q", it.Value, err, rategate.Value(longest))
+	}
+	if err := b.raw.Set(&memcache.Item{Key: "sluice:gate:" + h3, Value: []byte(strconv.FormatInt(far.UnixMilli(), 10))}); err != nil {
+		t.Fatal(err)
+	}
+	if nb, err := b.store.Extend(ctx, h3, 1); err != nil || nb.After(longest) {
+		t.Errorf("Extend over a gate a year ahead = %v, %v; want a gate of its own, not the year", nb, err)
+	}
 	if err := b.raw.Delete(rategate.Key(h3)); err != nil {
 		t.Fatal(err)
 	}
