@@ -436,15 +436,18 @@ func TestKitAudience(t *testing.T) {
 	t.Parallel()
 	k := newKitServer(t)
 	env := harness.Start(t, harness.Options{ExecutorURL: k.srv.URL + "/dispatch", ExecutorID: "pool-a"})
-	var ran runs
+	// Each executor has a recorder of its own: the other audience's must stay empty whenever its
+	// run would have happened (OnReceive comes before the audience check).
+	var ran, ranB runs
 	run := func(ctx context.Context, j kit.Job) kit.Outcome { ran.add(j); return kit.Succeeded(nil) }
+	runB := func(ctx context.Context, j kit.Job) kit.Outcome { ranB.add(j); return kit.Succeeded(nil) }
 	var refused atomic.Int32
-	k.set(t, env.URL, run, kit.Audience("pool-b"), kit.OnReceive(func(kit.Job) { refused.Add(1) }))
+	k.set(t, env.URL, runB, kit.Audience("pool-b"), kit.OnReceive(func(kit.Job) { refused.Add(1) }))
 	id := env.Admit(t, "acme", map[string]any{"n": 1})
 	harness.WaitFor(t, 30*time.Second, "a dispatch to reach the executor of another audience", func() (bool, error) {
 		return refused.Load() > 0, nil
 	})
-	if n := len(ran.all()); n != 0 {
+	if n := len(ranB.all()); n != 0 {
 		t.Fatalf("the executor of another audience ran %d job(s)", n)
 	}
 	if j := readKitJob(t, env, id); j.started {
@@ -456,6 +459,9 @@ func TestKitAudience(t *testing.T) {
 	})
 	if got := ran.all(); len(got) != 1 || got[0].ID != id {
 		t.Fatalf("runs %+v, want job %d once", got, id)
+	}
+	if n := len(ranB.all()); n != 0 {
+		t.Fatalf("the executor of another audience ran %d job(s)", n)
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
