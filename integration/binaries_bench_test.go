@@ -34,7 +34,7 @@ func BenchmarkDrainThroughBinaries(b *testing.B) {
 	unconfirmed, unconfirmedCPU := drainBinaries(b, bin, tenants, jobs, false)
 	inProcess, _ := drainThroughput(b, tenants, jobs, 0, false)
 	inRate := float64(jobs) / inProcess.el.Seconds()
-	harness.Emit("drain_binaries", map[string]any{"jobs": jobs, "tenants": tenants, "caps": 64,
+	harness.Emit("drain_binaries", map[string]any{"jobs": jobs, "tenants": tenants, "caps": binariesCaps,
 		"jobs_per_s": int(confirmed), "in_process_jobs_per_s": int(inRate), "ratio_to_in_process": benchRound3(confirmed / inRate),
 		"target_ratio": 0.5, "cpu_us_per_job": confirmedCPU,
 		"unconfirmed_starts_jobs_per_s": int(unconfirmed), "unconfirmed_starts_cpu_us_per_job": unconfirmedCPU})
@@ -43,13 +43,16 @@ func BenchmarkDrainThroughBinaries(b *testing.B) {
 // drainBinaries runs one drain of jobs no-op jobs over tenants through `sluice serve` and `sluice
 // simexec`, starts confirmed or not (SLUICE_EXECUTOR_CONFIRM_START for both), and returns its
 // rate and the CPU each process spent per job.
+// binariesCaps is the global and per-tenant cap of the drain through the binaries: its units.
+const binariesCaps = 64
+
 func drainBinaries(b *testing.B, bin string, tenants, jobs int, confirm bool) (float64, map[string]any) {
 	ctx := context.Background()
 	db := testdb.New(b)
-	setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
+	setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = binariesCaps, binariesCaps })
 	queueJobs(b, db, tenants, jobs)
 	ns := natstest.Start(b)
-	apiPort, execPort := natstest.FreePort(b), natstest.FreePort(b)
+	apiPort := natstest.FreePort(b)
 	apiURL := fmt.Sprintf("http://127.0.0.1:%d", apiPort)
 	tokens, err := json.Marshal([]map[string]any{
 		{"name": "executor", "token": harness.ExecutorToken, "role": "executor"},
@@ -59,11 +62,9 @@ func drainBinaries(b *testing.B, bin string, tenants, jobs int, confirm bool) (f
 		b.Fatal(err)
 	}
 	confirmStart := "SLUICE_EXECUTOR_CONFIRM_START=" + strconv.FormatBool(confirm)
-	executor := harness.StartProc(b, "executor", bin, []string{
-		"SLUICE_API_URL=" + apiURL, "SLUICE_EXECUTOR_TOKEN=" + harness.ExecutorToken, confirmStart,
-		"SLUICE_EXECUTOR_SECRET=" + harness.Secret, fmt.Sprintf("SLUICE_SIMEXEC_LISTEN=127.0.0.1:%d", execPort),
-		"SLUICE_LOG_LEVEL=warn",
-	}, "simexec")
+	// Listening before sluice serve starts: a dispatch refused at connect would end as unknown.
+	exec := startSimexec(b, bin, apiURL, "executor", confirmStart)
+	executor := exec.proc
 	var pidFile string
 	if err := db.QueryRowContext(ctx, "SELECT @@pid_file").Scan(&pidFile); err != nil {
 		b.Fatal(err)
@@ -74,7 +75,7 @@ func drainBinaries(b *testing.B, bin string, tenants, jobs int, confirm bool) (f
 	starts, before := cpuOf(), snapshotWork(b, db.DB)
 	serve := harness.StartProc(b, "sluice serve", bin, []string{
 		"SLUICE_MYSQL_DSN=" + db.DSN, "SLUICE_NATS_URL=" + ns.URL(), fmt.Sprintf("SLUICE_LISTEN=127.0.0.1:%d", apiPort),
-		fmt.Sprintf("SLUICE_EXECUTOR_URL=http://127.0.0.1:%d/dispatch", execPort), "SLUICE_EXECUTOR_SECRET=" + harness.Secret,
+		"SLUICE_EXECUTOR_URL=" + exec.url, "SLUICE_EXECUTOR_SECRET=" + harness.Secret,
 		confirmStart, "SLUICE_TOKENS=" + string(tokens), "SLUICE_METRICS_TOKEN=" + harness.AdminToken,
 		"SLUICE_MEMCACHED=127.0.0.1:11211", "SLUICE_LOG_LEVEL=warn",
 	}, "serve")
@@ -138,17 +139,17 @@ func drainBinaries(b *testing.B, bin string, tenants, jobs int, confirm bool) (f
 
 // unitPhases says where a unit of capacity spends its time over the drain of jobs jobs, as mean
 // milliseconds a job by the database's clock: from its claim to its dispatch's commit, from that
-// to its confirmed start (the HTTP dispatch, the executor and /start), from there to its outcome's
-// commit, and idle: the rest of the unit's cycle (64 units over the span), between an outcome's
-// commit and the next claim that takes the unit.
+// to its confirmed start (the HTTP dispatch, the executor and /start), from there to its
+// outcome's commit, and idle: the rest of the unit's cycle (binariesCaps units over the span),
+// between an outcome's commit and the next claim that takes the unit.
 func unitPhases(b *testing.B, db *testdb.DB, jobs int) map[string]any {
 	var claim, start, outcome, cycle float64
 	if err := db.QueryRowContext(context.Background(), `SELECT
 		AVG(TIMESTAMPDIFF(MICROSECOND, claimed_at, dispatched_at)) / 1e3,
 		AVG(TIMESTAMPDIFF(MICROSECOND, dispatched_at, COALESCE(started_at, dispatched_at))) / 1e3,
 		AVG(TIMESTAMPDIFF(MICROSECOND, COALESCE(started_at, dispatched_at), finished_at)) / 1e3,
-		TIMESTAMPDIFF(MICROSECOND, MIN(claimed_at), MAX(finished_at)) / 1e3 * 64 / COUNT(*)
-		FROM jobs`).Scan(&claim, &start, &outcome, &cycle); err != nil {
+		TIMESTAMPDIFF(MICROSECOND, MIN(claimed_at), MAX(finished_at)) / 1e3 * ? / COUNT(*)
+		FROM jobs`, binariesCaps).Scan(&claim, &start, &outcome, &cycle); err != nil {
 		b.Fatal(err)
 	}
 	return map[string]any{"claim_to_dispatched": round2(claim), "dispatched_to_started": round2(start),

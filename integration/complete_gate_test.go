@@ -10,7 +10,6 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/sluicehq/sluice/gate/rategate"
-	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
 
@@ -147,9 +146,7 @@ func TestCompleteGateNeedsTheDispatchNonce(t *testing.T) {
 			WHERE id = ?`, id); err != nil {
 			t.Fatal(err)
 		}
-		if err := store.RecountQueues(ctx, f.db, "acme"); err != nil {
-			t.Fatal(err)
-		}
+		f.db.RecountQueues(t, "acme")
 		if st, code := complete(id, "n-late", "failed", 120); st != http.StatusConflict || code != "dispatch_void" {
 			t.Fatalf("late report: HTTP %d %s, want 409 dispatch_void", st, code)
 		}

@@ -124,15 +124,22 @@ var simexecAddr = regexp.MustCompile(`simulated executor listening on http://(\S
 // token, on a free port, and waits until it listens.
 func startReplica(t *testing.T, bin string, env *harness.Env, name string) *replica {
 	t.Helper()
-	p := harness.StartProc(t, name, bin, []string{
-		"SLUICE_API_URL=" + env.URL,
+	return startSimexec(t, bin, env.URL, name)
+}
+
+// startSimexec runs `sluice simexec` against the API at apiURL with the harness's secret and
+// executor token and the settings in extraEnv, on a free port, and waits until it listens.
+func startSimexec(tb testing.TB, bin, apiURL, name string, extraEnv ...string) *replica {
+	tb.Helper()
+	p := harness.StartProc(tb, name, bin, append([]string{
+		"SLUICE_API_URL=" + apiURL,
 		"SLUICE_EXECUTOR_TOKEN=" + harness.ExecutorToken,
 		"SLUICE_EXECUTOR_SECRET=" + harness.Secret,
 		"SLUICE_SIMEXEC_LISTEN=127.0.0.1:0",
 		"SLUICE_LOG_LEVEL=warn",
-	}, "simexec")
+	}, extraEnv...), "simexec")
 	var addr string
-	harness.WaitFor(t, 30*time.Second, name+" to listen", func() (bool, error) {
+	harness.WaitFor(tb, 30*time.Second, name+" to listen", func() (bool, error) {
 		if p.Exited() {
 			return false, fmt.Errorf("%s exited: %s", name, p.Output())
 		}
