@@ -36,7 +36,9 @@ var errRunAlone = errors.New("run alone")
 // second is decided after the first committed, as without grouping.
 //
 // No goroutine of its own: the admission that leads a group runs it on its own goroutine and,
-// when done, hands the waiting queue to the first waiter, which leads the next group.
+// when done, hands the waiting queue to the first waiter, which leads the next group. The
+// start confirmations' group commit (gate/groupcommit) waits, cancels and hands off by the same
+// protocol without the tenant holds: a fix to one belongs in both.
 //
 // With stallAfter set, one lane runs while it keeps up: an admission arriving while it runs
 // waits for the next group, even with another lane free, so that more admissions share each

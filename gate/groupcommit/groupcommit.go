@@ -5,7 +5,8 @@
 //
 // It has no goroutine of its own: the request that leads a group runs it on its own goroutine
 // and, when done, hands the lane to the first waiter, which leads the next group. The admission
-// combiner (gate/combine.go) is the same idea with tenant locks and idempotency keys to respect;
+// combiner (gate/combine.go) is the same idea with tenant locks and idempotency keys to respect
+// (its waiting, cancelling and hand-off follow the same protocol: a fix to one belongs in both);
 // this one is for writes that never wait for a lock inside their transaction (the caller's run
 // must make sure of that, say with SKIP LOCKED), so a group cannot stall behind another
 // transaction and needs nothing more than a queue.
@@ -37,17 +38,10 @@ type waiter[T any] struct {
 	done  chan error        // its group's outcome, when another led it
 }
 
-// New returns a Group that runs at most lanes transactions at once, each of at most max
+// New returns a Group that runs at most lanes transactions at once, each of at most size
 // requests, through run.
-func New[T any](lanes, max int, run func(ctx context.Context, batch []T) error) *Group[T] {
-	return &Group[T]{lanes: max1(lanes), max: max1(max), run: run}
-}
-
-func max1(n int) int {
-	if n < 1 {
-		return 1
-	}
-	return n
+func New[T any](lanes, size int, run func(ctx context.Context, batch []T) error) *Group[T] {
+	return &Group[T]{lanes: max(lanes, 1), max: max(size, 1), run: run}
 }
 
 // Do runs it, alone when a lane is free, else in the next group, and returns its group's error.
