@@ -302,10 +302,14 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, sem chan struct
 	case sem <- struct{}{}:
 		return true
 	default:
-		s.fail(w, r, &job.Error{Code: job.CodeBusy, Message: message,
-			Detail: map[string]any{"retry_after": 1, "retryable": true}})
+		s.fail(w, r, busy(message))
 		return false
 	}
+}
+
+// busy is the 503 busy answer of a bound that is full: retry in a second.
+func busy(message string) error {
+	return &job.Error{Code: job.CodeBusy, Message: message, Detail: map[string]any{"retry_after": 1, "retryable": true}}
 }
 
 // release gives back a slot that acquire took.

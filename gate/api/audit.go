@@ -103,17 +103,12 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	events := page.Events
-	var cursor *string
-	switch {
-	case len(events) > want:
+	// With page.Next set, a filter examined store.AuditScanRows rows without filling the page:
+	// the page may be short, even empty, and the listing goes on below.
+	next := page.Next
+	if len(events) > want {
 		events = events[:want]
-		c := encodeCursor(events[want-1].ID)
-		cursor = &c
-	case page.Next > 0:
-		// A filter examined store.AuditScanRows rows without filling the page:
-		// the page may be short, even empty, and the listing goes on below.
-		c := encodeCursor(page.Next)
-		cursor = &c
+		next = events[want-1].ID
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"events": events, "next_cursor": cursor})
+	writeJSON(w, http.StatusOK, map[string]any{"events": events, "next_cursor": nextCursor(next)})
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"sync/atomic"
-
-	"github.com/sluicehq/sluice/gate/job"
 )
 
 // DefaultMemoryBudget is Config.MemoryBudget's default: a quarter of the 1 GiB MemoryMax of the
@@ -81,8 +79,7 @@ func (h *memHold) take(n int64) error {
 		return nil
 	}
 	if !h.b.take(n, h.force) {
-		return &job.Error{Code: job.CodeBusy, Message: "too much request data in progress; retry shortly",
-			Detail: map[string]any{"retry_after": 1, "retryable": true}}
+		return busy("too much request data in progress; retry shortly")
 	}
 	h.held += n
 	return nil

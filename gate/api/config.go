@@ -96,10 +96,5 @@ func (s *Server) configHistory(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, gate.AsUnavailable(err))
 		return
 	}
-	var cursor *string
-	if h.Next > 0 {
-		c := encodeCursor(h.Next)
-		cursor = &c
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"history": h.Changes, "next_cursor": cursor})
+	writeJSON(w, http.StatusOK, map[string]any{"history": h.Changes, "next_cursor": nextCursor(h.Next)})
 }

@@ -186,6 +186,16 @@ func decodeBatch(data []byte) ([]gate.Request, []error, error) {
 	return reqs, errs, nil
 }
 
+// nextCursor is a listing's next_cursor for the next page's id bound: null when next is 0, the
+// last page.
+func nextCursor(next int64) *string {
+	if next <= 0 {
+		return nil
+	}
+	c := encodeCursor(next)
+	return &c
+}
+
 // encodeCursor and decodeCursor make the list cursor opaque: clients pass it back unchanged.
 func encodeCursor(id int64) string {
 	return encodeOpaque("before", strconv.FormatInt(id, 10))
@@ -289,12 +299,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	var cursor *string
-	if next > 0 {
-		c := encodeCursor(next)
-		cursor = &c
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"jobs": jobs, "next_cursor": cursor})
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": jobs, "next_cursor": nextCursor(next)})
 }
 
 func (s *Server) redrive(w http.ResponseWriter, r *http.Request) {

@@ -147,10 +147,5 @@ func (s *Server) listSlots(w http.ResponseWriter, r *http.Request) {
 		out[i] = slotOf(sl)
 		out[i].Caller, out[i].CreatedAt = sl.Caller, timeText(sl.CreatedAt)
 	}
-	var cursor *string
-	if next > 0 {
-		c := encodeCursor(next)
-		cursor = &c
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"slots": out, "next_cursor": cursor})
+	writeJSON(w, http.StatusOK, map[string]any{"slots": out, "next_cursor": nextCursor(next)})
 }
