@@ -64,8 +64,9 @@ BENCH         ?= .
 bench: services
 	@out=$$(mktemp); peers=$$(mktemp); status=0; \
 	if [ -f "$(PEERS)/run.sh" ]; then \
-		bash deploy/local/peers.sh >&2; \
-		for m in $(PEER_MEASURES); do bash "$(PEERS)/run.sh" $$m >> $$peers || status=$$?; done; \
+		if bash deploy/local/peers.sh >&2; then \
+			for m in $(PEER_MEASURES); do bash "$(PEERS)/run.sh" $$m >> $$peers || status=$$?; done; \
+		else status=1; echo "bench: PostgreSQL or Redis did not start: sluice's figures only" >&2; fi; \
 	else echo "bench: no peers at $(PEERS): sluice's figures only" >&2; fi; \
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 60m ./integration/... > $$out 2>&1 || status=$$?; \
 	grep '^{"bench"' $$out; \

@@ -33,12 +33,17 @@ func TestMemoryBudgetFitsTheUnits(t *testing.T) {
 			t.Errorf("%s: MemoryMax %d, default memory budget %d: want at most a quarter", unit, max, api.DefaultMemoryBudget)
 		}
 	}
+	found := false
 	for _, s := range settings {
 		if s.flag != "memory-budget" {
 			continue
 		}
+		found = true
 		if n, err := parseBytes(s.def); err != nil || n != api.DefaultMemoryBudget {
 			t.Errorf("the settings table's default %q is not api.DefaultMemoryBudget (%d)", s.def, api.DefaultMemoryBudget)
 		}
+	}
+	if !found {
+		t.Error("the settings table has no memory-budget setting")
 	}
 }

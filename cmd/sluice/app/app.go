@@ -50,8 +50,7 @@ type Options struct {
 	// MetricsListen, if set, serves /metrics on this address instead of the API's listener
 	// (SLUICE_METRICS_LISTEN); MetricsToken, if set, is the bearer token a scrape must carry
 	// (SLUICE_METRICS_TOKEN; not the placeholder of the example settings); NoTenantLabels keeps
-	// tenant names out of metric labels
-	// (SLUICE_METRICS_TENANT_LABELS=false).
+	// tenant names out of metric labels (SLUICE_METRICS_TENANT_LABELS=false).
 	MetricsListen, MetricsToken string
 	NoTenantLabels              bool
 	// CORSOrigins are the browser origins allowed to call the API (SLUICE_CORS_ORIGINS).
@@ -669,9 +668,6 @@ func (a *App) startMetricsServer(ctx context.Context) error {
 	}()
 	return nil
 }
-
-// TLS reports whether the listeners serve HTTPS (Options.TLSCertFile).
-func (a *App) TLS() bool { return a.tls != nil }
 
 // ReloadTLS reads the certificate files again (on SIGHUP) and serves their pair from the next
 // handshake on, logging the outcome. A pair that cannot be used is returned as the error and

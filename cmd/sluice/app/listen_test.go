@@ -164,14 +164,19 @@ func TestConnLimiterSources(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	// closedByServer reports whether the server closed c (a read ends with EOF or a reset) rather
-	// than keeping it open (the read times out).
-	closedByServer := func(c net.Conn) bool {
-		_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	// readEnds reads c until within and reports whether the server closed it (the read ends with
+	// EOF or a reset) rather than keeping it open (the read times out).
+	readEnds := func(c net.Conn, within time.Duration) bool {
+		_ = c.SetReadDeadline(time.Now().Add(within))
 		_, err := c.Read(make([]byte, 1))
 		var ne net.Error
 		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
 	}
+	// closedByServer waits for the close of a refused connection: it comes at once, so the
+	// deadline only bounds a broken refusal. keptOpen watches a kept connection for a while: a
+	// close of it would come at once too, so a short watch finds one.
+	closedByServer := func(c net.Conn) bool { return readEnds(c, 10*time.Second) }
+	keptOpen := func(c net.Conn) bool { return !readEnds(c, 300*time.Millisecond) }
 	take := func(what string) net.Conn {
 		t.Helper()
 		select {
@@ -219,7 +224,7 @@ func TestConnLimiterSources(t *testing.T) {
 	take("the exempt source's first")
 	take("the exempt source's second")
 	for _, c := range []net.Conn{a1, a2} {
-		if closedByServer(c) {
+		if !keptOpen(c) {
 			t.Fatal("a connection within its source's bound was closed")
 		}
 	}
