@@ -25,14 +25,11 @@ import (
 // the same dispatch replayed to another executor is not. Giving up would leave a start recorded
 // that the executor never ran. Any other answer than 200 is final: the job must not run.
 func (h *Handler) confirm(ctx context.Context, j Job) error {
-	startID, err := newStartID()
-	if err != nil {
-		return err
-	}
+	startID := newStartID()
 	b := backoff.WithContext(backoff.NewExponentialBackOff(backoff.WithInitialInterval(20*time.Millisecond),
 		backoff.WithMaxInterval(time.Second), backoff.WithMaxElapsedTime(0)), ctx)
 	var last error
-	err = backoff.Retry(func() error {
+	err := backoff.Retry(func() error {
 		last = h.post(ctx, fmt.Sprintf("/v1/jobs/%d/start", j.ID), map[string]any{"nonce": j.Nonce, "start_id": startID})
 		var refused *refusal
 		if errors.As(last, &refused) && !refused.retryable {
@@ -47,12 +44,11 @@ func (h *Handler) confirm(ctx context.Context, j Job) error {
 }
 
 // newStartID is a random start attempt id: 128 bits, so no other attempt draws the same one.
-func newStartID() (string, error) {
+// crypto/rand.Read never fails (it ends the process if the system's source does).
+func newStartID() string {
 	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("draw a start id: %w", err)
-	}
-	return hex.EncodeToString(b[:]), nil
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // completion is the body of POST /v1/jobs/{id}/complete.
