@@ -91,9 +91,10 @@ func PokeMessage(prefix string, kind Kind, tenant string, jobID int64) Message {
 type NewPoke struct {
 	Kind   Kind
 	Tenant string
-	// Offset is the job's place among the rows of the transaction's last INSERT into jobs: its
-	// id is LAST_INSERT_ID() + Offset.
-	Offset int
+	// Offset is the job's id less the first id of the transaction's last INSERT into jobs,
+	// LAST_INSERT_ID(): the job's place among that INSERT's rows times the session's
+	// auto_increment_increment.
+	Offset int64
 }
 
 // InsertPokes returns one INSERT statement and its arguments that write pokes, for a
@@ -104,7 +105,7 @@ func InsertPokes(prefix string, now time.Time, pokes []NewPoke) (string, []any) 
 	args := make([]any, 0, 5*len(pokes))
 	for _, p := range pokes {
 		head, tail := pokeBodyAround(p.Kind, p.Tenant)
-		args = append(args, Subject(prefix, p.Kind, p.Tenant), head, int64(p.Offset), tail, now)
+		args = append(args, Subject(prefix, p.Kind, p.Tenant), head, p.Offset, tail, now)
 	}
 	return insertSQL("(?, CONCAT(?, LAST_INSERT_ID() + ?, ?), ?)", len(pokes)), args
 }
@@ -131,7 +132,9 @@ func Insert(now time.Time, msgs ...Message) (string, []any) {
 }
 
 // Write inserts msgs in one statement inside tx and returns their row ids in order. now is the
-// transaction's timestamp. The rows become visible to the relay when tx commits, not before.
+// transaction's timestamp. tx is a transaction or a connection: several messages read the
+// session's auto_increment_increment after the INSERT. The rows become visible to the relay
+// when tx commits, not before.
 func Write(ctx context.Context, tx sqldb.DB, now time.Time, msgs ...Message) ([]int64, error) {
 	if len(msgs) == 0 {
 		return nil, nil
@@ -145,11 +148,18 @@ func Write(ctx context.Context, tx sqldb.DB, now time.Time, msgs ...Message) ([]
 	if err != nil {
 		return nil, fmt.Errorf("write outbox: id: %w", err)
 	}
-	// A multi-row INSERT with a known row count gets consecutive ids under every InnoDB
-	// auto-increment lock mode ("simple inserts" reserve their whole range at once).
+	// A multi-row INSERT with a known row count reserves its ids at once under every InnoDB
+	// auto-increment lock mode ("simple inserts"), first, first+step, ..., where the step is
+	// the session's auto_increment_increment: Galera sets it to the cluster size.
+	step := int64(1)
+	if len(msgs) > 1 {
+		if err := tx.QueryRowContext(ctx, "SELECT @@SESSION.auto_increment_increment").Scan(&step); err != nil {
+			return nil, fmt.Errorf("write outbox: auto_increment_increment: %w", err)
+		}
+	}
 	ids := make([]int64, len(msgs))
 	for i := range ids {
-		ids[i] = first + int64(i)
+		ids[i] = first + int64(i)*step
 	}
 	return ids, nil
 }

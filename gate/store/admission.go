@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"sync"
 
@@ -23,6 +24,10 @@ type AdmissionTx struct {
 
 	tx    *sql.Tx // a batch's transaction
 	stmts *StmtCache
+
+	// idStep is the session's auto_increment_increment, read with the admission state (0 until
+	// read): the step between the ids of one multi-row INSERT (IDStepSQL).
+	idStep int64
 }
 
 // BeginAdmission returns a transaction driven by hand; or, if stmts is not nil, a database/sql
@@ -60,6 +65,24 @@ func (t *AdmissionTx) query(ctx context.Context, stmts []string, args []any) (*R
 		return ResultsOf(rows), nil
 	}
 	return t.hand.Query(ctx, stmts, args...)
+}
+
+// IDStepSQL reads the step between the ids one multi-row INSERT generates on this session. A
+// "simple insert" (its row count known in advance) reserves its ids at once under every InnoDB
+// auto-increment lock mode, first, first+step, ..., but the step is auto_increment_increment,
+// not 1: Galera sets it to the cluster size (wsrep_auto_increment_control), as two-primary
+// replication does by hand. A client session's own value is what InnoDB uses for its INSERTs
+// (only Galera's appliers take the global one).
+const IDStepSQL = "@@SESSION.auto_increment_increment"
+
+// readIDStep reads the session's id step where ReadAdmission has not.
+func (t *AdmissionTx) readIDStep(ctx context.Context) (int64, error) {
+	if t.idStep == 0 {
+		if err := t.DB().QueryRowContext(ctx, "SELECT "+IDStepSQL).Scan(&t.idStep); err != nil {
+			return 0, fmt.Errorf("read auto_increment_increment: %w", err)
+		}
+	}
+	return t.idStep, nil
 }
 
 // CanCommitWithInsert says whether InsertJobs may commit in its round trip (a transaction driven

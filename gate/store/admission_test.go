@@ -3,6 +3,7 @@ package store_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -169,12 +170,19 @@ func TestReadAdmission(t *testing.T) {
 	}
 }
 
-// TestInsertJobs: an admission's rows, queued or rejected, with consecutive ids, the enqueue
+// TestInsertJobs: an admission's rows, queued or rejected, with ids on the session's id step
+// (consecutive on one server, every third on a 3-node Galera cluster), the enqueue
 // pokes asked for (their bodies naming their jobs), the queued jobs added to their tenants'
 // queue state, and the COMMIT in the same round trip when asked; a batch does the same through
 // prepared statements, a chunk of 250 rows an INSERT.
 func TestInsertJobs(t *testing.T) {
-	k := newKit(t)
+	for _, step := range idSteps {
+		t.Run(fmt.Sprintf("id step %d", step), func(t *testing.T) { testInsertJobs(t, step) })
+	}
+}
+
+func testInsertJobs(t *testing.T, step int) {
+	k := newKitStep(t, step)
 	key := "k1"
 	hash := "h1"
 	retryOf := k.insert(jobSpec{tenant: "a", status: job.Failed})
@@ -215,8 +223,8 @@ func TestInsertJobs(t *testing.T) {
 			}
 		}
 		for i := 1; i < len(got.IDs); i++ {
-			if got.IDs[i] != got.IDs[i-1]+1 {
-				t.Fatalf("batch %v: ids %v, want consecutive", batch, got.IDs)
+			if got.IDs[i] != got.IDs[i-1]+int64(step) {
+				t.Fatalf("batch %v: ids %v, want one every %d", batch, got.IDs, step)
 			}
 		}
 		for i, j := range js {
@@ -315,9 +323,15 @@ func wantQueueState(t *testing.T, k *kit, tenants ...string) {
 // event given (admitted, a refusal, a shadow refusal, another actor than the caller): alone,
 // several in one INSERT, and over several chunks of a prepared batch, with enough plain
 // admissions to be derived from their job rows in one statement after the inserts
-// (AuditAdmittedRangesSQL) and with too few.
+// (AuditAdmittedRangesSQL) and with too few; with consecutive ids and with Galera's step.
 func TestInsertJobsAudit(t *testing.T) {
-	k := newKit(t)
+	for _, step := range idSteps {
+		t.Run(fmt.Sprintf("id step %d", step), func(t *testing.T) { testInsertJobsAudit(t, step) })
+	}
+}
+
+func testInsertJobsAudit(t *testing.T, step int) {
+	k := newKitStep(t, step)
 	zero, none := int64(0), 0
 	admitted := func(tenant, actor, detail string) store.AuditEvent {
 		return store.AuditEvent{Event: store.EventAdmitted, Tenant: tenant, Actor: actor, To: "queued", Version: &zero,
@@ -406,32 +420,57 @@ func TestInsertJobsAudit(t *testing.T) {
 
 // TestAuditAdmittedRanges: the audit rows of jobs whose ids are not one run (another
 // transaction's INSERT took ids between two chunks') each get their own detail, and a job
-// between the runs, or one whose detail is nil, gets no row.
+// between the runs, or one whose detail is nil, gets no row. With an id step of 3 (Galera's
+// auto_increment_increment on a 3-node cluster), the ids between a run's, which other nodes
+// write, get no row either.
 func TestAuditAdmittedRanges(t *testing.T) {
-	k := newKit(t)
-	var ids []int64
-	for range 6 {
-		ids = append(ids, k.insert(jobSpec{tenant: "a", status: "queued", queuedAt: time.Now()}))
+	cases := []struct {
+		name string
+		step int64
+		// mine are the indexes of the inserted jobs that are the INSERTs' rows, in runs.
+		mine  []int
+		total int
+	}{
+		// Runs [0,1], [3,4,5]: 2 belongs to someone else.
+		{name: "consecutive", step: 1, mine: []int{0, 1, 3, 4, 5}, total: 6},
+		// Runs [0,3,6], [12,15]: 9 is on the step but another INSERT's; the rest another node's.
+		{name: "step 3", step: 3, mine: []int{0, 3, 6, 12, 15}, total: 16},
 	}
-	// Runs [0,1], [3,4,5]: ids[2] belongs to someone else; ids[4]'s event is not implied.
-	mine := []int64{ids[0], ids[1], ids[3], ids[4], ids[5]}
-	details := []json.RawMessage{[]byte(`{"position":1}`), []byte(`{"position":2}`), []byte(`{"position":3}`), nil,
-		[]byte(`{"position":5}`)}
-	q, args := store.AuditAdmittedRangesSQL(mine, details)
-	k.exec(q, args...)
-	for i, id := range mine {
-		evs, err := store.JobEvents(k.ctx, k.db, id, 10)
-		switch {
-		case err != nil:
-			t.Fatal(err)
-		case details[i] == nil && len(evs) != 0:
-			t.Errorf("job %d: %+v, want no event", i, evs)
-		case details[i] != nil && (len(evs) != 1 || string(evs[0].Detail) != string(details[i]) || evs[0].Event != store.EventAdmitted ||
-			evs[0].Tenant != "a" || evs[0].Actor != "test" || evs[0].To != "queued"):
-			t.Errorf("job %d: %+v, want one admitted event with detail %s", i, evs, details[i])
-		}
-	}
-	if n := k.count("SELECT COUNT(*) FROM audit_events WHERE job_id = ?", ids[2]); n != 0 {
-		t.Errorf("the other transaction's job got %d rows", n)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			k := newKit(t)
+			var ids []int64
+			for range c.total {
+				ids = append(ids, k.insert(jobSpec{tenant: "a", status: "queued", queuedAt: time.Now()}))
+			}
+			mine := make([]int64, len(c.mine))
+			ours := map[int64]bool{}
+			for i, at := range c.mine {
+				mine[i] = ids[at]
+				ours[ids[at]] = true
+			}
+			// The fourth job's event is not implied.
+			details := []json.RawMessage{[]byte(`{"position":1}`), []byte(`{"position":2}`), []byte(`{"position":3}`), nil,
+				[]byte(`{"position":5}`)}
+			q, args := store.AuditAdmittedRangesSQL(mine, c.step, details)
+			k.exec(q, args...)
+			for i, id := range mine {
+				evs, err := store.JobEvents(k.ctx, k.db, id, 10)
+				switch {
+				case err != nil:
+					t.Fatal(err)
+				case details[i] == nil && len(evs) != 0:
+					t.Errorf("job %d: %+v, want no event", i, evs)
+				case details[i] != nil && (len(evs) != 1 || string(evs[0].Detail) != string(details[i]) || evs[0].Event != store.EventAdmitted ||
+					evs[0].Tenant != "a" || evs[0].Actor != "test" || evs[0].To != "queued"):
+					t.Errorf("job %d: %+v, want one admitted event with detail %s", i, evs, details[i])
+				}
+			}
+			for _, id := range ids {
+				if n := k.count("SELECT COUNT(*) FROM audit_events WHERE job_id = ?", id); !ours[id] && n != 0 {
+					t.Errorf("job %d, not the INSERTs', got %d rows", id, n)
+				}
+			}
+		})
 	}
 }

@@ -61,9 +61,9 @@ const insertChunk = 250
 // pokes, whose bodies carry their jobs' ids (outbox.InsertPokes); and last the UPDATE that adds
 // the queued jobs to their tenants' queue state (queueCountSQL). With commit (only where
 // CanCommitWithInsert), COMMIT goes in the same round trip: if the connection breaks there, the
-// outcome and the ids are both unknown. A multi-row INSERT of known size gets consecutive ids
-// (a "simple insert" reserves its whole range at once under every InnoDB auto-increment lock
-// mode), which is how one round trip learns every id.
+// outcome and the ids are both unknown. A multi-row INSERT of known size gets ids first,
+// first+step, ... (IDStepSQL), which is how one round trip learns every id: the statements name
+// a row of an INSERT by its first id plus the row's offset times the step.
 //
 // The audit rows (p.Audit) go in the same round trip, named by the session variable FirstJobSQL
 // sets, when the statements share one; a batch's prepared statements each take a round trip of
@@ -71,7 +71,11 @@ const insertChunk = 250
 // (admissionAudit), which saves two round trips per chunk.
 func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (InsertedJobs, error) {
 	prepared := t.tx != nil
-	w := insertStatements(p, !prepared)
+	step, err := t.readIDStep(ctx)
+	if err != nil {
+		return InsertedJobs{}, fmt.Errorf("insert jobs: %w", err)
+	}
+	w := insertStatements(p, !prepared, step)
 	ids, err := t.exec(ctx, w.stmts, w.args, commit)
 	if err != nil {
 		return InsertedJobs{}, fmt.Errorf("insert jobs: %w", err)
@@ -82,14 +86,14 @@ func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (I
 	out := InsertedJobs{IDs: make([]int64, len(p.Jobs)), PokeIDs: make([]int64, len(p.Jobs))}
 	for _, c := range w.chunks {
 		for i, j := range c.jobs {
-			out.IDs[j] = ids[c.stmt] + int64(i)
+			out.IDs[j] = ids[c.stmt] + int64(i)*step
 		}
 		for i, j := range c.pokes {
-			out.PokeIDs[j] = ids[c.stmt+w.pokeOffset] + int64(i)
+			out.PokeIDs[j] = ids[c.stmt+w.pokeOffset] + int64(i)*step
 		}
 	}
 	if prepared && p.Audit != nil {
-		stmts, args := admissionAudit(p, out.IDs)
+		stmts, args := admissionAudit(p, out.IDs, step)
 		if _, err := t.exec(ctx, stmts, args, false); err != nil {
 			return InsertedJobs{}, fmt.Errorf("insert jobs: audit: %w", err)
 		}
@@ -99,8 +103,8 @@ func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (I
 
 // admissionAudit is the statements of the audit rows of p.Jobs, whose ids are ids: those their
 // job rows imply in one INSERT ... SELECT when there are at least derivedAuditMin
-// (AuditAdmittedRangesSQL), the others in one INSERT of values.
-func admissionAudit(p NewJobs, ids []int64) ([]string, [][]any) {
+// (AuditAdmittedRangesSQL, given the INSERTs' id step), the others in one INSERT of values.
+func admissionAudit(p NewJobs, ids []int64, step int64) ([]string, [][]any) {
 	details := make([]json.RawMessage, len(p.Jobs))
 	implied := 0
 	for i := range p.Jobs {
@@ -124,7 +128,7 @@ func admissionAudit(p NewJobs, ids []int64) ([]string, [][]any) {
 		}
 	}
 	if implied > 0 {
-		q, a := AuditAdmittedRangesSQL(ids, details)
+		q, a := AuditAdmittedRangesSQL(ids, step, details)
 		stmts, args = append(stmts, q), append(args, a)
 	}
 	if len(others) > 0 {
@@ -152,8 +156,9 @@ type written struct {
 }
 
 // insertStatements is InsertJobs' statements, with those of the audit rows (p.Audit) when
-// oneTrip (they share a round trip, and so the session variable FirstJobSQL sets).
-func insertStatements(p NewJobs, oneTrip bool) writes {
+// oneTrip (they share a round trip, and so the session variable FirstJobSQL sets). step is the
+// session's id step (IDStepSQL): a row's id is its INSERT's first id plus its offset times step.
+func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 	w := writes{pokeOffset: 1}
 	withAudit := oneTrip && p.Audit != nil
 	// One INSERT of jobs whose first id the statements after it can name (FirstJobSQL): the
@@ -179,7 +184,7 @@ func insertStatements(p NewJobs, oneTrip bool) writes {
 			rowArgs = appendJobRow(rowArgs, j, p.Now)
 			c.jobs = append(c.jobs, i)
 			if j.Rejected == "" && j.Poke {
-				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: j.Tenant, Offset: i - start})
+				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: j.Tenant, Offset: int64(i-start) * step})
 				c.pokes = append(c.pokes, i)
 			}
 		}
@@ -197,11 +202,11 @@ func insertStatements(p NewJobs, oneTrip bool) writes {
 			w.args = append(w.args, pargs)
 		}
 		if withAudit {
-			w.auditChunk(p, start, end)
+			w.auditChunk(p, start, end, step)
 		}
 		w.chunks = append(w.chunks, c)
 	}
-	if q, args := queueCountSQL(p, firstKnown); q != "" {
+	if q, args := queueCountSQL(p, firstKnown, step); q != "" {
 		// Last, so that the insert ids of the statements before it keep their indexes.
 		w.stmts = append(w.stmts, q)
 		w.args = append(w.args, args)
@@ -217,13 +222,14 @@ func insertStatements(p NewJobs, oneTrip bool) writes {
 const derivedAuditMin = 64
 
 // auditChunk appends the INSERT of the audit rows of p.Jobs[start:end], one jobs INSERT's rows,
-// naming each job by its offset from FirstJobSQL's id (AuditNewJobsSQL). A transaction sent in
-// one round trip holds more than derivedAuditMin jobs only when a group commit gathers that many
-// admissions; batches of more go through prepared statements and admissionAudit.
-func (w *writes) auditChunk(p NewJobs, start, end int) {
+// naming each job by its offset from FirstJobSQL's id (AuditNewJobsSQL), its place times the id
+// step. A transaction sent in one round trip holds more than derivedAuditMin jobs only when a
+// group commit gathers that many admissions; batches of more go through prepared statements and
+// admissionAudit.
+func (w *writes) auditChunk(p NewJobs, start, end int, step int64) {
 	events := make([]AuditEvent, end-start)
 	for i := start; i < end; i++ {
-		off := int64(i - start)
+		off := int64(i-start) * step
 		events[i-start] = p.Audit[i]
 		events[i-start].JobID = &off
 	}
@@ -244,10 +250,11 @@ func (w *writes) auditChunk(p NewJobs, start, end int) {
 // that had no head gets its first job of the INSERT, by id, and p.Now: a tenant without a head
 // has no queued job (the triggers of migration 0012 clear it with the last one), and no other
 // transaction can queue one while this one holds the tenant's row, so its oldest queued job is
-// the first of this INSERT. Reading it from the claim index instead stepped over the
-// delete-marked entries its jobs claimed since purge leave there: the pickup path's tenant has
-// one job at a time and took that read on every admission.
-func queueCountSQL(p NewJobs, firstKnown bool) (string, []any) {
+// the first of this INSERT (its offset times the id step after the first id). Reading it from
+// the claim index instead stepped over the delete-marked entries its jobs claimed since purge
+// leave there: the pickup path's tenant has one job at a time and took that read on every
+// admission.
+func queueCountSQL(p NewJobs, firstKnown bool, step int64) (string, []any) {
 	counts := map[string]int{}
 	first := map[string]int{} // a tenant's first queued job's offset in p.Jobs
 	var tenants []string
@@ -281,7 +288,7 @@ func queueCountSQL(p NewJobs, firstKnown bool) (string, []any) {
 		head_id = IF(head_id IS NULL, @sluice_first_job + CASE tenant`)
 		for _, t := range tenants {
 			q.WriteString(" WHEN ? THEN ?")
-			args = append(args, t, first[t])
+			args = append(args, t, int64(first[t])*step)
 		}
 		if p.NoHeadAfterNow {
 			// A head dated at or before Now stays the head: no lookup. The subqueries cost the

@@ -64,7 +64,7 @@ func lockTenantsSQL(n int) string {
 }
 
 // ReadAdmission begins the transaction, locks p's tenants and reads the database clock, the
-// depths, in-flight counts, idempotency keys and redrives p asks for, all in one round trip.
+// session's id step (IDStepSQL, kept for InsertJobs), the depths, in-flight counts, idempotency keys and redrives p asks for, all in one round trip.
 // Each read is its own statement after the lock: a statement that both locked and read would
 // take its snapshot before it waited for the lock and miss what the previous holder committed
 // (a racing duplicate key, a depth one short). Folding the reads into the lock as INSERT ... ON
@@ -81,7 +81,7 @@ func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (Admis
 		return st, fmt.Errorf("read admission state: %w", err)
 	}
 	defer res.Close()
-	if err := scanDepths(res, p.Tenants, p.CountInteractive, &st); err != nil {
+	if err := scanDepths(res, p.Tenants, p.CountInteractive, &st, &t.idStep); err != nil {
 		return st, err
 	}
 	st.Now = st.Now.UTC()
@@ -150,7 +150,7 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 			`+interactiveSQL+`,
 			`+inFlightSQL+`,
 			`+globalSQL+`,
-			`+noHeadAfterNowSQL(1))
+			`+noHeadAfterNowSQL(1)+`, `+IDStepSQL)
 		args = append(append(append(args, t), interactiveArgs...), inFlightArgs...)
 		args = append(args, globalArg, t)
 	} else {
@@ -160,7 +160,7 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 			WHERE status IN ('claimed','dispatched','running') AND tenant IN (` + Placeholders(len(p.Tenants)) + `)
 			GROUP BY tenant`
 		}
-		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL+`, `+noHeadAfterNowSQL(len(p.Tenants)), depths)
+		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL+`, `+noHeadAfterNowSQL(len(p.Tenants))+`, `+IDStepSQL, depths)
 		args = append(args, globalArg)
 		args = append(args, tenantArgs...)
 		args = append(args, tenantArgs...)
@@ -202,17 +202,17 @@ func noHeadAfterNowSQL(n int) string {
 }
 
 // scanDepths reads the database time, the depths (with interactive, the interactive ones) and
-// the in-flight counts into st.
-func scanDepths(res *Results, tenants []string, interactive bool, st *AdmissionState) error {
+// the in-flight counts into st, and the session's id step (IDStepSQL) into idStep.
+func scanDepths(res *Results, tenants []string, interactive bool, st *AdmissionState, idStep *int64) error {
 	if len(tenants) == 1 {
 		var depth, interactiveDepth, inFlight int
-		if err := res.ScanOne(&st.Now, &depth, &interactiveDepth, &inFlight, &st.GlobalDepth, &st.NoHeadAfterNow); err != nil {
+		if err := res.ScanOne(&st.Now, &depth, &interactiveDepth, &inFlight, &st.GlobalDepth, &st.NoHeadAfterNow, idStep); err != nil {
 			return fmt.Errorf("read admission state: %w", err)
 		}
 		st.TenantDepth[tenants[0]], st.TenantInteractive[tenants[0]], st.TenantInFlight[tenants[0]] = depth, interactiveDepth, inFlight
 		return nil
 	}
-	if err := res.ScanOne(&st.Now, &st.GlobalDepth, &st.NoHeadAfterNow); err != nil {
+	if err := res.ScanOne(&st.Now, &st.GlobalDepth, &st.NoHeadAfterNow, idStep); err != nil {
 		return fmt.Errorf("read admission state: %w", err)
 	}
 	err := eachCount(res, func(t string, queued bool, n int) {

@@ -81,8 +81,8 @@ func AuditInsertSQL(events []AuditEvent) (string, []any) {
 const FirstJobSQL = "SET @sluice_first_job = LAST_INSERT_ID()"
 
 // AuditNewJobsSQL is AuditInsertSQL for the jobs of the INSERT that FirstJobSQL followed: each
-// event's JobID is the offset of its job among that INSERT's rows (a multi-row INSERT of known
-// size gets consecutive ids).
+// event's JobID is its job's id less that INSERT's first id (its offset among the INSERT's rows
+// times the session's id step, IDStepSQL).
 func AuditNewJobsSQL(events []AuditEvent) (string, []any) {
 	return auditValues(events, "@sluice_first_job + ?")
 }
@@ -93,25 +93,27 @@ func AuditNewJobsSQL(events []AuditEvent) (string, []any) {
 // the transaction just wrote, and only its detail from the statement, so the statement carries
 // one value per job where a VALUES list of the same rows carries twelve. ids[i] is the id of the
 // job of details[i] (nil for a job whose event its row does not imply: AuditInsertSQL writes
-// those), and each jobs INSERT's ids are consecutive, increasing from one INSERT to the next. The
-// statement reads each INSERT's range of ids and picks a row's detail by its offset (ELT, constant
-// time), found by comparing the id with the ranges' ends (one comparison per INSERT).
-func AuditAdmittedRangesSQL(ids []int64, details []json.RawMessage) (string, []any) {
-	type run struct{ first, last, at int64 } // a range of consecutive ids; at: first's index
+// those); each jobs INSERT's ids run from its first by step (the session's
+// auto_increment_increment, IDStepSQL), increasing from one INSERT to the next. The statement
+// reads each INSERT's range of ids, only the ids on its step (another node of a Galera cluster
+// writes between them), and picks a row's detail by its offset (ELT, constant time), found by
+// comparing the id with the ranges' ends (one comparison per INSERT).
+func AuditAdmittedRangesSQL(ids []int64, step int64, details []json.RawMessage) (string, []any) {
+	type run struct{ first, last, at int64 } // a range of ids on the step; at: first's index
 	var runs []run
 	for i, id := range ids {
-		if n := len(runs); n > 0 && id == runs[n-1].last+1 {
+		if n := len(runs); n > 0 && id == runs[n-1].last+step {
 			runs[n-1].last = id
 			continue
 		}
 		runs = append(runs, run{first: id, last: id, at: int64(i)})
 	}
-	args := make([]any, 0, len(details)+4*len(runs))
+	args := make([]any, 0, len(details)+5*len(runs)+1)
 	var offset, where strings.Builder
 	offset.WriteString("CASE")
 	for i, r := range runs {
-		offset.WriteString(" WHEN id <= ? THEN id - ?")
-		args = append(args, r.last, r.first-r.at-1)
+		offset.WriteString(" WHEN id <= ? THEN (id - ?) DIV ? + ?")
+		args = append(args, r.last, r.first, step, r.at+1)
 		if i > 0 {
 			where.WriteString(" OR ")
 		}
@@ -128,9 +130,15 @@ func AuditAdmittedRangesSQL(ids []int64, details []json.RawMessage) (string, []a
 	for _, r := range runs {
 		args = append(args, r.first, r.last)
 	}
+	onStep := ""
+	if step > 1 {
+		// Every run's ids are on the same step: INSERTs of one session differ by multiples of it.
+		onStep = " AND id MOD ? = ?"
+		args = append(args, step, runs[0].first%step)
+	}
 	return `INSERT INTO audit_events (event, tenant, job_id, actor, to_status, version, attempt, detail)
 		SELECT '` + EventAdmitted + `', tenant, id, caller, status, 0, 0, ELT(` + offset.String() + `, ` +
-		Placeholders(len(details)) + `) AS d FROM jobs WHERE ` + where.String() + `
+		Placeholders(len(details)) + `) AS d FROM jobs WHERE (` + where.String() + `)` + onStep + `
 		HAVING d IS NOT NULL`, args
 }
 

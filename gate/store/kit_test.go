@@ -36,6 +36,18 @@ func newKit(t *testing.T) *kit {
 	return &kit{t: t, ctx: context.Background(), db: db, now: clock.Trunc(now)}
 }
 
+// idSteps are the auto_increment_increment values the admission tests run under: one server's,
+// and a 3-node Galera cluster's (testdb.WithIDStep).
+var idSteps = []int{1, 3}
+
+// newKitStep is newKit whose pool's sessions have an auto_increment_increment of step, whatever
+// the server's default.
+func newKitStep(t *testing.T, step int) *kit {
+	k := newKit(t)
+	k.db = k.db.WithIDStep(t, step)
+	return k
+}
+
 // jobSpec is a job row to insert; zero fields take the defaults of insert.
 type jobSpec struct {
 	tenant      string     // default "acme"

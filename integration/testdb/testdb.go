@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -115,6 +116,32 @@ func (d *DB) Plain(tb testing.TB) *sql.DB {
 	}
 	tb.Cleanup(func() { db.Close() })
 	return db
+}
+
+// WithIDStep returns d seen through sessions whose auto_increment_increment is step, with an
+// offset of 2 when step allows (Galera sets both per node: increment the cluster size, offset the
+// node's place), so that one multi-row INSERT's ids are not consecutive. Its DB is a new
+// OpenMulti pool, closed when tb ends; its DSN carries the setting to processes a test starts.
+func (d *DB) WithIDStep(tb testing.TB, step int) *DB {
+	tb.Helper()
+	cfg, err := mysql.ParseDSN(d.DSN)
+	if err != nil {
+		tb.Fatalf("testdb: %v", err)
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["auto_increment_increment"] = strconv.Itoa(step)
+	cfg.Params["auto_increment_offset"] = strconv.Itoa(min(2, step))
+	dsn := cfg.FormatDSN()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := store.OpenMulti(ctx, dsn)
+	if err != nil {
+		tb.Fatalf("testdb: open %s: %v", d.Name, err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return &DB{DB: db, DSN: dsn, Name: d.Name}
 }
 
 // Undropped returns the databases New created in this process that are not dropped yet, sorted.
