@@ -97,9 +97,15 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.RecountQueues(t, "a")
-	var first int64
-	if err := db.QueryRowContext(ctx, "SELECT MIN(id) FROM jobs").Scan(&first); err != nil {
-		t.Fatal(err)
+	// The jobs in queue order: ids on the server's auto_increment_increment, not always 1 apart.
+	var ids []int64
+	seq := map[int64]int{} // job id → the seq in its payload
+	for i := range 40 {
+		var id int64
+		if err := db.QueryRowContext(ctx, "SELECT id FROM jobs ORDER BY id LIMIT 1 OFFSET ?", i).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids, seq[id] = append(ids, id), i+1
 	}
 	wait := func(n int) {
 		t.Helper()
@@ -110,7 +116,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	}
 	wait(2)
 	// The pass kept the next heads; the first of them leaves the queue behind its back.
-	if _, err := db.ExecContext(ctx, "UPDATE jobs SET status = 'canceled', version = version + 1 WHERE id = ?", first+2); err != nil {
+	if _, err := db.ExecContext(ctx, "UPDATE jobs SET status = 'canceled', version = version + 1 WHERE id = ?", ids[2]); err != nil {
 		t.Fatal(err)
 	}
 	p, err := d.RunOnce(ctx)
@@ -121,12 +127,12 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	var sent []int64
 	for _, d := range sender.dispatches() {
 		sent = append(sent, d.JobID)
-		if want := fmt.Sprintf(`"job %d"`, d.JobID-first+1); string(d.Payload) != want {
+		if want := fmt.Sprintf(`"job %d"`, seq[d.JobID]); string(d.Payload) != want {
 			t.Errorf("job %d dispatched with payload %s, want %s", d.JobID, d.Payload, want)
 		}
 	}
 	slices.Sort(sent) // a pass's dispatches run concurrently
-	if fmt.Sprint(sent) != fmt.Sprint([]int64{first, first + 1, first + 3}) {
-		t.Errorf("dispatched %v, want %v (never the canceled %d)", sent, []int64{first, first + 1, first + 3}, first+2)
+	if want := []int64{ids[0], ids[1], ids[3]}; fmt.Sprint(sent) != fmt.Sprint(want) {
+		t.Errorf("dispatched %v, want %v (never the canceled %d)", sent, want, ids[2])
 	}
 }

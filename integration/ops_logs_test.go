@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -39,11 +40,19 @@ func TestOpsLogsHaveNoSecrets(t *testing.T) {
 	}})
 	ctx := context.Background()
 	rateKeys := []string{"sk_live_RAWRATEKEY_one", "sk_live_RAWRATEKEY_two"}
+	var job string // the first job's path: a succeeded job
 	for i := 0; i < 6; i++ {
 		r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme",
 			"rate_key": rateKeys[i%2], "idempotency_key": "idem-" + rateKeys[i%2][:7] + string(rune('a'+i)), "payload": map[string]any{"sleep_ms": 5}})
 		if r.Status != http.StatusAccepted {
 			t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
+		}
+		if i == 0 {
+			var j struct{ ID int64 }
+			if err := json.Unmarshal(r.Raw, &j); err != nil || j.ID == 0 {
+				t.Fatalf("admit: %s: %v", r.Raw, err)
+			}
+			job = "/v1/jobs/" + strconv.FormatInt(j.ID, 10)
 		}
 	}
 	env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "rate_key": rateKeys[0],
@@ -53,13 +62,13 @@ func TestOpsLogsHaveNoSecrets(t *testing.T) {
 		return c["succeeded"] == 6 && c["queued"] == 1 && env.Exec.Stats().Received >= 7, err
 	})
 	const wrongToken = "wrong-token-NOTASECRET-but-must-not-show"
-	env.Do(t, http.MethodGet, "/v1/jobs/1", wrongToken, nil)
+	env.Do(t, http.MethodGet, job, wrongToken, nil)
 	env.Do(t, http.MethodGet, "/v1/status", harness.ProducerToken, nil)
 	const badNonce = "bogus-nonce-value-that-must-not-show"
-	if r := env.Do(t, http.MethodPost, "/v1/jobs/1/start", harness.ExecutorToken, map[string]any{"nonce": badNonce}); r.Status != http.StatusConflict {
+	if r := env.Do(t, http.MethodPost, job+"/start", harness.ExecutorToken, map[string]any{"nonce": badNonce}); r.Status != http.StatusConflict {
 		t.Errorf("start with a bad nonce: HTTP %d %s, want 409", r.Status, r.Raw)
 	}
-	env.Do(t, http.MethodPost, "/v1/jobs/1/complete", harness.ExecutorToken, map[string]any{"nonce": badNonce, "status": "succeeded"})
+	env.Do(t, http.MethodPost, job+"/complete", harness.ExecutorToken, map[string]any{"nonce": badNonce, "status": "succeeded"})
 	env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": map[string]any{"global_in_flight": 5}, "note": "log test"})
 	env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": map[string]any{"bogus": harness.AdminToken}})
 

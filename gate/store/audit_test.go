@@ -127,8 +127,16 @@ func TestAuditBoundedReads(t *testing.T) {
 		t.Errorf("t1's second window: %+v, %v; want its refusal, the end", page, err)
 	}
 
-	// Age the rare event and the 20 after it, except the 10th after it.
-	if _, err := db.ExecContext(ctx, "UPDATE audit_events SET at = at - INTERVAL 40 DAY WHERE id <= ? AND id <> ?", rare+20, rare+10); err != nil {
+	// Age the rare event and the 20 after it, except the 10th after it (ids on the server's
+	// auto_increment_increment, not always 1 apart).
+	var tenth, twentieth int64
+	if err := db.QueryRowContext(ctx, "SELECT id FROM audit_events WHERE id >= ? ORDER BY id LIMIT 1 OFFSET 10", rare).Scan(&tenth); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRowContext(ctx, "SELECT id FROM audit_events WHERE id >= ? ORDER BY id LIMIT 1 OFFSET 20", rare).Scan(&twentieth); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE audit_events SET at = at - INTERVAL 40 DAY WHERE id <= ? AND id <> ?", twentieth, tenth); err != nil {
 		t.Fatal(err)
 	}
 	cutoff := time.Now().Add(-30 * 24 * time.Hour)
@@ -138,7 +146,7 @@ func TestAuditBoundedReads(t *testing.T) {
 		}
 	}
 	var young int
-	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM audit_events WHERE id = ?", rare+10).Scan(&young); err != nil || young != 1 {
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM audit_events WHERE id = ?", tenth).Scan(&young); err != nil || young != 1 {
 		t.Errorf("the young event among the old: %d rows, %v; want it kept", young, err)
 	}
 }

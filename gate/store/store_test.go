@@ -335,8 +335,15 @@ func TestExecCommit(t *testing.T) {
 	ids, affected := r.AllLastInsertIds(), r.AllRowsAffected()
 	last, _ := r.LastInsertId()
 	n, _ := r.RowsAffected()
-	if fmt.Sprint(ids, affected, last, n) != "[1 2] [1 2] 2 2" {
-		t.Errorf("ids %v, rows affected %v, last id %d, last rows %d; want [1 2], [1 2], 2, 2", ids, affected, last, n)
+	// The first id of each INSERT: the first and second rows (ids on the server's
+	// auto_increment_increment, not always 1 and 2).
+	var firstRow, secondRow int64
+	if err := db.QueryRowContext(ctx, "SELECT MIN(id), (SELECT id FROM outbox ORDER BY id LIMIT 1 OFFSET 1) FROM outbox").
+		Scan(&firstRow, &secondRow); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprint([]int64{firstRow, secondRow}, []int64{1, 2}, secondRow, 2); fmt.Sprint(ids, affected, last, n) != want {
+		t.Errorf("ids %v, rows affected %v, last id %d, last rows %d; want %s", ids, affected, last, n, want)
 	}
 	tx.Close() // nothing to roll back
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&n); err != nil || n != 3 {
