@@ -182,7 +182,7 @@ func TestInsertJobs(t *testing.T) {
 }
 
 func testInsertJobs(t *testing.T, step int) {
-	k := newKitStep(t, step)
+	k, step := newKitStep(t, step)
 	key := "k1"
 	hash := "h1"
 	retryOf := k.insert(jobSpec{tenant: "a", status: job.Failed})
@@ -331,7 +331,7 @@ func TestInsertJobsAudit(t *testing.T) {
 }
 
 func testInsertJobsAudit(t *testing.T, step int) {
-	k := newKitStep(t, step)
+	k, step := newKitStep(t, step)
 	zero, none := int64(0), 0
 	admitted := func(tenant, actor, detail string) store.AuditEvent {
 		return store.AuditEvent{Event: store.EventAdmitted, Tenant: tenant, Actor: actor, To: "queued", Version: &zero,

@@ -40,12 +40,16 @@ func newKit(t *testing.T) *kit {
 // and a 3-node Galera cluster's (testdb.WithIDStep).
 var idSteps = []int{1, 3}
 
-// newKitStep is newKit whose pool's sessions have an auto_increment_increment of step, whatever
-// the server's default.
-func newKitStep(t *testing.T, step int) *kit {
+// newKitStep is newKit whose pool's sessions ask for an auto_increment_increment of step,
+// whatever the server's default, and the step they have: on a Galera cluster
+// (wsrep_auto_increment_control) the cluster's size overrides what a session asks for.
+func newKitStep(t *testing.T, step int) (*kit, int) {
 	k := newKit(t)
 	k.db = k.db.WithIDStep(t, step)
-	return k
+	if err := k.db.QueryRowContext(k.ctx, "SELECT @@SESSION.auto_increment_increment").Scan(&step); err != nil {
+		t.Fatal(err)
+	}
+	return k, step
 }
 
 // jobSpec is a job row to insert; zero fields take the defaults of insert.
