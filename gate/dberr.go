@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // ConnectionLost reports whether err means the database could not be reached or the connection
@@ -46,6 +48,9 @@ func lockBusy(err error) bool { return serverErr(err, 1205) }
 // SET STATEMENT sent to MySQL.
 func syntaxError(err error) bool { return serverErr(err, 1064) }
 
-// retryable reports whether a transaction failed for contention (deadlock, lock wait timeout)
-// and may be retried as a whole.
-func retryable(err error) bool { return serverErr(err, 1213, 1205) }
+// retryable reports whether a transaction failed for contention (deadlock, lock wait timeout,
+// or on a Galera cluster a certification conflict, which reports a deadlock), or across a change
+// of the id step (store.ErrIDStepChanged), and may be retried as a whole.
+func retryable(err error) bool {
+	return serverErr(err, 1213, 1205) || errors.Is(err, store.ErrIDStepChanged)
+}

@@ -474,3 +474,60 @@ func TestAuditAdmittedRanges(t *testing.T) {
 		})
 	}
 }
+
+// TestInsertJobsIDStepChanged: a Galera cluster that loses or gains a node changes every
+// session's auto_increment_increment at once, so a transaction can read one step with its
+// admission state and INSERT with another. Several rows' ids would then be derived wrongly: the
+// round trip fails with ErrIDStepChanged before its COMMIT, and nothing is written. A single
+// row's id does not depend on the step.
+func TestInsertJobsIDStepChanged(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch %v", batch), func(t *testing.T) {
+			k, step := newKitStep(t, 1)
+			if step != 1 {
+				t.Skipf("the server overrides a session's auto_increment_increment (%d): a Galera cluster", step)
+			}
+			var stmts *store.StmtCache
+			if batch {
+				stmts = store.NewStmtCache(k.db.DB)
+			}
+			insert := func(jobs int) error {
+				tx, err := store.BeginAdmission(k.ctx, k.db.DB, stmts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Close() // rolls back what failed, and frees the tenant's lock
+				st, err := tx.ReadAdmission(k.ctx, store.AdmissionRead{Tenants: []string{"a"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				// What the cluster's membership change does to the session between the two.
+				if _, err := tx.DB().ExecContext(k.ctx, "SET SESSION auto_increment_increment = 2"); err != nil {
+					t.Fatal(err)
+				}
+				js := make([]store.NewJob, jobs)
+				for i := range js {
+					js[i] = store.NewJob{Tenant: "a", Caller: "p", Poke: true}
+				}
+				commit := tx.CanCommitWithInsert()
+				_, err = tx.InsertJobs(k.ctx, store.NewJobs{Now: st.Now, Prefix: "sx", Jobs: js}, commit)
+				if err == nil && !commit {
+					err = tx.Commit()
+				}
+				return err
+			}
+			if err := insert(3); !errors.Is(err, store.ErrIDStepChanged) {
+				t.Fatalf("three rows across a step change: %v, want ErrIDStepChanged", err)
+			}
+			if n := k.count("SELECT COUNT(*) FROM jobs"); n != 0 {
+				t.Fatalf("%d jobs written by the failed transaction", n)
+			}
+			if err := insert(1); err != nil {
+				t.Fatalf("one row across a step change: %v", err)
+			}
+			if n := k.count("SELECT COUNT(*) FROM jobs"); n != 1 {
+				t.Fatalf("%d jobs, want the one row", n)
+			}
+		})
+	}
+}

@@ -3,9 +3,12 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/outbox"
@@ -77,7 +80,14 @@ func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (I
 	}
 	w := insertStatements(p, !prepared, step)
 	ids, err := t.exec(ctx, w.stmts, w.args, commit)
+	if err == nil && prepared && w.stepped {
+		_, err = t.exec(ctx, []string{idStepGuardSQL}, [][]any{{step}}, false)
+	}
 	if err != nil {
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1242 {
+			err = ErrIDStepChanged
+		}
 		return InsertedJobs{}, fmt.Errorf("insert jobs: %w", err)
 	}
 	if len(ids) != len(w.stmts) {
@@ -100,6 +110,17 @@ func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (I
 	}
 	return out, nil
 }
+
+// ErrIDStepChanged is InsertJobs' error when the session's id step (IDStepSQL) was not, by the
+// end of the INSERTs, the one read with the admission state: a Galera cluster that lost or gained
+// a node changed auto_increment_increment in between, and the ids derived from each INSERT's
+// first would be wrong. Nothing is committed; the transaction may be retried as a whole.
+var ErrIDStepChanged = errors.New("auto_increment_increment changed during the transaction (a Galera membership change)")
+
+// idStepGuardSQL fails the round trip, before its COMMIT, with error 1242 (a subquery of more than
+// one row) unless the session's id step is still its argument: MySQL and MariaDB both run it,
+// where SIGNAL outside a stored program is MariaDB's alone.
+const idStepGuardSQL = "SET @sluice_id_step = (SELECT x FROM (SELECT 1 AS x UNION ALL SELECT 2) two WHERE " + IDStepSQL + " <> ?)"
 
 // admissionAudit is the statements of the audit rows of p.Jobs, whose ids are ids: those their
 // job rows imply in one INSERT ... SELECT when there are at least derivedAuditMin
@@ -146,6 +167,9 @@ type writes struct {
 	// pokeOffset is each outbox INSERT's place after its jobs INSERT: 2 when FirstJobSQL (the
 	// audit rows' first job id) sits between them, else 1.
 	pokeOffset int
+	// stepped says that an INSERT has several rows, whose ids depend on the id step: the step
+	// is checked after the INSERTs (idStepGuardSQL; last in stmts when they share a round trip).
+	stepped bool
 }
 
 // written is one chunk of InsertJobs' rows.
@@ -210,6 +234,12 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 		// Last, so that the insert ids of the statements before it keep their indexes.
 		w.stmts = append(w.stmts, q)
 		w.args = append(w.args, args)
+	}
+	w.stepped = len(p.Jobs) > 1
+	if w.stepped && oneTrip {
+		// After every INSERT, before the COMMIT that may share the round trip.
+		w.stmts = append(w.stmts, idStepGuardSQL)
+		w.args = append(w.args, []any{step})
 	}
 	return w
 }
