@@ -8,7 +8,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 # Packages that need no services run under -race; integration/ talks to MariaDB and NATS.
 UNIT     = $(shell $(GO) list ./... | grep -v /integration)
 
-.PHONY: run test build services vet lint unit fuzz integration bench benchcmp clean
+.PHONY: run test test-galera build services vet lint unit fuzz integration bench benchcmp clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/sluice
@@ -38,6 +38,21 @@ unit:
 
 integration:
 	$(GO) test -race -count=1 -p 2 -timeout 30m ./integration/...
+
+# The store's conformance tests and the Galera tests (integration/galera_test.go) against a
+# fresh 3-node Galera cluster on loopback behind HAProxy (deploy/galera/cluster.sh), which is
+# deleted afterwards. CI runs it after `make test`; about 2 minutes here. The cluster is fresh
+# each time because every test database the harness creates and drops grows the nodes' memory
+# (integration/BENCHMARKS.md, "Galera").
+GALERA_DSN := root@tcp(127.0.0.1:3310)/
+GALERA_TESTS := Galera|IDStep|FrontDoorIdempotency|ThreeDrainerProcesses|DrainerSIGKILL|StateMachineProperties
+test-galera: services
+	bash deploy/galera/cluster.sh down
+	bash deploy/galera/cluster.sh up
+	SLUICE_TEST_MYSQL_DSN='$(GALERA_DSN)' SLUICE_TEST_GALERA=1 $(GO) test -count=1 -p 1 -timeout 20m ./gate/store ./outbox \
+		&& SLUICE_TEST_MYSQL_DSN='$(GALERA_DSN)' SLUICE_TEST_GALERA=1 $(GO) test -count=1 -timeout 20m \
+			-run '$(GALERA_TESTS)' ./integration/; \
+	status=$$?; bash deploy/galera/cluster.sh status; bash deploy/galera/cluster.sh down; exit $$status
 
 # A short run of every fuzz target (the seed corpora also run as plain tests in `unit`). The
 # budget is a count of executions, not a duration: with a duration, Go 1.26's fuzz coordinator

@@ -14,9 +14,11 @@
 # Ports: sluice connects to the proxy, 127.0.0.1:3310 (root, empty password, as the local
 # server). Node N serves SQL on 331N, Galera replication on 456N, IST on 457N, SST on 458N.
 # The proxy sends every connection to node 1 while it is healthy, else to node 2, else node 3
-# (HAProxy backups): one writer at a time. Health is deploy/galera/check.sh, which asks the node
-# for wsrep_local_state = 4 (Synced) and wsrep_ready = ON, every second; two failures take a
-# node out, and its connections are cut so that sluice reconnects to the next one.
+# (HAProxy backups); when a node earlier in that order is healthy again, the connections to the
+# later one are cut and sluice reconnects to it: one writer at a time. Health is
+# deploy/galera/check.sh, which asks the node for wsrep_local_state = 4 (Synced) and
+# wsrep_ready = ON, every second; two failures take a node out, and its connections are cut so
+# that sluice reconnects to the next one.
 set -euo pipefail
 
 NAME=galera
@@ -116,7 +118,7 @@ bootstrap() {
   if [ ! -d "$d/data/mysql" ]; then
     write_config 1
     say "initialising node 1's data directory"
-    mariadb-install-db --defaults-file="$d/my.cnf" --auth-root-authentication-method=normal >/dev/null
+    mariadb-install-db --defaults-file="$d/my.cnf" --auth-root-authentication-method=normal >"$d/install.log" 2>&1
   fi
   # A node may bootstrap only if it was the last to leave (safe_to_bootstrap): after `down`, or
   # after a crash of the whole cluster where node 1 was last, which is what a dev cluster sees.
@@ -149,7 +151,10 @@ listen sluice-mysql
   option external-check
   external-check path "/usr/bin:/bin"
   external-check command $here/check.sh
-  default-server inter 1s fall 2 rise 2 on-marked-down shutdown-sessions
+  # A node marked down has its connections cut, so that sluice reconnects to the next node; a
+  # node marked up again cuts the backups' connections, so that new and old connections do not
+  # write through two nodes at once.
+  default-server inter 1s fall 2 rise 2 on-marked-down shutdown-sessions on-marked-up shutdown-backup-sessions
   server node1 127.0.0.1:3311 check
   server node2 127.0.0.1:3312 check backup
   server node3 127.0.0.1:3313 check backup

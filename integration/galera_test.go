@@ -1,0 +1,287 @@
+package integration_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/harness"
+)
+
+// The tests in this file need the 3-node Galera cluster of deploy/galera/cluster.sh, reached
+// through its proxy: `make test-galera` starts it, points SLUICE_TEST_MYSQL_DSN at the proxy and
+// sets SLUICE_TEST_GALERA=1. Without it they say so and skip: the rest of the suite runs them
+// against whatever server SLUICE_TEST_MYSQL_DSN names.
+
+// galeraCluster drives deploy/galera/cluster.sh.
+type galeraCluster struct{ script string }
+
+func needGalera(t *testing.T) galeraCluster {
+	t.Helper()
+	if os.Getenv("SLUICE_TEST_GALERA") != "1" {
+		t.Skip("needs the Galera cluster: make test-galera")
+	}
+	script, err := filepath.Abs("../deploy/galera/cluster.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return galeraCluster{script: script}
+}
+
+func (g galeraCluster) run(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("bash", append([]string{g.script}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// nodesRSS returns the resident memory of each Galera node's mariadbd on this machine, by node
+// directory.
+func nodesRSS(t *testing.T) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		cmd := strings.ReplaceAll(string(raw), "\x00", " ")
+		i := strings.Index(cmd, "sluice-galera/node")
+		if !strings.Contains(cmd, "mariadbd") || i < 0 {
+			continue
+		}
+		node := cmd[i+len("sluice-galera/") : i+len("sluice-galera/node1")]
+		status, err := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				out[node] = kb << 10
+			}
+		}
+	}
+	return out
+}
+
+// admission is one producer request of TestGaleraWriterKilled: its idempotency key, and the id
+// and time of its first 2xx answer.
+type admission struct {
+	key      string
+	id       int64
+	answered time.Time
+}
+
+// TestGaleraWriterKilled is issue 32's failover: under steady admissions and draining, SIGKILL
+// the node that takes the writes (the proxy's choice), then start it again and let it rejoin. Every admission that
+// was answered 2xx exists afterwards, under the id it was given, and ends once; a producer that
+// got an error retries with its idempotency key and gets one job; no job starts twice at the
+// executor, whose caps hold throughout; sluice admits and dispatches again within 10 s of the
+// kill; no node's memory grows by a gigabyte.
+func TestGaleraWriterKilled(t *testing.T) {
+	g := needGalera(t)
+	st := g.run(t, "status")
+	_, writer, _ := strings.Cut(st, "writer through the proxy: node")
+	writer = strings.TrimSpace(writer)
+	if strings.Count(st, "Synced, cluster size 3") != 3 || len(writer) != 1 {
+		t.Fatalf("the cluster is not whole, or has no writer:\n%s", st)
+	}
+	rssBefore := nodesRSS(t)
+	ctx := context.Background()
+	env := harness.Start(t, harness.Options{})
+	const globalCap, tenantCap = 8, 3
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = globalCap, tenantCap })
+
+	// Producers: each admits with a new key until told to stop, and retries a key whose
+	// admission failed (a 5xx or a broken connection) until it is answered.
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	var done []admission
+	var failures int
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 5 * time.Second}
+	for p := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				a := admission{key: fmt.Sprintf("p%d-%d", p, i)}
+				for a.id == 0 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					status, id := admitOnce(client, env.URL, fmt.Sprintf("tenant-%d", (p+i)%5), a.key)
+					switch {
+					case status == http.StatusAccepted || status == http.StatusOK:
+						a.id, a.answered = id, time.Now()
+					case status == 0 || status >= 500:
+						mu.Lock()
+						failures++
+						mu.Unlock()
+						time.Sleep(100 * time.Millisecond) // a producer's pause before its retry, not a wait on the test's state
+					default:
+						t.Errorf("%s: HTTP %d", a.key, status)
+						return
+					}
+				}
+				mu.Lock()
+				done = append(done, a)
+				mu.Unlock()
+			}
+		}()
+	}
+	answered := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(done)
+	}
+	harness.WaitFor(t, 30*time.Second, "200 admissions before the kill", func() (bool, error) { return answered() >= 200, nil })
+	harness.WaitFor(t, 30*time.Second, "jobs to run before the kill", func() (bool, error) {
+		c, err := env.CountJobs(ctx)
+		return c["succeeded"] >= 50, err
+	})
+
+	killed := time.Now()
+	g.run(t, "kill", writer)
+	harness.WaitFor(t, 60*time.Second, "admissions and jobs finishing 5 s after the kill", func() (bool, error) {
+		var n int
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE finished_at > ?", killed.Add(5*time.Second).UTC()).Scan(&n)
+		mu.Lock()
+		last := done[len(done)-1].answered
+		mu.Unlock()
+		return err == nil && n > 0 && last.After(killed.Add(5*time.Second)), nil
+	})
+	// The outage is the longest time without an answered admission (a finished job) around the
+	// kill.
+	var answers []time.Time
+	mu.Lock()
+	for _, a := range done {
+		answers = append(answers, a.answered)
+	}
+	mu.Unlock()
+	admitOutage := longestGap(answers, killed)
+	var finishes []time.Time
+	rows, err := env.DB.QueryContext(ctx, "SELECT finished_at FROM jobs WHERE finished_at IS NOT NULL ORDER BY finished_at")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var at time.Time
+		if err := rows.Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		finishes = append(finishes, at)
+	}
+	if err := rows.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dispatchOutage := longestGap(finishes, killed)
+	t.Logf("the writer's kill: no admission answered for %s, no job finished for %s (%d failed attempts so far)",
+		admitOutage.Round(time.Millisecond), dispatchOutage.Round(time.Millisecond), failures)
+	if admitOutage > 10*time.Second || dispatchOutage > 10*time.Second {
+		t.Errorf("sluice stopped admitting for %s and finishing jobs for %s, want both under 10 s", admitOutage, dispatchOutage)
+	}
+
+	// The killed node rejoins while the work goes on.
+	g.run(t, "start", writer)
+	mid := answered()
+	harness.WaitFor(t, 60*time.Second, "100 more admissions after the rejoin", func() (bool, error) { return answered() >= mid+100, nil })
+	close(stop)
+	wg.Wait()
+
+	harness.WaitFor(t, 2*time.Minute, "every job to finish", func() (bool, error) {
+		c, err := env.CountJobs(ctx)
+		return err == nil && c["queued"]+c["claimed"]+c["dispatched"]+c["running"] == 0, err
+	})
+	// Every answered admission is the job it was told, once; every key has one job.
+	for _, a := range done {
+		var key, status string
+		err := env.DB.QueryRowContext(ctx, "SELECT idempotency_key, status FROM jobs WHERE id = ?", a.id).Scan(&key, &status)
+		if err == nil && key == a.key && status == "succeeded" {
+			continue
+		}
+		var real int64
+		_ = env.DB.QueryRowContext(ctx, "SELECT id FROM jobs WHERE idempotency_key = ?", a.key).Scan(&real)
+		t.Errorf("%s: answered job %d at %s (%s after the kill), which is %q, %s (%v); its job is %d",
+			a.key, a.id, a.answered.Format("15:04:05.000"), a.answered.Sub(killed), key, status, err, real)
+	}
+	var dupKeys int
+	if err := env.DB.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT idempotency_key FROM jobs
+		GROUP BY tenant, idempotency_key HAVING COUNT(*) > 1) d`).Scan(&dupKeys); err != nil || dupKeys != 0 {
+		t.Errorf("%d idempotency keys with more than one job (%v)", dupKeys, err)
+	}
+	stats := env.Exec.Stats()
+	if stats.DuplicateStarts != 0 || stats.MaxInFlight > globalCap {
+		t.Errorf("executor: %d duplicate starts, %d in flight at most (cap %d)", stats.DuplicateStarts, stats.MaxInFlight, globalCap)
+	}
+	for tenant, n := range stats.MaxInFlightByTenant {
+		if n > tenantCap {
+			t.Errorf("executor: tenant %s had %d in flight (cap %d)", tenant, n, tenantCap)
+		}
+	}
+	var unpublished int
+	harness.WaitFor(t, 30*time.Second, "the outbox to be published", func() (bool, error) {
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at = '1000-01-01 00:00:00'").Scan(&unpublished)
+		return unpublished == 0, err
+	})
+	t.Logf("%d admissions answered, %d failed attempts retried, %d jobs started at the executor", len(done), failures, stats.TotalStarts)
+	for node, after := range nodesRSS(t) {
+		if grew := after - rssBefore[node]; grew > 1<<30 {
+			t.Errorf("%s's resident memory grew by %d MiB", node, grew>>20)
+		}
+	}
+}
+
+// admitOnce posts one admission and returns its HTTP status (0 when the request failed) and the
+// job id of a 2xx answer.
+func admitOnce(c *http.Client, base, tenant, key string) (int, int64) {
+	body := fmt.Sprintf(`{"tenant":%q,"idempotency_key":%q,"payload":{"sleep_ms":20}}`, tenant, key)
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/jobs", strings.NewReader(body))
+	if err != nil {
+		return 0, 0
+	}
+	req.Header.Set("Authorization", "Bearer "+harness.ProducerToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	var j struct{ ID int64 }
+	if resp.StatusCode/100 == 2 {
+		if err := json.NewDecoder(resp.Body).Decode(&j); err != nil {
+			return 0, 0
+		}
+	}
+	return resp.StatusCode, j.ID
+}
+
+// longestGap returns the longest time between two consecutive instants of sorted times (sorted
+// here) that ends after from, or from's distance to the first one after it.
+func longestGap(times []time.Time, from time.Time) time.Duration {
+	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+	var longest time.Duration
+	for i := 1; i < len(times); i++ {
+		if times[i].After(from) {
+			longest = max(longest, times[i].Sub(times[i-1]))
+		}
+	}
+	return longest
+}
