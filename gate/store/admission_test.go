@@ -331,7 +331,7 @@ func TestInsertJobsAudit(t *testing.T) {
 }
 
 func testInsertJobsAudit(t *testing.T, step int) {
-	k, step := newKitStep(t, step)
+	k, _ := newKitStep(t, step)
 	zero, none := int64(0), 0
 	admitted := func(tenant, actor, detail string) store.AuditEvent {
 		return store.AuditEvent{Event: store.EventAdmitted, Tenant: tenant, Actor: actor, To: "queued", Version: &zero,
