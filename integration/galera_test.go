@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -65,15 +64,8 @@ func nodesRSS(t *testing.T) map[string]int64 {
 			continue
 		}
 		node := cmd[i+len("sluice-galera/") : i+len("sluice-galera/node1")]
-		status, err := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(status), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				out[node] = kb << 10
-			}
+		if rss, err := vmRSS(filepath.Join(filepath.Dir(p), "status")); err == nil {
+			out[node] = rss
 		}
 	}
 	return out

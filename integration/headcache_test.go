@@ -98,14 +98,10 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	}
 	db.RecountQueues(t, "a")
 	// The jobs in queue order: ids on the server's auto_increment_increment, not always 1 apart.
-	var ids []int64
+	ids := queryIDs(t, db.DB, "SELECT id FROM jobs ORDER BY id")
 	seq := map[int64]int{} // job id → the seq in its payload
-	for i := range 40 {
-		var id int64
-		if err := db.QueryRowContext(ctx, "SELECT id FROM jobs ORDER BY id LIMIT 1 OFFSET ?", i).Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids, seq[id] = append(ids, id), i+1
+	for i, id := range ids {
+		seq[id] = i + 1
 	}
 	wait := func(n int) {
 		t.Helper()

@@ -1,7 +1,6 @@
 package integration_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
@@ -132,21 +131,29 @@ func mariadbRSS(t *testing.T) int64 {
 		default:
 			continue
 		}
-		f, err := os.Open(filepath.Join(filepath.Dir(c), "status"))
+		rss, err := vmRSS(filepath.Join(filepath.Dir(c), "status"))
+		if os.IsNotExist(err) {
+			continue // the process ended since the glob
+		}
 		if err != nil {
-			continue
+			t.Fatalf("read MariaDB's VmRSS: %v", err)
 		}
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if kb, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-				n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(kb), "kB")), 10, 64)
-				if err != nil {
-					t.Fatalf("read MariaDB's VmRSS: %v", err)
-				}
-				return n << 10
-			}
-		}
+		return rss
 	}
 	return 0
+}
+
+// vmRSS returns the resident memory (VmRSS) in a /proc/<pid>/status file, in bytes.
+func vmRSS(status string) (int64, error) {
+	raw, err := os.ReadFile(status)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if kb, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(kb), "kB")), 10, 64)
+			return n << 10, err
+		}
+	}
+	return 0, fmt.Errorf("%s: no VmRSS line", status)
 }
