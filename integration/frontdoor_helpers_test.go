@@ -28,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/gate/waiters"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -79,6 +80,11 @@ type fdOptions struct {
 	audit *store.AuditQueue
 	// auditOff is gate.Config.AuditOff: no audit rows (the benchmarks' comparison).
 	auditOff bool
+	// waiters is api.Config.Waiters: a hub with bounds of the test's own (its Read is set
+	// here). Default: the API's. Nothing runs the hub's backstop: a test ticks it.
+	waiters *waiters.Config
+	// maxRequests is api.Config.MaxRequests; 0 takes the default.
+	maxRequests int
 }
 
 // fakeNow is the wall clock of rate-limit windows and gates, fixed unless a test moves it, so
@@ -186,8 +192,14 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	if o.apiDB != nil {
 		apiDB, apiTxDB = o.apiDB, o.apiDB
 	}
+	var hub *waiters.Hub
+	if o.waiters != nil {
+		if hub, err = api.NewWaiters(plain, *o.waiters); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s, err := api.New(api.Config{DB: apiDB, TxDB: apiTxDB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log,
-		Gates: o.apiGates})
+		Gates: o.apiGates, Waiters: hub, MaxRequests: o.maxRequests})
 	if err != nil {
 		t.Fatal(err)
 	}

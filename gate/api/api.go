@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/gate/waiters"
 	"github.com/sluicehq/sluice/outbox"
 )
 
@@ -97,6 +98,10 @@ type Config struct {
 	// in flight bound them. A request larger than the whole budget passes when nothing else is
 	// charged. Default DefaultMemoryBudget; negative: no budget.
 	MemoryBudget int64
+	// Waiters wakes the requests that wait for a job to change (GET /v1/jobs/{id}?wait=, POST
+	// /v1/jobs?wait=, the events stream with follow=1). Its owner runs its backstop and feeds it
+	// the release pokes. Default: a hub reading DB, with the default bounds.
+	Waiters *waiters.Hub
 	// CORSOrigins are the browser origins allowed to call the API (SLUICE_CORS_ORIGINS): a
 	// request from one of them is answered with Access-Control-Allow-Origin and the capacity
 	// headers exposed, and its preflight is answered. "*" allows every origin. Default none.
@@ -134,6 +139,8 @@ type Server struct {
 	budget    *memBudget     // MemoryBudget; nil: none
 	// starts commits concurrent start confirmations together (confirmStarts).
 	starts *groupcommit.Group[*store.Start]
+	// waiters wakes the requests that wait for a job to change (wait.go).
+	waiters *waiters.Hub
 }
 
 // New returns a Server, or an "invalid config" error naming the field.
@@ -187,6 +194,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxBatches > 0 {
 		s.batches = make(chan struct{}, cfg.MaxBatches)
+	}
+	if s.waiters = cfg.Waiters; s.waiters == nil {
+		var err error
+		if s.waiters, err = NewWaiters(cfg.DB, waiters.Config{Log: cfg.Log}); err != nil {
+			return nil, err
+		}
 	}
 	s.routes()
 	return s, nil
@@ -287,7 +300,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !s.acquire(w, r, s.requests, "too many requests in progress; retry shortly") {
 			return
 		}
-		defer release(s.requests)
+		slot := &requestSlot{sem: s.requests}
+		defer slot.release()
+		r = r.WithContext(context.WithValue(r.Context(), requestSlotKey{}, slot))
 	}
 	s.mux.ServeHTTP(w, r)
 }

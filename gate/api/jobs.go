@@ -92,6 +92,11 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	wait, err := admissionWait(r, data)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	req.Aware = capacityAware(r)
 	res, err := s.cfg.Admitter.Admit(r.Context(), c.Name, req, c.MayActFor)
 	setCapacityHeaders(w, res)
@@ -99,7 +104,18 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeCreated(w, res, http.StatusAccepted)
+	status := http.StatusAccepted
+	if wait > 0 && !res.Job.Status.Terminal() {
+		// The job is admitted whatever the wait meets: a wait refused (busy) or cut short (the
+		// database gone) answers with the admission, never with an error a producer would retry.
+		if row, err := s.awaitEnd(r.Context(), c.Name, res.Job.ID, wait); err == nil {
+			res.Job = row.Job
+		}
+	}
+	if wait > 0 && res.Job.Status.Terminal() {
+		status = http.StatusOK
+	}
+	writeCreated(w, res, status)
 }
 
 // writeCreated answers with the job an admission or redrive created (status), or with 200 and
@@ -332,15 +348,6 @@ func (s *Server) visible(r *http.Request) (store.Row, error) {
 		return row, store.ErrNotFound
 	}
 	return row, nil
-}
-
-func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
-	row, err := s.visible(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, row.Job)
 }
 
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {

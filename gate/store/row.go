@@ -185,3 +185,40 @@ func nullStr(s string) any {
 	}
 	return s
 }
+
+// JobState is the part of a job that says whether it moved: a transition changes its status,
+// its version, or both.
+type JobState struct {
+	Status  job.Status
+	Version int64
+}
+
+// States reads the state of each job of ids that exists, by primary key in one statement.
+func States(ctx context.Context, db sqldb.DB, ids []int64) (map[int64]JobState, error) {
+	out := make(map[int64]JobState, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	rows, err := db.QueryContext(ctx, "SELECT id, status, version FROM jobs WHERE id IN ("+
+		strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",")+")", args...)
+	if err != nil {
+		return nil, fmt.Errorf("read job states: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var s JobState
+		if err := rows.Scan(&id, &s.Status, &s.Version); err != nil {
+			return nil, fmt.Errorf("read job states: %w", err)
+		}
+		out[id] = s
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read job states: %w", err)
+	}
+	return out, nil
+}

@@ -84,6 +84,8 @@ type Options struct {
 	// listener's connection bounds. Default: app's.
 	MaxConns, MaxConnsPerSource, ReservedConns int
 	ExecutorSources                            []netip.Prefix
+	// WaitBackstop, as app.Options.
+	WaitBackstop time.Duration
 }
 
 // Start brings up an Env for tb.
@@ -146,7 +148,7 @@ func (e *Env) StartApp(tb testing.TB, o Options) *app.App {
 		Memcached: o.Memcached, GateTimeout: o.GateTimeout,
 		MetricsListen: o.MetricsListen, MetricsToken: o.MetricsToken, NoTenantLabels: o.NoTenantLabels,
 		MaxConns: o.MaxConns, MaxConnsPerSource: o.MaxConnsPerSource, ReservedConns: o.ReservedConns,
-		ExecutorSources: o.ExecutorSources,
+		ExecutorSources: o.ExecutorSources, WaitBackstop: o.WaitBackstop,
 	})
 	if err != nil {
 		tb.Fatalf("harness: start sluice: %v", err)

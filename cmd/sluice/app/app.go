@@ -34,6 +34,7 @@ import (
 	"github.com/sluicehq/sluice/gate/logq"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/gate/waiters"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -143,6 +144,9 @@ type Options struct {
 	// together (api.Config.MemoryBudget, SLUICE_MEMORY_BUDGET). Default
 	// api.DefaultMemoryBudget; negative: no budget.
 	MemoryBudget int64
+	// WaitBackstop is the period of the waiting requests' backstop read (waiters.Config.Interval).
+	// Default waiters.DefaultInterval; tests set it long to prove that release pokes wake waiters.
+	WaitBackstop time.Duration
 }
 
 // DefaultListen is the API's listen address when Options.Listen is empty (SPEC §9).
@@ -171,6 +175,8 @@ type App struct {
 	fast    *publisher.FastPath
 	gates   *rategate.Store
 	httpSrv *httpServer
+	// waiters wakes the API's requests that wait for a job to change.
+	waiters *waiters.Hub
 	// metricsSrv serves /metrics on Options.MetricsListen, when set.
 	metricsSrv *httpServer
 	metricsLn  net.Listener
@@ -548,6 +554,9 @@ func (a *App) runLoops() {
 	if a.fast != nil {
 		a.goLoop(func() { a.fast.Run(loopCtx) })
 	}
+	if a.waiters != nil {
+		a.goLoop(func() { a.waiters.Run(loopCtx) })
+	}
 	if a.drainer != nil {
 		a.startClaiming()
 	}
@@ -598,7 +607,11 @@ func (a *App) startAPI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, err := api.New(api.Config{DB: a.db, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
+	hub, err := api.NewWaiters(a.db, waiters.Config{Interval: a.opts.WaitBackstop, Log: a.log})
+	if err != nil {
+		return err
+	}
+	srv, err := api.New(api.Config{DB: a.db, Waiters: hub, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
 		Gatherer: a.registry, MetricsToken: a.opts.MetricsToken, MetricsElsewhere: a.MetricsAddr(), Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
 		Clock: a.clock, MaxRequests: a.opts.MaxRequests, CORSOrigins: a.opts.CORSOrigins, MemoryBudget: a.opts.MemoryBudget})
 	if err != nil {
@@ -612,6 +625,23 @@ func (a *App) startAPI(ctx context.Context) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_request_memory_budget_bytes",
 			Help: "The memory budget of API request bodies and pages of jobs (SLUICE_MEMORY_BUDGET); negative: none."},
 			func() float64 { return float64(budget) }))
+	// Every process hears every job's outcome, whichever process wrote it: not a queue group.
+	a.waiters = hub
+	a.registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_job_waiters",
+			Help: "API requests waiting now for a job to change (?wait=, the events stream with follow=1)."},
+			func() float64 { return float64(hub.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_job_waiter_wakes_total",
+			Help: "Waiting requests woken, by what woke them: a release poke, or the once-a-second backstop read.", ConstLabels: prometheus.Labels{"source": "poke"}},
+			func() float64 { poke, _ := hub.Wakes(); return float64(poke) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_job_waiter_wakes_total",
+			Help: "Waiting requests woken, by what woke them: a release poke, or the once-a-second backstop read.", ConstLabels: prometheus.Labels{"source": "backstop"}},
+			func() float64 { _, backstop := hub.Wakes(); return float64(backstop) }))
+	if _, err := a.nc.Subscribe(a.opts.Prefix+"."+string(outbox.Release)+".>", func(m *nats.Msg) {
+		a.waiters.WakePoke(m.Data)
+	}); err != nil {
+		return fmt.Errorf("subscribe to release pokes: %w", err)
+	}
 	return a.serve(ctx, srv)
 }
 
@@ -752,6 +782,9 @@ func (a *App) Stop(ctx context.Context) error {
 	var err error
 	a.stopped.Do(func() {
 		a.stopClaiming(ctx)
+		if a.waiters != nil {
+			a.waiters.Stop()
+		}
 		for _, srv := range []*httpServer{a.httpSrv, a.metricsSrv} {
 			if srv != nil {
 				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -1,0 +1,149 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/gate/waiters"
+)
+
+// MaxWait bounds the wait a request may ask for (SPEC §6): under the listener's write timeout,
+// and short enough that a proxy between a client and sluice keeps the connection open.
+const MaxWait = 60 * time.Second
+
+// waitParam returns the request's wait, the `wait` query parameter in seconds (a number from 0
+// to 60; absent: 0).
+func waitParam(r *http.Request) (time.Duration, error) {
+	v := r.URL.Query().Get("wait")
+	if v == "" {
+		return 0, nil
+	}
+	return parseWait(v)
+}
+
+// parseWait parses a wait in seconds.
+func parseWait(v string) (time.Duration, error) {
+	secs, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(secs) || secs < 0 || secs > MaxWait.Seconds() {
+		return 0, job.Invalid("wait", "wait must be a number of seconds from 0 to %d, got %q", int(MaxWait.Seconds()), v)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// requestSlot is the slot of Config.MaxRequests a request holds. A request that starts to wait
+// gives it back early: waiters are bounded by the waiter hub instead, so that a thousand
+// waiting producers do not refuse every other request.
+type requestSlot struct {
+	once sync.Once
+	sem  chan struct{}
+}
+
+func (s *requestSlot) release() { s.once.Do(func() { release(s.sem) }) }
+
+type requestSlotKey struct{}
+
+// releaseRequestSlot gives back the request's slot of Config.MaxRequests, if it holds one.
+func releaseRequestSlot(ctx context.Context) {
+	if s, ok := ctx.Value(requestSlotKey{}).(*requestSlot); ok {
+		s.release()
+	}
+}
+
+// Waiters returns the server's waiter hub: its owner runs the hub's backstop (Run) and feeds it
+// the release pokes it hears (WakePoke).
+func (s *Server) Waiters() *waiters.Hub { return s.waiters }
+
+// NewWaiters returns a waiter hub with cfg's bounds and period whose backstop reads the jobs'
+// states from db (cfg.Read is set here).
+func NewWaiters(db *sql.DB, cfg waiters.Config) (*waiters.Hub, error) {
+	cfg.Read = func(ctx context.Context, ids []int64) (map[int64]waiters.State, error) {
+		states, err := store.States(ctx, db, ids)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[int64]waiters.State, len(states))
+		for id, st := range states {
+			out[id] = waiters.State{Status: string(st.Status), Version: st.Version}
+		}
+		return out, nil
+	}
+	return waiters.New(cfg)
+}
+
+// awaitEnd returns job id once it is terminal, or as it is when d has passed. It registers as a
+// waiter before it reads the job again, so an outcome committed since the caller's read wakes
+// it; each wake costs one read of the job, never a poll.
+func (s *Server) awaitEnd(ctx context.Context, caller string, id int64, d time.Duration) (store.Row, error) {
+	w, err := s.waiters.Add(caller, id)
+	if errors.Is(err, waiters.ErrBusy) {
+		return store.Row{}, busy("too many requests waiting for jobs; retry shortly")
+	}
+	if err != nil {
+		return store.Row{}, err
+	}
+	defer w.Close()
+	releaseRequestSlot(ctx)
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		row, err := s.cfg.Admitter.Get(ctx, id)
+		if err != nil || row.Status.Terminal() {
+			return row, err
+		}
+		w.Saw(waiters.State{Status: string(row.Status), Version: row.Version})
+		select {
+		case <-w.C():
+		case <-timer.C:
+			return row, nil
+		case <-s.waiters.Stopping():
+			return row, nil
+		case <-ctx.Done():
+			return row, ctx.Err()
+		}
+	}
+}
+
+func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
+	wait, err := waitParam(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	row, err := s.visible(r)
+	if err == nil && wait > 0 && !row.Status.Terminal() {
+		row, err = s.awaitEnd(r.Context(), callerOf(r).Name, row.ID, wait)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, row.Job)
+}
+
+// admissionWait returns an admission's wait: the `wait` query parameter, else a `wait` field
+// of the body (which is not part of the job, so not of the idempotency fingerprint).
+func admissionWait(r *http.Request, body []byte) (time.Duration, error) {
+	if r.URL.Query().Has("wait") || !bytes.Contains(body, []byte(`"wait"`)) {
+		return waitParam(r)
+	}
+	var f struct {
+		Wait *json.Number `json:"wait"`
+	}
+	if err := json.Unmarshal(body, &f); err != nil {
+		return 0, job.Invalid("wait", "wait must be a number of seconds from 0 to %d", int(MaxWait.Seconds()))
+	}
+	if f.Wait == nil {
+		return 0, nil // "wait" is inside the payload or another field
+	}
+	return parseWait(f.Wait.String())
+}

@@ -1,0 +1,252 @@
+// Package waiters holds the API requests that wait for a job to change (GET /v1/jobs/{id}?wait=,
+// POST /v1/jobs with wait, the events stream with follow=1) and wakes them. A job's outcome
+// writes a release poke naming it, which every process hears on NATS (Wake); a poke lost, or a
+// change that sends none (a cancel, an expiry, a start), is caught by the backstop (Tick): one
+// read a second of the state of every job any waiter of the process waits on, whatever the
+// number of waiters. So a waiter holds no database connection and never polls the database.
+//
+// A waiter is bounded twice, per process and per caller (an API token): past either bound Add
+// answers ErrBusy, which the API turns into 503 busy.
+package waiters
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMax bounds the waiters of one process: each is a parked goroutine and an open
+	// connection, about 10 KiB together.
+	DefaultMax = 10000
+	// DefaultMaxPerCaller bounds one caller's waiters, so that one token cannot take them all.
+	DefaultMaxPerCaller = 1000
+	// DefaultInterval is the backstop's period.
+	DefaultInterval = time.Second
+	// readChunk bounds the ids of one backstop read.
+	readChunk = 1000
+)
+
+// ErrBusy is Add's answer past a bound.
+var ErrBusy = errors.New("waiters: too many waiters")
+
+// State is what a waiter last saw of its job: a change of either field wakes it.
+type State struct {
+	Status  string
+	Version int64
+}
+
+// ReadStates reads the current state of each job of ids; a job missing from the answer no
+// longer exists (purged), which wakes its waiters too.
+type ReadStates func(ctx context.Context, ids []int64) (map[int64]State, error)
+
+// Config configures a Hub.
+type Config struct {
+	// Read reads the jobs' states for the backstop. Required.
+	Read ReadStates
+	// Max bounds the waiters of the process. Default DefaultMax.
+	Max int
+	// MaxPerCaller bounds one caller's waiters. Default DefaultMaxPerCaller.
+	MaxPerCaller int
+	// Interval is the backstop's period (Run). Default DefaultInterval.
+	Interval time.Duration
+	// Log receives backstop read errors. Default: discard.
+	Log *slog.Logger
+}
+
+// Hub is the process's set of waiters. Safe for concurrent use.
+type Hub struct {
+	cfg      Config
+	stop     chan struct{} // closed by Stop
+	stopOnce sync.Once
+
+	pokeWakes, backstopWakes atomic.Int64
+
+	mu       sync.Mutex
+	byJob    map[int64]map[*Waiter]struct{}
+	byCaller map[string]int
+	n        int
+}
+
+// Waiter waits for one job to change. Its owner reads the job, records what it read (Saw), and
+// waits on C; Close when done.
+type Waiter struct {
+	hub    *Hub
+	id     int64
+	caller string
+	c      chan struct{}
+	seen   *State // guarded by hub.mu; nil until the first Saw
+	closed bool   // guarded by hub.mu
+}
+
+// New returns a Hub.
+func New(cfg Config) (*Hub, error) {
+	if cfg.Read == nil {
+		return nil, errors.New("invalid config: Read: required")
+	}
+	if cfg.Max <= 0 {
+		cfg.Max = DefaultMax
+	}
+	if cfg.MaxPerCaller <= 0 {
+		cfg.MaxPerCaller = DefaultMaxPerCaller
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Hub{cfg: cfg, stop: make(chan struct{}), byJob: map[int64]map[*Waiter]struct{}{}, byCaller: map[string]int{}}, nil
+}
+
+// Stop tells every waiter, now and later, to answer with what it has: the process is shutting
+// down, and a wait of up to a minute must not hold its shutdown.
+func (h *Hub) Stop() { h.stopOnce.Do(func() { close(h.stop) }) }
+
+// Stopping is closed once Stop is called.
+func (h *Hub) Stopping() <-chan struct{} { return h.stop }
+
+// Add registers a waiter of caller on job id, or answers ErrBusy past a bound. Register before
+// reading the job: a change between the read and Add would wake nobody until the backstop.
+func (h *Hub) Add(caller string, id int64) (*Waiter, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n >= h.cfg.Max || h.byCaller[caller] >= h.cfg.MaxPerCaller {
+		return nil, ErrBusy
+	}
+	w := &Waiter{hub: h, id: id, caller: caller, c: make(chan struct{}, 1)}
+	set := h.byJob[id]
+	if set == nil {
+		set = map[*Waiter]struct{}{}
+		h.byJob[id] = set
+	}
+	set[w] = struct{}{}
+	h.byCaller[caller]++
+	h.n++
+	return w, nil
+}
+
+// C receives when the job may have changed since the waiter's last Saw: read it again.
+func (w *Waiter) C() <-chan struct{} { return w.c }
+
+// Saw records the job's state as its owner last read it: the backstop wakes the waiter only when
+// the job's state differs.
+func (w *Waiter) Saw(s State) {
+	w.hub.mu.Lock()
+	w.seen = &s
+	w.hub.mu.Unlock()
+}
+
+// Close removes the waiter; calling it again does nothing.
+func (w *Waiter) Close() {
+	h := w.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if w.closed {
+		return
+	}
+	w.closed = true
+	set := h.byJob[w.id]
+	delete(set, w)
+	if len(set) == 0 {
+		delete(h.byJob, w.id)
+	}
+	if h.byCaller[w.caller]--; h.byCaller[w.caller] == 0 {
+		delete(h.byCaller, w.caller)
+	}
+	h.n--
+}
+
+// signal wakes w without blocking: one pending wake is as good as many.
+func (w *Waiter) signal() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+// Len reports the waiters registered now.
+func (h *Hub) Len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n
+}
+
+// Wake wakes every waiter of job id.
+func (h *Hub) Wake(id int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for w := range h.byJob[id] {
+		w.signal()
+		h.pokeWakes.Add(1)
+	}
+}
+
+// Wakes reports how many times a waiter was woken by a poke (Wake, WakePoke) and by the backstop
+// (Tick), since the hub started.
+func (h *Hub) Wakes() (poke, backstop int64) { return h.pokeWakes.Load(), h.backstopWakes.Load() }
+
+// WakePoke wakes the waiters of the job a release poke's body names (outbox.Poke); a poke that
+// names no job (a slot or a capacity release) or does not decode wakes nobody.
+func (h *Hub) WakePoke(body []byte) {
+	var p outbox.Poke
+	if json.Unmarshal(body, &p) != nil || p.JobID <= 0 {
+		return
+	}
+	h.Wake(p.JobID)
+}
+
+// Tick is one backstop pass: it reads the state of every waited job and wakes the waiters of
+// each job whose state differs from what they last saw, or that is gone.
+func (h *Hub) Tick(ctx context.Context) error {
+	h.mu.Lock()
+	ids := make([]int64, 0, len(h.byJob))
+	for id := range h.byJob {
+		ids = append(ids, id)
+	}
+	h.mu.Unlock()
+	slices.Sort(ids)
+	for chunk := range slices.Chunk(ids, readChunk) {
+		states, err := h.cfg.Read(ctx, chunk)
+		if err != nil {
+			return fmt.Errorf("read the waited jobs: %w", err)
+		}
+		h.mu.Lock()
+		for _, id := range chunk {
+			now, exists := states[id]
+			for w := range h.byJob[id] {
+				if w.seen != nil && (!exists || now != *w.seen) {
+					w.signal()
+					h.backstopWakes.Add(1)
+				}
+			}
+		}
+		h.mu.Unlock()
+	}
+	return nil
+}
+
+// Run ticks every Interval until ctx ends; a failed read is logged and tried again next tick.
+func (h *Hub) Run(ctx context.Context) {
+	t := time.NewTicker(h.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := h.Tick(ctx); err != nil && ctx.Err() == nil {
+				h.cfg.Log.Warn("the waiters' backstop read failed; retrying next tick", "error", err)
+			}
+		}
+	}
+}
