@@ -1,13 +1,21 @@
 package integration_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/waiters"
 	"github.com/sluicehq/sluice/integration/harness"
@@ -80,6 +88,15 @@ func TestWaitWokenByReleasePoke(t *testing.T) {
 			t.Fatalf("POST with wait in the %s: %d %s; want 200 succeeded with a Location", c.name, r.Status, r.Raw)
 		}
 	}
+
+	// The Go client waits the same way.
+	id = env.Admit(t, "acme", map[string]any{"sleep_ms": 50, "outcome": "failed"})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	j, err := client.New(env.URL, harness.ProducerToken).Wait(ctx, id)
+	if err != nil || j.ID != id || j.Status != job.Failed {
+		t.Fatalf("client Wait: %+v, %v; want job %d failed", j, err, id)
+	}
 }
 
 // TestWaitBackstop: a change that sends no release poke (a cancel) wakes a waiter through the
@@ -133,6 +150,11 @@ func TestWaitEnds(t *testing.T) {
 	a = <-goWait(http.MethodPost, f.url+"/v1/jobs?wait=0.2", fdAlphaToken, map[string]any{"tenant": "acme"})
 	if a.err != nil || a.status != http.StatusAccepted || a.body["status"] != "queued" || a.took < 200*time.Millisecond {
 		t.Fatalf("POST ?wait=0.2: %d %v in %v (%v); want 202 queued after 0.2 s", a.status, a.body, a.took, a.err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if j, err := f.alpha.Wait(ctx, id); !errors.Is(err, context.DeadlineExceeded) || j.Status != job.Queued {
+		t.Fatalf("client Wait past its context's deadline: %+v, %v; want the queued job and DeadlineExceeded", j, err)
 	}
 	if r := f.do(t, http.MethodDelete, fmt.Sprintf("/v1/jobs/%d", id), fdAlphaToken, nil); r.Status != http.StatusOK {
 		t.Fatalf("cancel: %d %s", r.Status, r.Raw)
@@ -209,11 +231,165 @@ func TestWaitBusy(t *testing.T) {
 	if r := f.do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d", id), fdAlphaToken, nil); r.Status != http.StatusOK {
 		t.Fatalf("a GET without wait while the waiters are full: %d %s", r.Status, r.Raw)
 	}
+	// The client retries a busy wait after Retry-After, until its context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	if _, err := f.alpha.Wait(ctx, id); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("client Wait while its caller's waiters are full: %v; want DeadlineExceeded after retrying", err)
+	}
 	hub.Wake(id) // the job has not changed: each waiter reads it again and goes on waiting
 	hub.Stop()   // as at shutdown: both answer with the job as it is
 	for _, ch := range []<-chan waitAnswer{first, second} {
 		if a := <-ch; a.status != http.StatusOK || a.body["status"] != "queued" || a.took > 30*time.Second {
 			t.Fatalf("a waiter at Stop: %d %v after %v; want 200 queued at once", a.status, a.body, a.took)
+		}
+	}
+}
+
+// sseEvent is one server-sent event of an events stream.
+type sseEvent struct {
+	id, event, data string
+}
+
+// sseStream reads server-sent events off an open GET .../events?follow=1.
+type sseStream struct {
+	resp *http.Response
+	sc   *bufio.Scanner
+}
+
+func openEvents(t *testing.T, url, token string, h http.Header) *sseStream {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	for k, v := range h {
+		req.Header[k] = v
+	}
+	resp, err := (&http.Client{Timeout: time.Minute}).Do(req) // the whole stream, to its end
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		raw, _ := io.ReadAll(resp.Body)
+		t.Fatalf("GET %s: %d %s %s; want a 200 event stream", url, resp.StatusCode, resp.Header.Get("Content-Type"), raw)
+	}
+	return &sseStream{resp: resp, sc: bufio.NewScanner(resp.Body)}
+}
+
+// next returns the next event, skipping comments; ok is false at the end of the stream.
+func (s *sseStream) next() (e sseEvent, ok bool) {
+	for s.sc.Scan() {
+		line := s.sc.Text()
+		switch {
+		case line == "":
+			if e.event != "" || e.data != "" {
+				return e, true
+			}
+		case strings.HasPrefix(line, ":"):
+		case strings.HasPrefix(line, "id: "):
+			e.id = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			e.event = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			e.data = line[6:]
+		}
+	}
+	return e, false
+}
+
+// rest reads the stream to its end and returns its events.
+func (s *sseStream) rest() []sseEvent {
+	var out []sseEvent
+	for e, ok := s.next(); ok; e, ok = s.next() {
+		out = append(out, e)
+	}
+	return out
+}
+
+// TestFollowEvents: GET /v1/jobs/{id}/events?follow=1 streams the job's audit events as
+// server-sent events, in order and each once, woken by the release poke (the backstop's period
+// is an hour), and ends with the job once it is terminal; a client that reconnects with
+// Last-Event-ID gets only what followed that event.
+func TestFollowEvents(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{WaitBackstop: time.Hour})
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
+	id := env.Admit(t, "acme", map[string]any{"sleep_ms": 20})
+	url := fmt.Sprintf("%s/v1/jobs/%d/events?follow=1", env.URL, id)
+	s := openEvents(t, url, harness.ProducerToken, nil)
+	first, ok := s.next()
+	if !ok || first.event != "admitted" {
+		t.Fatalf("the stream's first event: %+v (%v); want admitted", first, ok)
+	}
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 4 })
+	events := append([]sseEvent{first}, s.rest()...)
+	last := events[len(events)-1]
+	if last.event != "end" || !strings.Contains(last.data, `"status":"succeeded"`) {
+		t.Fatalf("the stream's last event: %+v; want end with the succeeded job", last)
+	}
+	var tos []string
+	prev := int64(0)
+	for _, e := range events[:len(events)-1] {
+		n, err := strconv.ParseInt(e.id, 10, 64)
+		if err != nil || n <= prev {
+			t.Fatalf("event ids not rising: %+v after %d", e, prev)
+		}
+		prev = n
+		var ev struct {
+			To string `json:"to"`
+		}
+		if err := json.Unmarshal([]byte(e.data), &ev); err != nil {
+			t.Fatalf("event data %q: %v", e.data, err)
+		}
+		tos = append(tos, e.event+":"+ev.To)
+	}
+	var recorded struct {
+		Events []struct {
+			Event, To string
+		}
+	}
+	r := env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d/events", id), harness.ProducerToken, nil)
+	if err := json.Unmarshal(r.Raw, &recorded); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, e := range recorded.Events {
+		want = append(want, e.Event+":"+e.To)
+	}
+	if !slices.Equal(tos, want) || len(want) < 3 {
+		t.Fatalf("streamed %v; the trail has %v", tos, want)
+	}
+
+	s = openEvents(t, url, harness.ProducerToken, http.Header{"Last-Event-Id": {first.id}})
+	again := s.rest()
+	if len(again) != len(events)-1 || again[0].id == first.id || again[len(again)-1].event != "end" {
+		t.Fatalf("resumed after event %s: %d events %+v; want the %d after it and end", first.id, len(again), again, len(events)-2)
+	}
+
+	for _, bad := range []struct {
+		query string
+		h     http.Header
+		field string
+	}{
+		{"?follow=yes", nil, "follow"},
+		{"?follow=1", http.Header{"Last-Event-Id": {"x"}}, "Last-Event-ID"},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d/events%s", env.URL, id, bad.query), nil)
+		req.Header.Set("Authorization", "Bearer "+harness.ProducerToken)
+		for k, v := range bad.h {
+			req.Header[k] = v
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), `"field":"`+bad.field+`"`) {
+			t.Errorf("events%s %v: %d %s; want 400 on %s", bad.query, bad.h, resp.StatusCode, raw, bad.field)
 		}
 	}
 }

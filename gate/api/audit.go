@@ -26,9 +26,18 @@ const drainerActor = "drainer"
 // tenant's job is not_found, as for GET /v1/jobs/{id}. A producer sees actors as shownActor
 // says; an admin sees them as recorded.
 func (s *Server) jobEvents(w http.ResponseWriter, r *http.Request) {
+	follow, after, err := followParams(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	row, err := s.visible(r)
 	if err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	if follow {
+		s.followEvents(w, r, row.ID, after)
 		return
 	}
 	events, err := store.JobEvents(r.Context(), s.cfg.DB, row.ID, maxJobEvents)
@@ -36,12 +45,19 @@ func (s *Server) jobEvents(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, gate.AsUnavailable(err))
 		return
 	}
-	if c := callerOf(r); c.Role != Admin {
-		for i := range events {
-			events[i].Actor = s.shownActor(c, events[i].Actor)
-		}
-	}
+	s.showActors(callerOf(r), events)
 	writeJSON(w, http.StatusOK, map[string]any{"events": events})
+}
+
+// showActors rewrites the actors of events as caller c may see them (shownActor); an admin sees
+// them as recorded.
+func (s *Server) showActors(c Caller, events []store.AuditEvent) {
+	if c.Role == Admin {
+		return
+	}
+	for i := range events {
+		events[i].Actor = s.shownActor(c, events[i].Actor)
+	}
 }
 
 // shownActor is the actor of an event as caller c, not an admin, may see it: its own name, and

@@ -273,7 +273,15 @@ const auditSelect = `SELECT id, at, event, tenant, job_id, slot_id, actor, from_
 
 // JobEvents returns job id's audit events, oldest first, at most limit of them.
 func JobEvents(ctx context.Context, db sqldb.DB, id int64, limit int) ([]AuditEvent, error) {
-	rows, err := db.QueryContext(ctx, auditSelect+"WHERE job_id = ? ORDER BY id LIMIT ?", id, limit)
+	return JobEventsAfter(ctx, db, id, 0, limit)
+}
+
+// JobEventsAfter returns job id's audit events with an id above after, oldest first, at most
+// limit of them. A job's transitions are written one transaction after another under its row's
+// lock, so a later event of one job always has a higher id: a follower that read up to an id
+// misses nothing by reading after it.
+func JobEventsAfter(ctx context.Context, db sqldb.DB, id, after int64, limit int) ([]AuditEvent, error) {
+	rows, err := db.QueryContext(ctx, auditSelect+"WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?", id, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read job %d's audit events: %w", id, err)
 	}
