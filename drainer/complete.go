@@ -270,9 +270,12 @@ func (w *outcomeWriter) finish(ctx context.Context, tx *store.ConnTx, now time.T
 	return nil
 }
 
-// written acts on outcomes committed: each job's metrics, and the heads cache loses the tenants
-// of jobs requeued.
+// written acts on outcomes committed: each job's metrics, the heads cache loses the tenants
+// of jobs requeued, and their pokes are announced (Config.OutboxWritten).
 func (w *outcomeWriter) written(now time.Time, items []store.Finishing, to []job.Status) {
+	if w.cfg.OutboxWritten != nil && len(items) > 0 {
+		w.cfg.OutboxWritten()
+	}
 	for i, it := range items {
 		if to[i] == job.Queued {
 			w.heads.invalidate(it.Row.Tenant) // it keeps its place ahead of the cached heads

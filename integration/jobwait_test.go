@@ -11,9 +11,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
@@ -390,6 +392,52 @@ func TestFollowEvents(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), `"field":"`+bad.field+`"`) {
 			t.Errorf("events%s %v: %d %s; want 400 on %s", bad.query, bad.h, resp.StatusCode, raw, bad.field)
+		}
+	}
+}
+
+// TestOutboxWrittenAfterOutcomes: the drainer announces its outcomes' release pokes
+// (drainer.Config.OutboxWritten, which the app wires to its relay's Wake) once they are
+// committed: each call sees release rows in the outbox from a connection of its own.
+func TestOutboxWrittenAfterOutcomes(t *testing.T) {
+	t.Parallel()
+	f := startFrontDoor(t, fdOptions{})
+	ctx := context.Background()
+	for range 2 {
+		f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme"})
+	}
+	var mu sync.Mutex
+	var seen []int // release rows visible at each call
+	d, err := drainer.New(drainer.Config{DB: f.db.DB, Executor: startingSender{f.exec}, ID: "d-announce",
+		OutboxWritten: func() {
+			var n int
+			if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE subject LIKE '%.release.%'").Scan(&n); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			seen = append(seen, n)
+			mu.Unlock()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the drained jobs' outcomes", func() (bool, error) {
+		var n int
+		err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
+		return n == 2, err
+	})
+	d.Stop(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) == 0 {
+		t.Fatal("OutboxWritten was never called for the outcomes")
+	}
+	for i, n := range seen {
+		if n == 0 {
+			t.Fatalf("call %d of OutboxWritten saw no release poke committed (calls saw %v)", i, seen)
 		}
 	}
 }

@@ -266,7 +266,7 @@ func apiDo(ctx context.Context, hc *http.Client, method, url, token string, body
 }
 
 // scrape returns the /metrics text.
-func scrape(t *testing.T, url string) string {
+func scrape(t testing.TB, url string) string {
 	t.Helper()
 	resp, err := http.Get(url + "/metrics")
 	if err != nil {

@@ -506,6 +506,17 @@ func (a *App) startRelay(js jetstream.JetStream, installID string, relayMetrics 
 	return nil
 }
 
+// relayWake is how the drainer announces the release pokes its outcomes wrote: the relay of
+// this process publishes them at once, where without it they would wait for its next poll (up
+// to half a second) before they wake drainers and waiting requests elsewhere. Without a relay
+// here, nothing.
+func (a *App) relayWake() func() {
+	if a.relay == nil {
+		return nil
+	}
+	return a.relay.Wake
+}
+
 // startDrainer builds the drainer role and subscribes it to the pokes.
 func (a *App) startDrainer() error {
 	opts := a.opts
@@ -519,7 +530,8 @@ func (a *App) startDrainer() error {
 	metrics := drainer.NewMetrics(a.registry)
 	if a.drainer, err = drainer.New(drainer.Config{DB: a.db, TxDB: a.txDB, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
 		Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
-		Log: a.log, Metrics: metrics, JobMetrics: a.jobs, BuildVersion: opts.Version, Clock: a.clock}); err != nil {
+		Log: a.log, Metrics: metrics, JobMetrics: a.jobs, BuildVersion: opts.Version, Clock: a.clock,
+		OutboxWritten: a.relayWake()}); err != nil {
 		return err
 	}
 	// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a

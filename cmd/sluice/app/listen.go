@@ -14,7 +14,8 @@ import (
 )
 
 // Bounds of the HTTP listeners (API, and the ops endpoints of processes without the API
-// role). No route streams: every answer is one JSON document, or the metrics text.
+// role). Every answer is one JSON document, or the metrics text, except a job's events stream
+// (follow=1), which moves its write deadline on with each event it sends.
 const (
 	// DefaultMaxConns bounds a listener's open connections (Options.MaxConns); past it,
 	// Accept waits for one to close. It is well above api.DefaultMaxRequests, so that the
