@@ -66,19 +66,19 @@ func (cl *claimer) nextTenants(ctx context.Context, cfg limits.Config, prev tena
 	return cl.pageOf(cfg, prev.after, read.Tenants), nil
 }
 
-// tenantsParams ask for the page of tenants with work after from (from the start when first),
-// in cfg's ordering: fair and fifo walk the head index (every tenant's oldest queued job, oldest
-// first); round_robin walks the names from the tenant served last to the end, then from the
-// first name up to it.
+// tenantsParams ask for the page of tenants with work due by now after from (from the start
+// when first), in cfg's ordering: fair and fifo walk the head index (every tenant's oldest
+// queued job, oldest first); round_robin walks the names from the tenant served last to the end,
+// then from the first name up to it.
 func (cl *claimer) tenantsParams(cfg limits.Config, from tenantKey, first bool) store.TenantPageParams {
 	n := cl.tenantsPerPage(cfg)
 	if cfg.Ordering == limits.RoundRobin {
 		if first {
 			from.name = cl.rrLast
 		}
-		return store.TenantPageParams{ByName: true, After: from.name, Wrapped: from.wrapped, UpTo: cl.rrLast, Limit: n}
+		return store.TenantPageParams{ByName: true, After: from.name, Wrapped: from.wrapped, UpTo: cl.rrLast, Limit: n, DueOnly: true}
 	}
-	return store.TenantPageParams{FromStart: first, HeadAt: from.headAt, HeadID: from.headID, Limit: n}
+	return store.TenantPageParams{FromStart: first, HeadAt: from.headAt, HeadID: from.headID, Limit: n, DueOnly: true}
 }
 
 // pageOf turns the rows of a tenants page read from from into a page.

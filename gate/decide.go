@@ -255,8 +255,12 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 			st.tenantInteractive[t]++
 		}
 		st.globalDepth++
-		pos := int64(st.tenantDepth[t])
-		it.res.Job.Position = &pos
+		if it.req.due(st.now).IsZero() {
+			// A scheduled job's place is among the jobs due before it: GET /v1/jobs/{id} reads
+			// it. This one counts the tenant's scheduled jobs as ahead of it.
+			pos := int64(st.tenantDepth[t])
+			it.res.Job.Position = &pos
+		}
 	}
 	return refund
 }

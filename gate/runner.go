@@ -274,6 +274,9 @@ func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbo
 			it.err = depthError(it)
 		default:
 			it.res.Job.ID, it.res.Job.Tenant, it.res.Job.Status, it.res.Job.QueuedAt = it.id, it.req.Tenant, job.Queued, st.now
+			if due := it.req.due(st.now); !due.IsZero() {
+				it.res.Job.QueuedAt, it.res.Job.NotBefore = due, &due
+			}
 			it.res.Job.RateKeySHA256, it.res.Job.RetryOf = it.hash, it.retryOf
 			it.res.Job.Lanes, it.res.Job.Interactive = append([]string{}, it.req.Lanes...), it.req.interactive()
 			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Queued, 0, st.now, "")

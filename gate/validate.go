@@ -8,9 +8,12 @@ import (
 	"errors"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 )
@@ -26,6 +29,10 @@ type Request struct {
 	// sorts them and drops repeats.
 	Lanes       []string `json:"lanes,omitempty"`
 	Interactive *bool    `json:"interactive,omitempty"`
+	// RunAt (RFC 3339) or DelaySeconds schedule the job: it is queued at once, counts toward
+	// the depth caps, and is not claimed before then (SPEC §6, issue "time and waiting").
+	RunAt        *string  `json:"run_at,omitempty"`
+	DelaySeconds *float64 `json:"delay_seconds,omitempty"`
 	// Aware: the request carried Sluice-Capacity-Aware: true, so its client handles a capacity
 	// refusal; with enforce_for=aware only such requests are refused on capacity (SPEC §5a).
 	Aware bool `json:"-"`
@@ -71,6 +78,9 @@ func (r *Request) Validate(maxPayload int) error {
 	if err := r.normalLanes(); err != nil {
 		return err
 	}
+	if err := r.validSchedule(time.Now()); err != nil {
+		return err
+	}
 	if len(r.Payload) > maxPayload {
 		return &job.Error{Code: job.CodePayloadTooLarge,
 			Message: "payload is larger than the limit",
@@ -80,6 +90,56 @@ func (r *Request) Validate(maxPayload int) error {
 		r.Payload = nil
 	}
 	return nil
+}
+
+// MaxSchedule bounds how far ahead a job may be scheduled (run_at, delay_seconds).
+const MaxSchedule = 365 * 24 * time.Hour
+
+// validSchedule checks run_at and delay_seconds: one of them at most, a run_at in RFC 3339 at
+// most MaxSchedule after now (this process's clock, which follows the database's), a delay from
+// 0 to MaxSchedule, and neither with queue=false, which admits only a job that starts now.
+func (r *Request) validSchedule(now time.Time) error {
+	if r.RunAt == nil && r.DelaySeconds == nil {
+		return nil
+	}
+	if r.RunAt != nil && r.DelaySeconds != nil {
+		return job.Invalid("run_at", "give run_at or delay_seconds, not both")
+	}
+	if r.Queue != nil && !*r.Queue {
+		return job.Invalid("queue", "queue=false admits only a job that can start now; it cannot have run_at or delay_seconds")
+	}
+	if r.DelaySeconds != nil {
+		if d := *r.DelaySeconds; d < 0 || d > MaxSchedule.Seconds() {
+			return job.Invalid("delay_seconds", "delay_seconds must be from 0 to %d, got %v", int64(MaxSchedule.Seconds()), d)
+		}
+		return nil
+	}
+	at, err := time.Parse(time.RFC3339Nano, *r.RunAt)
+	if err != nil {
+		return job.Invalid("run_at", "run_at must be an RFC 3339 time such as 2026-12-06T15:04:05Z, got %q", *r.RunAt)
+	}
+	if at.After(now.Add(MaxSchedule)) {
+		return job.Invalid("run_at", "run_at is more than a year ahead (%s)", *r.RunAt)
+	}
+	return nil
+}
+
+// due returns when a job of r becomes eligible, given the admission's time now: its run_at or
+// now plus its delay, at the columns' precision; the zero time when that is not after now.
+func (r *Request) due(now time.Time) time.Time {
+	var at time.Time
+	switch {
+	case r.RunAt != nil:
+		at, _ = time.Parse(time.RFC3339Nano, *r.RunAt) // validSchedule parsed it
+	case r.DelaySeconds != nil:
+		at = now.Add(time.Duration(*r.DelaySeconds * float64(time.Second)))
+	default:
+		return time.Time{}
+	}
+	if at = clock.Trunc(at.UTC()); !at.After(now) {
+		return time.Time{}
+	}
+	return at
 }
 
 // normalLanes sorts r.Lanes and drops repeats; more than MaxLanes distinct names, or a name that
@@ -166,6 +226,12 @@ func (r *Request) fingerprint() []byte {
 	}
 	if r.interactive() {
 		write([]byte("i1"))
+	}
+	if r.RunAt != nil {
+		write([]byte("r" + *r.RunAt))
+	}
+	if r.DelaySeconds != nil {
+		write([]byte("d" + strconv.FormatFloat(*r.DelaySeconds, 'g', -1, 64)))
 	}
 	return h.Sum(nil)
 }

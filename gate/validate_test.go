@@ -3,6 +3,7 @@ package gate
 import (
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -24,6 +25,8 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"tenant":"acme","lanes":"gpu"}`))
 	f.Add([]byte(`{"tenant":"acme","lanes":[""]}`))
 	f.Add([]byte(`{"tenant":"acme","lanes":["a,b"],"interactive":1}`))
+	f.Add([]byte(`{"tenant":"acme","run_at":"2026-12-06T12:00:00.5Z"}`))
+	f.Add([]byte(`{"tenant":"acme","delay_seconds":1.5,"queue":false}`))
 	const maxPayload = 1024
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := DecodeRequest(data)
@@ -62,6 +65,12 @@ func FuzzDecodeRequest(f *testing.F) {
 				t.Fatalf("accepted lanes %q (not sorted, distinct lane names)", req.Lanes)
 			}
 		}
+		if req.RunAt != nil && req.DelaySeconds != nil {
+			t.Fatal("accepted both run_at and delay_seconds")
+		}
+		if d := req.due(time.Now()); !d.IsZero() && (d.Before(time.Now()) || d.After(time.Now().Add(MaxSchedule+time.Minute))) {
+			t.Fatalf("accepted a schedule due at %v", d)
+		}
 		if len(req.fingerprint()) != 32 {
 			t.Fatal("fingerprint is not a SHA-256")
 		}
@@ -77,6 +86,8 @@ func TestDecodeRequestNamesTheField(t *testing.T) {
 		`{"tenant": "a", "lanes": "gpu"}`:              "lanes",
 		`{"tenant": "a", "lanes": [1]}`:                "lanes",
 		`{"tenant": "a", "interactive": "yes"}`:        "interactive",
+		`{"tenant": "a", "run_at": 5}`:                 "run_at",
+		`{"tenant": "a", "delay_seconds": "5"}`:        "delay_seconds",
 		"{\"tenant\": \"a\", \"rate_key\": \"\xfe\"}":  "rate_key",
 		"{\"tenant\": \"a\", \"payload\": [\"\xfe\"]}": "payload",
 		`{"tenant": "a",}`:                             "body",
@@ -174,4 +185,54 @@ func TestImmediateRetryAfter(t *testing.T) {
 func defaultLimits() *limits.Config {
 	c := limits.Default()
 	return &c
+}
+
+// TestValidSchedule: run_at or delay_seconds, one of them, in range, never with queue=false; the
+// due time is the run_at or the admission's time plus the delay, or none once it has passed; and
+// a schedule is part of the request an idempotency key stands for.
+func TestValidSchedule(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for body, field := range map[string]string{
+		`{"tenant":"a","run_at":"2026-12-06T13:00:00Z","delay_seconds":5}`: "run_at",
+		`{"tenant":"a","run_at":"tomorrow"}`:                               "run_at",
+		`{"tenant":"a","run_at":"2026-12-06 13:00:00"}`:                    "run_at",
+		`{"tenant":"a","run_at":"2027-12-07T12:00:00Z"}`:                   "run_at",
+		`{"tenant":"a","delay_seconds":-1}`:                                "delay_seconds",
+		`{"tenant":"a","delay_seconds":31536001}`:                          "delay_seconds",
+		`{"tenant":"a","delay_seconds":5,"queue":false}`:                   "queue",
+	} {
+		req, err := DecodeRequest([]byte(body))
+		if err == nil {
+			err = req.validSchedule(now)
+		}
+		if je, ok := err.(*job.Error); !ok || je.Code != job.CodeInvalidRequest || je.Detail["field"] != field {
+			t.Errorf("%s: %v; want invalid_request naming %s", body, err, field)
+		}
+	}
+	for body, want := range map[string]time.Time{
+		`{"tenant":"a"}`: {},
+		`{"tenant":"a","run_at":"2026-12-06T13:00:00.1234567+01:00"}`: now.Add(123456 * time.Microsecond), // UTC, to the microsecond
+		`{"tenant":"a","run_at":"2026-12-06T11:00:00Z"}`:              {},                                 // passed: due now
+		`{"tenant":"a","delay_seconds":90.5}`:                         now.Add(90500 * time.Millisecond),
+		`{"tenant":"a","delay_seconds":0}`:                            {},
+		`{"tenant":"a","run_at":"2027-12-06T11:59:00Z"}`:              now.Add(MaxSchedule - time.Minute),
+	} {
+		req, err := DecodeRequest([]byte(body))
+		if err == nil {
+			err = req.validSchedule(now)
+		}
+		if err != nil {
+			t.Errorf("%s: %v", body, err)
+			continue
+		}
+		if got := req.due(now); !got.Equal(want) {
+			t.Errorf("%s: due %v; want %v", body, got, want)
+		}
+	}
+	plain, _ := DecodeRequest([]byte(`{"tenant":"a"}`))
+	later, _ := DecodeRequest([]byte(`{"tenant":"a","delay_seconds":60}`))
+	at, _ := DecodeRequest([]byte(`{"tenant":"a","run_at":"2026-12-06T13:00:00Z"}`))
+	if string(plain.fingerprint()) == string(later.fingerprint()) || string(later.fingerprint()) == string(at.fingerprint()) {
+		t.Error("a schedule must change the request's fingerprint")
+	}
 }

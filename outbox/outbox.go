@@ -74,6 +74,16 @@ type Poke struct {
 	JobID  int64  `json:"job_id"`
 }
 
+// PokeJobID returns the job a poke's body names, or 0 when it names none (a slot's or a
+// capacity release's poke) or is not a poke's body.
+func PokeJobID(body []byte) int64 {
+	var p Poke
+	if json.Unmarshal(body, &p) != nil || p.JobID < 0 {
+		return 0
+	}
+	return p.JobID
+}
+
 // Message is one row to write.
 type Message struct {
 	Subject string

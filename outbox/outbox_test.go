@@ -50,3 +50,20 @@ func TestPokeBodyAround(t *testing.T) {
 		}
 	}
 }
+
+func TestPokeJobID(t *testing.T) {
+	for body, want := range map[string]int64{
+		string(PokeMessage("sluice", Release, "acme", 42).Payload): 42,
+		string(PokeMessage("sluice", Release, "acme", 0).Payload):  0,
+		`not json`:         0,
+		`{"job_id":-3}`:    0,
+		`{"job_id":"7"}`:   0,
+		`{"kind":"x"}`:     0,
+		`{"job_id":9e3}`:   0,
+		`{"job_id":12345}`: 12345,
+	} {
+		if got := PokeJobID([]byte(body)); got != want {
+			t.Errorf("PokeJobID(%s) = %d; want %d", body, got, want)
+		}
+	}
+}

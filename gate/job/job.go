@@ -68,6 +68,9 @@ type Job struct {
 	Lanes []string `json:"lanes"`
 	// Interactive jobs may use the interactive reserve and go first within their tenant.
 	Interactive bool `json:"interactive"`
+	// NotBefore, for a queued job, is the instant before which it is not claimed: the run_at or
+	// delay_seconds it was admitted with, or the retry time of an executor's 503 refusal.
+	NotBefore *time.Time `json:"not_before,omitempty"`
 }
 
 // TimeFormat is how the API writes a timestamp (SPEC §4: RFC 3339, UTC, microseconds). It
@@ -97,7 +100,9 @@ func (j Job) MarshalJSON() ([]byte, error) {
 		StartedAt    *string  `json:"started_at"`
 		FinishedAt   *string  `json:"finished_at"`
 		Lanes        []string `json:"lanes"`
-	}{plain(j), j.QueuedAt.UTC().Format(TimeFormat), opt(j.ClaimedAt), opt(j.DispatchedAt), opt(j.StartedAt), opt(j.FinishedAt), lanes})
+		NotBefore    *string  `json:"not_before,omitempty"`
+	}{plain(j), j.QueuedAt.UTC().Format(TimeFormat), opt(j.ClaimedAt), opt(j.DispatchedAt), opt(j.StartedAt), opt(j.FinishedAt), lanes,
+		opt(j.NotBefore)})
 }
 
 // Code is a stable error code (SPEC §6 `error_code`).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,7 +34,14 @@ type NewJob struct {
 	RequestSHA256  []byte
 	// Poke, for a queued job, writes its enqueue poke.
 	Poke bool
+	// Due, if after the admission's Now, schedules a queued job: it joins its tenant's queue at
+	// Due (its queued_at, so it takes its place among the jobs due then and the claim's range
+	// over the queue stops before it) and is not eligible before it (not_before).
+	Due time.Time
 }
+
+// scheduled reports whether j is queued for later than now.
+func (j NewJob) scheduled(now time.Time) bool { return j.Rejected == "" && j.Due.After(now) }
 
 // NewJobs are the rows one admission transaction writes.
 type NewJobs struct {
@@ -193,19 +201,35 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 	}
 	for start := 0; start < len(p.Jobs); start += insertChunk {
 		end := min(len(p.Jobs), start+insertChunk)
+		// Only a chunk with a scheduled job names not_before: the others keep the statement
+		// every admission sends.
+		scheduled := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.scheduled(p.Now) })
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
-			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, lanes, interactive) VALUES `)
+			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, lanes, interactive`)
+		row := "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+		if scheduled {
+			q.WriteString(", not_before")
+			row = "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+		}
+		q.WriteString(") VALUES ")
 		c := written{stmt: len(w.stmts)}
 		var pokes []outbox.NewPoke
-		rowArgs := make([]any, 0, 14*(end-start))
+		rowArgs := make([]any, 0, 15*(end-start))
 		for i := start; i < end; i++ {
 			if i > start {
 				q.WriteString(",")
 			}
-			q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+			q.WriteString(row)
 			j := p.Jobs[i]
 			rowArgs = appendJobRow(rowArgs, j, p.Now)
+			if scheduled {
+				var notBefore any
+				if j.scheduled(p.Now) {
+					notBefore = j.Due
+				}
+				rowArgs = append(rowArgs, notBefore)
+			}
 			c.jobs = append(c.jobs, i)
 			if j.Rejected == "" && j.Poke {
 				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: j.Tenant, Offset: int64(i-start) * step})
@@ -230,7 +254,10 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 		}
 		w.chunks = append(w.chunks, c)
 	}
-	if q, args := queueCountSQL(p, firstKnown, step); q != "" {
+	// A scheduled job may sort anywhere in its tenant's queue, and a batch's first job of a
+	// tenant need not be its oldest: the queue state then looks its heads up.
+	anyScheduled := slices.ContainsFunc(p.Jobs, func(j NewJob) bool { return j.scheduled(p.Now) })
+	if q, args := queueCountSQL(p, firstKnown && !anyScheduled, step); q != "" {
 		// Last, so that the insert ids of the statements before it keep their indexes.
 		w.stmts = append(w.stmts, q)
 		w.args = append(w.args, args)
@@ -366,6 +393,10 @@ func appendJobRow(args []any, j NewJob, now time.Time) []any {
 			idem, fp = *j.IdempotencyKey, j.RequestSHA256
 		}
 	}
+	queuedAt := now
+	if j.scheduled(now) {
+		queuedAt = j.Due
+	}
 	return append(args, j.Tenant, rateKey, payload, string(status), j.Caller, idem, fp,
-		now, finished, code, msg, retryOf, JoinLanes(j.Lanes), j.Interactive)
+		queuedAt, finished, code, msg, retryOf, JoinLanes(j.Lanes), j.Interactive)
 }

@@ -32,6 +32,11 @@ type TenantPageParams struct {
 	HeadAt    time.Time
 	HeadID    int64
 	Limit     int
+	// DueOnly leaves out the tenants whose oldest queued job (their head) is queued after the
+	// database's now: scheduled for later (run_at, delay_seconds), so that tenants with only such
+	// jobs cost a pass nothing however many they are. A head is a lower bound, so nothing due is
+	// left out.
+	DueOnly bool
 	// WithInFlight also counts the jobs in flight, in the same statement: a pass's first read.
 	// Config gives their tenants' tiers.
 	WithInFlight bool
@@ -57,6 +62,12 @@ type TenantPage struct {
 	Usage   limits.Usage // WithInFlight: the jobs in flight and live slots by capacity class
 }
 
+// dueNow is the latest queued_at of a job due now: the database's clock, which every admission
+// dates its jobs by, so that a job committed before a read is never later than it whatever the
+// reader's own clock (a test's fake one, a drainer's synced one) says. Only a scheduled job is
+// queued after it.
+const dueNow = "UTC_TIMESTAMP(6)"
+
 // tenantsSQL is the read of p's page of tenants with work, as rows (tenant, NULL, head_at,
 // head_id, has interactive queued jobs, NULL, and the tenant's only queued job's id, rate key,
 // queued_at, version, lanes, interactive, not_before, or NULLs) (ReadTenantPage adds the jobs in
@@ -74,18 +85,25 @@ func tenantsSQL(p TenantPageParams) (string, []any) {
 		EXISTS (SELECT 1 FROM jobs FORCE INDEX (interactive_queue) WHERE interactive_tenant = tenants.tenant), NULL,
 		j.id, j.rate_key_sha256, j.queued_at, j.version, j.lanes, j.interactive, j.not_before FROM tenants`
 	const only = ` LEFT JOIN jobs j ON j.id = tenants.head_id AND tenants.queued = 1 AND j.status = 'queued'`
+	// On the head index the bound ends the range; by name it filters the rows walked.
+	due := ""
+	if p.DueOnly {
+		due = " AND head_at <= " + dueNow
+	}
 	if p.ByName {
 		if p.Wrapped {
-			return "(" + cols + " FORCE INDEX (work_tenant)" + only + " WHERE work_tenant > ? AND work_tenant <= ? ORDER BY work_tenant LIMIT ?)",
+			return "(" + cols + " FORCE INDEX (work_tenant)" + only + " WHERE work_tenant > ? AND work_tenant <= ?" + due + " ORDER BY work_tenant LIMIT ?)",
 				[]any{p.After, p.UpTo, n}
 		}
-		return "(" + cols + " FORCE INDEX (work_tenant)" + only + " WHERE work_tenant > ? ORDER BY work_tenant LIMIT ?)", []any{p.After, n}
+		return "(" + cols + " FORCE INDEX (work_tenant)" + only + " WHERE work_tenant > ?" + due + " ORDER BY work_tenant LIMIT ?)",
+			[]any{p.After, n}
 	}
 	if p.FromStart {
-		return "(" + cols + " FORCE INDEX (head)" + only + " WHERE head_at IS NOT NULL ORDER BY head_at, head_id LIMIT ?)", []any{n}
+		return "(" + cols + " FORCE INDEX (head)" + only + " WHERE head_at IS NOT NULL" + due + " ORDER BY head_at, head_id LIMIT ?)",
+			[]any{n}
 	}
 	// A row constructor comparison is not a range MariaDB seeks to, so the keyset is spelt out.
-	return "(" + cols + " FORCE INDEX (head)" + only + ` WHERE head_at IS NOT NULL AND (head_at > ? OR (head_at = ? AND head_id > ?))
+	return "(" + cols + " FORCE INDEX (head)" + only + ` WHERE head_at IS NOT NULL AND (head_at > ? OR (head_at = ? AND head_id > ?))` + due + `
 		ORDER BY head_at, head_id LIMIT ?)`, []any{p.HeadAt, p.HeadAt, p.HeadID, n}
 }
 
@@ -201,13 +219,15 @@ func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]He
 		// The claim index is forced and walked in (queued_at, id) order, stopping after LIMIT
 		// rows: without the hint MariaDB may pick tenant_id and sort the whole backlog, and
 		// naming the equality columns in ORDER BY (status is an ENUM) also makes it sort.
+		// The queued_at bound ends the range before the jobs scheduled for later (a scheduled job
+		// is queued at its run_at), however many there are: the read stays bounded by N.
 		sub := `(SELECT id, tenant, rate_key_sha256, queued_at, version, lanes, interactive FROM jobs FORCE INDEX (claim)
-			WHERE status = 'queued' AND tenant = ? AND (not_before IS NULL OR not_before <= ?)` + exclude + `
+			WHERE status = 'queued' AND tenant = ? AND queued_at <= ` + dueNow + ` AND (not_before IS NULL OR not_before <= ?)` + exclude + `
 			ORDER BY queued_at, id LIMIT ?)`
 		if w.Interactive {
 			sub += ` UNION ALL (SELECT id, tenant, rate_key_sha256, queued_at, version, lanes, interactive
 				FROM jobs FORCE INDEX (interactive_queue)
-				WHERE interactive_tenant = ? AND (not_before IS NULL OR not_before <= ?)` + exclude + `
+				WHERE interactive_tenant = ? AND queued_at <= ` + dueNow + ` AND (not_before IS NULL OR not_before <= ?)` + exclude + `
 				ORDER BY queued_at, id LIMIT ?)`
 		}
 		if q.Len() > 0 && q.Len()+len(sub)+len(" UNION ALL ") > maxStatementBytes {

@@ -32,7 +32,6 @@ type Row struct {
 	Caller           string
 	IdempotencyKey   *string
 	RequestSHA256    []byte
-	NotBefore        *time.Time
 }
 
 // Columns is the select list that ScanRow reads, in order.

@@ -1,9 +1,10 @@
 // Package waiters holds the API requests that wait for a job to change (GET /v1/jobs/{id}?wait=,
 // POST /v1/jobs with wait, the events stream with follow=1) and wakes them. A job's outcome
-// writes a release poke naming it, which every process hears on NATS (Wake); a poke lost, or a
-// change that sends none (a cancel, an expiry, a start), is caught by the backstop (Tick): one
-// read a second of the state of every job any waiter of the process waits on, whatever the
-// number of waiters. So a waiter holds no database connection and never polls the database.
+// writes a release poke naming it, which every process hears on NATS and hands to Wake; a poke
+// lost, or a change that sends none (a cancel, an expiry, a start), is caught by the backstop
+// (Tick): one read a second of the state of every job any waiter of the process waits on,
+// whatever the number of waiters. So a waiter holds no database connection and never polls the
+// database.
 //
 // A waiter is bounded twice, per process and per caller (an API token): past either bound Add
 // answers ErrBusy, which the API turns into 503 busy.
@@ -11,7 +12,6 @@ package waiters
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,8 +19,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/sluicehq/sluice/outbox"
 )
 
 // Defaults of Config.
@@ -194,16 +192,6 @@ func (h *Hub) Wake(id int64) {
 // Wakes reports how many times a waiter was woken by a poke (Wake, WakePoke) and by the backstop
 // (Tick), since the hub started.
 func (h *Hub) Wakes() (poke, backstop int64) { return h.pokeWakes.Load(), h.backstopWakes.Load() }
-
-// WakePoke wakes the waiters of the job a release poke's body names (outbox.Poke); a poke that
-// names no job (a slot or a capacity release) or does not decode wakes nobody.
-func (h *Hub) WakePoke(body []byte) {
-	var p outbox.Poke
-	if json.Unmarshal(body, &p) != nil || p.JobID <= 0 {
-		return
-	}
-	h.Wake(p.JobID)
-}
 
 // Tick is one backstop pass: it reads the state of every waited job and wakes the waiters of
 // each job whose state differs from what they last saw, or that is gone.

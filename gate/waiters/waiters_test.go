@@ -72,21 +72,6 @@ func TestWakeWakesTheJobsWaitersOnly(t *testing.T) {
 	}
 }
 
-func TestWakePokeReadsTheJobID(t *testing.T) {
-	h := newHub(t, &fakeStates{}, Config{})
-	w, _ := h.Add("p", 42)
-	for _, body := range []string{`{"kind":"release","tenant":"acme","job_id":0}`, `not json`, `{"job_id":41}`} {
-		h.WakePoke([]byte(body))
-		if woken(w) {
-			t.Fatalf("poke %s woke the waiter of job 42", body)
-		}
-	}
-	h.WakePoke([]byte(`{"kind":"release","tenant":"acme","job_id":42}`))
-	if !woken(w) {
-		t.Fatal("the release poke of job 42 did not wake its waiter")
-	}
-}
-
 func TestBounds(t *testing.T) {
 	h := newHub(t, &fakeStates{}, Config{Max: 3, MaxPerCaller: 2})
 	p1, err := h.Add("p", 1)

@@ -650,7 +650,9 @@ func (a *App) startAPI(ctx context.Context) error {
 			Help: "Waiting requests woken, by what woke them: a release poke, or the once-a-second backstop read.", ConstLabels: prometheus.Labels{"source": "backstop"}},
 			func() float64 { _, backstop := hub.Wakes(); return float64(backstop) }))
 	if _, err := a.nc.Subscribe(a.opts.Prefix+"."+string(outbox.Release)+".>", func(m *nats.Msg) {
-		a.waiters.WakePoke(m.Data)
+		if id := outbox.PokeJobID(m.Data); id > 0 {
+			a.waiters.Wake(id)
+		}
 	}); err != nil {
 		return fmt.Errorf("subscribe to release pokes: %w", err)
 	}

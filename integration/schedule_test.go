@@ -1,0 +1,84 @@
+package integration_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/integration/harness"
+)
+
+// TestRunLater: a job admitted with delay_seconds or run_at is queued at once, shows when it is
+// due (not_before, and queued_at: it joins the queue then), counts in its tenant's depth, and is
+// not dispatched before it is due, while a job admitted after it and due now runs first. A
+// scheduled job can be canceled like any queued job.
+func TestRunLater(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{})
+	r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "delay_seconds": 1.5})
+	if r.Status != http.StatusAccepted || r.Body["status"] != "queued" || r.Body["not_before"] == nil ||
+		r.Body["not_before"] != r.Body["queued_at"] || r.Body["position"] != nil || r.Header.Get("Sluice-Queue-Position") != "" {
+		t.Fatalf("admit with delay_seconds: %d %s; want 202 queued, not_before = queued_at, no position", r.Status, r.Raw)
+	}
+	delayed := jobID(t, r.Body)
+	far := time.Now().UTC().Add(time.Hour).Format(time.RFC3339)
+	r = env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "run_at": far})
+	if r.Status != http.StatusAccepted {
+		t.Fatalf("admit with run_at: %d %s", r.Status, r.Raw)
+	}
+	later := jobID(t, r.Body)
+	now := env.Admit(t, "acme", map[string]any{})
+
+	// The job due now runs; the delayed one runs once due, never before; the one an hour away
+	// stays queued, counted in the depth.
+	for _, id := range []int64{now, delayed} {
+		r = env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d?wait=30", id), harness.ProducerToken, nil)
+		if r.Body["status"] != string(job.Succeeded) {
+			t.Fatalf("job %d after waiting: %s; want succeeded", id, r.Raw)
+		}
+	}
+	var nowAt, delayedAt, dueAt time.Time
+	if err := env.DB.QueryRow("SELECT dispatched_at FROM jobs WHERE id = ?", now).Scan(&nowAt); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.DB.QueryRow("SELECT dispatched_at, queued_at FROM jobs WHERE id = ?", delayed).Scan(&delayedAt, &dueAt); err != nil {
+		t.Fatal(err)
+	}
+	if delayedAt.Before(dueAt) || !nowAt.Before(delayedAt) {
+		t.Fatalf("delayed job due %v dispatched %v, the job due now dispatched %v; want the delayed one at or after its due time, after the other",
+			dueAt, delayedAt, nowAt)
+	}
+	r = env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d", later), harness.ProducerToken, nil)
+	if r.Body["status"] != "queued" || r.Body["position"] != float64(1) {
+		t.Fatalf("the job an hour away: %s; want queued at position 1", r.Raw)
+	}
+	r = env.Do(t, http.MethodGet, "/v1/tenants", harness.AdminToken, nil)
+	if ts, _ := r.Body["tenants"].([]any); len(ts) != 1 || ts[0].(map[string]any)["depth"] != float64(1) {
+		t.Fatalf("tenants: %s; want acme with depth 1", r.Raw)
+	}
+	if r = env.Do(t, http.MethodDelete, fmt.Sprintf("/v1/jobs/%d", later), harness.ProducerToken, nil); r.Body["status"] != "canceled" {
+		t.Fatalf("cancel the scheduled job: %d %s", r.Status, r.Raw)
+	}
+
+	// Bad schedules are 400 and write nothing.
+	var before int
+	if err := env.DB.QueryRow("SELECT COUNT(*) FROM jobs").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []map[string]any{
+		{"tenant": "acme", "delay_seconds": 5, "queue": false},
+		{"tenant": "acme", "run_at": "next week"},
+		{"tenant": "acme", "run_at": time.Now().UTC().AddDate(2, 0, 0).Format(time.RFC3339)},
+		{"tenant": "acme", "delay_seconds": -5},
+	} {
+		if r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, body); r.Status != http.StatusBadRequest {
+			t.Errorf("admit %v: %d %s; want 400", body, r.Status, r.Raw)
+		}
+	}
+	var after int
+	if err := env.DB.QueryRow("SELECT COUNT(*) FROM jobs").Scan(&after); err != nil || after != before {
+		t.Fatalf("jobs %d before the bad schedules, %d after (%v)", before, after, err)
+	}
+}
