@@ -415,7 +415,7 @@ func (d *Drainer) started(now time.Time, out []claimed) {
 }
 
 // upkeep renews this drainer's leases (leaseKeeper), recovers expired ones and sweeps the expired
-// slots (rescuer) and expires queued jobs past max_queue_age_seconds (expirer), re-reading the runtime config first when
+// slots (rescuer) and expires queued jobs past their start_by or max_queue_age_seconds (expirer), re-reading the runtime config first when
 // something depends on it (configNeeded). A config that changed gets a pass of its own at once
 // (Wake). With beat, a heartbeat that is due is written in the lease scan's round trip (two
 // statements a second fewer for an idle drainer than config, scan and heartbeat apart); beaten
@@ -438,7 +438,8 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	if p.Recovered, p.SlotsLost, err = d.rescue.RunOnce(ctx, now, hb, fresh); err != nil {
 		return hb != nil, err
 	}
-	if p.Expired, err = d.expiry.RunOnce(ctx, now); err != nil {
+	queued := !d.claims.probe || d.config.get().GlobalInFlight == 0 // a paused drainer claims nothing, so learns nothing
+	if p.Expired, err = d.expiry.RunOnce(ctx, now, queued); err != nil {
 		return hb != nil, err
 	}
 	// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is dropped so

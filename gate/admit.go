@@ -211,6 +211,7 @@ func (a *Admitter) Admit(ctx context.Context, caller string, req Request, mayAct
 		a.cfg.Metrics.observe(Result{}, it.invalid)
 		return Result{}, it.invalid
 	}
+	a.serviceTimes(ctx, []*item{it})
 	if err := a.admit(ctx, it, cfg); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
 		a.auditOutcome(it, Result{}, err)
@@ -242,6 +243,7 @@ func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request
 			items[i].invalid = forbiddenTenant()
 		}
 	}
+	a.serviceTimes(ctx, items)
 	if err := a.run(ctx, items, cfg, false); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
 		return nil, err
@@ -313,6 +315,28 @@ func (a *Admitter) newItem(caller string, req Request, cfg limits.Config) *item 
 	}
 	it.fp = it.req.fingerprint()
 	return it
+}
+
+// serviceTimes reads, for each valid item with refuse_if_late, its tenant's recent service time
+// (once a tenant), outside the admission's transaction: an estimate needs no lock. A read that
+// fails leaves it unknown, so the deadline is judged by the due time alone (fail open).
+func (a *Admitter) serviceTimes(ctx context.Context, items []*item) {
+	known := map[string]time.Duration{}
+	for _, it := range items {
+		if it.invalid != nil || !it.req.refuseIfLate() {
+			continue
+		}
+		d, ok := known[it.req.Tenant]
+		if !ok {
+			var err error
+			if d, _, err = store.RecentServiceTime(ctx, a.cfg.DB, it.req.Tenant); err != nil {
+				a.cfg.Log.Warn("refuse_if_late: the tenant's service time could not be read; judging by the due time alone",
+					"tenant", it.req.Tenant, "error", err)
+			}
+			known[it.req.Tenant] = d
+		}
+		it.service = d
+	}
 }
 
 func unavailable(err error) error {

@@ -37,6 +37,9 @@ type item struct {
 	caller   string
 	actor    string // who decided, for the audit trail, when not caller (a redrive's operator)
 	gatedFor int    // seconds the rate key stays gated (queue=false), 0 if not gated
+	// service is, for refuse_if_late, its tenant's recent service time (0: unknown), read
+	// before the transaction (serviceTimes).
+	service time.Duration
 
 	// decided
 	res      Result
@@ -198,8 +201,7 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 	limitRate(items, cfg, st)
 	off := cfg.AdmissionMode == limits.ModeOff
 	enforce := cfg.AdmissionMode == limits.ModeEnforce
-	refuse := func(it *item) {
-		it.res.Decision = Refused
+	giveBack := func(it *item) {
 		if it.reserved {
 			it.reserved = false
 			if refund == nil {
@@ -207,6 +209,10 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 			}
 			refund[it.req.Tenant]++
 		}
+	}
+	refuse := func(it *item) {
+		it.res.Decision = Refused
+		giveBack(it)
 	}
 	for _, it := range items {
 		if !it.pending() {
@@ -241,6 +247,13 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 			}
 			st.usage.Add(cfg, it.req.unit(), 1)
 		}
+		if it.req.refuseIfLate() {
+			if err := lateError(it, cfg, st); err != nil {
+				it.err = err // not a capacity decision: the headers stay the verdict's
+				giveBack(it)
+				continue
+			}
+		}
 		switch {
 		case off:
 			it.res.Decision = ""
@@ -263,6 +276,33 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 		}
 	}
 	return refund
+}
+
+// lateError is deadline_unreachable when it's start_by cannot be met: it is at or before the
+// job's due time (now, or its run_at), or, for a job due now, its estimated start is: the jobs
+// queued ahead of it in its tenant (its depth, scheduled ones included, so an over-estimate)
+// beyond the tenant's free capacity, in waves of the tenant's cap, each as long as the tenant's
+// recent service time. With no service time known (no job of the tenant finished lately) only
+// the due time counts; a tenant whose cap is 0 never starts a job.
+func lateError(it *item, cfg limits.Config, st *state) error {
+	startBy := *it.req.startBy()
+	est := it.req.due(st.now)
+	if est.IsZero() {
+		est = st.now
+		t := it.req.Tenant
+		limit := cfg.TenantCap(t)
+		if limit <= 0 {
+			est = startBy // paused: never, as far as admission can tell
+		} else if over := st.tenantDepth[t] - (limit - st.tenantInFlight[t]) + 1; over > 0 && it.service > 0 {
+			waves := (over + limit - 1) / limit
+			est = st.now.Add(time.Duration(waves) * it.service)
+		}
+	}
+	if est.Before(startBy) {
+		return nil
+	}
+	return &job.Error{Code: job.CodeDeadlineUnreachable, Message: "the job cannot start by its start_by",
+		Detail: map[string]any{"start_by": startBy.UTC().Format(job.TimeFormat), "estimated_start": est.UTC().Format(job.TimeFormat)}}
 }
 
 // limitRate gives each tenant's pending items the units of its reservation in order; the items

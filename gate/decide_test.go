@@ -353,3 +353,59 @@ func busy(s *state, tenant string, n int) {
 	s.usage.Add(limits.Default(), limits.Unit{Tenant: tenant}, n)
 	s.tenantInFlight[tenant] += n
 }
+
+// TestLateError: refuse_if_late refuses a start_by at or before the job's due time, or before its
+// estimated start: the tenant's queued jobs beyond its free capacity, in waves of its cap, each a
+// recent service time long. Without a service time only the due time counts; a paused tenant
+// never starts.
+func TestLateError(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *string { s := now.Add(d).Format(time.RFC3339Nano); return &s }
+	yes := true
+	cases := []struct {
+		name             string
+		runAt, startBy   *string
+		depth, inFlight  int
+		cap              int
+		service          time.Duration
+		late             bool
+		estimatedSeconds float64 // of a refusal: estimated_start - now
+	}{
+		{name: "start_by passed", startBy: at(-time.Second), cap: 2, late: true},
+		{name: "start_by now", startBy: at(0), cap: 2, late: true},
+		{name: "free capacity", startBy: at(time.Second), cap: 2, service: time.Hour},
+		{name: "start_by before run_at", runAt: at(time.Hour), startBy: at(time.Minute), cap: 2, late: true, estimatedSeconds: 3600},
+		{name: "start_by after run_at", runAt: at(time.Minute), startBy: at(time.Hour), cap: 2},
+		// 5 queued, 2 in flight, cap 2: the job is 6th beyond no free unit, three waves of 10 s.
+		{name: "behind its queue", startBy: at(25 * time.Second), depth: 5, inFlight: 2, cap: 2, service: 10 * time.Second, late: true, estimatedSeconds: 30},
+		{name: "behind its queue, time enough", startBy: at(31 * time.Second), depth: 5, inFlight: 2, cap: 2, service: 10 * time.Second},
+		{name: "no service time known", startBy: at(time.Second), depth: 500, inFlight: 2, cap: 2},
+		{name: "paused tenant", startBy: at(time.Hour), cap: 0, service: time.Second, late: true, estimatedSeconds: 3600},
+	}
+	for _, c := range cases {
+		cfg := limits.Default()
+		cfg.TenantInFlight = c.cap
+		st := newState()
+		st.now = now
+		st.tenantDepth["acme"], st.tenantInFlight["acme"] = c.depth, c.inFlight
+		it := &item{req: Request{Tenant: "acme", RunAt: c.runAt, StartBy: c.startBy, RefuseIfLate: &yes}, service: c.service}
+		err := lateError(it, cfg, st)
+		if (err != nil) != c.late {
+			t.Errorf("%s: %v; want late %v", c.name, err, c.late)
+			continue
+		}
+		if err == nil {
+			continue
+		}
+		je := err.(*job.Error)
+		if je.Code != job.CodeDeadlineUnreachable {
+			t.Errorf("%s: code %s", c.name, je.Code)
+		}
+		if c.estimatedSeconds > 0 {
+			est, _ := time.Parse(time.RFC3339Nano, je.Detail["estimated_start"].(string))
+			if got := est.Sub(now).Seconds(); got != c.estimatedSeconds {
+				t.Errorf("%s: estimated start %v s after now; want %v", c.name, got, c.estimatedSeconds)
+			}
+		}
+	}
+}

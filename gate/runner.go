@@ -277,6 +277,7 @@ func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbo
 			if due := it.req.due(st.now); !due.IsZero() {
 				it.res.Job.QueuedAt, it.res.Job.NotBefore = due, &due
 			}
+			it.res.Job.StartBy = it.req.startBy()
 			it.res.Job.RateKeySHA256, it.res.Job.RetryOf = it.hash, it.retryOf
 			it.res.Job.Lanes, it.res.Job.Interactive = append([]string{}, it.req.Lanes...), it.req.interactive()
 			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Queued, 0, st.now, "")

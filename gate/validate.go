@@ -33,6 +33,11 @@ type Request struct {
 	// the depth caps, and is not claimed before then (SPEC §6, issue "time and waiting").
 	RunAt        *string  `json:"run_at,omitempty"`
 	DelaySeconds *float64 `json:"delay_seconds,omitempty"`
+	// StartBy (RFC 3339) is the job's start deadline: not dispatched by then, it ends expired
+	// (start_deadline). With RefuseIfLate an admission that cannot meet it is refused instead
+	// (429 deadline_unreachable).
+	StartBy      *string `json:"start_by,omitempty"`
+	RefuseIfLate *bool   `json:"refuse_if_late,omitempty"`
 	// Aware: the request carried Sluice-Capacity-Aware: true, so its client handles a capacity
 	// refusal; with enforce_for=aware only such requests are refused on capacity (SPEC §5a).
 	Aware bool `json:"-"`
@@ -81,6 +86,9 @@ func (r *Request) Validate(maxPayload int) error {
 	if err := r.validSchedule(time.Now()); err != nil {
 		return err
 	}
+	if err := r.validDeadline(time.Now()); err != nil {
+		return err
+	}
 	if len(r.Payload) > maxPayload {
 		return &job.Error{Code: job.CodePayloadTooLarge,
 			Message: "payload is larger than the limit",
@@ -123,6 +131,38 @@ func (r *Request) validSchedule(now time.Time) error {
 	}
 	return nil
 }
+
+// validDeadline checks start_by (RFC 3339, at most MaxSchedule after now, past its run_at
+// allowed: refuse_if_late refuses it, else the job expires) and refuse_if_late (only with
+// start_by).
+func (r *Request) validDeadline(now time.Time) error {
+	if r.StartBy == nil {
+		if r.refuseIfLate() {
+			return job.Invalid("refuse_if_late", "refuse_if_late needs a start_by")
+		}
+		return nil
+	}
+	at, err := time.Parse(time.RFC3339Nano, *r.StartBy)
+	if err != nil {
+		return job.Invalid("start_by", "start_by must be an RFC 3339 time such as 2026-12-06T15:04:05Z, got %q", *r.StartBy)
+	}
+	if at.After(now.Add(MaxSchedule + time.Hour)) {
+		return job.Invalid("start_by", "start_by is more than a year ahead (%s)", *r.StartBy)
+	}
+	return nil
+}
+
+// startBy returns r's start deadline at the columns' precision, or nil.
+func (r *Request) startBy() *time.Time {
+	if r.StartBy == nil {
+		return nil
+	}
+	at, _ := time.Parse(time.RFC3339Nano, *r.StartBy) // validDeadline parsed it
+	at = clock.Trunc(at)
+	return &at
+}
+
+func (r *Request) refuseIfLate() bool { return r.RefuseIfLate != nil && *r.RefuseIfLate }
 
 // due returns when a job of r becomes eligible, given the admission's time now: its run_at or
 // now plus its delay, at the columns' precision; the zero time when that is not after now.
@@ -232,6 +272,12 @@ func (r *Request) fingerprint() []byte {
 	}
 	if r.DelaySeconds != nil {
 		write([]byte("d" + strconv.FormatFloat(*r.DelaySeconds, 'g', -1, 64)))
+	}
+	if r.StartBy != nil {
+		write([]byte("s" + *r.StartBy))
+	}
+	if r.refuseIfLate() {
+		write([]byte("L1"))
 	}
 	return h.Sum(nil)
 }

@@ -27,6 +27,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"tenant":"acme","lanes":["a,b"],"interactive":1}`))
 	f.Add([]byte(`{"tenant":"acme","run_at":"2026-12-06T12:00:00.5Z"}`))
 	f.Add([]byte(`{"tenant":"acme","delay_seconds":1.5,"queue":false}`))
+	f.Add([]byte(`{"tenant":"acme","start_by":"2026-12-06T12:00:00Z","refuse_if_late":true}`))
 	const maxPayload = 1024
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := DecodeRequest(data)
@@ -234,5 +235,40 @@ func TestValidSchedule(t *testing.T) {
 	at, _ := DecodeRequest([]byte(`{"tenant":"a","run_at":"2026-12-06T13:00:00Z"}`))
 	if string(plain.fingerprint()) == string(later.fingerprint()) || string(later.fingerprint()) == string(at.fingerprint()) {
 		t.Error("a schedule must change the request's fingerprint")
+	}
+}
+
+// TestValidDeadline: start_by in RFC 3339 and within a year; refuse_if_late only with a start_by;
+// both are part of the fingerprint.
+func TestValidDeadline(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for body, field := range map[string]string{
+		`{"tenant":"a","start_by":"soon"}`:                 "start_by",
+		`{"tenant":"a","start_by":"2028-01-01T00:00:00Z"}`: "start_by",
+		`{"tenant":"a","refuse_if_late":true}`:             "refuse_if_late",
+		`{"tenant":"a","start_by":7}`:                      "start_by",
+		`{"tenant":"a","refuse_if_late":"yes"}`:            "refuse_if_late",
+	} {
+		req, err := DecodeRequest([]byte(body))
+		if err == nil {
+			err = req.validDeadline(now)
+		}
+		if je, ok := err.(*job.Error); !ok || je.Code != job.CodeInvalidRequest || je.Detail["field"] != field {
+			t.Errorf("%s: %v; want invalid_request naming %s", body, err, field)
+		}
+	}
+	ok, _ := DecodeRequest([]byte(`{"tenant":"a","start_by":"2026-12-06T13:00:00.5+01:00","refuse_if_late":true}`))
+	if err := ok.validDeadline(now); err != nil {
+		t.Fatal(err)
+	}
+	if got := ok.startBy(); got == nil || !got.Equal(now.Add(500*time.Millisecond)) {
+		t.Fatalf("startBy() = %v", got)
+	}
+	plain, _ := DecodeRequest([]byte(`{"tenant":"a","start_by":"2026-12-06T13:00:00.5+01:00"}`))
+	if string(plain.fingerprint()) == string(ok.fingerprint()) {
+		t.Error("refuse_if_late must change the fingerprint")
+	}
+	if none, _ := DecodeRequest([]byte(`{"tenant":"a"}`)); none.startBy() != nil || string(none.fingerprint()) == string(plain.fingerprint()) {
+		t.Error("a start_by must change the fingerprint, and none is nil")
 	}
 }

@@ -3,10 +3,12 @@ package integration_test
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -80,5 +82,65 @@ func TestRunLater(t *testing.T) {
 	var after int
 	if err := env.DB.QueryRow("SELECT COUNT(*) FROM jobs").Scan(&after); err != nil || after != before {
 		t.Fatalf("jobs %d before the bad schedules, %d after (%v)", before, after, err)
+	}
+}
+
+// TestStartBy: a job not dispatched by its start_by ends expired with start_deadline, which a
+// waiter hears at once (its release poke) and its events show; it is never dispatched after. An
+// admission with refuse_if_late is refused with 429 deadline_unreachable when its deadline is
+// before its run_at, or before the start its place in the queue and the tenant's recent service
+// time give, and writes nothing.
+func TestStartBy(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{WaitBackstop: time.Hour})
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 }) // nothing starts
+	by := time.Now().UTC().Add(500 * time.Millisecond).Format(time.RFC3339Nano)
+	r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "start_by": by})
+	if r.Status != http.StatusAccepted || r.Body["start_by"] == nil {
+		t.Fatalf("admit with start_by: %d %s", r.Status, r.Raw)
+	}
+	id := jobID(t, r.Body)
+	r = env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d?wait=30", id), harness.ProducerToken, nil)
+	if r.Body["status"] != "expired" || r.Body["error_code"] != "start_deadline" || r.Body["dispatched_at"] != nil {
+		t.Fatalf("a job past its start_by: %s; want expired, start_deadline, never dispatched", r.Raw)
+	}
+	ev := env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d/events", id), harness.ProducerToken, nil)
+	if !strings.Contains(string(ev.Raw), `"to":"expired"`) || !strings.Contains(string(ev.Raw), `"error_code":"start_deadline"`) {
+		t.Fatalf("events: %s; want the expiry with start_deadline", ev.Raw)
+	}
+
+	// refuse_if_late: the tenant's recent service time is 10 s (jobs recorded as if run), its cap
+	// the default 2 and two jobs queued: a new job starts in about 10 s at the earliest.
+	env.Admit(t, "slow", map[string]any{}) // queued, and the tenant's row
+	env.Admit(t, "slow", map[string]any{})
+	for range 3 {
+		if _, err := env.DB.Exec(`INSERT INTO jobs (tenant, status, queued_at, dispatched_at, started_at, finished_at, caller)
+			VALUES ('slow', 'succeeded', UTC_TIMESTAMP(6) - INTERVAL 20 SECOND, UTC_TIMESTAMP(6) - INTERVAL 20 SECOND,
+			UTC_TIMESTAMP(6) - INTERVAL 20 SECOND, UTC_TIMESTAMP(6) - INTERVAL 10 SECOND, 'producer')`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var before int
+	if err := env.DB.QueryRow("SELECT COUNT(*) FROM jobs").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	in := func(d time.Duration) string { return time.Now().UTC().Add(d).Format(time.RFC3339Nano) }
+	for _, body := range []map[string]any{
+		{"tenant": "slow", "start_by": in(5 * time.Second), "refuse_if_late": true},
+		{"tenant": "acme", "start_by": in(time.Minute), "run_at": in(time.Hour), "refuse_if_late": true},
+		{"tenant": "acme", "start_by": in(-time.Second), "refuse_if_late": true},
+	} {
+		r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, body)
+		if r.Status != http.StatusTooManyRequests || r.Body["error_code"] != "deadline_unreachable" || r.Body["estimated_start"] == nil {
+			t.Errorf("admit %v: %d %s; want 429 deadline_unreachable with estimated_start", body, r.Status, r.Raw)
+		}
+	}
+	var after int
+	if err := env.DB.QueryRow("SELECT COUNT(*) FROM jobs").Scan(&after); err != nil || after != before {
+		t.Fatalf("jobs %d before the refusals, %d after (%v)", before, after, err)
+	}
+	r = env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "slow", "start_by": in(time.Hour), "refuse_if_late": true})
+	if r.Status != http.StatusAccepted {
+		t.Fatalf("a deadline the estimate meets: %d %s; want 202", r.Status, r.Raw)
 	}
 }

@@ -417,6 +417,7 @@ var statusOf = map[job.Code]int{
 	job.CodeQueueFull:           http.StatusTooManyRequests,
 	job.CodeCapacityExceeded:    http.StatusTooManyRequests,
 	job.CodeRateLimited:         http.StatusTooManyRequests,
+	job.CodeDeadlineUnreachable: http.StatusTooManyRequests,
 	job.CodeIdempotencyConflict: http.StatusConflict,
 	job.CodeNotCancelable:       http.StatusConflict,
 	job.CodeNotRedrivable:       http.StatusConflict,

@@ -71,6 +71,9 @@ type Job struct {
 	// NotBefore, for a queued job, is the instant before which it is not claimed: the run_at or
 	// delay_seconds it was admitted with, or the retry time of an executor's 503 refusal.
 	NotBefore *time.Time `json:"not_before,omitempty"`
+	// StartBy is the job's start deadline: not dispatched by then, it ends expired with
+	// error_code start_deadline.
+	StartBy *time.Time `json:"start_by,omitempty"`
 }
 
 // TimeFormat is how the API writes a timestamp (SPEC §4: RFC 3339, UTC, microseconds). It
@@ -101,8 +104,9 @@ func (j Job) MarshalJSON() ([]byte, error) {
 		FinishedAt   *string  `json:"finished_at"`
 		Lanes        []string `json:"lanes"`
 		NotBefore    *string  `json:"not_before,omitempty"`
+		StartBy      *string  `json:"start_by,omitempty"`
 	}{plain(j), j.QueuedAt.UTC().Format(TimeFormat), opt(j.ClaimedAt), opt(j.DispatchedAt), opt(j.StartedAt), opt(j.FinishedAt), lanes,
-		opt(j.NotBefore)})
+		opt(j.NotBefore), opt(j.StartBy)})
 }
 
 // Code is a stable error code (SPEC §6 `error_code`).
@@ -136,6 +140,12 @@ const (
 	// CodeBusy: the API is at its bound of requests in progress (or of batches); retry after
 	// Retry-After. Nothing was read or written.
 	CodeBusy Code = "busy"
+	// CodeDeadlineUnreachable: an admission with refuse_if_late whose start_by cannot be met by
+	// its due time, or by its place in its tenant's queue and the tenant's recent service time.
+	CodeDeadlineUnreachable Code = "deadline_unreachable"
+	// CodeStartDeadline is the error_code of a job that ended expired because it was not
+	// dispatched by its start_by.
+	CodeStartDeadline Code = "start_deadline"
 )
 
 // Error is an application error with a stable code. The HTTP edge maps Code to a status; Detail

@@ -38,6 +38,9 @@ type NewJob struct {
 	// Due (its queued_at, so it takes its place among the jobs due then and the claim's range
 	// over the queue stops before it) and is not eligible before it (not_before).
 	Due time.Time
+	// StartBy, if set, is a queued job's start deadline (start_by): not dispatched by then, it
+	// ends expired (ExpireStartDeadlines).
+	StartBy *time.Time
 }
 
 // scheduled reports whether j is queued for later than now.
@@ -201,21 +204,27 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 	}
 	for start := 0; start < len(p.Jobs); start += insertChunk {
 		end := min(len(p.Jobs), start+insertChunk)
-		// Only a chunk with a scheduled job names not_before: the others keep the statement
-		// every admission sends.
+		// Only a chunk with a scheduled job names not_before, and one with a deadline start_by:
+		// the others keep the statement every admission sends.
 		scheduled := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.scheduled(p.Now) })
+		deadlines := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.StartBy != nil && j.Rejected == "" })
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
 			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, lanes, interactive`)
-		row := "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+		row := "(?,?,?,?,?,?,?,?,?,?,?,?,?,?"
 		if scheduled {
 			q.WriteString(", not_before")
-			row = "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+			row += ",?"
 		}
+		if deadlines {
+			q.WriteString(", start_by")
+			row += ",?"
+		}
+		row += ")"
 		q.WriteString(") VALUES ")
 		c := written{stmt: len(w.stmts)}
 		var pokes []outbox.NewPoke
-		rowArgs := make([]any, 0, 15*(end-start))
+		rowArgs := make([]any, 0, 16*(end-start))
 		for i := start; i < end; i++ {
 			if i > start {
 				q.WriteString(",")
@@ -229,6 +238,13 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 					notBefore = j.Due
 				}
 				rowArgs = append(rowArgs, notBefore)
+			}
+			if deadlines {
+				var startBy any
+				if j.StartBy != nil && j.Rejected == "" {
+					startBy = *j.StartBy
+				}
+				rowArgs = append(rowArgs, startBy)
 			}
 			c.jobs = append(c.jobs, i)
 			if j.Rejected == "" && j.Poke {

@@ -222,12 +222,14 @@ func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]He
 		// The queued_at bound ends the range before the jobs scheduled for later (a scheduled job
 		// is queued at its run_at), however many there are: the read stays bounded by N.
 		sub := `(SELECT id, tenant, rate_key_sha256, queued_at, version, lanes, interactive FROM jobs FORCE INDEX (claim)
-			WHERE status = 'queued' AND tenant = ? AND queued_at <= ` + dueNow + ` AND (not_before IS NULL OR not_before <= ?)` + exclude + `
+			WHERE status = 'queued' AND tenant = ? AND queued_at <= ` + dueNow + ` AND (not_before IS NULL OR not_before <= ?)
+			AND (start_by IS NULL OR start_by > ?)` + exclude + `
 			ORDER BY queued_at, id LIMIT ?)`
 		if w.Interactive {
 			sub += ` UNION ALL (SELECT id, tenant, rate_key_sha256, queued_at, version, lanes, interactive
 				FROM jobs FORCE INDEX (interactive_queue)
-				WHERE interactive_tenant = ? AND queued_at <= ` + dueNow + ` AND (not_before IS NULL OR not_before <= ?)` + exclude + `
+				WHERE interactive_tenant = ? AND queued_at <= ` + dueNow + ` AND (not_before IS NULL OR not_before <= ?)
+				AND (start_by IS NULL OR start_by > ?)` + exclude + `
 				ORDER BY queued_at, id LIMIT ?)`
 		}
 		if q.Len() > 0 && q.Len()+len(sub)+len(" UNION ALL ") > maxStatementBytes {
@@ -244,7 +246,7 @@ func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]He
 			subs = 2
 		}
 		for range subs {
-			args = append(args, w.Tenant, p.Now)
+			args = append(args, w.Tenant, p.Now, p.Now)
 			for _, k := range p.Excluded {
 				args = append(args, k)
 			}

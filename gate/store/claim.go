@@ -252,8 +252,9 @@ func claimUpdateSQL(p ClaimParams) (string, []any) {
 	return `UPDATE jobs SET status = 'dispatched', version = version + 1,
 		attempt = attempt + 1, claimed_at = ?, dispatched_at = ?, started_at = ?, lease_until = ?,
 		drainer_id = ?, nonce_expires_at = ?, not_before = NULL, nonce_sha256 = CASE id` + cases.String() + ` END
-		WHERE id IN (` + Placeholders(len(p.Jobs)) + `) AND (id, version) IN (` + fence.String() + `) AND status = 'queued'`,
-		args
+		WHERE id IN (` + Placeholders(len(p.Jobs)) + `) AND (id, version) IN (` + fence.String() + `) AND status = 'queued'
+		AND (start_by IS NULL OR start_by > ?)`,
+		append(args, p.Stamp)
 }
 
 // Claimed is what a claim got.

@@ -8,10 +8,14 @@ import (
 
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/sqldb"
+	"github.com/sluicehq/sluice/outbox"
 )
 
 // ExpiredCode is the error_code of a job that expired in the queue (max_queue_age_seconds).
 const ExpiredCode = "max_queue_age"
+
+// StartDeadlineCode is the error_code of a job that was not dispatched by its start_by.
+const StartDeadlineCode = string(job.CodeStartDeadline)
 
 // Expire moves to expired, in tx, up to limit queued jobs queued before cutoff (SPEC §9
 // max_queue_age_seconds) and returns them as they were. Rows another transaction holds (a claim
@@ -20,19 +24,80 @@ const ExpiredCode = "max_queue_age"
 func (s *Store) Expire(ctx context.Context, tx sqldb.DB, now, cutoff time.Time, limit int) ([]Row, error) {
 	// The claim index leads with status, so this reads the queued range only; queued_at is its
 	// third column, so the age test is made on index entries without reading rows.
-	rows, err := tx.QueryContext(ctx, "SELECT "+LockColumns+` FROM jobs FORCE INDEX (claim)
-		WHERE status = 'queued' AND queued_at < ? LIMIT ? FOR UPDATE SKIP LOCKED`, cutoff, limit)
+	old, err := lockExpiring(ctx, tx, `FORCE INDEX (claim) WHERE status = 'queued' AND queued_at < ?`, []any{cutoff}, limit)
+	if err != nil || len(old) == 0 {
+		return nil, err
+	}
+	return old, s.expire(ctx, tx, now, old, ExpiredCode, "queued longer than max_queue_age_seconds", false)
+}
+
+// ExpireStartDeadlines moves to expired, in tx, up to limit queued jobs whose start_by is before
+// now, with error_code start_deadline, an audit event and a release poke each (a waiter on the
+// job learns its end), and returns them as they were. The claim never dispatches such a job
+// either (its UPDATE checks start_by), so a job past its deadline waits only for this sweep to
+// say so. Rows another transaction holds are skipped, as in Expire.
+func (s *Store) ExpireStartDeadlines(ctx context.Context, tx sqldb.DB, now time.Time, limit int) ([]Row, error) {
+	// The ids first, without a lock, then the rows by primary key: a locking read of the index's
+	// range would also lock the entry past its end, the next job's whose deadline is still ahead,
+	// which a claim may be taking.
+	rows, err := tx.QueryContext(ctx, `SELECT id FROM jobs FORCE INDEX (queued_start_by) WHERE queued_start_by < ?
+		ORDER BY queued_start_by LIMIT ?`, now, limit)
 	if err != nil {
-		return nil, fmt.Errorf("find expired queued jobs: %w", err)
+		return nil, fmt.Errorf("find queued jobs past their start_by: %w", err)
+	}
+	var ids []any
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("find queued jobs past their start_by: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, fmt.Errorf("find queued jobs past their start_by: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	old, err := lockExpiring(ctx, tx, `WHERE id IN (`+Placeholders(len(ids))+`) AND status = 'queued' AND start_by < ?`,
+		append(ids, now), len(ids))
+	if err != nil || len(old) == 0 {
+		return nil, err
+	}
+	return old, s.expire(ctx, tx, now, old, StartDeadlineCode, "not dispatched by its start_by", true)
+}
+
+// StartDeadlinesPassed reports whether a queued job's start_by is before now: one dive into
+// queued_start_by, without a lock, so that a sweep that finds nothing costs one statement.
+func StartDeadlinesPassed(ctx context.Context, db sqldb.DB, now time.Time) (bool, error) {
+	var any bool
+	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM jobs FORCE INDEX (queued_start_by)
+		WHERE queued_start_by < ?)`, now).Scan(&any)
+	if err != nil {
+		return false, fmt.Errorf("look for queued jobs past their start_by: %w", err)
+	}
+	return any, nil
+}
+
+// lockExpiring locks up to limit queued jobs that where (an index hint and a WHERE clause with
+// args) selects, skipping rows another transaction holds.
+func lockExpiring(ctx context.Context, tx sqldb.DB, where string, args []any, limit int) ([]Row, error) {
+	rows, err := tx.QueryContext(ctx, "SELECT "+LockColumns+" FROM jobs "+where+" LIMIT ? FOR UPDATE SKIP LOCKED", append(args, limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("find queued jobs to expire: %w", err)
 	}
 	var old []Row
 	res := ResultsOf(rows)
 	if err := errors.Join(res.EachRow(func(r Row) { old = append(old, r) }), res.Close()); err != nil {
-		return nil, fmt.Errorf("find expired queued jobs: %w", err)
+		return nil, fmt.Errorf("find queued jobs to expire: %w", err)
 	}
-	if len(old) == 0 {
-		return nil, nil
-	}
+	return old, nil
+}
+
+// expire moves old, queued jobs locked in tx, to expired with code and msg, audits each, and
+// with poke writes a release poke for each.
+func (s *Store) expire(ctx context.Context, tx sqldb.DB, now time.Time, old []Row, code, msg string, poke bool) error {
 	tenants := make([]string, len(old))
 	for i, r := range old {
 		tenants[i] = r.Tenant
@@ -40,31 +105,39 @@ func (s *Store) Expire(ctx context.Context, tx sqldb.DB, now, cutoff time.Time, 
 	// The job rows are locked; their tenants' rows next, in key order (see lockInOrder).
 	lq, largs := LockTenantsSQL(tenants)
 	if _, err := tx.ExecContext(ctx, lq, largs...); err != nil {
-		return nil, fmt.Errorf("expire queued jobs: lock tenants: %w", err)
+		return fmt.Errorf("expire queued jobs: lock tenants: %w", err)
 	}
-	args := []any{now, ExpiredCode}
+	args := []any{now, code, msg}
 	for _, r := range old {
 		args = append(args, r.ID)
 	}
 	// The rows are locked, so their versions cannot have moved since they were read.
 	upd, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'expired', version = version + 1, finished_at = ?,
-		error_code = ?, error_message = 'queued longer than max_queue_age_seconds'
-		WHERE status = 'queued' AND id IN (`+Placeholders(len(old))+`)`, args...)
+		error_code = ?, error_message = ? WHERE status = 'queued' AND id IN (`+Placeholders(len(old))+`)`, args...)
 	if err != nil {
-		return nil, fmt.Errorf("expire queued jobs: %w", err)
+		return fmt.Errorf("expire queued jobs: %w", err)
 	}
 	if n, err := upd.RowsAffected(); err == nil && n != int64(len(old)) {
-		return nil, fmt.Errorf("expire queued jobs: %d of %d locked rows changed: %w", n, len(old), ErrFenced)
+		return fmt.Errorf("expire queued jobs: %d of %d locked rows changed: %w", n, len(old), ErrFenced)
 	}
 	events := make([]AuditEvent, len(old))
 	for i, r := range old {
-		events[i] = transitionEvent(s.actor(ctx), r, job.Expired, r.Version+1, r.Attempt, ExpiredCode)
+		events[i] = transitionEvent(s.actor(ctx), r, job.Expired, r.Version+1, r.Attempt, code)
 	}
 	if err := s.insertAudit(ctx, tx, events...); err != nil {
-		return nil, fmt.Errorf("expire queued jobs: %w", err)
+		return fmt.Errorf("expire queued jobs: %w", err)
+	}
+	if poke {
+		msgs := make([]outbox.Message, len(old))
+		for i, r := range old {
+			msgs[i] = outbox.PokeMessage(s.prefix(), outbox.Release, r.Tenant, r.ID)
+		}
+		if _, err := outbox.Write(ctx, tx, now, msgs...); err != nil {
+			return fmt.Errorf("expire queued jobs: release pokes: %w", err)
+		}
 	}
 	for _, r := range old {
-		s.LogTransition(ctx, r, job.Expired, r.Version+1, now, ExpiredCode)
+		s.LogTransition(ctx, r, job.Expired, r.Version+1, now, code)
 	}
-	return old, nil
+	return nil
 }

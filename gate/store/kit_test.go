@@ -70,6 +70,7 @@ type jobSpec struct {
 	finished    *time.Time // terminal: default queuedAt
 	lanes       string     // stored form: sorted, comma-joined
 	interactive bool
+	startBy     *time.Time
 }
 
 // insert writes spec as a job row (and its tenant's row if missing), recounts its tenant's
@@ -129,10 +130,13 @@ func (k *kit) insert(spec jobSpec) int64 {
 	if err != nil {
 		k.t.Fatalf("insert %+v: %v", spec, err)
 	}
+	id, _ := res.LastInsertId()
+	if spec.startBy != nil {
+		k.exec("UPDATE jobs SET start_by = ? WHERE id = ?", *spec.startBy, id)
+	}
 	if err := store.RecountQueues(k.ctx, k.db, spec.tenant); err != nil {
 		k.t.Fatal(err)
 	}
-	id, _ := res.LastInsertId()
 	return id
 }
 

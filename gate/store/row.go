@@ -39,7 +39,7 @@ const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_a
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, payload,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
 	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive,
-	start_sha256`
+	start_sha256, start_by`
 
 // ListColumns is Columns with only what a job's JSON shows (job.Job, the result included) read
 // from the row, and NULL or zero in place of the rest, for ScanRow: a listing of up to 1,000 jobs
@@ -48,8 +48,8 @@ const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_a
 const ListColumns = `id, tenant, rate_key_sha256, status, version, attempt, queued_at, claimed_at,
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, NULL,
 	0, NULL, NULL, NULL, NULL, '',
-	NULL, NULL, NULL, NULL, 0, lanes, interactive,
-	NULL`
+	NULL, NULL, not_before, NULL, 0, lanes, interactive,
+	NULL, start_by`
 
 // LockColumns is Columns with NULL in place of the result and the payload, for ScanRow: what a
 // transition needs of the rows it locks, without reading back up to 256 KiB of payload a job.
@@ -57,7 +57,7 @@ const LockColumns = `id, tenant, rate_key_sha256, status, version, attempt, queu
 	dispatched_at, started_at, finished_at, error_code, error_message, NULL, retry_of, NULL,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
 	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive,
-	start_sha256`
+	start_sha256, start_by`
 
 // Scanner is *sql.Row or *sql.Rows.
 type Scanner interface{ Scan(dest ...any) error }
@@ -67,7 +67,7 @@ func ScanRow(s Scanner) (Row, error) {
 	var r Row
 	var status string
 	var rateKey, errCode, errMsg, drainerID, idemKey sql.NullString
-	var claimed, dispatched, started, finished, nonceExp, lease, notBefore sql.NullTime
+	var claimed, dispatched, started, finished, nonceExp, lease, notBefore, startBy sql.NullTime
 	var retryOf sql.NullInt64
 	var result []byte
 	var lanes string
@@ -75,7 +75,7 @@ func ScanRow(s Scanner) (Row, error) {
 		&dispatched, &started, &finished, &errCode, &errMsg, &result, &retryOf, &r.Payload,
 		&r.DispatchFailures, &r.NonceSHA256, &nonceExp, &lease, &drainerID, &r.Caller,
 		&idemKey, &r.RequestSHA256, &notBefore, &r.VoidedNonce, &r.Refusals, &lanes, &r.Interactive,
-		&r.StartSHA256)
+		&r.StartSHA256, &startBy)
 	if err != nil {
 		return r, err
 	}
@@ -93,6 +93,7 @@ func ScanRow(s Scanner) (Row, error) {
 	r.NonceExpiresAt = timePtr(nonceExp)
 	r.LeaseUntil = timePtr(lease)
 	r.NotBefore = timePtr(notBefore)
+	r.StartBy = timePtr(startBy)
 	r.QueuedAt = r.QueuedAt.UTC()
 	if len(result) > 0 {
 		r.Result = json.RawMessage(result)
@@ -220,4 +221,38 @@ func States(ctx context.Context, db sqldb.DB, ids []int64) (map[int64]JobState, 
 		return nil, fmt.Errorf("read job states: %w", err)
 	}
 	return out, nil
+}
+
+// recentServiceJobs is how many of a tenant's last succeeded jobs RecentServiceTime reads.
+const recentServiceJobs = 20
+
+// RecentServiceTime returns the median time from start to outcome of tenant's last succeeded
+// jobs (at most recentServiceJobs, newest first through tenant_settled_id), and false when it
+// has none.
+func RecentServiceTime(ctx context.Context, db sqldb.DB, tenant string) (time.Duration, bool, error) {
+	rows, err := db.QueryContext(ctx, `SELECT TIMESTAMPDIFF(MICROSECOND, COALESCE(started_at, dispatched_at), finished_at)
+		FROM jobs FORCE INDEX (tenant_settled_id) WHERE tenant = ? AND settled_status = 'succeeded'
+		ORDER BY id DESC LIMIT ?`, tenant, recentServiceJobs)
+	if err != nil {
+		return 0, false, fmt.Errorf("read tenant %q's recent service times: %w", tenant, err)
+	}
+	defer rows.Close()
+	var us []int64
+	for rows.Next() {
+		var v sql.NullInt64
+		if err := rows.Scan(&v); err != nil {
+			return 0, false, fmt.Errorf("read tenant %q's recent service times: %w", tenant, err)
+		}
+		if v.Valid {
+			us = append(us, max(v.Int64, 0))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, false, fmt.Errorf("read tenant %q's recent service times: %w", tenant, err)
+	}
+	if len(us) == 0 {
+		return 0, false, nil
+	}
+	slices.Sort(us)
+	return time.Duration(us[len(us)/2]) * time.Microsecond, true, nil
 }
