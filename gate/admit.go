@@ -212,7 +212,15 @@ func (a *Admitter) Admit(ctx context.Context, caller string, req Request, mayAct
 		return Result{}, it.invalid
 	}
 	a.serviceTimes(ctx, []*item{it})
-	if err := a.admit(ctx, it, cfg); err != nil {
+	admit := a.admit
+	if it.req.ReplaceKey != nil {
+		// Alone, not in a combiner group: it locks a job row besides its tenant's, without
+		// waiting (store.LockReplaceable), and a group's members must not fail for it.
+		admit = func(ctx context.Context, it *item, cfg limits.Config) error {
+			return a.run(ctx, []*item{it}, cfg, false)
+		}
+	}
+	if err := admit(ctx, it, cfg); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
 		a.auditOutcome(it, Result{}, err)
 		return Result{}, err

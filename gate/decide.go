@@ -40,6 +40,11 @@ type item struct {
 	// service is, for refuse_if_late, its tenant's recent service time (0: unknown), read
 	// before the transaction (serviceTimes).
 	service time.Duration
+	// replaces is, for an item with a replace key that is inserted queued, the queued job it
+	// replaces: a job of the table, or an earlier item of the same batch. replacedBy is set on
+	// that earlier item.
+	replaces   replaceable
+	replacedBy *item
 
 	// decided
 	res      Result
@@ -63,7 +68,17 @@ type shadowed struct {
 func (it *item) reset() {
 	it.res, it.err, it.insert, it.scope, it.reserved, it.dupOf, it.shadow, it.id, it.outboxID =
 		Result{}, nil, false, "", false, nil, shadowed{}, 0, 0
+	it.replaces, it.replacedBy = replaceable{}, nil
 }
+
+// replaceable is the queued job that has a tenant's replace key: a row locked in the
+// transaction, or an item of it to be inserted queued. Neither: none.
+type replaceable struct {
+	row  *store.Row
+	item *item
+}
+
+func (r replaceable) some() bool { return r.row != nil || r.item != nil }
 
 func (it *item) pending() bool {
 	return it.invalid == nil && it.err == nil && !it.insert && !it.res.Replayed && it.dupOf == nil
@@ -86,6 +101,9 @@ type state struct {
 	usage    limits.Usage
 	keyed    map[string]*store.Row // by tenant+"\x00"+idempotency key
 	redriven map[int64]*store.Row  // retry_of → the job an earlier redrive created
+	// replaceable holds, by tenant and replace key (keyOf), the queued job that has it: read
+	// (store.LockReplaceable), then each item decided to replace it.
+	replaceable map[string]replaceable
 	// rate holds each tenant's rate-limit reservation; a tenant without one is not limited
 	// (no limit, no limiter, or the limiter failed: fail open). Nil until the first one.
 	rate map[string]rateGrant
@@ -99,7 +117,7 @@ type rateGrant struct {
 
 func newState() *state {
 	return &state{tenantDepth: map[string]int{}, tenantInteractive: map[string]int{}, tenantInFlight: map[string]int{}, usage: limits.NewUsage(),
-		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}}
+		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}, replaceable: map[string]replaceable{}}
 }
 
 func keyOf(tenant, key string) string { return tenant + "\x00" + key }
@@ -224,8 +242,21 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 			it.res.Verdict = cfg.Check(st.usage, it.req.unit())
 		}
 		shadow := it.res.Decision == ShadowRefused
+		// A replacement takes its predecessor's place in the queue: the depth it adds is none.
+		var target replaceable
+		if it.req.ReplaceKey != nil {
+			target = st.replaceable[keyOf(t, *it.req.ReplaceKey)]
+		}
+		leave := func(n int) {
+			if target.some() {
+				st.tenantDepth[t] -= n
+				st.globalDepth -= n
+			}
+		}
+		leave(1)
 		if scope := depthScope(cfg, t, st); scope != "" && !off {
 			if enforce {
+				leave(-1)
 				it.scope, it.insert = scope, true
 				refuse(it)
 				continue
@@ -250,6 +281,7 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 		if it.req.refuseIfLate() {
 			if err := lateError(it, cfg, st); err != nil {
 				it.err = err // not a capacity decision: the headers stay the verdict's
+				leave(-1)
 				giveBack(it)
 				continue
 			}
@@ -263,6 +295,15 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 			it.res.Decision = Admitted
 		}
 		it.insert = true
+		if target.some() {
+			it.replaces = target
+			if target.item != nil {
+				target.item.replacedBy = it
+			}
+		}
+		if it.req.ReplaceKey != nil {
+			st.replaceable[keyOf(t, *it.req.ReplaceKey)] = replaceable{item: it}
+		}
 		st.tenantDepth[t]++
 		if it.req.interactive() {
 			st.tenantInteractive[t]++

@@ -50,7 +50,8 @@ func (a *Admitter) newJobs(items []*item, st *state, perTenant bool) (store.NewJ
 		j := store.NewJob{Tenant: it.req.Tenant, RateKeySHA256: it.hash, Caller: it.caller, RetryOf: it.retryOf,
 			Lanes: it.req.Lanes, Interactive: it.req.interactive(),
 			Payload: []byte(it.req.Payload), IdempotencyKey: it.req.IdempotencyKey, RequestSHA256: it.fp,
-			Poke: it.scope == "" && (!perTenant || lastOf[it.req.Tenant] == i), Due: it.req.due(st.now), StartBy: it.req.startBy()}
+			Poke: it.scope == "" && (!perTenant || lastOf[it.req.Tenant] == i), Due: it.req.due(st.now), StartBy: it.req.startBy(),
+			ReplaceKey: it.req.ReplaceKey}
 		if it.scope != "" {
 			j.Rejected = "queue full (" + it.scope + " depth cap)"
 		}

@@ -29,6 +29,23 @@ func (a *Admitter) read(ctx context.Context, tx txConn, items []*item, cfg limit
 	for _, r := range got.Redriven {
 		st.redriven[*r.RetryOf] = &r
 	}
+	// The queued jobs the items' replace keys name, locked now that their tenants are (see
+	// store.LockReplaceable); a replay does not replace, but its key is looked up all the same.
+	var keys []store.TenantKey
+	for _, it := range items {
+		if it.req.ReplaceKey != nil {
+			keys = append(keys, store.TenantKey{Tenant: it.req.Tenant, Key: *it.req.ReplaceKey})
+		}
+	}
+	if len(keys) > 0 {
+		old, err := store.LockReplaceable(ctx, tx.DB(), keys)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range old {
+			st.replaceable[keyOf(r.Tenant, *r.ReplaceKey)] = replaceable{row: &r}
+		}
+	}
 	return st, nil
 }
 

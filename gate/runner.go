@@ -30,6 +30,17 @@ func (a *Admitter) run(ctx context.Context, items []*item, cfg limits.Config, sh
 		if err == nil || !retryable(err) || attempt >= a.cfg.TxAttempts {
 			break
 		}
+		if !shared && lockBusy(err) {
+			// A queued job a replace key names was held elsewhere (store.LockReplaceable takes
+			// it without waiting): most likely a claim, a few milliseconds long. Give it time.
+			t := time.NewTimer(time.Duration(attempt) * replaceRetry)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			}
+		}
 	}
 	if err != nil {
 		return err
@@ -39,6 +50,10 @@ func (a *Admitter) run(ctx context.Context, items []*item, cfg limits.Config, sh
 	}
 	return nil
 }
+
+// replaceRetry is the wait before a retry of an admission whose replace key's job was held
+// elsewhere, times the attempts made: about a claim's length.
+const replaceRetry = 10 * time.Millisecond
 
 // lookupGates reads, before the transaction, the gates of queue=false items' rate keys: a
 // memcached round trip must not be made while holding a tenant's lock. Its only error is the
@@ -159,6 +174,23 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	return rows, nil
 }
 
+// replace moves the queued jobs the inserted items replace to replaced (store.Replace): rows
+// locked by the read (store.LockReplaceable), or items of this transaction that a later one of it
+// replaced.
+func (a *Admitter) replace(ctx context.Context, tx txConn, items []*item, st *state) error {
+	var rs []store.Replacement
+	for _, it := range items {
+		switch r := it.replaces; {
+		case r.row != nil:
+			rs = append(rs, store.Replacement{Old: *r.row, By: it.id})
+		case r.item != nil:
+			old := store.Row{Job: job.Job{ID: r.item.id, Tenant: r.item.req.Tenant, Status: job.Queued}}
+			rs = append(rs, store.Replacement{Old: old, By: it.id})
+		}
+	}
+	return a.store.Replace(ctx, tx.DB(), st.now, rs)
+}
+
 // write inserts the decided rows and commits, the COMMIT in the inserts' round trip or in one
 // of its own (commitWithInsert). settled reports whether the reservations are settled: the
 // transaction committed, or its COMMIT failed and commitErr kept or refunded them.
@@ -170,12 +202,18 @@ func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *stat
 		// a flood of refused tenant names leaves no tenant state.
 		return true, nil
 	}
-	withInsert := a.commitWithInsert(tx, reservations)
+	replaces := slices.ContainsFunc(items, func(it *item) bool { return it.replaces.some() })
+	withInsert := a.commitWithInsert(tx, reservations) && !replaces
 	if err := a.insert(ctx, tx, items, st, !shared, withInsert); err != nil {
 		if withInsert && ConnectionLost(err) {
 			return true, a.commitErr(ctx, err, items, reservations) // the COMMIT may have run
 		}
 		return false, a.txErr(err)
+	}
+	if replaces {
+		if err := a.replace(ctx, tx, items, st); err != nil {
+			return false, a.txErr(err)
+		}
 	}
 	if !withInsert {
 		if err := tx.Commit(); err != nil {
@@ -277,7 +315,11 @@ func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbo
 			if due := it.req.due(st.now); !due.IsZero() {
 				it.res.Job.QueuedAt, it.res.Job.NotBefore = due, &due
 			}
-			it.res.Job.StartBy = it.req.startBy()
+			it.res.Job.StartBy, it.res.Job.ReplaceKey = it.req.startBy(), it.req.ReplaceKey
+			if by := it.replacedBy; by != nil {
+				// A later admission of the same request replaced it before the COMMIT.
+				it.res.Job.Status, it.res.Job.ReplacedBy, it.res.Job.Position = job.Replaced, &by.id, nil
+			}
 			it.res.Job.RateKeySHA256, it.res.Job.RetryOf = it.hash, it.retryOf
 			it.res.Job.Lanes, it.res.Job.Interactive = append([]string{}, it.req.Lanes...), it.req.interactive()
 			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Queued, 0, st.now, "")

@@ -38,6 +38,9 @@ type Request struct {
 	// (429 deadline_unreachable).
 	StartBy      *string `json:"start_by,omitempty"`
 	RefuseIfLate *bool   `json:"refuse_if_late,omitempty"`
+	// ReplaceKey keeps only the newest queued job per key: an admission with it replaces its
+	// tenant's queued job with the same key (SPEC §6).
+	ReplaceKey *string `json:"replace_key,omitempty"`
 	// Aware: the request carried Sluice-Capacity-Aware: true, so its client handles a capacity
 	// refusal; with enforce_for=aware only such requests are refused on capacity (SPEC §5a).
 	Aware bool `json:"-"`
@@ -52,6 +55,7 @@ const (
 	MaxTenantBytes         = job.MaxTenantBytes
 	MaxRateKeyBytes        = 1024
 	MaxIdempotencyKeyBytes = 255
+	MaxReplaceKeyBytes     = 255
 )
 
 // Validate checks r against the static rules and maxPayload; it returns a *job.Error naming the
@@ -88,6 +92,18 @@ func (r *Request) Validate(maxPayload int) error {
 	}
 	if err := r.validDeadline(time.Now()); err != nil {
 		return err
+	}
+	if r.ReplaceKey != nil {
+		switch k := *r.ReplaceKey; {
+		case k == "":
+			return job.Invalid("replace_key", "replace_key must not be empty (omit it instead)")
+		case len(k) > MaxReplaceKeyBytes:
+			return job.Invalid("replace_key", "replace_key is %d bytes; at most %d", len(k), MaxReplaceKeyBytes)
+		case !utf8.ValidString(k):
+			return job.Invalid("replace_key", "replace_key is not valid UTF-8")
+		case r.Queue != nil && !*r.Queue:
+			return job.Invalid("queue", "queue=false admits only a job that starts now; it replaces no queued job (replace_key)")
+		}
 	}
 	if len(r.Payload) > maxPayload {
 		return &job.Error{Code: job.CodePayloadTooLarge,
@@ -278,6 +294,9 @@ func (r *Request) fingerprint() []byte {
 	}
 	if r.refuseIfLate() {
 		write([]byte("L1"))
+	}
+	if r.ReplaceKey != nil {
+		write([]byte("R" + *r.ReplaceKey))
 	}
 	return h.Sum(nil)
 }

@@ -28,6 +28,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"tenant":"acme","run_at":"2026-12-06T12:00:00.5Z"}`))
 	f.Add([]byte(`{"tenant":"acme","delay_seconds":1.5,"queue":false}`))
 	f.Add([]byte(`{"tenant":"acme","start_by":"2026-12-06T12:00:00Z","refuse_if_late":true}`))
+	f.Add([]byte(`{"tenant":"acme","replace_key":"repo-1","queue":false}`))
 	const maxPayload = 1024
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := DecodeRequest(data)
@@ -72,6 +73,9 @@ func FuzzDecodeRequest(f *testing.F) {
 		if d := req.due(time.Now()); !d.IsZero() && (d.Before(time.Now()) || d.After(time.Now().Add(MaxSchedule+time.Minute))) {
 			t.Fatalf("accepted a schedule due at %v", d)
 		}
+		if req.ReplaceKey != nil && (*req.ReplaceKey == "" || len(*req.ReplaceKey) > MaxReplaceKeyBytes || (req.Queue != nil && !*req.Queue)) {
+			t.Fatalf("accepted replace_key %q with queue %v", *req.ReplaceKey, req.Queue)
+		}
 		if len(req.fingerprint()) != 32 {
 			t.Fatal("fingerprint is not a SHA-256")
 		}
@@ -89,6 +93,7 @@ func TestDecodeRequestNamesTheField(t *testing.T) {
 		`{"tenant": "a", "interactive": "yes"}`:        "interactive",
 		`{"tenant": "a", "run_at": 5}`:                 "run_at",
 		`{"tenant": "a", "delay_seconds": "5"}`:        "delay_seconds",
+		`{"tenant": "a", "replace_key": 5}`:            "replace_key",
 		"{\"tenant\": \"a\", \"rate_key\": \"\xfe\"}":  "rate_key",
 		"{\"tenant\": \"a\", \"payload\": [\"\xfe\"]}": "payload",
 		`{"tenant": "a",}`:                             "body",
@@ -270,5 +275,19 @@ func TestValidDeadline(t *testing.T) {
 	}
 	if none, _ := DecodeRequest([]byte(`{"tenant":"a"}`)); none.startBy() != nil || string(none.fingerprint()) == string(plain.fingerprint()) {
 		t.Error("a start_by must change the fingerprint, and none is nil")
+	}
+}
+
+func TestReplaceKeyFingerprint(t *testing.T) {
+	a, _ := DecodeRequest([]byte(`{"tenant":"t","replace_key":"r1"}`))
+	b, _ := DecodeRequest([]byte(`{"tenant":"t","replace_key":"r2"}`))
+	c, _ := DecodeRequest([]byte(`{"tenant":"t"}`))
+	if string(a.fingerprint()) == string(b.fingerprint()) || string(a.fingerprint()) == string(c.fingerprint()) {
+		t.Error("a replace key must change the fingerprint")
+	}
+	key := "\xff"
+	bad := Request{Tenant: "t", ReplaceKey: &key}
+	if je, ok := bad.Validate(1024).(*job.Error); !ok || je.Detail["field"] != "replace_key" {
+		t.Errorf("a replace key that is not UTF-8: %v; want invalid_request on replace_key", je)
 	}
 }

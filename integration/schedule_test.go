@@ -144,3 +144,108 @@ func TestStartBy(t *testing.T) {
 		t.Fatalf("a deadline the estimate meets: %d %s; want 202", r.Status, r.Raw)
 	}
 }
+
+// TestReplaceKey: an admission with a replace_key replaces its tenant's queued job with that key:
+// the old one ends replaced, pointing at the new one, which a waiter on it hears; the depth stays
+// one. A batch's jobs with one key replace each other in order. Concurrent admissions with one key
+// leave exactly one queued job. An idempotent replay replaces nothing; a job already dispatched
+// is not touched; bad keys are 400.
+func TestReplaceKey(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{WaitBackstop: time.Hour})
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
+	admit := func(body map[string]any) map[string]any {
+		t.Helper()
+		r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, body)
+		if r.Status != http.StatusAccepted && r.Status != http.StatusOK {
+			t.Fatalf("admit %v: %d %s", body, r.Status, r.Raw)
+		}
+		return r.Body
+	}
+	get := func(id int64) map[string]any {
+		t.Helper()
+		return env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d", id), harness.ProducerToken, nil).Body
+	}
+	a := jobID(t, admit(map[string]any{"tenant": "acme", "replace_key": "repo"}))
+	waiter := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=30", env.URL, a), harness.ProducerToken, nil)
+	b := jobID(t, admit(map[string]any{"tenant": "acme", "replace_key": "repo"}))
+	other := jobID(t, admit(map[string]any{"tenant": "globex", "replace_key": "repo"})) // another tenant's key
+	if w := <-waiter; w.body["status"] != "replaced" || w.body["replaced_by"] != float64(b) {
+		t.Fatalf("the waiter on the replaced job: %v; want replaced by %d", w.body, b)
+	}
+	if j := get(b); j["status"] != "queued" || j["replace_key"] != "repo" {
+		t.Fatalf("the new job: %v", j)
+	}
+	if j := get(other); j["status"] != "queued" {
+		t.Fatalf("another tenant's job with the same key: %v; want queued", j)
+	}
+
+	// A batch: its jobs with one key replace each other in order, and the queued one before them.
+	r := env.Do(t, http.MethodPost, "/v1/jobs:batch", harness.ProducerToken, map[string]any{"jobs": []map[string]any{
+		{"tenant": "acme", "replace_key": "k2"}, {"tenant": "acme", "replace_key": "k2"}, {"tenant": "acme", "replace_key": "repo"},
+		{"tenant": "acme", "replace_key": "k2"}}})
+	var items []map[string]any
+	for _, it := range r.Body["results"].([]any) {
+		items = append(items, it.(map[string]any)["job"].(map[string]any))
+	}
+	id := func(j map[string]any) float64 { return j["id"].(float64) }
+	if items[0]["status"] != "replaced" || items[0]["replaced_by"] != id(items[1]) ||
+		items[1]["status"] != "replaced" || items[1]["replaced_by"] != id(items[3]) ||
+		items[2]["status"] != "queued" || items[3]["status"] != "queued" {
+		t.Fatalf("batch results: %v", items)
+	}
+	if j := get(b); j["status"] != "replaced" || j["replaced_by"] != id(items[2]) {
+		t.Fatalf("the queued job the batch replaced: %v", j)
+	}
+
+	// Racing admissions of one key: one queued job at the end, every other replaced.
+	const racers = 20
+	var racing []<-chan waitAnswer
+	for range racers {
+		racing = append(racing, goWait(http.MethodPost, env.URL+"/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "race", "replace_key": "hot"}))
+	}
+	for _, ch := range racing {
+		if a := <-ch; a.err != nil || a.status != http.StatusAccepted {
+			t.Fatalf("a racing admission: %d %v (%v); want 202", a.status, a.body, a.err)
+		}
+	}
+	var queued, replaced int
+	if err := env.DB.QueryRow(`SELECT SUM(status = 'queued'), SUM(status = 'replaced') FROM jobs WHERE tenant = 'race'`).Scan(&queued, &replaced); err != nil {
+		t.Fatal(err)
+	}
+	if queued != 1 || replaced != racers-1 {
+		t.Fatalf("after %d racing admissions of one key: %d queued, %d replaced; want 1 and %d", racers, queued, replaced, racers-1)
+	}
+
+	// An idempotent replay returns its job and replaces nothing.
+	keyed := map[string]any{"tenant": "acme", "replace_key": "repo", "idempotency_key": "i1"}
+	g := jobID(t, admit(keyed))
+	if again := admit(keyed); jobID(t, again) != g || get(g)["status"] != "queued" {
+		t.Fatalf("replay: %v; want job %d, still queued", again, g)
+	}
+
+	// A job already dispatched is not touched.
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 4 })
+	h := jobID(t, admit(map[string]any{"tenant": "slow", "replace_key": "s", "payload": map[string]any{"sleep_ms": 1500}}))
+	harness.WaitFor(t, 30*time.Second, "the slow job to run", func() (bool, error) {
+		var status string
+		err := env.DB.QueryRow("SELECT status FROM jobs WHERE id = ?", h).Scan(&status)
+		return status == "running" || status == "dispatched", err
+	})
+	i := jobID(t, admit(map[string]any{"tenant": "slow", "replace_key": "s"}))
+	for _, id := range []int64{h, i} {
+		if j := env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d?wait=30", id), harness.ProducerToken, nil).Body; j["status"] != "succeeded" {
+			t.Fatalf("job %d: %v; want succeeded (a dispatched job is not replaced)", id, j)
+		}
+	}
+
+	for _, body := range []map[string]any{
+		{"tenant": "acme", "replace_key": ""},
+		{"tenant": "acme", "replace_key": "k", "queue": false},
+		{"tenant": "acme", "replace_key": strings.Repeat("k", 256)},
+	} {
+		if r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, body); r.Status != http.StatusBadRequest {
+			t.Errorf("admit %v: %d %s; want 400", body, r.Status, r.Raw)
+		}
+	}
+}

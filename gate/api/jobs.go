@@ -271,7 +271,7 @@ func idPage(q url.Values) (limit int, before int64, err error) {
 }
 
 var listStatuses = []job.Status{job.Queued, job.Claimed, job.Dispatched, job.Running, job.Succeeded,
-	job.Failed, job.Canceled, job.Rejected, job.Lost, job.Expired}
+	job.Failed, job.Canceled, job.Rejected, job.Lost, job.Expired, job.Replaced}
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)

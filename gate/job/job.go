@@ -26,6 +26,9 @@ const (
 	Rejected   Status = "rejected"
 	Lost       Status = "lost"
 	Expired    Status = "expired"
+	// Replaced: a queued job superseded by a newer admission with the same replace_key, never
+	// dispatched; ReplacedBy names its successor.
+	Replaced Status = "replaced"
 )
 
 // InFlight reports whether s counts against the in-flight caps.
@@ -34,7 +37,7 @@ func (s Status) InFlight() bool { return s == Claimed || s == Dispatched || s ==
 // Terminal reports whether s is final: no writer may change a job in such a state.
 func (s Status) Terminal() bool {
 	switch s {
-	case Succeeded, Failed, Canceled, Rejected, Lost, Expired:
+	case Succeeded, Failed, Canceled, Rejected, Lost, Expired, Replaced:
 		return true
 	}
 	return false
@@ -43,7 +46,7 @@ func (s Status) Terminal() bool {
 // TerminalStates returns the states for which Terminal is true, in SPEC §4's order, as a new
 // slice the caller may keep.
 func TerminalStates() []Status {
-	return []Status{Succeeded, Failed, Canceled, Rejected, Lost, Expired}
+	return []Status{Succeeded, Failed, Canceled, Rejected, Lost, Expired, Replaced}
 }
 
 // Job is a job as the API reads it (SPEC §6). Timestamps are UTC with microseconds.
@@ -74,6 +77,11 @@ type Job struct {
 	// StartBy is the job's start deadline: not dispatched by then, it ends expired with
 	// error_code start_deadline.
 	StartBy *time.Time `json:"start_by,omitempty"`
+	// ReplaceKey is the key the job was admitted with: while it is queued, a newer admission of
+	// its tenant with the same key replaces it. ReplacedBy, once it is replaced, names the job
+	// that did.
+	ReplaceKey *string `json:"replace_key,omitempty"`
+	ReplacedBy *int64  `json:"replaced_by,omitempty"`
 }
 
 // TimeFormat is how the API writes a timestamp (SPEC §4: RFC 3339, UTC, microseconds). It

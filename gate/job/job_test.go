@@ -9,7 +9,7 @@ import (
 )
 
 func TestStatusClasses(t *testing.T) {
-	for _, s := range []Status{Queued, Claimed, Dispatched, Running, Succeeded, Failed, Canceled, Rejected, Lost, Expired} {
+	for _, s := range []Status{Queued, Claimed, Dispatched, Running, Succeeded, Failed, Canceled, Rejected, Lost, Expired, Replaced} {
 		if s.InFlight() && s.Terminal() {
 			t.Errorf("%s is both in flight and terminal", s)
 		}

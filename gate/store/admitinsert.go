@@ -41,6 +41,9 @@ type NewJob struct {
 	// StartBy, if set, is a queued job's start deadline (start_by): not dispatched by then, it
 	// ends expired (ExpireStartDeadlines).
 	StartBy *time.Time
+	// ReplaceKey, if set, is a queued job's replace_key (AdmissionTx.LockReplaceable,
+	// Store.Replace).
+	ReplaceKey *string
 }
 
 // scheduled reports whether j is queued for later than now.
@@ -204,10 +207,12 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 	}
 	for start := 0; start < len(p.Jobs); start += insertChunk {
 		end := min(len(p.Jobs), start+insertChunk)
-		// Only a chunk with a scheduled job names not_before, and one with a deadline start_by:
-		// the others keep the statement every admission sends.
+		// Only a chunk with a scheduled job names not_before, one with a deadline start_by, and
+		// one with a replace key replace_key: the others keep the statement every admission
+		// sends.
 		scheduled := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.scheduled(p.Now) })
 		deadlines := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.StartBy != nil && j.Rejected == "" })
+		keyed := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.ReplaceKey != nil && j.Rejected == "" })
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
 			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, lanes, interactive`)
@@ -220,11 +225,15 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 			q.WriteString(", start_by")
 			row += ",?"
 		}
+		if keyed {
+			q.WriteString(", replace_key")
+			row += ",?"
+		}
 		row += ")"
 		q.WriteString(") VALUES ")
 		c := written{stmt: len(w.stmts)}
 		var pokes []outbox.NewPoke
-		rowArgs := make([]any, 0, 16*(end-start))
+		rowArgs := make([]any, 0, 17*(end-start))
 		for i := start; i < end; i++ {
 			if i > start {
 				q.WriteString(",")
@@ -245,6 +254,13 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 					startBy = *j.StartBy
 				}
 				rowArgs = append(rowArgs, startBy)
+			}
+			if keyed {
+				var key any
+				if j.ReplaceKey != nil && j.Rejected == "" {
+					key = *j.ReplaceKey
+				}
+				rowArgs = append(rowArgs, key)
 			}
 			c.jobs = append(c.jobs, i)
 			if j.Rejected == "" && j.Poke {

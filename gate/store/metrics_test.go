@@ -38,7 +38,7 @@ func TestMetrics(t *testing.T) {
 		}
 		return out
 	}
-	want := map[string]float64{"succeeded": 0, "failed": 0, "canceled": 0, "rejected": 0, "lost": 0, "expired": 0}
+	want := map[string]float64{"succeeded": 0, "failed": 0, "canceled": 0, "rejected": 0, "lost": 0, "expired": 0, "replaced": 0}
 	if got := finished(); !maps.Equal(got, want) {
 		t.Errorf("fresh registry: sluice_jobs_finished_total %v, want %v", got, want)
 	}

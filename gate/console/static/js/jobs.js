@@ -4,8 +4,8 @@ import {h, replace, table, message, confirm, announce} from './dom.js';
 import * as api from './api.js';
 import * as fmt from './fmt.js';
 
-const STATES = ['queued', 'claimed', 'dispatched', 'running', 'succeeded', 'failed', 'canceled', 'rejected', 'lost', 'expired'];
-const TERMINAL = ['succeeded', 'failed', 'canceled', 'rejected', 'lost', 'expired'];
+const STATES = ['queued', 'claimed', 'dispatched', 'running', 'succeeded', 'failed', 'canceled', 'rejected', 'lost', 'expired', 'replaced'];
+const TERMINAL = ['succeeded', 'failed', 'canceled', 'rejected', 'lost', 'expired', 'replaced'];
 const PAGE = 50;
 
 function tenantLink(name) {

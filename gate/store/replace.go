@@ -1,0 +1,106 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
+	"github.com/sluicehq/sluice/outbox"
+)
+
+// ReplacedCode is the error_code of a job a newer admission with its replace_key replaced.
+const ReplacedCode = "replaced"
+
+// TenantKey is a tenant's replace_key.
+type TenantKey struct {
+	Tenant, Key string
+}
+
+// LockReplaceable locks and returns the queued jobs that have one of keys, in tx, an admission's
+// transaction that already holds the keys' tenants' rows (AdmissionTx.ReadAdmission), through
+// queued_replace (migration 0021): one job at most per key, since every admission of a tenant
+// holds its row while it replaces. It takes the rows without waiting: the lock order (lockorder.go)
+// has job rows before tenants' rows, so an admission must not wait for a job a claim holds while
+// that claim waits for the tenant the admission holds. A row held elsewhere fails the statement
+// with a lock wait timeout (1205), and the admission is retried as a whole once that transaction
+// ended: a claim then has taken the job out of the queue (a dispatched job is not replaced), or
+// left it there.
+func LockReplaceable(ctx context.Context, tx sqldb.DB, keys []TenantKey) ([]Row, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	var where strings.Builder
+	args := make([]any, 0, 2*len(keys))
+	for i, k := range keys {
+		if i > 0 {
+			where.WriteString(" OR ")
+		}
+		where.WriteString("(tenant = ? AND queued_replace_key = ?)")
+		args = append(args, k.Tenant, k.Key)
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT "+LockColumns+" FROM jobs FORCE INDEX (queued_replace) WHERE "+where.String()+
+		" ORDER BY id FOR UPDATE NOWAIT", args...)
+	if err != nil {
+		return nil, fmt.Errorf("lock the queued jobs of replace keys: %w", err)
+	}
+	var out []Row
+	res := ResultsOf(rows)
+	if err := errors.Join(res.EachRow(func(r Row) { out = append(out, r) }), res.Close()); err != nil {
+		return nil, fmt.Errorf("lock the queued jobs of replace keys: %w", err)
+	}
+	return out, nil
+}
+
+// Replacement is a queued job, locked in the transaction (LockReplaceable, or inserted by it),
+// and the job that replaces it.
+type Replacement struct {
+	Old Row
+	By  int64
+}
+
+// Replace moves each replacement's old job from queued to replaced, pointing at its successor,
+// in tx, with an audit event and a release poke each (a waiter on the old job learns its end).
+// The old rows are locked in tx, so a row that is not queued any more is ErrFenced.
+func (s *Store) Replace(ctx context.Context, tx sqldb.DB, now time.Time, rs []Replacement) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	var cases strings.Builder
+	args := []any{now, ReplacedCode}
+	for _, r := range rs {
+		cases.WriteString(" WHEN ? THEN ?")
+		args = append(args, r.Old.ID, r.By)
+	}
+	for _, r := range rs {
+		args = append(args, r.Old.ID)
+	}
+	upd, err := tx.ExecContext(ctx, `UPDATE jobs SET status = 'replaced', version = version + 1, finished_at = ?,
+		error_code = ?, error_message = 'replaced by a newer job with the same replace_key', replaced_by = CASE id`+cases.String()+` END
+		WHERE status = 'queued' AND id IN (`+Placeholders(len(rs))+`)`, args...)
+	if err != nil {
+		return fmt.Errorf("replace queued jobs: %w", err)
+	}
+	if n, err := upd.RowsAffected(); err == nil && n != int64(len(rs)) {
+		return fmt.Errorf("replace queued jobs: %d of %d locked rows changed: %w", n, len(rs), ErrFenced)
+	}
+	events := make([]AuditEvent, len(rs))
+	msgs := make([]outbox.Message, len(rs))
+	for i, r := range rs {
+		events[i] = transitionEvent(s.actor(ctx), r.Old, job.Replaced, r.Old.Version+1, r.Old.Attempt, ReplacedCode)
+		msgs[i] = outbox.PokeMessage(s.prefix(), outbox.Release, r.Old.Tenant, r.Old.ID)
+	}
+	if err := s.insertAudit(ctx, tx, events...); err != nil {
+		return fmt.Errorf("replace queued jobs: %w", err)
+	}
+	if _, err := outbox.Write(ctx, tx, now, msgs...); err != nil {
+		return fmt.Errorf("replace queued jobs: release pokes: %w", err)
+	}
+	for _, r := range rs {
+		s.LogTransition(ctx, r.Old, job.Replaced, r.Old.Version+1, now, ReplacedCode)
+	}
+	return nil
+}
