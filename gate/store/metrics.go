@@ -35,7 +35,7 @@ type Metrics struct {
 // absent() over them then means something). It fails if reg already holds one of the names.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_finished_total",
-		Help: "Jobs that reached a terminal state (succeeded, failed, canceled, rejected, lost, expired), " +
+		Help: "Jobs that reached a terminal state (succeeded, failed, canceled, rejected, lost, expired, replaced), " +
 			"counted by the process that wrote the transition, once it committed."}, []string{"state"})
 	// The buckets resolve 1 ms to 5 min.
 	buckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}

@@ -11,7 +11,7 @@ import (
 )
 
 // PurgeSettled deletes up to limit jobs that reached a final state (succeeded, failed, canceled,
-// rejected, lost, expired) before cutoff, oldest first, and returns how many it deleted. Their
+// rejected, lost, expired, replaced) before cutoff, oldest first, and returns how many it deleted. Their
 // idempotency keys go with them (SPEC §9 retention_days). Jobs still queued or in flight are
 // never deleted, however old. The tenants of the deleted jobs that have no job left lose their
 // tenants row too, so tenants that stopped sending work (or a flood of one-off tenant names) do
@@ -87,7 +87,11 @@ func firstQueuedSince(ctx context.Context, db sqldb.DB, cutoff time.Time) (int64
 		mid := l + (h-l)/2
 		var id int64
 		var queued time.Time
-		err := db.QueryRowContext(ctx, "SELECT id, queued_at FROM jobs WHERE id >= ? ORDER BY id LIMIT 1", mid).Scan(&id, &queued)
+		// A job scheduled for later (run_at: queued_at and not_before both at its due time) is
+		// stepped over: its queued_at says when it is due, not when its id was given, and would
+		// stop the bound at its id until then.
+		err := db.QueryRowContext(ctx, `SELECT id, queued_at FROM jobs WHERE id >= ?
+			AND NOT (status = 'queued' AND queued_at <=> not_before) ORDER BY id LIMIT 1`, mid).Scan(&id, &queued)
 		switch {
 		case errors.Is(err, sql.ErrNoRows) || (err == nil && id >= h): // no job in [mid, h)
 			h = mid

@@ -116,3 +116,34 @@ func TestPurgeSettledPrunesEmptiedTenants(t *testing.T) {
 		t.Fatalf("tenants left %q, want %q", left, want)
 	}
 }
+
+// TestPurgeSettledStepsOverScheduledJobs: a job scheduled for later, admitted before jobs that
+// finished before the cutoff, does not stop the purge at its id (its queued_at is its due time).
+func TestPurgeSettledStepsOverScheduledJobs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	old := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	cutoff := old.Add(24 * time.Hour)
+	due := cutoff.Add(30 * 24 * time.Hour)
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)`, old); err != nil {
+		t.Fatal(err)
+	}
+	// Ids 1-3 and 5-7 finished, 4 scheduled: the search's first probe (id 4) meets it.
+	for range 3 {
+		if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, finished_at) VALUES ('acme', 'succeeded', ?, ?)`, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, not_before) VALUES ('acme', 'queued', ?, ?)`, due, due); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, finished_at) VALUES ('acme', 'succeeded', ?, ?)`, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := store.PurgeSettled(ctx, db, cutoff, 100); err != nil || n != 6 {
+		t.Fatalf("purged %d (%v); want the 6 finished jobs, beyond the scheduled one", n, err)
+	}
+}
