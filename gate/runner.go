@@ -174,6 +174,12 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	return rows, nil
 }
 
+// keyed reports whether it is inserted queued with a start deadline or a replace key, which
+// their tables record (store.RecordJobKeys).
+func (it *item) keyed() bool {
+	return it.insert && it.scope == "" && (it.req.StartBy != nil || it.req.ReplaceKey != nil)
+}
+
 // replace moves the queued jobs the inserted items replace to replaced (store.Replace): rows
 // locked by the read (store.LockReplaceable), or items of this transaction that a later one of it
 // replaced.
@@ -203,7 +209,8 @@ func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *stat
 		return true, nil
 	}
 	replaces := slices.ContainsFunc(items, func(it *item) bool { return it.replaces.some() })
-	withInsert := a.commitWithInsert(tx, reservations) && !replaces
+	keyed := slices.ContainsFunc(items, (*item).keyed)
+	withInsert := a.commitWithInsert(tx, reservations) && !replaces && !keyed
 	if err := a.insert(ctx, tx, items, st, !shared, withInsert); err != nil {
 		if withInsert && ConnectionLost(err) {
 			return true, a.commitErr(ctx, err, items, reservations) // the COMMIT may have run
@@ -212,6 +219,17 @@ func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *stat
 	}
 	if replaces {
 		if err := a.replace(ctx, tx, items, st); err != nil {
+			return false, a.txErr(err)
+		}
+	}
+	if keyed {
+		var jobs []store.JobKeys
+		for _, it := range items {
+			if it.keyed() {
+				jobs = append(jobs, store.JobKeys{ID: it.id, Tenant: it.req.Tenant, StartBy: it.req.startBy(), ReplaceKey: it.req.ReplaceKey})
+			}
+		}
+		if err := store.RecordJobKeys(ctx, tx.DB(), jobs); err != nil {
 			return false, a.txErr(err)
 		}
 	}

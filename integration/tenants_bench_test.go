@@ -2,6 +2,9 @@ package integration_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,11 +48,41 @@ func BenchmarkTenantCount(b *testing.B) {
 // head, see drainer.Pass.Full); between passes it waits for the last pass's outcomes, so every
 // pass finds all 64 slots free.
 func passTimes(b *testing.B, tenants, jobs int) ([]time.Duration, float64) {
+	out, claimed, _ := passTimesWith(b, tenants, jobs, nil)
+	return out, claimed
+}
+
+// passTimesWith is passTimes with more rows written by setup (if not nil) after the queued jobs,
+// and it also returns the rows the server read through indexes per pass (Handler_read_*,
+// server-wide: run it alone).
+func passTimesWith(b *testing.B, tenants, jobs int, setup func(*testdb.DB)) ([]time.Duration, float64, float64) {
 	const passes = 50
 	ctx := context.Background()
 	db := testdb.New(b)
 	setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
 	queueJobs(b, db, tenants, jobs)
+	if setup != nil {
+		setup(db)
+	}
+	reads := func() float64 {
+		var sum float64
+		rows, err := db.QueryContext(ctx, "SHOW GLOBAL STATUS LIKE 'Handler_read%'")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var name string
+			var n float64
+			if err := rows.Scan(&name, &n); err != nil {
+				b.Fatal(err)
+			}
+			if name != "Handler_read_rnd_deleted" {
+				sum += n
+			}
+		}
+		return sum
+	}
 	var recorded atomic.Int64
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "bench",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(int64) { recorded.Add(1) }}})
@@ -59,10 +92,13 @@ func passTimes(b *testing.B, tenants, jobs int) ([]time.Duration, float64) {
 	defer d.Stop(ctx)
 	out := make([]time.Duration, 0, passes)
 	claimed := 0
+	var read float64
 	for range passes {
+		before := reads()
 		start := time.Now()
 		p, err := d.RunOnce(ctx)
 		el := time.Since(start)
+		read += reads() - before
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -75,5 +111,50 @@ func passTimes(b *testing.B, tenants, jobs int) ([]time.Duration, float64) {
 			return recorded.Load() >= int64(claimed), nil
 		})
 	}
-	return out, float64(claimed) / passes
+	return out, float64(claimed) / passes, read / passes
+}
+
+// BenchmarkScheduledJobs is issue 34's "the claim stays O(free slots) with 1,000,000 jobs
+// scheduled in the future": claim passes over 64 tenants with work due now (caps 64), alone and
+// beside SLUICE_BENCH_SCHEDULED (default 1,000,000) jobs scheduled a day ahead, half in those 64
+// tenants (behind their due jobs in the claim index) and half in 1,000 tenants that have nothing
+// else. Reports each pass's time and the rows the server read per pass, and their ratios.
+func BenchmarkScheduledJobs(b *testing.B) {
+	n := 1_000_000
+	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_SCHEDULED")); err == nil && v > 0 {
+		n = v
+	}
+	for range b.N {
+		plain, plainJobs, plainReads := passTimesWith(b, 64, 64*60, nil)
+		sched, schedJobs, schedReads := passTimesWith(b, 64, 64*60, func(db *testdb.DB) { scheduleJobs(b, db, 64, n) })
+		p, s := harness.Percentiles(plain, 50, 99), harness.Percentiles(sched, 50, 99)
+		harness.Emit("scheduled_jobs", map[string]any{
+			"scheduled": n, "jobs_per_pass": round2(plainJobs), "jobs_per_pass_with": round2(schedJobs),
+			"pass_p50_ms": p[0], "pass_p99_ms": p[1], "pass_with_p50_ms": s[0], "pass_with_p99_ms": s[1],
+			"ratio_p50": round2(s[0] / p[0]), "ratio_p99": round2(s[1] / p[1]),
+			"rows_read_per_pass": round2(plainReads), "rows_read_per_pass_with": round2(schedReads),
+			"rows_read_ratio": round2(schedReads / plainReads),
+		})
+	}
+}
+
+// scheduleJobs writes n jobs queued a day ahead (as run_at writes them: queued_at and not_before
+// at their due time): half over the due tenants t0..t<due-1> of queueJobs, half over 1,000
+// tenants of their own, in statements of 100,000 rows.
+func scheduleJobs(tb testing.TB, db *testdb.DB, due, n int) {
+	tb.Helper()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at)
+		SELECT CONCAT('later', seq), UTC_TIMESTAMP(6) FROM seq_0_to_999`); err != nil {
+		tb.Fatal(err)
+	}
+	for off := 0; off < n; off += 100_000 {
+		if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO jobs (tenant, status, queued_at, not_before)
+			SELECT IF(seq %% 2 = 0, CONCAT('t', seq %% %d), CONCAT('later', seq %% 1000)), 'queued',
+				UTC_TIMESTAMP(6) + INTERVAL 1 DAY + INTERVAL seq MICROSECOND,
+				UTC_TIMESTAMP(6) + INTERVAL 1 DAY + INTERVAL seq MICROSECOND FROM seq_%d_to_%d`, due, off, min(off+100_000, n)-1)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	db.RecountQueues(tb)
 }

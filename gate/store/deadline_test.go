@@ -59,6 +59,11 @@ func TestExpireStartDeadlines(t *testing.T) {
 			t.Errorf("job %d: %s; want still queued", id, r.Status)
 		}
 	}
+	// The deadlines met are forgotten (a and b expired, running left the queue); the held job's
+	// and the one in time stay.
+	if n := k.count("SELECT COUNT(*) FROM job_deadlines WHERE job_id IN (?, ?)", held, inTime); n != 2 || k.count("SELECT COUNT(*) FROM job_deadlines") != 2 {
+		t.Errorf("deadlines left: %d of the held and the in-time job's, %d in all; want those 2 only", n, k.count("SELECT COUNT(*) FROM job_deadlines"))
+	}
 	if again, err := st.ExpireStartDeadlines(k.ctx, k.db, k.now, 10); err != nil || len(again) != 0 {
 		t.Errorf("a second sweep with the last one held elsewhere: %v (%v)", ids(again), err)
 	}

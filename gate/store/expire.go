@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
@@ -35,47 +36,80 @@ func (s *Store) Expire(ctx context.Context, tx sqldb.DB, now, cutoff time.Time, 
 // now, with error_code start_deadline, an audit event and a release poke each (a waiter on the
 // job learns its end), and returns them as they were. The claim never dispatches such a job
 // either (its UPDATE checks start_by), so a job past its deadline waits only for this sweep to
-// say so. Rows another transaction holds are skipped, as in Expire.
+// say so. It reads job_deadlines (migration 0021) oldest deadline first, and deletes the rows it
+// read whose job is no longer queued: those it expired, and those of jobs that left the queue in
+// time. Rows another transaction holds are skipped, as in Expire, and their deadlines kept.
 func (s *Store) ExpireStartDeadlines(ctx context.Context, tx sqldb.DB, now time.Time, limit int) ([]Row, error) {
-	// The ids first, without a lock, then the rows by primary key: a locking read of the index's
-	// range would also lock the entry past its end, the next job's whose deadline is still ahead,
-	// which a claim may be taking.
-	rows, err := tx.QueryContext(ctx, `SELECT id FROM jobs FORCE INDEX (queued_start_by) WHERE queued_start_by < ?
-		ORDER BY queued_start_by LIMIT ?`, now, limit)
+	rows, err := tx.QueryContext(ctx, `SELECT job_id FROM job_deadlines FORCE INDEX (start_by) WHERE start_by < ?
+		ORDER BY start_by, job_id LIMIT ?`, now, limit)
 	if err != nil {
-		return nil, fmt.Errorf("find queued jobs past their start_by: %w", err)
+		return nil, fmt.Errorf("find jobs past their start_by: %w", err)
 	}
 	var ids []any
 	for rows.Next() {
 		var id int64
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("find queued jobs past their start_by: %w", err)
+			return nil, fmt.Errorf("find jobs past their start_by: %w", err)
 		}
 		ids = append(ids, id)
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return nil, fmt.Errorf("find queued jobs past their start_by: %w", err)
+		return nil, fmt.Errorf("find jobs past their start_by: %w", err)
 	}
 	if len(ids) == 0 {
 		return nil, nil
 	}
 	old, err := lockExpiring(ctx, tx, `WHERE id IN (`+Placeholders(len(ids))+`) AND status = 'queued' AND start_by < ?`,
-		append(ids, now), len(ids))
-	if err != nil || len(old) == 0 {
+		append(slices.Clone(ids), now), len(ids))
+	if err != nil {
 		return nil, err
 	}
-	return old, s.expire(ctx, tx, now, old, StartDeadlineCode, "not dispatched by its start_by", true)
+	if len(old) > 0 {
+		if err := s.expire(ctx, tx, now, old, StartDeadlineCode, "not dispatched by its start_by", true); err != nil {
+			return nil, err
+		}
+	}
+	// The deadlines of jobs no longer queued go: those expired here and those that left the queue
+	// in time. A queued job held elsewhere keeps its deadline, for the next sweep. The read does
+	// not lock (a locking one would wait for that job).
+	still, err := tx.QueryContext(ctx, `SELECT id FROM jobs WHERE id IN (`+Placeholders(len(ids))+`) AND status = 'queued'`, ids...)
+	if err != nil {
+		return nil, fmt.Errorf("find the deadlines met: %w", err)
+	}
+	queued := map[int64]bool{}
+	for still.Next() {
+		var id int64
+		if err := still.Scan(&id); err != nil {
+			still.Close()
+			return nil, fmt.Errorf("find the deadlines met: %w", err)
+		}
+		queued[id] = true
+	}
+	if err := errors.Join(still.Err(), still.Close()); err != nil {
+		return nil, fmt.Errorf("find the deadlines met: %w", err)
+	}
+	var done []any
+	for _, id := range ids {
+		if !queued[id.(int64)] {
+			done = append(done, id)
+		}
+	}
+	if len(done) > 0 {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM job_deadlines WHERE job_id IN (`+Placeholders(len(done))+`)`, done...); err != nil {
+			return nil, fmt.Errorf("forget the deadlines met: %w", err)
+		}
+	}
+	return old, nil
 }
 
-// StartDeadlinesPassed reports whether a queued job's start_by is before now: one dive into
-// queued_start_by, without a lock, so that a sweep that finds nothing costs one statement.
+// StartDeadlinesPassed reports whether a deadline in job_deadlines is before now: one dive into
+// its index, without a lock, so that a sweep that finds nothing costs one statement.
 func StartDeadlinesPassed(ctx context.Context, db sqldb.DB, now time.Time) (bool, error) {
 	var any bool
-	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM jobs FORCE INDEX (queued_start_by)
-		WHERE queued_start_by < ?)`, now).Scan(&any)
+	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM job_deadlines FORCE INDEX (start_by) WHERE start_by < ?)`, now).Scan(&any)
 	if err != nil {
-		return false, fmt.Errorf("look for queued jobs past their start_by: %w", err)
+		return false, fmt.Errorf("look for jobs past their start_by: %w", err)
 	}
 	return any, nil
 }

@@ -133,6 +133,7 @@ func (k *kit) insert(spec jobSpec) int64 {
 	id, _ := res.LastInsertId()
 	if spec.startBy != nil {
 		k.exec("UPDATE jobs SET start_by = ? WHERE id = ?", *spec.startBy, id)
+		k.exec("INSERT INTO job_deadlines (job_id, start_by) VALUES (?, ?)", id, *spec.startBy)
 	}
 	if err := store.RecountQueues(k.ctx, k.db, spec.tenant); err != nil {
 		k.t.Fatal(err)

@@ -39,6 +39,11 @@ func PurgeSettled(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int)
 	if err != nil {
 		return 0, fmt.Errorf("purge finished jobs: %w", err)
 	}
+	if n > 0 {
+		if err := purgeReplaceKeys(ctx, db, bound); err != nil {
+			return n, err
+		}
+	}
 	if len(tenants) > 0 {
 		// The foreign key from jobs makes this fail rather than delete a tenant that an admission
 		// gave a job meanwhile; the next purge tries again.
@@ -48,6 +53,36 @@ func PurgeSettled(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int)
 		}
 	}
 	return n, nil
+}
+
+// purgeReplaceKeys deletes the replace keys (migration 0021) that name jobs below bound that are
+// gone. The read does not lock (a locking read of jobs would wait for claims); the delete names
+// the jobs it found, so a key an admission maps to a new job meanwhile stays.
+func purgeReplaceKeys(ctx context.Context, db sqldb.DB, bound int64) error {
+	rows, err := db.QueryContext(ctx, `SELECT k.job_id FROM replace_keys k FORCE INDEX (job_id)
+		LEFT JOIN jobs j ON j.id = k.job_id WHERE k.job_id < ? AND j.id IS NULL LIMIT 1000`, bound)
+	if err != nil {
+		return fmt.Errorf("purge the replace keys of finished jobs: %w", err)
+	}
+	var gone []any
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return fmt.Errorf("purge the replace keys of finished jobs: %w", err)
+		}
+		gone = append(gone, id)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("purge the replace keys of finished jobs: %w", err)
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	if _, err := db.ExecContext(ctx, `DELETE FROM replace_keys WHERE job_id IN (`+Placeholders(len(gone))+`)`, gone...); err != nil {
+		return fmt.Errorf("purge the replace keys of finished jobs: %w", err)
+	}
+	return nil
 }
 
 // batchTenants returns the tenants q (one column) lists.

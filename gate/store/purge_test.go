@@ -143,7 +143,28 @@ func TestPurgeSettledStepsOverScheduledJobs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Replace keys: one names a finished job (purged with it), one the scheduled job (kept).
+	key1, key2 := "k1", "k2"
+	if err := store.RecordJobKeys(ctx, db, []store.JobKeys{{ID: 1, Tenant: "acme", ReplaceKey: &key1}, {ID: 4, Tenant: "acme", ReplaceKey: &key2}}); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := store.PurgeSettled(ctx, db, cutoff, 100); err != nil || n != 6 {
 		t.Fatalf("purged %d (%v); want the 6 finished jobs, beyond the scheduled one", n, err)
+	}
+	var left []int64
+	rows, err := db.QueryContext(ctx, "SELECT job_id FROM replace_keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, id)
+	}
+	if !slices.Equal(left, []int64{4}) {
+		t.Fatalf("replace keys left %v; want only the scheduled job's (4)", left)
 	}
 }

@@ -21,14 +21,14 @@ type TenantKey struct {
 }
 
 // LockReplaceable locks and returns the queued jobs that have one of keys, in tx, an admission's
-// transaction that already holds the keys' tenants' rows (AdmissionTx.ReadAdmission), through
-// queued_replace (migration 0021): one job at most per key, since every admission of a tenant
-// holds its row while it replaces. It takes the rows without waiting: the lock order (lockorder.go)
-// has job rows before tenants' rows, so an admission must not wait for a job a claim holds while
-// that claim waits for the tenant the admission holds. A row held elsewhere fails the statement
-// with a lock wait timeout (1205), and the admission is retried as a whole once that transaction
-// ended: a claim then has taken the job out of the queue (a dispatched job is not replaced), or
-// left it there.
+// transaction that already holds the keys' tenants' rows (AdmissionTx.ReadAdmission): the job
+// replace_keys (migration 0021) maps each key to, if it is still queued. One job at most per key,
+// since every admission of a tenant holds its row while it replaces and maps. It takes the job
+// rows without waiting: the lock order (lockorder.go) has job rows before tenants' rows, so an
+// admission must not wait for a job a claim holds while that claim waits for the tenant the
+// admission holds. A row held elsewhere fails the statement with a lock wait timeout (1205), and
+// the admission is retried as a whole once that transaction ended: a claim then has taken the
+// job out of the queue (a dispatched job is not replaced), or left it there.
 func LockReplaceable(ctx context.Context, tx sqldb.DB, keys []TenantKey) ([]Row, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -39,20 +39,76 @@ func LockReplaceable(ctx context.Context, tx sqldb.DB, keys []TenantKey) ([]Row,
 		if i > 0 {
 			where.WriteString(" OR ")
 		}
-		where.WriteString("(tenant = ? AND queued_replace_key = ?)")
+		where.WriteString("(tenant = ? AND replace_key = ?)")
 		args = append(args, k.Tenant, k.Key)
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT "+LockColumns+" FROM jobs FORCE INDEX (queued_replace) WHERE "+where.String()+
-		" ORDER BY id FOR UPDATE NOWAIT", args...)
+	rows, err := tx.QueryContext(ctx, "SELECT job_id FROM replace_keys WHERE "+where.String(), args...)
+	if err != nil {
+		return nil, fmt.Errorf("read the jobs of replace keys: %w", err)
+	}
+	var ids []any
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read the jobs of replace keys: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, fmt.Errorf("read the jobs of replace keys: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	jobs, err := tx.QueryContext(ctx, "SELECT "+LockColumns+" FROM jobs WHERE id IN ("+Placeholders(len(ids))+
+		") AND status = 'queued' ORDER BY id FOR UPDATE NOWAIT", ids...)
 	if err != nil {
 		return nil, fmt.Errorf("lock the queued jobs of replace keys: %w", err)
 	}
 	var out []Row
-	res := ResultsOf(rows)
+	res := ResultsOf(jobs)
 	if err := errors.Join(res.EachRow(func(r Row) { out = append(out, r) }), res.Close()); err != nil {
 		return nil, fmt.Errorf("lock the queued jobs of replace keys: %w", err)
 	}
 	return out, nil
+}
+
+// JobKeys are what an admitted job's lookups need besides its row (migration 0021).
+type JobKeys struct {
+	ID         int64
+	Tenant     string
+	StartBy    *time.Time
+	ReplaceKey *string
+}
+
+// RecordJobKeys writes, in tx, the admission's transaction that inserted jobs, each job's
+// deadline into job_deadlines and its replace key into replace_keys (the key now maps to it; in
+// jobs' order, so the last job of a key wins). Jobs with neither are skipped; none, no statement.
+func RecordJobKeys(ctx context.Context, tx sqldb.DB, jobs []JobKeys) error {
+	var deadlines, keys []any
+	for _, j := range jobs {
+		if j.StartBy != nil {
+			deadlines = append(deadlines, j.ID, *j.StartBy)
+		}
+		if j.ReplaceKey != nil {
+			keys = append(keys, j.Tenant, *j.ReplaceKey, j.ID)
+		}
+	}
+	if len(deadlines) > 0 {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO job_deadlines (job_id, start_by) VALUES "+
+			strings.TrimSuffix(strings.Repeat("(?,?),", len(deadlines)/2), ","), deadlines...); err != nil {
+			return fmt.Errorf("record start deadlines: %w", err)
+		}
+	}
+	if len(keys) > 0 {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO replace_keys (tenant, replace_key, job_id) VALUES "+
+			strings.TrimSuffix(strings.Repeat("(?,?,?),", len(keys)/3), ",")+
+			" ON DUPLICATE KEY UPDATE job_id = VALUES(job_id)", keys...); err != nil {
+			return fmt.Errorf("record replace keys: %w", err)
+		}
+	}
+	return nil
 }
 
 // Replacement is a queued job, locked in the transaction (LockReplaceable, or inserted by it),

@@ -17,7 +17,13 @@ import (
 // with an audit event and a release poke, and its tenant's queue state follows.
 func TestReplace(t *testing.T) {
 	k := newKit(t)
-	key := func(id int64, s string) { k.exec("UPDATE jobs SET replace_key = ? WHERE id = ?", s, id) }
+	key := func(id int64, s string) {
+		tenant := k.row(id).Tenant
+		if err := store.RecordJobKeys(k.ctx, k.db, []store.JobKeys{{ID: id, Tenant: tenant, ReplaceKey: &s}}); err != nil {
+			t.Fatal(err)
+		}
+		k.exec("UPDATE jobs SET replace_key = ? WHERE id = ?", s, id)
+	}
 	old := k.insert(jobSpec{tenant: "a"})
 	key(old, "repo-1")
 	other := k.insert(jobSpec{tenant: "b"})
