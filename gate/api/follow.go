@@ -61,7 +61,7 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, id, after 
 		return
 	}
 	defer waiter.Close()
-	releaseRequestSlot(ctx)
+	releaseRequestSlot(w)
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")

@@ -108,7 +108,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 	if wait > 0 && !res.Job.Status.Terminal() {
 		// The job is admitted whatever the wait meets: a wait refused (busy) or cut short (the
 		// database gone) answers with the admission, never with an error a producer would retry.
-		if row, err := s.awaitEnd(r.Context(), c.Name, res.Job.ID, wait); err == nil {
+		if row, err := s.awaitEnd(r.Context(), w, c.Name, res.Job.ID, wait); err == nil {
 			res.Job = row.Job
 		}
 	}

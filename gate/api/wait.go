@@ -50,12 +50,28 @@ type requestSlot struct {
 
 func (s *requestSlot) release() { s.once.Do(func() { release(s.sem) }) }
 
-type requestSlotKey struct{}
+// slotWriter carries a request's slot of Config.MaxRequests to its handler.
+type slotWriter struct {
+	http.ResponseWriter
+	slot requestSlot
+}
 
-// releaseRequestSlot gives back the request's slot of Config.MaxRequests, if it holds one.
-func releaseRequestSlot(ctx context.Context) {
-	if s, ok := ctx.Value(requestSlotKey{}).(*requestSlot); ok {
-		s.release()
+// Unwrap is for http.ResponseController (the events stream flushes through it).
+func (w *slotWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// releaseRequestSlot gives back the slot of Config.MaxRequests the request answered through w
+// holds, if it holds one.
+func releaseRequestSlot(w http.ResponseWriter) {
+	for {
+		if sw, ok := w.(*slotWriter); ok {
+			sw.slot.release()
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
 	}
 }
 
@@ -83,16 +99,16 @@ func NewWaiters(db *sql.DB, cfg waiters.Config) (*waiters.Hub, error) {
 // awaitEnd returns job id once it is terminal, or as it is when d has passed. It registers as a
 // waiter before it reads the job again, so an outcome committed since the caller's read wakes
 // it; each wake costs one read of the job, never a poll.
-func (s *Server) awaitEnd(ctx context.Context, caller string, id int64, d time.Duration) (store.Row, error) {
-	w, err := s.waiters.Add(caller, id)
+func (s *Server) awaitEnd(ctx context.Context, w http.ResponseWriter, caller string, id int64, d time.Duration) (store.Row, error) {
+	waiter, err := s.waiters.Add(caller, id)
 	if errors.Is(err, waiters.ErrBusy) {
 		return store.Row{}, busy("too many requests waiting for jobs; retry shortly")
 	}
 	if err != nil {
 		return store.Row{}, err
 	}
-	defer w.Close()
-	releaseRequestSlot(ctx)
+	defer waiter.Close()
+	releaseRequestSlot(w)
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
@@ -100,9 +116,9 @@ func (s *Server) awaitEnd(ctx context.Context, caller string, id int64, d time.D
 		if err != nil || row.Status.Terminal() {
 			return row, err
 		}
-		w.Saw(waiters.State{Status: string(row.Status), Version: row.Version})
+		waiter.Saw(waiters.State{Status: string(row.Status), Version: row.Version})
 		select {
-		case <-w.C():
+		case <-waiter.C():
 		case <-timer.C:
 			return row, nil
 		case <-s.waiters.Stopping():
@@ -121,7 +137,7 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
 	}
 	row, err := s.visible(r)
 	if err == nil && wait > 0 && !row.Status.Terminal() {
-		row, err = s.awaitEnd(r.Context(), callerOf(r).Name, row.ID, wait)
+		row, err = s.awaitEnd(r.Context(), w, callerOf(r).Name, row.ID, wait)
 	}
 	if err != nil {
 		s.fail(w, r, err)
