@@ -211,16 +211,18 @@ func (a *Admitter) Admit(ctx context.Context, caller string, req Request, mayAct
 		a.cfg.Metrics.observe(Result{}, it.invalid)
 		return Result{}, it.invalid
 	}
-	a.serviceTimes(ctx, []*item{it})
-	admit := a.admit
+	if it.req.refuseIfLate() {
+		a.serviceTimes(ctx, []*item{it})
+	}
+	var err error
 	if it.req.ReplaceKey != nil {
 		// Alone, not in a combiner group: it locks a job row besides its tenant's, without
 		// waiting (store.LockReplaceable), and a group's members must not fail for it.
-		admit = func(ctx context.Context, it *item, cfg limits.Config) error {
-			return a.run(ctx, []*item{it}, cfg, false)
-		}
+		err = a.run(ctx, []*item{it}, cfg, false)
+	} else {
+		err = a.admit(ctx, it, cfg)
 	}
-	if err := admit(ctx, it, cfg); err != nil {
+	if err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
 		a.auditOutcome(it, Result{}, err)
 		return Result{}, err

@@ -87,11 +87,14 @@ func (r *Request) Validate(maxPayload int) error {
 	if err := r.normalLanes(); err != nil {
 		return err
 	}
-	if err := r.validSchedule(time.Now()); err != nil {
-		return err
-	}
-	if err := r.validDeadline(time.Now()); err != nil {
-		return err
+	if r.RunAt != nil || r.DelaySeconds != nil || r.StartBy != nil || r.RefuseIfLate != nil {
+		now := time.Now()
+		if err := r.validSchedule(now); err != nil {
+			return err
+		}
+		if err := r.validDeadline(now); err != nil {
+			return err
+		}
 	}
 	if r.ReplaceKey != nil {
 		switch k := *r.ReplaceKey; {

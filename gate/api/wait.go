@@ -24,6 +24,9 @@ const MaxWait = 60 * time.Second
 // waitParam returns the request's wait, the `wait` query parameter in seconds (a number from 0
 // to 60; absent: 0).
 func waitParam(r *http.Request) (time.Duration, error) {
+	if r.URL.RawQuery == "" {
+		return 0, nil
+	}
 	v := r.URL.Query().Get("wait")
 	if v == "" {
 		return 0, nil
@@ -149,8 +152,11 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
 // admissionWait returns an admission's wait: the `wait` query parameter, else a `wait` field
 // of the body (which is not part of the job, so not of the idempotency fingerprint).
 func admissionWait(r *http.Request, body []byte) (time.Duration, error) {
-	if r.URL.Query().Has("wait") || !bytes.Contains(body, []byte(`"wait"`)) {
+	if r.URL.RawQuery != "" && r.URL.Query().Has("wait") {
 		return waitParam(r)
+	}
+	if !bytes.Contains(body, []byte(`"wait"`)) {
+		return 0, nil
 	}
 	var f struct {
 		Wait *json.Number `json:"wait"`
