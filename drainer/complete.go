@@ -271,10 +271,14 @@ func (w *outcomeWriter) finish(ctx context.Context, tx *store.ConnTx, now time.T
 }
 
 // written acts on outcomes committed: each job's metrics, the heads cache loses the tenants
-// of jobs requeued, and their pokes are announced (Config.OutboxWritten).
+// of jobs requeued, and the jobs are announced (Config.Ended).
 func (w *outcomeWriter) written(now time.Time, items []store.Finishing, to []job.Status) {
-	if w.cfg.OutboxWritten != nil && len(items) > 0 {
-		w.cfg.OutboxWritten()
+	if w.cfg.Ended != nil && len(items) > 0 {
+		ids := make([]int64, len(items))
+		for i, it := range items {
+			ids[i] = it.Row.ID
+		}
+		w.cfg.Ended(ids)
 	}
 	for i, it := range items {
 		if to[i] == job.Queued {

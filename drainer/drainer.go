@@ -101,11 +101,11 @@ type Config struct {
 	// Not a setting: it exists only for the benchmarks' same-run comparison of the audit trail's
 	// cost (issue 19). Default false.
 	AuditOff bool
-	// OutboxWritten, if set, is called after a transaction that wrote outcomes committed, with
-	// them their release pokes: a relay in this process then publishes the pokes at once
-	// (publisher.Relay.Wake) instead of at its next idle poll, for the drainers elsewhere and
-	// for the requests waiting on those jobs. It must return at once. Default none.
-	OutboxWritten func()
+	// Ended, if set, is called after a transaction of this drainer that wrote outcomes or
+	// expiries committed, with the jobs it wrote: a process that also serves the API wakes the
+	// requests waiting on them at once (waiters.Hub.Wake), where the release pokes reach them only
+	// after the relay's next pass. It must return at once. Default none.
+	Ended func(jobIDs []int64)
 	// Observer, if set, is told of claims and recorded answers as they happen. A test signal:
 	// tests wait on it instead of on time. Nil in production.
 	Observer Observer

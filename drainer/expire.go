@@ -52,11 +52,16 @@ func (e *expirer) deadlines(ctx context.Context, now time.Time) (int, error) {
 	if any, err := store.StartDeadlinesPassed(ctx, e.cfg.DB, now); err != nil || !any {
 		return 0, err
 	}
+	var ended []int64
 	n, err := e.sweep(ctx, now, func(tx *sql.Tx) ([]store.Row, error) {
-		return e.store.ExpireStartDeadlines(ctx, tx, now, expireBatch)
+		gone, err := e.store.ExpireStartDeadlines(ctx, tx, now, expireBatch)
+		for _, r := range gone {
+			ended = append(ended, r.ID)
+		}
+		return gone, err
 	})
-	if n > 0 && e.cfg.OutboxWritten != nil {
-		e.cfg.OutboxWritten() // their release pokes
+	if len(ended) > 0 && e.cfg.Ended != nil {
+		e.cfg.Ended(ended)
 	}
 	return n, err
 }

@@ -44,12 +44,14 @@ func goWait(method, url, token string, body any) <-chan waitAnswer {
 }
 
 // TestWaitWokenByReleasePoke: GET /v1/jobs/{id}?wait= answers with the outcome once the job
-// ends, woken by the job's release poke through NATS. The backstop's period is an hour here, so
-// nothing else can have woken it, and the waiter held no request slot and read nothing while it
-// waited. POST /v1/jobs?wait= answers 200 with the outcome, in the query or in the body.
+// ends, woken by the job's release poke through NATS: the API runs in a process of its own, the
+// drainer and the relay in another, and the backstop's period is an hour, so nothing else can
+// have woken it; the waiter read nothing while it waited. POST /v1/jobs?wait= answers 200 with
+// the outcome, in the query or in the body, and the Go client waits the same way.
 func TestWaitWokenByReleasePoke(t *testing.T) {
 	t.Parallel()
-	env := harness.Start(t, harness.Options{WaitBackstop: time.Hour})
+	env := harness.Start(t, harness.Options{API: true, WaitBackstop: time.Hour})
+	env.StartApp(t, harness.Options{Drainer: true, Relay: true})
 	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 }) // hold the job queued
 	id := env.Admit(t, "acme", map[string]any{"sleep_ms": 50})
 	answer := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=60", env.URL, id), harness.ProducerToken, nil)
@@ -396,26 +398,29 @@ func TestFollowEvents(t *testing.T) {
 	}
 }
 
-// TestOutboxWrittenAfterOutcomes: the drainer announces its outcomes' release pokes
-// (drainer.Config.OutboxWritten, which the app wires to its relay's Wake) once they are
-// committed: each call sees release rows in the outbox from a connection of its own.
-func TestOutboxWrittenAfterOutcomes(t *testing.T) {
+// TestEndedAfterOutcomes: the drainer announces the jobs whose outcomes it wrote
+// (drainer.Config.Ended, which the app wires to its waiters) once they are committed: each call
+// names jobs that a connection of its own reads as ended.
+func TestEndedAfterOutcomes(t *testing.T) {
 	t.Parallel()
 	f := startFrontDoor(t, fdOptions{})
 	ctx := context.Background()
+	var admitted []int64
 	for range 2 {
-		f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme"})
+		admitted = append(admitted, jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme"}).Body))
 	}
 	var mu sync.Mutex
-	var seen []int // release rows visible at each call
+	var announced []int64
 	d, err := drainer.New(drainer.Config{DB: f.db.DB, Executor: startingSender{f.exec}, ID: "d-announce",
-		OutboxWritten: func() {
-			var n int
-			if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE subject LIKE '%.release.%'").Scan(&n); err != nil {
-				t.Error(err)
+		Ended: func(ids []int64) {
+			for _, id := range ids {
+				var status string
+				if err := f.db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&status); err != nil || status != "succeeded" {
+					t.Errorf("Ended named job %d while another connection reads it %q (%v)", id, status, err)
+				}
 			}
 			mu.Lock()
-			seen = append(seen, n)
+			announced = append(announced, ids...)
 			mu.Unlock()
 		}})
 	if err != nil {
@@ -432,12 +437,8 @@ func TestOutboxWrittenAfterOutcomes(t *testing.T) {
 	d.Stop(ctx)
 	mu.Lock()
 	defer mu.Unlock()
-	if len(seen) == 0 {
-		t.Fatal("OutboxWritten was never called for the outcomes")
-	}
-	for i, n := range seen {
-		if n == 0 {
-			t.Fatalf("call %d of OutboxWritten saw no release poke committed (calls saw %v)", i, seen)
-		}
+	slices.Sort(announced)
+	if !slices.Equal(announced, admitted) {
+		t.Fatalf("Ended announced %v; want each job once, %v", announced, admitted)
 	}
 }

@@ -506,15 +506,16 @@ func (a *App) startRelay(js jetstream.JetStream, installID string, relayMetrics 
 	return nil
 }
 
-// relayWake is how the drainer announces the release pokes its outcomes wrote: the relay of
-// this process publishes them at once, where without it they would wait for its next poll (up
-// to half a second) before they wake drainers and waiting requests elsewhere. Without a relay
-// here, nothing.
-func (a *App) relayWake() func() {
-	if a.relay == nil {
-		return nil
+// wakeWaiters wakes the API's requests waiting on jobs the drainer of this process ended: at
+// once, where the jobs' release pokes reach them only after the relay's next pass. Waiters in
+// other processes hear the pokes. The hub is set before the loops start (startAPI), if this
+// process serves the API at all.
+func (a *App) wakeWaiters(ids []int64) {
+	if h := a.waiters; h != nil {
+		for _, id := range ids {
+			h.Wake(id)
+		}
 	}
-	return a.relay.Wake
 }
 
 // startDrainer builds the drainer role and subscribes it to the pokes.
@@ -531,7 +532,7 @@ func (a *App) startDrainer() error {
 	if a.drainer, err = drainer.New(drainer.Config{DB: a.db, TxDB: a.txDB, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
 		Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
 		Log: a.log, Metrics: metrics, JobMetrics: a.jobs, BuildVersion: opts.Version, Clock: a.clock,
-		OutboxWritten: a.relayWake()}); err != nil {
+		Ended: a.wakeWaiters}); err != nil {
 		return err
 	}
 	// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
@@ -644,10 +645,10 @@ func (a *App) startAPI(ctx context.Context) error {
 			Help: "API requests waiting now for a job to change (?wait=, the events stream with follow=1)."},
 			func() float64 { return float64(hub.Len()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_job_waiter_wakes_total",
-			Help: "Waiting requests woken, by what woke them: a release poke, or the once-a-second backstop read.", ConstLabels: prometheus.Labels{"source": "poke"}},
+			Help: "Waiting requests woken, by what woke them: the job's end (its release poke, or this process's drainer), or the once-a-second backstop read.", ConstLabels: prometheus.Labels{"source": "poke"}},
 			func() float64 { poke, _ := hub.Wakes(); return float64(poke) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_job_waiter_wakes_total",
-			Help: "Waiting requests woken, by what woke them: a release poke, or the once-a-second backstop read.", ConstLabels: prometheus.Labels{"source": "backstop"}},
+			Help: "Waiting requests woken, by what woke them: the job's end (its release poke, or this process's drainer), or the once-a-second backstop read.", ConstLabels: prometheus.Labels{"source": "backstop"}},
 			func() float64 { _, backstop := hub.Wakes(); return float64(backstop) }))
 	if _, err := a.nc.Subscribe(a.opts.Prefix+"."+string(outbox.Release)+".>", func(m *nats.Msg) {
 		if id := outbox.PokeJobID(m.Data); id > 0 {
