@@ -83,10 +83,12 @@ func benchWaiters(b *testing.B) {
 	// mariadbd, and statements per second (the server's, which other tests' share when run
 	// beside them: run the benchmark alone).
 	idle := func() (self, db, stmts float64) {
-		const window = 3 * time.Second
-		c0, d0, q0 := cpuTime(b, os.Getpid()), cpuTime(b, dbPid), questions()
+		const window = 5 * time.Second
+		// /proc/PID/stat (ticks of 10 ms, over a window of seconds) rather than the threads'
+		// schedstat: a thread that exits in the window takes its time with it.
+		c0, d0, q0 := pidCPU(os.Getpid()), pidCPU(dbPid), questions()
 		<-time.After(window) // a measuring window, not a wait for anything
-		c1, d1, q1 := cpuTime(b, os.Getpid()), cpuTime(b, dbPid), questions()
+		c1, d1, q1 := pidCPU(os.Getpid()), pidCPU(dbPid), questions()
 		per := window.Seconds() * 1000 // CPU in ms a second
 		return round2(float64((c1 - c0).Microseconds()) / per), round2(float64((d1 - d0).Microseconds()) / per), round2(float64(q1-q0) / window.Seconds())
 	}

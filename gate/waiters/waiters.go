@@ -59,6 +59,16 @@ type Config struct {
 	Interval time.Duration
 	// Log receives backstop read errors. Default: discard.
 	Log *slog.Logger
+	// Listen, if set, starts hearing the jobs' ends (a subscription to the release pokes, which
+	// then call Wake) and returns what stops it. The hub listens from its first waiter on and
+	// stops once it has had none for IdleAfter (checked each Tick): a process nobody waits on
+	// hears none of the pokes every job's end sends. A waiter registered before the subscription
+	// took effect may miss its poke; the backstop then answers it. Default: none.
+	Listen func() (stop func(), err error)
+	// IdleAfter is how long the hub listens without a waiter. Default a minute.
+	IdleAfter time.Duration
+	// Now is the hub's clock, for IdleAfter. Default time.Now.
+	Now func() time.Time
 }
 
 // Hub is the process's set of waiters. Safe for concurrent use.
@@ -73,6 +83,9 @@ type Hub struct {
 	byJob    map[int64]map[*Waiter]struct{}
 	byCaller map[string]int
 	n        int
+	// stopListening ends the subscription Config.Listen started; nil while not listening.
+	stopListening func()
+	lastWaiter    time.Time // when the last waiter closed
 }
 
 // Waiter waits for one job to change. Its owner reads the job, records what it read (Saw), and
@@ -103,6 +116,12 @@ func New(cfg Config) (*Hub, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.IdleAfter <= 0 {
+		cfg.IdleAfter = time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	return &Hub{cfg: cfg, stop: make(chan struct{}), byJob: map[int64]map[*Waiter]struct{}{}, byCaller: map[string]int{}}, nil
 }
 
@@ -120,6 +139,15 @@ func (h *Hub) Add(caller string, id int64) (*Waiter, error) {
 	defer h.mu.Unlock()
 	if h.n >= h.cfg.Max || h.byCaller[caller] >= h.cfg.MaxPerCaller {
 		return nil, ErrBusy
+	}
+	if h.cfg.Listen != nil && h.stopListening == nil {
+		stop, err := h.cfg.Listen()
+		if err != nil {
+			// The backstop still answers: a second late rather than a refusal.
+			h.cfg.Log.Warn("waiters: could not listen for the jobs' ends; the backstop answers the waiters", "error", err)
+		} else {
+			h.stopListening = stop
+		}
 	}
 	w := &Waiter{hub: h, id: id, caller: caller, c: make(chan struct{}, 1)}
 	set := h.byJob[id]
@@ -161,7 +189,9 @@ func (w *Waiter) Close() {
 	if h.byCaller[w.caller]--; h.byCaller[w.caller] == 0 {
 		delete(h.byCaller, w.caller)
 	}
-	h.n--
+	if h.n--; h.n == 0 {
+		h.lastWaiter = h.cfg.Now()
+	}
 }
 
 // signal wakes w without blocking: one pending wake is as good as many.
@@ -194,9 +224,14 @@ func (h *Hub) Wake(id int64) {
 func (h *Hub) Wakes() (poke, backstop int64) { return h.pokeWakes.Load(), h.backstopWakes.Load() }
 
 // Tick is one backstop pass: it reads the state of every waited job and wakes the waiters of
-// each job whose state differs from what they last saw, or that is gone.
+// each job whose state differs from what they last saw, or that is gone. It also stops
+// listening (Config.Listen) once the hub has had no waiter for IdleAfter.
 func (h *Hub) Tick(ctx context.Context) error {
 	h.mu.Lock()
+	if h.n == 0 && h.stopListening != nil && h.cfg.Now().Sub(h.lastWaiter) >= h.cfg.IdleAfter {
+		h.stopListening()
+		h.stopListening = nil
+	}
 	ids := make([]int64, 0, len(h.byJob))
 	for id := range h.byJob {
 		ids = append(ids, id)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 )
 
 // fakeStates is the jobs' states as the backstop reads them, and the reads it was asked for.
@@ -194,4 +195,59 @@ func TestStop(t *testing.T) {
 	h.Stop()
 	h.Stop()
 	<-h.Stopping()
+}
+
+// TestListenWhileWaited: the hub listens from its first waiter on, once, and stops once it has
+// had none for IdleAfter; a listener that fails leaves the waiters to the backstop.
+func TestListenWhileWaited(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	listens, stops := 0, 0
+	var fail error
+	h := newHub(t, &fakeStates{}, Config{IdleAfter: time.Minute, Now: func() time.Time { return now },
+		Listen: func() (func(), error) {
+			if fail != nil {
+				return nil, fail
+			}
+			listens++
+			return func() { stops++ }, nil
+		}})
+	tick := func() {
+		t.Helper()
+		if err := h.Tick(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := h.Add("p", 1)
+	b, _ := h.Add("p", 2)
+	if listens != 1 {
+		t.Fatalf("listened %d times for two waiters; want once", listens)
+	}
+	a.Close()
+	b.Close()
+	now = now.Add(59 * time.Second)
+	tick()
+	if stops != 0 {
+		t.Fatal("stopped listening before IdleAfter without a waiter")
+	}
+	now = now.Add(time.Second)
+	tick()
+	if stops != 1 {
+		t.Fatalf("stops %d after IdleAfter without a waiter; want 1", stops)
+	}
+	tick()
+	if stops != 1 {
+		t.Fatal("stopped twice")
+	}
+	fail = errors.New("broker down")
+	c, err := h.Add("p", 3)
+	if err != nil {
+		t.Fatalf("a waiter while the listener fails: %v; want it registered", err)
+	}
+	fail = nil
+	c.Close()
+	d, _ := h.Add("p", 4)
+	defer d.Close()
+	if listens != 2 {
+		t.Fatalf("listens %d after a failed try; want the next waiter to listen again", listens)
+	}
 }
