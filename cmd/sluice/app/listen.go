@@ -159,11 +159,12 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return &limitConn{Conn: c, release: l.freeSlot}, nil
 		}
 		if reason := l.admit(src); reason != "" {
-			_ = c.Close()
-			l.freeSlot()
+			// Counted before the close: whoever sees the connection refused finds it counted.
 			if l.lim.refused != nil {
 				l.lim.refused.WithLabelValues(reason).Inc()
 			}
+			_ = c.Close()
+			l.freeSlot()
 			continue
 		}
 		return &limitConn{Conn: c, release: func() { l.leave(src); l.freeSlot() }}, nil

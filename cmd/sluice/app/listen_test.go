@@ -177,10 +177,20 @@ func TestConnLimiterSources(t *testing.T) {
 	// close of it would come at once too, so a short watch finds one.
 	closedByServer := func(c net.Conn) bool { return readEnds(c, 10*time.Second) }
 	keptOpen := func(c net.Conn) bool { return !readEnds(c, 300*time.Millisecond) }
+	// Every connection taken stays referenced until the test ends: a server side dropped would
+	// be closed by its finalizer whenever the collector ran, and its client would then read an
+	// end the limiter never made (seen once in 30 runs under -race).
+	var held []net.Conn
+	t.Cleanup(func() {
+		for _, c := range held {
+			c.Close()
+		}
+	})
 	take := func(what string) net.Conn {
 		t.Helper()
 		select {
 		case c := <-accepted:
+			held = append(held, c)
 			return c
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s was not accepted", what)
