@@ -338,6 +338,9 @@ func (a *Admitter) finish(ctx context.Context, items []*item, st *state) []outbo
 				// A later admission of the same request replaced it before the COMMIT.
 				it.res.Job.Status, it.res.Job.ReplacedBy, it.res.Job.Position = job.Replaced, &by.id, nil
 			}
+			if it.replaces.some() {
+				a.store.Metrics.Finished(job.Replaced, nil, st.now) // the job it replaced ended
+			}
 			it.res.Job.RateKeySHA256, it.res.Job.RetryOf = it.hash, it.retryOf
 			it.res.Job.Lanes, it.res.Job.Interactive = append([]string{}, it.req.Lanes...), it.req.interactive()
 			a.store.LogTransition(ctx, store.Row{Job: job.Job{ID: it.id, Tenant: it.req.Tenant, QueuedAt: st.now, Status: "admitted"}}, job.Queued, 0, st.now, "")

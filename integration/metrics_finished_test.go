@@ -61,7 +61,7 @@ func TestFinishedJobsMetrics(t *testing.T) {
 		Metrics: drainer.NewMetrics(env.App.Registry()), JobMetrics: env.App.JobMetrics(),
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 100*time.Millisecond)
 
-	want := map[string]float64{"succeeded": 0, "failed": 0, "canceled": 0, "rejected": 0, "lost": 0, "expired": 0}
+	want := map[string]float64{"succeeded": 0, "failed": 0, "canceled": 0, "rejected": 0, "lost": 0, "expired": 0, "replaced": 0}
 	check := func(step string, dispatches, executions float64) {
 		t.Helper()
 		m := scrape(t, env.URL)
@@ -190,6 +190,15 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	want["lost"] = 1
 	check("after recovery to lost", 8, 4)
 
+	// A replacement ends the queued job it replaces, counted by the API.
+	for range 2 {
+		if r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "replace", "replace_key": "k"}); r.Status != http.StatusAccepted {
+			t.Fatalf("admit with a replace key: HTTP %d %s", r.Status, r.Raw)
+		}
+	}
+	want["replaced"] = 1
+	check("after a replacement", 8, 4)
+
 	// An admission refused at the depth cap leaves a rejected row: an end, counted by the API.
 	if r := env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": map[string]any{"tenant_queue_depth": 0}}); r.Status != http.StatusOK {
 		t.Fatalf("PATCH: HTTP %d %s", r.Status, r.Raw)
@@ -212,7 +221,7 @@ func TestFinishedJobsMetrics(t *testing.T) {
 func TestJobMetricsAtStart(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{})
-	zero := map[string]float64{"succeeded": 0, "failed": 0, "canceled": 0, "rejected": 0, "lost": 0, "expired": 0}
+	zero := map[string]float64{"succeeded": 0, "failed": 0, "canceled": 0, "rejected": 0, "lost": 0, "expired": 0, "replaced": 0}
 	if got := finishedCounts(t, scrape(t, env.URL)); !maps.Equal(got, zero) {
 		t.Errorf("every role: sluice_jobs_finished_total %v, want %v", got, zero)
 	}
