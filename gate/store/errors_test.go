@@ -38,6 +38,27 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 		"Release":       func(ctx context.Context) error { _, err := st.Release(ctx, k.db, k.now, "acme"); return err },
 		"Cancel":        func(ctx context.Context) error { _, _, err := st.Cancel(ctx, k.db, k.now, queued); return err },
 		"Expire":        func(ctx context.Context) error { _, err := st.Expire(ctx, k.db, k.now, k.now, 10); return err },
+		"ExpireStartDeadlines": func(ctx context.Context) error {
+			_, err := st.ExpireStartDeadlines(ctx, k.db, k.now, 10)
+			return err
+		},
+		"StartDeadlinesPassed": func(ctx context.Context) error { _, err := store.StartDeadlinesPassed(ctx, k.db, k.now); return err },
+		"LockReplaceable": func(ctx context.Context) error {
+			_, err := store.LockReplaceable(ctx, k.db, []store.TenantKey{{Tenant: "acme", Key: "k"}})
+			return err
+		},
+		"RecordJobKeys": func(ctx context.Context) error {
+			key := "k"
+			return store.RecordJobKeys(ctx, k.db, []store.JobKeys{{ID: queued, Tenant: "acme", StartBy: &k.now, ReplaceKey: &key}})
+		},
+		"Replace": func(ctx context.Context) error {
+			return st.Replace(ctx, k.db, k.now, []store.Replacement{{Old: k.row(queued), By: running}})
+		},
+		"States": func(ctx context.Context) error { _, err := store.States(ctx, k.db, []int64{queued}); return err },
+		"RecentServiceTime": func(ctx context.Context) error {
+			_, _, err := store.RecentServiceTime(ctx, k.db, "acme")
+			return err
+		},
 		"ConfirmStart": func(ctx context.Context) error {
 			_, err := st.ConfirmStart(ctx, k.db, k.now, running, "n", "")
 			return err
