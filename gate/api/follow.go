@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -51,17 +50,12 @@ func followParams(r *http.Request) (follow bool, after int64, err error) {
 func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, id, after int64) {
 	ctx := r.Context()
 	c := callerOf(r)
-	waiter, err := s.waiters.Add(c.Name, id)
-	if errors.Is(err, waiters.ErrBusy) {
-		s.fail(w, r, busy("too many requests waiting for jobs; retry shortly"))
-		return
-	}
+	waiter, err := s.addWaiter(ctx, w, c.Name, id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	defer waiter.Close()
-	releaseRequestSlot(w)
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -86,8 +80,14 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, id, after 
 		// transition that made it, written in the same transaction.
 		states, err := store.States(ctx, s.cfg.DB, []int64{id})
 		var events []store.AuditEvent
-		if err == nil {
-			events, err = store.JobEventsAfter(ctx, s.cfg.DB, id, after, maxJobEvents)
+		// Every event written by then, however many: an end sent after only the first page's
+		// would lose the rest.
+		for page := []store.AuditEvent(nil); err == nil; {
+			page, err = store.JobEventsAfter(ctx, s.cfg.DB, id, max(after, lastID(events)), maxJobEvents)
+			events = append(events, page...)
+			if len(page) < maxJobEvents {
+				break
+			}
 		}
 		if err != nil {
 			if !started {
@@ -143,4 +143,12 @@ func (s *Server) awaitWake(ctx context.Context, w *waiters.Waiter, keepAlive <-c
 			return false
 		}
 	}
+}
+
+// lastID is the id of the last of events, or 0.
+func lastID(events []store.AuditEvent) int64 {
+	if len(events) == 0 {
+		return 0
+	}
+	return events[len(events)-1].ID
 }

@@ -270,8 +270,7 @@ func idPage(q url.Values) (limit int, before int64, err error) {
 	return limit, before, nil
 }
 
-var listStatuses = []job.Status{job.Queued, job.Claimed, job.Dispatched, job.Running, job.Succeeded,
-	job.Failed, job.Canceled, job.Rejected, job.Lost, job.Expired, job.Replaced}
+var listStatuses = append([]job.Status{job.Queued, job.Claimed, job.Dispatched, job.Running}, job.TerminalStates()...)
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/gate/waiters"
@@ -78,8 +79,8 @@ func releaseRequestSlot(w http.ResponseWriter) {
 	}
 }
 
-// Waiters returns the server's waiter hub: its owner runs the hub's backstop (Run) and feeds it
-// the release pokes it hears (WakePoke).
+// Waiters returns the server's waiter hub: its owner runs the hub's backstop (Run) and wakes it
+// with the jobs' ends it hears of (Wake).
 func (s *Server) Waiters() *waiters.Hub { return s.waiters }
 
 // NewWaiters returns a waiter hub with cfg's bounds and period whose backstop reads the jobs'
@@ -103,33 +104,55 @@ func NewWaiters(db *sql.DB, cfg waiters.Config) (*waiters.Hub, error) {
 // waiter before it reads the job again, so an outcome committed since the caller's read wakes
 // it; each wake costs one read of the job, never a poll.
 func (s *Server) awaitEnd(ctx context.Context, w http.ResponseWriter, caller string, id int64, d time.Duration) (store.Row, error) {
-	waiter, err := s.waiters.Add(caller, id)
-	if errors.Is(err, waiters.ErrBusy) {
-		return store.Row{}, busy("too many requests waiting for jobs; retry shortly")
-	}
+	waiter, err := s.addWaiter(ctx, w, caller, id)
 	if err != nil {
 		return store.Row{}, err
 	}
 	defer waiter.Close()
-	releaseRequestSlot(w)
+	// The answer comes after the wait: past the listener's write timeout for a slow request.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d + followWriteWindow))
 	timer := time.NewTimer(d)
 	defer timer.Stop()
+	// A wake reads the row alone; the queue position, a count over the tenant's queue, is read
+	// once, for the answer of a job still queued when the wait ends.
+	answer := func(row store.Row) (store.Row, error) {
+		var err error
+		row.Job, err = store.WithPosition(ctx, s.cfg.DB, row.Job)
+		return row, gate.AsUnavailable(err)
+	}
 	for {
-		row, err := s.cfg.Admitter.Get(ctx, id)
+		row, err := store.Get(ctx, s.cfg.DB, id, false)
 		if err != nil || row.Status.Terminal() {
-			return row, err
+			return row, gate.AsUnavailable(err)
 		}
 		waiter.Saw(waiters.State{Status: string(row.Status), Version: row.Version})
 		select {
 		case <-waiter.C():
 		case <-timer.C:
-			return row, nil
+			return answer(row)
 		case <-s.waiters.Stopping():
-			return row, nil
+			return answer(row)
 		case <-ctx.Done():
-			return row, ctx.Err()
+			return row, nil // the client left: nothing will read the answer, nor is it an error of ours
 		}
 	}
+}
+
+// addWaiter registers caller as a waiter on job id for the request answered through w, which
+// then gives back what only its reading needed: its slot of Config.MaxRequests (the hub bounds
+// waiters instead) and its body's charge to the memory budget (a waiting admission is done with
+// its body). Past the hub's bounds it is 503 busy.
+func (s *Server) addWaiter(ctx context.Context, w http.ResponseWriter, caller string, id int64) (*waiters.Waiter, error) {
+	waiter, err := s.waiters.Add(caller, id)
+	if errors.Is(err, waiters.ErrBusy) {
+		return nil, busy("too many requests waiting for jobs; retry shortly")
+	}
+	if err != nil {
+		return nil, err
+	}
+	releaseRequestSlot(w)
+	holdOf(ctx).release()
+	return waiter, nil
 }
 
 func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {

@@ -29,6 +29,10 @@ func (c *Client) Wait(ctx context.Context, id int64) (job.Job, error) {
 			left := time.Until(dl)
 			step = min(step, left-left/10)
 		}
+		// A client timeout of 5 s or less leaves no room above: wait half of it instead.
+		if step <= 0 && c.HTTP != nil && c.HTTP.Timeout > 0 {
+			step = c.HTTP.Timeout / 2
+		}
 		step = max(step, 0)
 		path := "/v1/jobs/" + strconv.FormatInt(id, 10) + "?wait=" + strconv.FormatFloat(step.Seconds(), 'f', 3, 64)
 		var got job.Job
@@ -47,10 +51,7 @@ func (c *Client) Wait(ctx context.Context, id int64) (job.Job, error) {
 			case <-ctx.Done():
 				t.Stop()
 			}
-		default:
-			if ctx.Err() != nil {
-				return j, ctx.Err()
-			}
+		case ctx.Err() == nil:
 			return j, err
 		}
 		if ctx.Err() != nil {

@@ -86,6 +86,7 @@ type Hub struct {
 	// stopListening ends the subscription Config.Listen started; nil while not listening.
 	stopListening func()
 	lastWaiter    time.Time // when the last waiter closed
+	lastListen    time.Time // when Config.Listen was last called
 }
 
 // Waiter waits for one job to change. Its owner reads the job, records what it read (Saw), and
@@ -140,7 +141,10 @@ func (h *Hub) Add(caller string, id int64) (*Waiter, error) {
 	if h.n >= h.cfg.Max || h.byCaller[caller] >= h.cfg.MaxPerCaller {
 		return nil, ErrBusy
 	}
-	if h.cfg.Listen != nil && h.stopListening == nil {
+	if h.cfg.Listen != nil && h.stopListening == nil && h.cfg.Now().Sub(h.lastListen) >= h.cfg.Interval {
+		// At most once a backstop period: a broker that refuses is not asked again, and the
+		// warning not logged again, by every request meanwhile.
+		h.lastListen = h.cfg.Now()
 		stop, err := h.cfg.Listen()
 		if err != nil {
 			// The backstop still answers: a second late rather than a refusal.
@@ -194,11 +198,14 @@ func (w *Waiter) Close() {
 	}
 }
 
-// signal wakes w without blocking: one pending wake is as good as many.
-func (w *Waiter) signal() {
+// signal wakes w without blocking, and reports whether this call did: one pending wake is as
+// good as many.
+func (w *Waiter) signal() bool {
 	select {
 	case w.c <- struct{}{}:
+		return true
 	default:
+		return false
 	}
 }
 
@@ -209,18 +216,25 @@ func (h *Hub) Len() int {
 	return h.n
 }
 
-// Wake wakes every waiter of job id.
-func (h *Hub) Wake(id int64) {
+// Wake wakes every waiter of the jobs ids, under one lock; a hub without waiters returns at
+// once (the drainer of an API process calls it for every job it ends).
+func (h *Hub) Wake(ids ...int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for w := range h.byJob[id] {
-		w.signal()
-		h.pokeWakes.Add(1)
+	if h.n == 0 {
+		return
+	}
+	for _, id := range ids {
+		for w := range h.byJob[id] {
+			if w.signal() {
+				h.pokeWakes.Add(1)
+			}
+		}
 	}
 }
 
-// Wakes reports how many times a waiter was woken by a poke (Wake, WakePoke) and by the backstop
-// (Tick), since the hub started.
+// Wakes reports how many times a waiter was woken by a job's end (Wake) and by the backstop
+// (Tick), since the hub started; a wake that found one pending is not counted.
 func (h *Hub) Wakes() (poke, backstop int64) { return h.pokeWakes.Load(), h.backstopWakes.Load() }
 
 // Tick is one backstop pass: it reads the state of every waited job and wakes the waiters of
@@ -247,8 +261,7 @@ func (h *Hub) Tick(ctx context.Context) error {
 		for _, id := range chunk {
 			now, exists := states[id]
 			for w := range h.byJob[id] {
-				if w.seen != nil && (!exists || now != *w.seen) {
-					w.signal()
+				if w.seen != nil && (!exists || now != *w.seen) && w.signal() {
 					h.backstopWakes.Add(1)
 				}
 			}

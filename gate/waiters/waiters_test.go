@@ -61,15 +61,19 @@ func TestWakeWakesTheJobsWaitersOnly(t *testing.T) {
 	a2, _ := h.Add("q", 1)
 	b, _ := h.Add("p", 2)
 	h.Wake(1)
-	h.Wake(1) // a second wake before the first is taken is the same wake
+	h.Wake(1) // a second wake before the first is taken is the same wake, not counted
 	if !woken(a1) || !woken(a2) {
 		t.Fatal("a waiter of job 1 was not woken")
 	}
 	if woken(a1) || woken(b) {
 		t.Fatal("a waiter was woken twice, or a waiter of job 2 was woken")
 	}
-	if poke, backstop := h.Wakes(); poke != 4 || backstop != 0 {
-		t.Fatalf("Wakes() = %d, %d; want 4, 0", poke, backstop)
+	if poke, backstop := h.Wakes(); poke != 2 || backstop != 0 {
+		t.Fatalf("Wakes() = %d, %d; want 2, 0", poke, backstop)
+	}
+	h.Wake(3, 2) // several jobs at once
+	if !woken(b) {
+		t.Fatal("a waiter of job 2 was not woken by a wake of jobs 3 and 2")
 	}
 }
 
@@ -180,7 +184,11 @@ func TestRunTicksUntilCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
-	<-w.C() // the test's own deadline bounds this wait
+	select {
+	case <-w.C():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not wake the waiter of a changed job within 10 s")
+	}
 	cancel()
 	<-done
 }
@@ -246,8 +254,14 @@ func TestListenWhileWaited(t *testing.T) {
 	fail = nil
 	c.Close()
 	d, _ := h.Add("p", 4)
-	defer d.Close()
+	if listens != 1 {
+		t.Fatalf("listens %d: a failed try was retried within the backstop period", listens)
+	}
+	d.Close()
+	now = now.Add(DefaultInterval)
+	e, _ := h.Add("p", 5)
+	defer e.Close()
 	if listens != 2 {
-		t.Fatalf("listens %d after a failed try; want the next waiter to listen again", listens)
+		t.Fatalf("listens %d a backstop period after a failed try; want the next waiter to listen again", listens)
 	}
 }

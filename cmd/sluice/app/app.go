@@ -506,17 +506,19 @@ func (a *App) startRelay(js jetstream.JetStream, installID string, relayMetrics 
 	return nil
 }
 
+// endedHook is the drainer's Ended in a process that also serves the API (wakeWaiters), else
+// none: a drainer alone has nobody to tell.
+func (a *App) endedHook() func([]int64) {
+	if !a.opts.API {
+		return nil
+	}
+	return a.wakeWaiters
+}
+
 // wakeWaiters wakes the API's requests waiting on jobs the drainer of this process ended: at
 // once, where the jobs' release pokes reach them only after the relay's next pass. Waiters in
-// other processes hear the pokes. The hub is set before the loops start (startAPI), if this
-// process serves the API at all.
-func (a *App) wakeWaiters(ids []int64) {
-	if h := a.waiters; h != nil {
-		for _, id := range ids {
-			h.Wake(id)
-		}
-	}
-}
+// other processes hear the pokes. The hub is set (startAPI) before the loops start.
+func (a *App) wakeWaiters(ids []int64) { a.waiters.Wake(ids...) }
 
 // startDrainer builds the drainer role and subscribes it to the pokes.
 func (a *App) startDrainer() error {
@@ -532,7 +534,7 @@ func (a *App) startDrainer() error {
 	if a.drainer, err = drainer.New(drainer.Config{DB: a.db, TxDB: a.txDB, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
 		Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
 		Log: a.log, Metrics: metrics, JobMetrics: a.jobs, BuildVersion: opts.Version, Clock: a.clock,
-		Ended: a.wakeWaiters}); err != nil {
+		Ended: a.endedHook()}); err != nil {
 		return err
 	}
 	// Pokes are hints: a queue group spreads them over the drainers, and each one only wakes a
@@ -623,11 +625,12 @@ func (a *App) startAPI(ctx context.Context) error {
 	// The hub subscribes to the release pokes only while requests wait: not a queue group, since
 	// every process must hear every job's end, but nothing for a process nobody waits on, which
 	// would otherwise take one message per job (3-5 % of the drain through the binaries).
-	hub, err := api.NewWaiters(a.db, waiters.Config{Interval: a.opts.WaitBackstop, Log: a.log,
+	var hub *waiters.Hub
+	hub, err = api.NewWaiters(a.db, waiters.Config{Interval: a.opts.WaitBackstop, Log: a.log,
 		Listen: func() (func(), error) {
 			sub, err := a.nc.Subscribe(a.opts.Prefix+"."+string(outbox.Release)+".>", func(m *nats.Msg) {
 				if id := outbox.PokeJobID(m.Data); id > 0 {
-					a.waiters.Wake(id)
+					hub.Wake(id)
 				}
 			})
 			if err != nil {
