@@ -32,6 +32,25 @@ type waitAnswer struct {
 	err    error
 }
 
+// waitersAt reads a process's waiters gauge and its wake counters (/metrics at url).
+func waitersAt(tb testing.TB, url string) (waiting, poke, backstop float64) {
+	tb.Helper()
+	m := scrape(tb, url)
+	waiting, _ = metricValue(m, "sluice_job_waiters")
+	poke, _ = metricValue(m, `sluice_job_waiter_wakes_total{source="poke"}`)
+	backstop, _ = metricValue(m, `sluice_job_waiter_wakes_total{source="backstop"}`)
+	return waiting, poke, backstop
+}
+
+// untilWaiting waits until n requests wait in the process at url.
+func untilWaiting(tb testing.TB, url string, n float64) {
+	tb.Helper()
+	wait.Until(tb, time.Minute, fmt.Sprintf("%v waiting requests", n), func() bool {
+		w, _, _ := waitersAt(tb, url)
+		return w == n
+	})
+}
+
 // goWait sends method url with token (and body) from a goroutine and delivers its answer.
 func goWait(method, url, token string, body any) <-chan waitAnswer {
 	ch := make(chan waitAnswer, 1)
@@ -55,11 +74,7 @@ func TestWaitWokenByReleasePoke(t *testing.T) {
 	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 }) // hold the job queued
 	id := env.Admit(t, "acme", map[string]any{"sleep_ms": 50})
 	answer := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=60", env.URL, id), harness.ProducerToken, nil)
-	waiting := func() float64 {
-		v, _ := metricValue(scrape(t, env.URL), "sluice_job_waiters")
-		return v
-	}
-	wait.Until(t, 10*time.Second, "the GET to wait", func() bool { return waiting() == 1 })
+	untilWaiting(t, env.URL, 1)
 	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 4 })
 	var a waitAnswer
 	select {
@@ -70,14 +85,12 @@ func TestWaitWokenByReleasePoke(t *testing.T) {
 	if a.err != nil || a.status != http.StatusOK || a.body["status"] != "succeeded" {
 		t.Fatalf("waiting GET: %d %v (%v); want 200 succeeded", a.status, a.body, a.err)
 	}
-	text := scrape(t, env.URL)
-	poke, _ := metricValue(text, `sluice_job_waiter_wakes_total{source="poke"}`)
-	backstop, _ := metricValue(text, `sluice_job_waiter_wakes_total{source="backstop"}`)
+	waiting, poke, backstop := waitersAt(t, env.URL)
 	if poke < 1 || backstop != 0 {
 		t.Fatalf("wakes: poke %v, backstop %v; want the release poke's and no backstop's", poke, backstop)
 	}
-	if n := waiting(); n != 0 {
-		t.Fatalf("%v waiters left after the answer", n)
+	if waiting != 0 {
+		t.Fatalf("%v waiters left after the answer", waiting)
 	}
 
 	for _, c := range []struct {

@@ -94,15 +94,27 @@ func TestStartBy(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{WaitBackstop: time.Hour})
 	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 }) // nothing starts
-	by := time.Now().UTC().Add(500 * time.Millisecond).Format(time.RFC3339Nano)
+	by := time.Now().UTC().Add(time.Hour).Format(time.RFC3339Nano)
 	r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "start_by": by})
 	if r.Status != http.StatusAccepted || r.Body["start_by"] == nil {
 		t.Fatalf("admit with start_by: %d %s", r.Status, r.Raw)
 	}
 	id := jobID(t, r.Body)
-	r = env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d?wait=30", id), harness.ProducerToken, nil)
-	if r.Body["status"] != "expired" || r.Body["error_code"] != "start_deadline" || r.Body["dispatched_at"] != nil {
-		t.Fatalf("a job past its start_by: %s; want expired, start_deadline, never dispatched", r.Raw)
+	// A waiter first, then the deadline moved into the past: with the backstop an hour away,
+	// only the job's end can answer it before the wait's 30 s.
+	expiry := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=30", env.URL, id), harness.ProducerToken, nil)
+	untilWaiting(t, env.URL, 1)
+	for _, q := range []string{"UPDATE jobs SET start_by = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE id = ?",
+		"UPDATE job_deadlines SET start_by = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE job_id = ?"} {
+		if _, err := env.DB.Exec(q, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e := <-expiry; e.body["status"] != "expired" || e.body["error_code"] != "start_deadline" || e.body["dispatched_at"] != nil {
+		t.Fatalf("a job past its start_by: %v (%v); want expired, start_deadline, never dispatched", e.body, e.err)
+	}
+	if _, poke, backstop := waitersAt(t, env.URL); poke < 1 || backstop != 0 {
+		t.Fatalf("wakes: poke %v, backstop %v; want the expiry's", poke, backstop)
 	}
 	ev := env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d/events", id), harness.ProducerToken, nil)
 	if !strings.Contains(string(ev.Raw), `"to":"expired"`) || !strings.Contains(string(ev.Raw), `"error_code":"start_deadline"`) {
@@ -168,6 +180,7 @@ func TestReplaceKey(t *testing.T) {
 	}
 	a := jobID(t, admit(map[string]any{"tenant": "acme", "replace_key": "repo"}))
 	waiter := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=30", env.URL, a), harness.ProducerToken, nil)
+	untilWaiting(t, env.URL, 1) // so that the replacement's release poke is what answers it
 	b := jobID(t, admit(map[string]any{"tenant": "acme", "replace_key": "repo"}))
 	other := jobID(t, admit(map[string]any{"tenant": "globex", "replace_key": "repo"})) // another tenant's key
 	if w := <-waiter; w.body["status"] != "replaced" || w.body["replaced_by"] != float64(b) {

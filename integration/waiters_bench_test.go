@@ -14,7 +14,6 @@ import (
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/harness"
-	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // waitersBench is the number of concurrent waiters BenchmarkWaiters holds (issue 34: 1,000).
@@ -111,10 +110,7 @@ func benchWaiters(b *testing.B) {
 			answers <- answer{id: id, at: time.Now(), status: string(j.Status), err: err}
 		}()
 	}
-	wait.Until(b, time.Minute, fmt.Sprintf("%d waiters", waitersBench), func() bool {
-		v, _ := metricValue(scrape(b, env.URL), "sluice_job_waiters")
-		return v == waitersBench
-	})
+	untilWaiting(b, env.URL, waitersBench)
 	self, db, stmts := idle()
 
 	b.StartTimer()
@@ -156,9 +152,7 @@ func benchWaiters(b *testing.B) {
 	}
 	p := harness.Percentiles(lat, 50, 99)
 	pc, pa := harness.Percentiles(toCommit, 50, 99), harness.Percentiles(fromCommit, 50, 99)
-	text := scrape(b, env.URL)
-	poke, _ := metricValue(text, `sluice_job_waiter_wakes_total{source="poke"}`)
-	backstop, _ := metricValue(text, `sluice_job_waiter_wakes_total{source="backstop"}`)
+	_, poke, backstop := waitersAt(b, env.URL)
 	harness.Emit("waiters", map[string]any{
 		"waiters": waitersBench, "answer_after_receipt_p50_ms": p[0], "answer_after_receipt_p99_ms": p[1],
 		"idle_cpu_ms_per_s": map[string]any{"test_process_with_waiters": self, "mariadbd": db,

@@ -108,7 +108,7 @@ func TestClaimSkipsPassedDeadlines(t *testing.T) {
 }
 
 // TestRecentServiceTime: the median start-to-outcome time of a tenant's last succeeded jobs
-// (started_at, else dispatched_at), none for a tenant without one.
+// (started_at, else dispatched_at), failed ones left out, none for a tenant without one.
 func TestRecentServiceTime(t *testing.T) {
 	k := newKit(t)
 	for i, d := range []time.Duration{time.Second, 3 * time.Second, 2 * time.Second} {
@@ -116,10 +116,13 @@ func TestRecentServiceTime(t *testing.T) {
 		start := k.now.Add(time.Duration(i) * time.Minute)
 		k.exec("UPDATE jobs SET dispatched_at = ?, started_at = ?, finished_at = ? WHERE id = ?", start, start, start.Add(d), id)
 	}
+	// Started unconfirmed: from its dispatch, 4 s, which moves the median of four to 3 s.
+	unconfirmed := k.insert(jobSpec{tenant: "a", status: job.Succeeded})
+	k.exec("UPDATE jobs SET dispatched_at = ?, started_at = NULL, finished_at = ? WHERE id = ?", k.now, k.now.Add(4*time.Second), unconfirmed)
 	failed := k.insert(jobSpec{tenant: "a", status: job.Failed})
 	k.exec("UPDATE jobs SET dispatched_at = ?, finished_at = ? WHERE id = ?", k.now, k.now.Add(time.Hour), failed)
-	if d, ok, err := store.RecentServiceTime(k.ctx, k.db, "a"); err != nil || !ok || d != 2*time.Second {
-		t.Fatalf("tenant a: %v, %v, %v; want 2 s", d, ok, err)
+	if d, ok, err := store.RecentServiceTime(k.ctx, k.db, "a"); err != nil || !ok || d != 3*time.Second {
+		t.Fatalf("tenant a: %v, %v, %v; want 3 s, the upper median of 1, 2, 3 and 4 s", d, ok, err)
 	}
 	if d, ok, err := store.RecentServiceTime(k.ctx, k.db, "b"); err != nil || ok || d != 0 {
 		t.Fatalf("a tenant without jobs: %v, %v, %v; want none", d, ok, err)

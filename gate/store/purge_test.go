@@ -129,17 +129,14 @@ func TestPurgeSettledStepsOverScheduledJobs(t *testing.T) {
 	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)`, old); err != nil {
 		t.Fatal(err)
 	}
-	// Ids 1-3 and 5-7 finished, 4 scheduled: the search's first probe (id 4) meets it.
-	for range 3 {
-		if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, finished_at) VALUES ('acme', 'succeeded', ?, ?)`, old, old); err != nil {
-			t.Fatal(err)
+	// Ids 1-3 and 5-7 finished, 4 scheduled: the search's first probe (id 4) meets it. The ids
+	// are given, so that a server's id step (Galera) does not move the probe.
+	for id := int64(1); id <= 7; id++ {
+		q, args := `INSERT INTO jobs (id, tenant, status, queued_at, finished_at) VALUES (?, 'acme', 'succeeded', ?, ?)`, []any{id, old, old}
+		if id == 4 {
+			q, args = `INSERT INTO jobs (id, tenant, status, queued_at, not_before) VALUES (?, 'acme', 'queued', ?, ?)`, []any{id, due, due}
 		}
-	}
-	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, not_before) VALUES ('acme', 'queued', ?, ?)`, due, due); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, finished_at) VALUES ('acme', 'succeeded', ?, ?)`, old, old); err != nil {
+		if _, err := db.ExecContext(ctx, q, args...); err != nil {
 			t.Fatal(err)
 		}
 	}
