@@ -30,10 +30,15 @@ type claimer struct {
 	writer     *outcomeWriter // writes the outcomes a pass brings (outcomeHandoff)
 	unanswered func() int64   // dispatches sent and not yet answered (dispatcher)
 
-	poked     atomic.Bool // a Poke since the last claim
-	probe     bool        // the last pass left the queue empty: the next one probes for a lone job
-	rrLast    string      // round_robin: the tenant served last
-	gatedSeen gatedSeen   // rate keys found gated by recent passes
+	poked atomic.Bool // a Poke since the last claim
+	probe bool        // the last pass left the queue empty: the next one probes for a lone job
+	// sawQueued: the last pass saw queued jobs (the lone-job probe found some, or the tenants
+	// page held a tenant with work), eligible or not; the upkeep then looks for start deadlines
+	// passed (a job past its deadline is no candidate, so the pass that skips it may find the
+	// queue empty of candidates and set probe).
+	sawQueued bool
+	rrLast    string    // round_robin: the tenant served last
+	gatedSeen gatedSeen // rate keys found gated by recent passes
 	// resume is where the last pass's tenant pages ran out while they still gave too few
 	// eligible jobs (see candidates); nil once a pass has read to the last tenant with work.
 	resume *tenantKey
@@ -165,6 +170,7 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatc
 		state = &passCarry{us: us, page: page, read: now, ordering: cfg.Ordering, perPage: cl.tenantsPerPage(cfg)}
 	}
 	us, page := state.us, state.page
+	cl.sawQueued = len(page.tenants) > 0
 	if outs != nil {
 		for _, r := range outs.reqs {
 			us.Add(cfg, r.c.row.Unit(), -1) // out of flight once the claim commits their outcomes

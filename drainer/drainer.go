@@ -438,7 +438,7 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	if p.Recovered, p.SlotsLost, err = d.rescue.RunOnce(ctx, now, hb, fresh); err != nil {
 		return hb != nil, err
 	}
-	queued := !d.claims.probe || d.config.get().GlobalInFlight == 0 // a paused drainer claims nothing, so learns nothing
+	queued := d.claims.sawQueued || d.config.get().GlobalInFlight == 0 // a paused drainer claims nothing, so learns nothing
 	if p.Expired, err = d.expiry.RunOnce(ctx, now, queued); err != nil {
 		return hb != nil, err
 	}

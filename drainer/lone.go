@@ -66,6 +66,7 @@ func (cl *claimer) claimLone(ctx context.Context, now time.Time, poked bool) (ou
 		}
 		found = loneJobs(probed)
 	}
+	cl.sawQueued = len(found) > 0
 	switch {
 	case len(found) == 0:
 		return nil, true, nil

@@ -262,3 +262,16 @@ func TestReplaceKey(t *testing.T) {
 		}
 	}
 }
+
+// TestStartByPassedWithRoom: a job whose start_by has passed while the drainer has room ends
+// expired: the pass that skips it finds no candidate, and the upkeep still sweeps the deadlines.
+func TestStartByPassedWithRoom(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{})
+	past := time.Now().UTC().Add(-time.Second).Format(time.RFC3339Nano)
+	id := jobID(t, env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "start_by": past}).Body)
+	r := env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d?wait=30", id), harness.ProducerToken, nil)
+	if r.Body["status"] != "expired" || r.Body["error_code"] != "start_deadline" || r.Body["dispatched_at"] != nil {
+		t.Fatalf("a job admitted past its start_by: %s; want expired, start_deadline, never dispatched", r.Raw)
+	}
+}

@@ -59,10 +59,17 @@ func TestExpireStartDeadlines(t *testing.T) {
 			t.Errorf("job %d: %s; want still queued", id, r.Status)
 		}
 	}
-	// The deadlines met are forgotten (a and b expired, running left the queue); the held job's
-	// and the one in time stay.
-	if n := k.count("SELECT COUNT(*) FROM job_deadlines WHERE job_id IN (?, ?)", held, inTime); n != 2 || k.count("SELECT COUNT(*) FROM job_deadlines") != 2 {
-		t.Errorf("deadlines left: %d of the held and the in-time job's, %d in all; want those 2 only", n, k.count("SELECT COUNT(*) FROM job_deadlines"))
+	// The deadlines of the jobs that ended are forgotten (a and b expired); the held job's, the
+	// one in time and the running job's stay (a requeue may put it back in the queue).
+	if n := k.count("SELECT COUNT(*) FROM job_deadlines WHERE job_id IN (?, ?, ?)", held, inTime, running); n != 3 || k.count("SELECT COUNT(*) FROM job_deadlines") != 3 {
+		t.Errorf("deadlines left: %d of the held, the in-time and the running job's, %d in all; want those 3 only", n, k.count("SELECT COUNT(*) FROM job_deadlines"))
+	}
+	k.exec("UPDATE jobs SET status = 'succeeded', finished_at = ? WHERE id = ?", k.now, running)
+	if _, err := st.ExpireStartDeadlines(k.ctx, k.db, k.now, 10); err != nil {
+		t.Fatal(err)
+	}
+	if n := k.count("SELECT COUNT(*) FROM job_deadlines WHERE job_id = ?", running); n != 0 {
+		t.Errorf("the deadline of a job that ran in time is kept after it ended")
 	}
 	if again, err := st.ExpireStartDeadlines(k.ctx, k.db, k.now, 10); err != nil || len(again) != 0 {
 		t.Errorf("a second sweep with the last one held elsewhere: %v (%v)", ids(again), err)

@@ -70,28 +70,29 @@ func (s *Store) ExpireStartDeadlines(ctx context.Context, tx sqldb.DB, now time.
 			return nil, err
 		}
 	}
-	// The deadlines of jobs no longer queued go: those expired here and those that left the queue
-	// in time. A queued job held elsewhere keeps its deadline, for the next sweep. The read does
-	// not lock (a locking one would wait for that job).
-	still, err := tx.QueryContext(ctx, `SELECT id FROM jobs WHERE id IN (`+Placeholders(len(ids))+`) AND status = 'queued'`, ids...)
+	// The deadlines of jobs that ended go: those expired here and those that ran in time. A job
+	// queued and held elsewhere, or in flight (which a requeue may put back in the queue), keeps
+	// its deadline for a later sweep. The read does not lock (a locking one would wait for them).
+	still, err := tx.QueryContext(ctx, `SELECT id FROM jobs WHERE id IN (`+Placeholders(len(ids))+`)
+		AND status IN ('queued','claimed','dispatched','running')`, ids...)
 	if err != nil {
 		return nil, fmt.Errorf("find the deadlines met: %w", err)
 	}
-	queued := map[int64]bool{}
+	live := map[int64]bool{}
 	for still.Next() {
 		var id int64
 		if err := still.Scan(&id); err != nil {
 			still.Close()
 			return nil, fmt.Errorf("find the deadlines met: %w", err)
 		}
-		queued[id] = true
+		live[id] = true
 	}
 	if err := errors.Join(still.Err(), still.Close()); err != nil {
 		return nil, fmt.Errorf("find the deadlines met: %w", err)
 	}
 	var done []any
 	for _, id := range ids {
-		if !queued[id.(int64)] {
+		if !live[id.(int64)] {
 			done = append(done, id)
 		}
 	}
