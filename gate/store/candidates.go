@@ -33,9 +33,10 @@ type TenantPageParams struct {
 	HeadID    int64
 	Limit     int
 	// DueOnly leaves out the tenants whose oldest queued job (their head) is queued after the
-	// database's now: scheduled for later (run_at, delay_seconds), so that tenants with only such
-	// jobs cost a pass nothing however many they are. A head is a lower bound, so nothing due is
-	// left out.
+	// database's now: scheduled for later (run_at, delay_seconds). On the head index (fair, fifo)
+	// the range ends there, so tenants with only such jobs cost a pass nothing however many they
+	// are; by name (round_robin) the walk filters them, reading past them. A head is a lower
+	// bound, so nothing due is left out.
 	DueOnly bool
 	// WithInFlight also counts the jobs in flight, in the same statement: a pass's first read.
 	// Config gives their tenants' tiers.

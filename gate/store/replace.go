@@ -39,10 +39,14 @@ func LockReplaceable(ctx context.Context, tx sqldb.DB, keys []TenantKey) ([]Row,
 		if i > 0 {
 			where.WriteString(" OR ")
 		}
-		where.WriteString("(tenant = ? AND replace_key = ?)")
+		where.WriteString("(k.tenant = ? AND k.replace_key = ?)")
 		args = append(args, k.Tenant, k.Key)
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT job_id FROM replace_keys WHERE "+where.String(), args...)
+	// Only the keys whose job is still queued, read without a lock: a job that left the queue
+	// keeps its key's row until a newer admission or the purge, and a locking read of it would
+	// fail (NOWAIT) whenever its outcome or a lease renewal held it.
+	rows, err := tx.QueryContext(ctx, "SELECT k.job_id FROM replace_keys k JOIN jobs j ON j.id = k.job_id AND j.status = 'queued' WHERE "+
+		where.String(), args...)
 	if err != nil {
 		return nil, fmt.Errorf("read the jobs of replace keys: %w", err)
 	}

@@ -204,12 +204,7 @@ func States(ctx context.Context, db sqldb.DB, ids []int64) (map[int64]JobState, 
 	if len(ids) == 0 {
 		return out, nil
 	}
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
-	}
-	rows, err := db.QueryContext(ctx, "SELECT id, status, version FROM jobs WHERE id IN ("+
-		strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",")+")", args...)
+	rows, err := db.QueryContext(ctx, "SELECT id, status, version FROM jobs WHERE id IN ("+Placeholders(len(ids))+")", int64Args(ids)...)
 	if err != nil {
 		return nil, fmt.Errorf("read job states: %w", err)
 	}
