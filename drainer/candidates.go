@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"math"
 	"slices"
 	"time"
 
@@ -45,11 +46,16 @@ func (cl *claimer) wants(cfg limits.Config, us limits.Usage, page tenantPage) (w
 	if laneFull(cfg, us) {
 		deeper = min(free, cl.cfg.ClaimBatch)
 	}
-	// A pass reads each tenant's fair share of the free slots, not each tenant's full room: with
-	// 64 tenants and 64 free slots that is 1 head each instead of 64. A tenant whose share runs
-	// out while it may have more stops the pass early (see choose), and the next pass goes on.
-	share := (min(free, cl.cfg.ClaimBatch) + len(ws) - 1) / max(len(ws), 1)
+	// A pass reads each tenant's fair share of the free slots, in proportion to its weight, not
+	// each tenant's full room: with 64 tenants and 64 free slots that is 1 head each instead of
+	// 64. A tenant whose share runs out while it may have more stops the pass early (see
+	// choose), and the next pass goes on.
+	slots, total := float64(min(free, cl.cfg.ClaimBatch)), 0.0
+	for _, w := range ws {
+		total += cfg.Weight(w.tenant)
+	}
 	for i := range ws {
+		share := int(math.Ceil(slots * cfg.Weight(ws[i].tenant) / total))
 		ws[i].room = min(ws[i].room, max(share, 1))
 		ws[i].n = ws[i].room + gateSlack + deeper
 		ws[i].deeper = deeper > 0

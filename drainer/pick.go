@@ -56,8 +56,8 @@ func (p *picker) next(skip map[string]bool) string {
 	return p.last
 }
 
-// tenantHeap is the tenants that may go, least first in fair's order (fewest in flight, then the
-// oldest head) or fifo's (the oldest head). Every order is total (job ids break the ties).
+// tenantHeap is the tenants that may go, least first in fair's order (the lowest in flight ÷
+// weight, then the oldest head) or fifo's (the oldest head). Every order is total (job ids break the ties).
 type tenantHeap struct {
 	cfg      limits.Config
 	cands    map[string][]candidate
@@ -77,8 +77,12 @@ func (h *tenantHeap) Len() int { return len(h.ts) }
 func (h *tenantHeap) Less(i, j int) bool {
 	a, b := h.ts[i], h.ts[j]
 	if h.cfg.Ordering == limits.Fair {
-		if na, nb := h.inFlight[a], h.inFlight[b]; na != nb {
-			return na < nb
+		na, nb := h.inFlight[a], h.inFlight[b]
+		if h.cfg.FairBefore(a, na, b, nb) {
+			return true
+		}
+		if h.cfg.FairBefore(b, nb, a, na) {
+			return false
 		}
 	}
 	return h.cands[a][0].before(h.cands[b][0])
@@ -125,8 +129,8 @@ func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFligh
 			if best != "" && !cs[0].before(bestHead) {
 				continue
 			}
-		default: // fair: fewest in flight, then the oldest head
-			if best != "" && (n > bestN || n == bestN && !cs[0].before(bestHead)) {
+		default: // fair: the lowest in flight ÷ weight, then the oldest head
+			if best != "" && !cfg.FairBefore(t, n, best, bestN) && (cfg.FairBefore(best, bestN, t, n) || !cs[0].before(bestHead)) {
 				continue
 			}
 		}

@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -79,10 +80,14 @@ func TestPickerMatchesPick(t *testing.T) {
 		cfg := limits.Default()
 		cfg.TenantInFlight = 1 + rng.IntN(4)
 		cfg.Ordering = []limits.Ordering{limits.Fair, limits.FIFO, limits.RoundRobin}[round%3]
+		weighted := round%2 == 0
 		cands, inFlight := map[string][]candidate{}, map[string]int{}
 		id := int64(0)
 		for i := range 1 + rng.IntN(12) {
 			tenant := fmt.Sprintf("t%02d", i)
+			if weighted && rng.IntN(2) == 0 {
+				cfg.TenantWeights[tenant] = []float64{0.5, 2, 3, 4}[rng.IntN(4)]
+			}
 			inFlight[tenant] = rng.IntN(3)
 			for range rng.IntN(5) {
 				id++
@@ -134,6 +139,108 @@ func TestPickerMatchesPick(t *testing.T) {
 		got := walk(func(_ map[string][]candidate, _ map[string]int, skip map[string]bool) string { return p.next(skip) }, c2, n2)
 		if !slices.Equal(got, want) {
 			t.Fatalf("round %d (%s, cap %d): picker %v, pick %v", round, cfg.Ordering, cfg.TenantInFlight, got, want)
+		}
+	}
+}
+
+// TestPickWeighted: under fair, tenants of weights 1, 2 and 4 with long backlogs fill the box in
+// the ratio of their weights, from nothing and after units are released, and a tenant's cap
+// still bounds it whatever its weight.
+func TestPickWeighted(t *testing.T) {
+	cfg := limits.Default()
+	cfg.GlobalInFlight, cfg.TenantInFlight = 14, 100
+	cfg.TenantWeights = map[string]float64{"B": 2, "C": 4}
+	backlog := func() map[string][]candidate {
+		out := map[string][]candidate{}
+		id := int64(0)
+		for _, tenant := range []string{"A", "B", "C"} {
+			for i := range 20 {
+				id++
+				out[tenant] = append(out[tenant], cand(id, tenant, i))
+			}
+		}
+		return out
+	}
+	cands, inFlight := backlog(), map[string]int{}
+	pickAll(&claimer{}, cfg, cands, inFlight, 14)
+	if inFlight["A"] != 2 || inFlight["B"] != 4 || inFlight["C"] != 8 {
+		t.Fatalf("from nothing: in flight %v, want A 2, B 4, C 8", inFlight)
+	}
+	// C's jobs end, four of them: C takes them back, not A or B.
+	inFlight["C"] -= 4
+	pickAll(&claimer{}, cfg, cands, inFlight, 4)
+	if inFlight["A"] != 2 || inFlight["B"] != 4 || inFlight["C"] != 8 {
+		t.Errorf("after four of C's end: in flight %v, want A 2, B 4, C 8", inFlight)
+	}
+	cfg.TenantInFlightOverrides = map[string]int{"C": 3}
+	cands, inFlight = backlog(), map[string]int{}
+	pickAll(&claimer{}, cfg, cands, inFlight, 14)
+	if inFlight["C"] != 3 || inFlight["A"]+inFlight["B"] != 11 {
+		t.Errorf("C capped at 3: in flight %v, want C 3 and the rest to A and B", inFlight)
+	}
+}
+
+// TestChooseKeepsCapsWithWeights is a property: whatever the weights, caps, tiers, lanes and
+// reserve, a pass never chooses past a limit as Check counts it, and leaves no capacity unused
+// that a candidate could take.
+func TestChooseKeepsCapsWithWeights(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 37))
+	for round := range 500 {
+		cfg := limits.Default()
+		cfg.GlobalInFlight = rng.IntN(12)
+		cfg.TenantInFlight = rng.IntN(5)
+		cfg.Lanes = map[string]int{"gpu": rng.IntN(3)}
+		cfg.TierInFlight = map[string]int{"gold": rng.IntN(4)}
+		cfg.InteractiveReserve = rng.IntN(2)
+		us, id := limits.NewUsage(), int64(0)
+		cands := map[string][]candidate{}
+		for i := range 1 + rng.IntN(8) {
+			tenant := fmt.Sprintf("t%d", i)
+			if rng.IntN(3) == 0 {
+				cfg.TenantTiers[tenant] = "gold"
+			}
+			if rng.IntN(2) == 0 {
+				cfg.TenantWeights[tenant] = 0.25 + rng.Float64()*8
+			}
+			if rng.IntN(4) == 0 {
+				cfg.TenantInFlightOverrides[tenant] = rng.IntN(4)
+			}
+			for range rng.IntN(6) {
+				id++
+				c := cand(id, tenant, int(id))
+				c.unit = limits.Unit{Tenant: tenant, Interactive: rng.IntN(4) == 0}
+				if rng.IntN(3) == 0 {
+					c.unit.Lanes = []string{"gpu"}
+				}
+				cands[tenant] = append(cands[tenant], c)
+			}
+		}
+		// What is in flight already fits the limits (a configuration change may leave more, which
+		// the claim preempts nothing of; it only adds nothing).
+		for tenant := range cands {
+			for range rng.IntN(3) {
+				u := limits.Unit{Tenant: tenant}
+				if cfg.Check(us, u).OK {
+					us.Add(cfg, u, 1)
+				}
+			}
+		}
+		cl := &claimer{cfg: &Config{ClaimBatch: 64}}
+		after := us
+		after.Tenant, after.Tier, after.Lane = maps.Clone(us.Tenant), maps.Clone(us.Tier), maps.Clone(us.Lane)
+		chosen, _ := cl.choose(cfg, cands, map[string]bool{}, &after)
+		check := us
+		check.Tenant, check.Tier, check.Lane = maps.Clone(us.Tenant), maps.Clone(us.Tier), maps.Clone(us.Lane)
+		for _, c := range chosen {
+			if v := cfg.Check(check, c.unit); !v.OK {
+				t.Fatalf("round %d: job %d of %s chosen past the %s limit (%+v)", round, c.id, c.tenant, v.Scope, cfg)
+			}
+			check.Add(cfg, c.unit, 1)
+		}
+		for tenant, cs := range cands {
+			if i := fits(cfg, after, cs); i >= 0 {
+				t.Fatalf("round %d: %s's job %d fits after the pass and was left", round, tenant, cs[i].id)
+			}
 		}
 	}
 }

@@ -222,8 +222,8 @@ func decideSlot(st store.SlotState, unit limits.Unit, aware bool, gated map[stri
 
 // jumpsQueue is the fair-order rule of SPEC §5a: a slot does not take the capacity that queued
 // work the claim would start first needs. The tenants waiting ahead are those with queued work
-// whose oldest job is due and not known gated, below their cap with fewer units in flight than
-// the slot's tenant (fair order); the slot is refused when the capacity left (global, and for a
+// whose oldest job is due and not known gated, below their cap with a lower in flight ÷ weight
+// than the slot's tenant (fair order); the slot is refused when the capacity left (global, and for a
 // non-interactive slot what the reserve leaves) is no more than one unit for each of them. An
 // interactive slot within the reserve is exempt.
 //
@@ -241,7 +241,7 @@ func jumpsQueue(cfg limits.Config, st store.SlotState, unit limits.Unit, gated m
 	ahead := 0
 	var keys []string
 	for _, w := range st.Waiting {
-		if n := us.Tenant[w.Tenant]; !w.Due || n >= mine || n >= cfg.TenantCap(w.Tenant) || gated[w.HeadRateKey] {
+		if n := us.Tenant[w.Tenant]; !w.Due || !cfg.FairBefore(w.Tenant, n, unit.Tenant, mine) || n >= cfg.TenantCap(w.Tenant) || gated[w.HeadRateKey] {
 			continue
 		}
 		ahead++

@@ -65,6 +65,19 @@ func TestJumpsQueue(t *testing.T) {
 	if blocked, _ := jumpsQueue(cfg, st, limits.Unit{Tenant: "c"}, nil); blocked {
 		t.Error("c, with nothing in flight, refused")
 	}
+	// Weights: b at 1 in flight is behind a at 1 when b weighs less, ahead when it weighs more.
+	st.Usage = usage(map[string]int{"a": 1, "b": 1, "x": 1})
+	st.Waiting[0] = store.Waiting{Tenant: "b", Due: true}
+	wcfg := cfg
+	wcfg.TenantWeights = map[string]float64{"a": 2}
+	if blocked, _ := jumpsQueue(wcfg, st, a, nil); blocked {
+		t.Error("a (weight 2, 1 in flight) refused for b (weight 1, 1 in flight)")
+	}
+	wcfg.TenantWeights = map[string]float64{"b": 2}
+	if blocked, _ := jumpsQueue(wcfg, st, a, nil); !blocked {
+		t.Error("a (weight 1, 1 in flight) not refused for b (weight 2, 1 in flight)")
+	}
+	st.Usage = usage(map[string]int{"a": 1, "x": 2})
 	st.Usage = usage(map[string]int{"a": 1, "x": 1})
 	if blocked, _ := jumpsQueue(cfg, st, a, nil); blocked {
 		t.Error("refused with room for b's job and the slot")

@@ -43,6 +43,38 @@ func BenchmarkTenantCount(b *testing.B) {
 	}
 }
 
+// BenchmarkWeightedPass is issue "weighted fairness"'s pass cost: claim passes (caps 64) over
+// 64 and over 100,000 tenants with one job each or more, unweighted and with weights (1,000
+// tenants with their own weight from 1 to 8, and 1,000 more in a tier of weight 3), and the
+// ratio of each weighted pass time to the unweighted one of the same tenant count (target:
+// within 2x at 100,000 tenants).
+func BenchmarkWeightedPass(b *testing.B) {
+	weigh := func(db *testdb.DB) {
+		setLimits(b, db, func(c *limits.Config) {
+			for i := range 1_000 {
+				c.TenantWeights["t"+strconv.Itoa(i*97)] = float64(1 + i%8)
+				c.TenantTiers["t"+strconv.Itoa(i*97+1)] = "gold"
+			}
+			c.TierWeights = map[string]float64{"gold": 3}
+		})
+	}
+	for range b.N {
+		out := map[string]any{}
+		for _, tenants := range []int{64, 100_000} {
+			jobs := max(tenants, 64*60)
+			plain, plainJobs, _ := passTimesWith(b, tenants, jobs, nil)
+			weighted, weightedJobs, _ := passTimesWith(b, tenants, jobs, weigh)
+			p, w := harness.Percentiles(plain, 50, 99), harness.Percentiles(weighted, 50, 99)
+			n := strconv.Itoa(tenants)
+			out["tenants_"+n+"_p50_ms"], out["tenants_"+n+"_weighted_p50_ms"] = p[0], w[0]
+			out["tenants_"+n+"_p99_ms"], out["tenants_"+n+"_weighted_p99_ms"] = p[1], w[1]
+			out["tenants_"+n+"_jobs_per_pass"], out["tenants_"+n+"_weighted_jobs_per_pass"] = round2(plainJobs), round2(weightedJobs)
+			out["ratio_p50_"+n] = round2(w[0] / p[0])
+		}
+		harness.Emit("weighted_pass", out)
+	}
+}
+
 // passTimes times claim passes (RunOnce) with jobs queued over tenants tenants and caps 64, and
 // returns the mean number of jobs a pass claimed (a pass may end early at a tenant's last read
 // head, see drainer.Pass.Full); between passes it waits for the last pass's outcomes, so every

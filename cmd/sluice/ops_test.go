@@ -59,10 +59,10 @@ func TestPrintStatus(t *testing.T) {
 
 func TestPrintTenants(t *testing.T) {
 	var b bytes.Buffer
-	printTenants(&b, client.TenantPage{Tenants: []status.TenantRow{{Tenant: "big one", Depth: 5, OldestAgeSeconds: 2.5, Cap: 2, Tier: "default"}},
+	printTenants(&b, client.TenantPage{Tenants: []status.TenantRow{{Tenant: "big one", Depth: 5, OldestAgeSeconds: 2.5, Cap: 2, Tier: "default", Weight: 2.5}},
 		NextCursor: "ZGVwdGg6NTpiaWcgb25l"}, "depth")
 	out := b.String()
-	for _, want := range []string{`"big one"`, "2.5s", "default", "more: sluice tenants --order depth --cursor ZGVwdGg6NTpiaWcgb25l"} {
+	for _, want := range []string{`"big one"`, "2.5s", "default", "WEIGHT", " 2.5\n", "more: sluice tenants --order depth --cursor ZGVwdGg6NTpiaWcgb25l"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("tenants output lacks %q:\n%s", want, out)
 		}

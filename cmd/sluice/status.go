@@ -228,12 +228,12 @@ func tenantsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // printTenants renders a page of tenants as a table, with the command for the next page.
 func printTenants(w io.Writer, p client.TenantPage, order string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tDEPTH\tOLDEST\tIN FLIGHT\tCAP\tSLOTS\tTIER")
+	fmt.Fprintln(tw, "TENANT\tDEPTH\tOLDEST\tIN FLIGHT\tCAP\tSLOTS\tTIER\tWEIGHT")
 	for _, t := range p.Tenants {
-		fmt.Fprintf(tw, "%s\t%d\t%.1fs\t%d\t%d\t%d\t%s\n", printable(t.Tenant), t.Depth, t.OldestAgeSeconds, t.InFlight, t.Cap, t.Slots, t.Tier)
+		fmt.Fprintf(tw, "%s\t%d\t%.1fs\t%d\t%d\t%d\t%s\t%g\n", printable(t.Tenant), t.Depth, t.OldestAgeSeconds, t.InFlight, t.Cap, t.Slots, t.Tier, t.Weight)
 	}
 	if len(p.Tenants) == 0 {
-		fmt.Fprintln(tw, "(none)\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "(none)\t\t\t\t\t\t\t")
 	}
 	tw.Flush()
 	if p.NextCursor != "" {

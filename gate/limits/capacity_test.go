@@ -66,6 +66,42 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// TestWeights: a tenant's own weight wins over its tier's, 1 otherwise, and FairBefore orders
+// by in flight ÷ weight, exactly as the counts do when no weight is set.
+func TestWeights(t *testing.T) {
+	cfg := Default()
+	if cfg.Weight("a") != 1 || !cfg.FairBefore("a", 1, "b", 2) || cfg.FairBefore("a", 2, "b", 2) {
+		t.Fatal("unweighted fair order is not the counts' order")
+	}
+	cfg.TenantTiers = map[string]string{"g1": "gold", "g2": "gold"}
+	cfg.TierWeights = map[string]float64{"gold": 4}
+	cfg.TenantWeights = map[string]float64{"g2": 0.5, "b": 2}
+	for tenant, want := range map[string]float64{"a": 1, "b": 2, "g1": 4, "g2": 0.5} {
+		if got := cfg.Weight(tenant); got != want {
+			t.Errorf("Weight(%s) = %g, want %g", tenant, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		a      string
+		na     int
+		b      string
+		nb     int
+		before bool
+	}{
+		{"g1", 7, "a", 2, true},  // 7/4 < 2/1
+		{"g1", 8, "a", 2, false}, // 8/4 = 2/1: a tie
+		{"a", 2, "g1", 8, false},
+		{"b", 3, "a", 2, true}, // 1.5 < 2
+		{"g2", 1, "a", 1, false},
+		{"a", 1, "g2", 1, true}, // 1 < 2
+		{"a", 0, "b", 0, false},
+	} {
+		if got := cfg.FairBefore(tc.a, tc.na, tc.b, tc.nb); got != tc.before {
+			t.Errorf("FairBefore(%s %d, %s %d) = %v, want %v", tc.a, tc.na, tc.b, tc.nb, got, tc.before)
+		}
+	}
+}
+
 func TestValidateCapacityKeys(t *testing.T) {
 	for _, bad := range []func(*Config){
 		func(c *Config) { c.Lanes = map[string]int{"": 1} },
@@ -76,6 +112,9 @@ func TestValidateCapacityKeys(t *testing.T) {
 		func(c *Config) { c.TenantTiers = map[string]string{"acme": ""} },
 		func(c *Config) { c.InteractiveReserve = -1 },
 		func(c *Config) { c.EnforceFor = "some" },
+		func(c *Config) { c.TenantWeights = map[string]float64{"acme": 0} },
+		func(c *Config) { c.TierWeights = map[string]float64{"gold": MaxWeight * 2} },
+		func(c *Config) { c.TierWeights = map[string]float64{"": 1} },
 	} {
 		c := Default()
 		bad(&c)
@@ -92,13 +131,13 @@ func TestValidateCapacityKeys(t *testing.T) {
 // null maps, decodes to empty maps and enforce_for all, so no reader meets a nil map.
 func TestDecodeFillsCapacityKeys(t *testing.T) {
 	for _, raw := range []string{`{"global_in_flight": 7}`,
-		`{"lanes": null, "tenant_tiers": null, "tier_in_flight": null, "tier_tenant_in_flight": null, "tenant_in_flight_overrides": null, "enforce_for": ""}`} {
+		`{"lanes": null, "tenant_tiers": null, "tier_in_flight": null, "tier_tenant_in_flight": null, "tenant_in_flight_overrides": null, "enforce_for": "", "tenant_weights": null, "tier_weights": null}`} {
 		c, err := Decode([]byte(raw))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if c.Lanes == nil || c.TenantTiers == nil || c.TierInFlight == nil || c.TierTenantInFlight == nil ||
-			c.TenantInFlightOverrides == nil || c.EnforceFor != EnforceAll {
+			c.TenantInFlightOverrides == nil || c.EnforceFor != EnforceAll || c.TenantWeights == nil || c.TierWeights == nil {
 			t.Errorf("Decode(%s) = %+v, want empty maps and enforce_for all", raw, c)
 		}
 		if err := c.Validate(); err != nil {

@@ -63,7 +63,7 @@ var specOrder = []string{"global_in_flight", "tenant_in_flight", "tenant_in_flig
 	"ordering", "execution_wall_seconds", "max_queue_age_seconds", "lease_seconds",
 	"nonce_ttl_seconds", "dispatch_attempts", "max_payload_bytes", "retention_days",
 	"outbox_retention_days", "lanes", "tenant_tiers", "tier_in_flight", "tier_tenant_in_flight",
-	"interactive_reserve", "enforce_for", "audit_retention_days"}
+	"interactive_reserve", "enforce_for", "audit_retention_days", "tenant_weights", "tier_weights"}
 
 // Apply returns base with changes applied, validated as a whole. Every key must be known and
 // every value of its documented JSON type; the first problem is returned as a *FieldError.
@@ -107,6 +107,7 @@ func Apply(base Config, changes map[string]json.RawMessage) (Config, error) {
 	out := Default()
 	// Maps are replaced as a whole, never merged with the defaults.
 	out.TenantInFlightOverrides, out.Lanes, out.TenantTiers, out.TierInFlight, out.TierTenantInFlight = nil, nil, nil, nil, nil
+	out.TenantWeights, out.TierWeights = nil, nil
 	if err := strictUnmarshal(merged, &out); err != nil {
 		return base, fmt.Errorf("decode runtime config: %w", err)
 	}

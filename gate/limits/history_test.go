@@ -57,6 +57,12 @@ func TestApply(t *testing.T) {
 		{map[string]string{"tier_in_flight": `{"gold": -1}`}, "tier_in_flight"},
 		{map[string]string{"interactive_reserve": "-2"}, "interactive_reserve"},
 		{map[string]string{"enforce_for": `"some"`}, "enforce_for"},
+		{map[string]string{"tenant_weights": `{"acme": 0}`}, "tenant_weights"},
+		{map[string]string{"tenant_weights": `{"acme": -2}`}, "tenant_weights"},
+		{map[string]string{"tenant_weights": `{"acme": 1e7}`}, "tenant_weights"},
+		{map[string]string{"tenant_weights": `{"acme": "2"}`}, "tenant_weights"},
+		{map[string]string{"tier_weights": `{"a b": 2}`}, "tier_weights"},
+		{map[string]string{"tier_weights": `{"gold": 0}`}, "tier_weights"},
 		{map[string]string{}, "changes"},
 	} {
 		_, err := limits.Apply(limits.Default(), raw(tc.changes))
@@ -72,8 +78,8 @@ func TestApply(t *testing.T) {
 	if err != nil || len(got.TenantInFlightOverrides) != 1 || got.TenantInFlightOverrides["new"] != 3 {
 		t.Errorf("overrides after replace = %v (%v), want only new:3", got.TenantInFlightOverrides, err)
 	}
-	if len(limits.Keys()) != 23 || limits.Keys()[0] != "global_in_flight" {
-		t.Errorf("Keys() = %v, want the 23 keys of SPEC §9 in its order", limits.Keys())
+	if len(limits.Keys()) != 25 || limits.Keys()[0] != "global_in_flight" {
+		t.Errorf("Keys() = %v, want the 25 keys of SPEC §9 in its order", limits.Keys())
 	}
 }
 

@@ -89,6 +89,10 @@ type Config struct {
 	// EnforceFor is all or aware: with aware, only requests that say they handle a refusal
 	// (Sluice-Capacity-Aware: true) are refused; others are treated as in shadow. Default all.
 	EnforceFor string `json:"enforce_for"`
+	// TenantWeights maps a tenant to its weight under fair ordering. Default empty (weight 1).
+	TenantWeights map[string]float64 `json:"tenant_weights"`
+	// TierWeights maps a tier to the weight of each of its tenants (a tenant's own weight wins).
+	TierWeights map[string]float64 `json:"tier_weights"`
 }
 
 // EnforceFor values (SPEC §5a).
@@ -123,6 +127,8 @@ func Default() Config {
 		TierInFlight:            map[string]int{},
 		TierTenantInFlight:      map[string]int{},
 		EnforceFor:              EnforceAll,
+		TenantWeights:           map[string]float64{},
+		TierWeights:             map[string]float64{},
 	}
 }
 
@@ -137,6 +143,35 @@ func (c Config) TenantCap(tenant string) int {
 	}
 	return c.TenantInFlight
 }
+
+// Weight returns the weight of tenant under fair ordering: its own, else its tier's, else 1.
+func (c Config) Weight(tenant string) float64 {
+	if w, ok := c.TenantWeights[tenant]; ok {
+		return w
+	}
+	if w, ok := c.TierWeights[c.Tier(tenant)]; ok {
+		return w
+	}
+	return 1
+}
+
+// FairBefore reports whether tenant a, with na units in flight, goes strictly before tenant b,
+// with nb, in fair order: the lower in flight ÷ weight first (SPEC §5). Equal shares tie, and
+// the caller breaks the tie by the oldest job. The products compare the shares without dividing,
+// so equal weights decide exactly as the counts do.
+func (c Config) FairBefore(a string, na int, b string, nb int) bool {
+	if len(c.TenantWeights) == 0 && len(c.TierWeights) == 0 {
+		return na < nb
+	}
+	return float64(na)*c.Weight(b) < float64(nb)*c.Weight(a)
+}
+
+// MaxWeight bounds a weight: a million times the default is a tenant that goes first whenever
+// it has work, which is as far as a share can mean anything.
+const MaxWeight = 1e6
+
+// MinWeight bounds a weight from below, for the same reason.
+const MinWeight = 1e-6
 
 // Tier returns the tier of tenant.
 func (c Config) Tier(tenant string) string {
@@ -257,6 +292,21 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	for _, m := range []struct {
+		key string
+		v   map[string]float64
+	}{{"tenant_weights", c.TenantWeights}, {"tier_weights", c.TierWeights}} {
+		for name, w := range m.v {
+			if m.key == "tier_weights" {
+				if err := validName(name); err != "" {
+					return invalidf(m.key, "name %q: %s", name, err)
+				}
+			}
+			if !(w >= MinWeight && w <= MaxWeight) {
+				return invalidf(m.key, "%q: must be a number from %g to %g, got %g", name, MinWeight, MaxWeight, w)
+			}
+		}
+	}
 	for t, tier := range c.TenantTiers {
 		if err := validName(tier); err != "" {
 			return invalidf("tenant_tiers", "tenant %q: tier %q: %s", t, tier, err)
@@ -366,5 +416,11 @@ func (c *Config) fillDefaults() {
 	}
 	if c.EnforceFor == "" {
 		c.EnforceFor = EnforceAll
+	}
+	if c.TenantWeights == nil {
+		c.TenantWeights = map[string]float64{}
+	}
+	if c.TierWeights == nil {
+		c.TierWeights = map[string]float64{}
 	}
 }

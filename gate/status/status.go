@@ -198,6 +198,8 @@ type Tenant struct {
 	Slots int `json:"slots"`
 	// Tier is the tenant's tier (runtime config tenant_tiers).
 	Tier string `json:"tier"`
+	// Weight is the tenant's weight under fair ordering (tenant_weights, tier_weights; 1).
+	Weight float64 `json:"weight"`
 }
 
 // Gate is a gated rate key among the keys of queued jobs.
@@ -295,7 +297,7 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 	for name, n := range perTenant {
 		t, ok := byTenant[name]
 		if !ok {
-			t = Tenant{Tenant: name, Cap: cfg.TenantCap(name), Tier: cfg.Tier(name)}
+			t = Tenant{Tenant: name, Cap: cfg.TenantCap(name), Tier: cfg.Tier(name), Weight: cfg.Weight(name)}
 		}
 		t.Slots = n
 		byTenant[name] = t
@@ -531,7 +533,7 @@ func (r *Reader) tenantRows(ctx context.Context, now time.Time, cfg limits.Confi
 
 // tenantOf is t as status shows it, with its cap under cfg.
 func tenantOf(now time.Time, cfg limits.Config, t store.TenantQueue) Tenant {
-	out := Tenant{Tenant: t.Tenant, Depth: t.Queued, Cap: cfg.TenantCap(t.Tenant), Tier: cfg.Tier(t.Tenant)}
+	out := Tenant{Tenant: t.Tenant, Depth: t.Queued, Cap: cfg.TenantCap(t.Tenant), Tier: cfg.Tier(t.Tenant), Weight: cfg.Weight(t.Tenant)}
 	if t.HeadAt != nil {
 		out.OldestAgeSeconds = age(now, *t.HeadAt)
 	}

@@ -190,7 +190,7 @@ func TestDrainerStates(t *testing.T) {
 func TestStatusFigures(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	f.exec(`INSERT INTO config_versions (version, config, changed_by, changed_at) VALUES (3, '{"tenant_in_flight_overrides":{"globex":5}}', 't', ?)`, f.now)
+	f.exec(`INSERT INTO config_versions (version, config, changed_by, changed_at) VALUES (3, '{"tenant_in_flight_overrides":{"globex":5},"tenant_weights":{"globex":2.5}}', 't', ?)`, f.now)
 	f.job("acme", "queued", 90*time.Second, keyA, nil)
 	f.job("acme", "queued", 10*time.Second, nil, nil)
 	f.job("acme", "dispatched", 100*time.Second, nil, nil)
@@ -213,10 +213,10 @@ func TestStatusFigures(t *testing.T) {
 		t.Errorf("queue %+v in flight %d, want depth 3, oldest 90 s, 2 in flight", s.Queue, s.InFlight)
 	}
 	want := []status.Tenant{
-		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2, Slots: 1, Tier: limits.DefaultTier},
-		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5, Tier: limits.DefaultTier},
-		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2, Tier: limits.DefaultTier},
-		{Tenant: "hooli", Depth: 0, OldestAgeSeconds: 0, InFlight: 0, Cap: 2, Slots: 1, Tier: limits.DefaultTier},
+		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2, Slots: 1, Tier: limits.DefaultTier, Weight: 1},
+		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5, Tier: limits.DefaultTier, Weight: 2.5},
+		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2, Tier: limits.DefaultTier, Weight: 1},
+		{Tenant: "hooli", Depth: 0, OldestAgeSeconds: 0, InFlight: 0, Cap: 2, Slots: 1, Tier: limits.DefaultTier, Weight: 1},
 	}
 	if s.Slots.Total != 2 || s.Slots.ByTier["default"] != 2 || s.Slots.ByLane["search"] != 1 || s.Slots.ByLane["gpu"] != 1 || len(s.Slots.ByLane) != 2 {
 		t.Errorf("slots %+v", s.Slots)

@@ -50,6 +50,8 @@ type TenantRow struct {
 	Slots int `json:"slots"`
 	// Tier is the tenant's tier (runtime config tenant_tiers; limits.DefaultTier if not named).
 	Tier string `json:"tier"`
+	// Weight is the tenant's weight under fair ordering (tenant_weights, tier_weights; 1).
+	Weight float64 `json:"weight"`
 	// GatedKeys are the gated rate keys (SHA-256 hex, sorted) among the tenant's first
 	// HeadsPerTenant queued jobs: the gates holding its queue back now. Empty without a gate
 	// store.
@@ -134,7 +136,7 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 			keys = []string{}
 		}
 		page.Tenants = append(page.Tenants, TenantRow{Tenant: t.Tenant, Depth: t.Depth,
-			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: t.Tier,
+			OldestAgeSeconds: t.OldestAgeSeconds, InFlight: busy[t.Tenant], Cap: t.Cap, Tier: t.Tier, Weight: t.Weight,
 			Slots: slots[t.Tenant], GatedKeys: keys})
 	}
 	return page, nil

@@ -32,9 +32,12 @@ type RenewLeasesParams struct {
 // RenewLeases extends the leases of p.Jobs that p.DrainerID still holds in flight at the
 // version it claimed, and returns how many it extended. A renewal only ever extends: a 202
 // recorded while the renewal was on its way has moved the job's lease to its wall (LeaseToWall),
-// and must not be cut back to one lease. It locks the rows it changes, no others.
+// and must not be cut back to one lease. It locks the rows it changes, no others: the primary key
+// is forced, because the optimizer, seeing the status range, may walk the lease index instead
+// and take next-key locks over every job in flight, and the outcome writer moving a job out of
+// that range then deadlocks with it (seen as a failed pass in BenchmarkWeightedPass).
 func RenewLeases(ctx context.Context, db sqldb.DB, p RenewLeasesParams) (int, error) {
-	q := "UPDATE jobs SET lease_until = GREATEST(COALESCE(lease_until, ?), ?) WHERE drainer_id = ? AND status IN ('claimed','dispatched','running') AND dispatched_at > ? AND ("
+	q := "UPDATE jobs FORCE INDEX (PRIMARY) SET lease_until = GREATEST(COALESCE(lease_until, ?), ?) WHERE drainer_id = ? AND status IN ('claimed','dispatched','running') AND dispatched_at > ? AND ("
 	args := []any{p.Now, p.Until, p.DrainerID, p.DispatchedAfter}
 	for i, j := range p.Jobs {
 		if i > 0 {

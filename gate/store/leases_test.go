@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +24,8 @@ func TestRenewLeases(t *testing.T) {
 	other := k.insert(jobSpec{status: job.Dispatched, version: 1, lease: at(lease), drainer: "d2"})
 	pastWall := k.insert(jobSpec{status: job.Dispatched, version: 1, lease: at(lease), dispatched: at(old)})
 	done := k.insert(jobSpec{status: job.Succeeded, version: 1})
-	all := []int64{held, running, atWall, stale, other, pastWall, done}
+	queued := k.insert(jobSpec{status: job.Queued, version: 1})
+	all := []int64{held, running, atWall, stale, other, pastWall, done, queued}
 
 	tx := k.begin()
 	until := k.now.Add(10 * time.Second)
@@ -38,13 +40,26 @@ func TestRenewLeases(t *testing.T) {
 		t.Errorf("renewed %d leases, want 3 (held, running, at its wall)", n)
 	}
 	k.wantLocked("inside the renewal", all, held, running, atWall)
+	// Nor any range: another drainer's job leaving flight, or a job entering it, goes on while
+	// the renewal's transaction is open (on the lease index's next-key locks it waited, and the
+	// outcome writer deadlocked with the renewal).
+	for _, q := range []string{"UPDATE jobs SET status = 'succeeded', lease_until = NULL WHERE id = ?",
+		"UPDATE jobs SET status = 'dispatched', drainer_id = 'd2', lease_until = UTC_TIMESTAMP(6) WHERE id = ?"} {
+		id := other
+		if strings.Contains(q, "'dispatched'") {
+			id = queued
+		}
+		if _, err := k.db.ExecContext(k.ctx, "SET STATEMENT innodb_lock_wait_timeout = 1 FOR "+q, id); err != nil {
+			t.Errorf("job %d moved while the renewal's transaction is open: %v", id, err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
 		id   int64
 		want time.Time
-	}{{held, until}, {running, until}, {atWall, k.now.Add(time.Hour)}, {stale, lease}, {other, lease}, {pastWall, lease}} {
+	}{{held, until}, {running, until}, {atWall, k.now.Add(time.Hour)}, {stale, lease}, {pastWall, lease}} {
 		if got := k.row(c.id).LeaseUntil; got == nil || !got.Equal(c.want) {
 			t.Errorf("job %d: lease_until %v, want %v", c.id, got, c.want)
 		}

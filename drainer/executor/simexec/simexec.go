@@ -75,6 +75,10 @@ type Stats struct {
 	MaxInFlightByTenant map[string]int   `json:"max_in_flight_by_tenant"`
 	MaxInFlightByGroup  map[string]int   `json:"max_in_flight_by_group"`
 	Completed           map[string]int64 `json:"completed"`
+	// InFlightSecondsByTenant is each tenant's jobs in flight integrated over time since the
+	// counters were reset (unit-seconds): its change between two reads, divided by the time
+	// between them, is the tenant's mean in flight over that window, as the executor saw it.
+	InFlightSecondsByTenant map[string]float64 `json:"in_flight_seconds_by_tenant"`
 }
 
 // Server is the simulated executor. Safe for concurrent use.
@@ -85,8 +89,11 @@ type Server struct {
 	stats    Stats
 	byTenant map[string]int
 	byGroup  map[string]int
-	exec     *kit.Handler   // serves dispatches; replaced by SetAPI
-	retired  []*kit.Handler // replaced by SetAPI, closed by Close
+	// changed is when each tenant's in-flight count last changed (InFlightSecondsByTenant is
+	// integrated up to it).
+	changed map[string]time.Time
+	exec    *kit.Handler   // serves dispatches; replaced by SetAPI
+	retired []*kit.Handler // replaced by SetAPI, closed by Close
 }
 
 // Validate reports what New would refuse: an APIURL that is not an http or https URL, or one set
@@ -166,8 +173,8 @@ func (s *Server) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats = Stats{Starts: map[string]int{}, MaxInFlightByTenant: map[string]int{}, MaxInFlightByGroup: map[string]int{},
-		Completed: map[string]int64{}}
-	s.byTenant, s.byGroup = map[string]int{}, map[string]int{}
+		Completed: map[string]int64{}, InFlightSecondsByTenant: map[string]float64{}}
+	s.byTenant, s.byGroup, s.changed = map[string]int{}, map[string]int{}, map[string]time.Time{}
 }
 
 // Handler serves POST / (dispatch), GET /stats and POST /stats/reset.
@@ -195,7 +202,22 @@ func (s *Server) Stats() Stats {
 	out.Starts = copyMap(s.stats.Starts)
 	out.MaxInFlightByTenant = copyMap(s.stats.MaxInFlightByTenant)
 	out.Completed = copyMap(s.stats.Completed)
+	out.InFlightSecondsByTenant = copyMap(s.stats.InFlightSecondsByTenant)
+	now := time.Now()
+	for t, n := range s.byTenant {
+		out.InFlightSecondsByTenant[t] += float64(n) * now.Sub(s.changed[t]).Seconds()
+	}
 	return out
+}
+
+// integrate adds tenant's in-flight count since its last change to its unit-seconds, before the
+// count changes (under mu).
+func (s *Server) integrate(tenant string) {
+	now := time.Now()
+	if n := s.byTenant[tenant]; n > 0 {
+		s.stats.InFlightSecondsByTenant[tenant] += float64(n) * now.Sub(s.changed[tenant]).Seconds()
+	}
+	s.changed[tenant] = now
 }
 
 func copyMap[V any](m map[string]V) map[string]V {
@@ -296,6 +318,7 @@ func (s *Server) begin(d kit.Job, groups []string) {
 	}
 	s.stats.InFlight++
 	s.stats.MaxInFlight = max(s.stats.MaxInFlight, s.stats.InFlight)
+	s.integrate(d.Tenant)
 	s.byTenant[d.Tenant]++
 	s.stats.MaxInFlightByTenant[d.Tenant] = max(s.stats.MaxInFlightByTenant[d.Tenant], s.byTenant[d.Tenant])
 	for _, g := range groups {
@@ -308,6 +331,7 @@ func (s *Server) end(d kit.Job, groups []string, outcome string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.InFlight--
+	s.integrate(d.Tenant)
 	s.byTenant[d.Tenant]--
 	for _, g := range groups {
 		s.byGroup[g]--

@@ -115,6 +115,7 @@ export async function tenant(v) {
           h('dt', null, 'Oldest queued'), h('dd', null, t.depth ? fmt.age(t.oldest_age_seconds) : '—'),
           h('dt', null, 'In flight / cap'), h('dd', null, inFlightCell(t)),
           h('dt', null, 'Tier'), h('dd', null, t.tier),
+          h('dt', null, 'Weight'), h('dd', null, String(t.weight)),
           h('dt', null, 'Gated keys at the head of its queue'),
           h('dd', null, t.gated_keys.length ? h('ul', null, t.gated_keys.map((k) => h('li', {class: 'mono'}, k))) : 'none')));
       }
