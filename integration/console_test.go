@@ -242,6 +242,9 @@ func TestConsole(t *testing.T) {
 		until(`document.querySelector('#job-status')?.textContent === 'queued'`),
 		until(`/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}Z$/.test(document.querySelector('#job-queued-at')?.textContent)`),
 		until(`document.querySelector('#job-position')?.textContent === '1'`),
+		// global_in_flight is 0: the job says so, and has no estimate.
+		until(`document.querySelector('#job-waiting-on')?.textContent.endsWith('(paused)')`),
+		until(`document.querySelector('#job-estimated-start')?.textContent === 'unknown'`),
 		until(`[...document.querySelectorAll('#job-events tbody tr')].some((r) => r.cells[1].textContent === 'admitted')`))
 	b.shot("job")
 

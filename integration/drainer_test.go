@@ -17,7 +17,7 @@ import (
 )
 
 // admitMany admits n jobs of tenant with payload over c concurrent clients and returns their ids.
-func admitMany(t *testing.T, env *harness.Env, c int, tenantOf func(i int) string, payload func(i int) any, n int) []int64 {
+func admitMany(t testing.TB, env *harness.Env, c int, tenantOf func(i int) string, payload func(i int) any, n int) []int64 {
 	t.Helper()
 	ids := make([]int64, n)
 	var wg sync.WaitGroup

@@ -32,8 +32,9 @@ func TestJobsCommand(t *testing.T) {
 	}
 	out, code = sluice("jobs", "show", strconv.FormatInt(ids[2], 10))
 	var j job.Job
-	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j.ID != ids[2] || j.Tenant != "globex" {
-		t.Errorf("jobs show: exit %d\n%s", code, out)
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j.ID != ids[2] || j.Tenant != "globex" ||
+		j.WaitingOn != job.WaitingNext || j.EstimatedStart == nil {
+		t.Errorf("jobs show: exit %d (want the queued job with waiting_on next and an estimated_start)\n%s", code, out)
 	}
 	out, code = sluice("jobs", "cancel", strconv.FormatInt(ids[0], 10))
 	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j.Status != job.Canceled {

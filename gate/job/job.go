@@ -82,7 +82,27 @@ type Job struct {
 	// that did.
 	ReplaceKey *string `json:"replace_key,omitempty"`
 	ReplacedBy *int64  `json:"replaced_by,omitempty"`
+	// WaitingOn, for a queued job read alone (GET /v1/jobs/{id}), is the scope holding it now
+	// (the Waiting* constants, or "lane:<name>"); WaitingUntil is when that scope ends, for a
+	// rate key's gate and a not-before. EstimatedStart is when it should start, or nil when
+	// nothing says (a paused limit, or no recent service time to go by).
+	WaitingOn      string     `json:"waiting_on,omitempty"`
+	WaitingUntil   *time.Time `json:"waiting_until,omitempty"`
+	EstimatedStart *time.Time `json:"estimated_start,omitempty"`
 }
+
+// What holds a queued job (Job.WaitingOn; SPEC §6). A lane's scope is "lane:" and its name.
+const (
+	WaitingTenantCap = "tenant_cap"
+	WaitingGlobalCap = "global_cap"
+	WaitingTier      = "tier"
+	WaitingReserve   = "reserve"
+	WaitingRateKey   = "rate_key"
+	WaitingNotBefore = "not_before"
+	WaitingPaused    = "paused"
+	// WaitingNext: nothing holds it; the next claim takes it.
+	WaitingNext = "next"
+)
 
 // TimeFormat is how the API writes a timestamp (SPEC §4: RFC 3339, UTC, microseconds). It
 // keeps all six fractional digits: time.RFC3339Nano drops trailing zeros, so one timestamp in ten
@@ -105,16 +125,18 @@ func (j Job) MarshalJSON() ([]byte, error) {
 	}
 	return json.Marshal(struct {
 		plain
-		QueuedAt     string   `json:"queued_at"`
-		ClaimedAt    *string  `json:"claimed_at"`
-		DispatchedAt *string  `json:"dispatched_at"`
-		StartedAt    *string  `json:"started_at"`
-		FinishedAt   *string  `json:"finished_at"`
-		Lanes        []string `json:"lanes"`
-		NotBefore    *string  `json:"not_before,omitempty"`
-		StartBy      *string  `json:"start_by,omitempty"`
+		QueuedAt       string   `json:"queued_at"`
+		ClaimedAt      *string  `json:"claimed_at"`
+		DispatchedAt   *string  `json:"dispatched_at"`
+		StartedAt      *string  `json:"started_at"`
+		FinishedAt     *string  `json:"finished_at"`
+		Lanes          []string `json:"lanes"`
+		NotBefore      *string  `json:"not_before,omitempty"`
+		StartBy        *string  `json:"start_by,omitempty"`
+		WaitingUntil   *string  `json:"waiting_until,omitempty"`
+		EstimatedStart *string  `json:"estimated_start,omitempty"`
 	}{plain(j), j.QueuedAt.UTC().Format(TimeFormat), opt(j.ClaimedAt), opt(j.DispatchedAt), opt(j.StartedAt), opt(j.FinishedAt), lanes,
-		opt(j.NotBefore), opt(j.StartBy)})
+		opt(j.NotBefore), opt(j.StartBy), opt(j.WaitingUntil), opt(j.EstimatedStart)})
 }
 
 // Code is a stable error code (SPEC §6 `error_code`).

@@ -140,6 +140,22 @@ export async function jobPage(v) {
     });
   }
 
+  // waitingText says what waiting_on means, the scope's name kept for searching the docs.
+  function waitingText(on) {
+    const texts = {
+      next: 'nothing: the next claim takes it',
+      tenant_cap: 'its tenant\'s cap (its jobs in flight, or its earlier queued jobs, take the room)',
+      global_cap: 'the global cap',
+      tier: 'its tier\'s ceiling',
+      reserve: 'the interactive reserve (what is left is kept for interactive work)',
+      rate_key: 'its rate key\'s gate',
+      not_before: 'its not-before (run_at, delay_seconds or an executor\'s 503)',
+      paused: 'a limit set to 0 (paused)',
+    };
+    const text = on.startsWith('lane:') ? `the lane ${on.slice(5)} is full` : (texts[on] || on);
+    return `${text} (${on})`;
+  }
+
   let last = '';
   async function refresh() {
     const j = await api.call('GET', `jobs/${id}`);
@@ -151,6 +167,9 @@ export async function jobPage(v) {
       field('State', h('span', {class: `state state-${j.status}`}, j.status), 'job-status'),
       field('Tenant', tenantLink(j.tenant)),
       j.position !== undefined ? field('Position in its tenant\'s queue', String(j.position), 'job-position') : null,
+      field('Waiting on', j.waiting_on ? waitingText(j.waiting_on) : null, 'job-waiting-on'),
+      field('Until', j.waiting_until ? fmt.when(j.waiting_until) : null),
+      field('Estimated start', j.status === 'queued' ? (j.estimated_start ? fmt.when(j.estimated_start) : 'unknown') : null, 'job-estimated-start'),
       field('Version', String(j.version)),
       field('Attempt', String(j.attempt)),
       field('Rate key (SHA-256)', j.rate_key_sha256 ? h('span', {class: 'mono'}, j.rate_key_sha256) : null),
