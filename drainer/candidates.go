@@ -15,8 +15,9 @@ type want struct {
 	tenant string
 	n      int // heads to read: room plus gateSlack, plus deeper while a lane is full
 	room   int // jobs the tenant could start now
-	// interactive: the tenant has interactive queued jobs, read first (store.HeadsWant).
-	interactive bool
+	// interactive: the tenant has interactive queued jobs, read first; prioritized: it has jobs
+	// of another priority than the default, read by priority (store.HeadsWant).
+	interactive, prioritized bool
 	// deeper: a lane is full, so the tenant's heads may be jobs the claim skips (SPEC §5a).
 	deeper bool
 	// only is the tenant's one queued job, read with the page (tenantPage.only), or nil.
@@ -40,7 +41,8 @@ func (cl *claimer) wants(cfg limits.Config, us limits.Usage, page tenantPage) (w
 			capped = true
 			continue
 		}
-		ws = append(ws, want{tenant: t, room: min(room, free, cl.cfg.ClaimBatch), interactive: page.interactive[t], only: page.only[t]})
+		ws = append(ws, want{tenant: t, room: min(room, free, cl.cfg.ClaimBatch), interactive: page.interactive[t],
+			prioritized: page.prioritized[t], only: page.only[t]})
 	}
 	deeper := 0
 	if laneFull(cfg, us) {
@@ -73,17 +75,19 @@ func laneFull(cfg limits.Config, us limits.Usage) bool {
 	return false
 }
 
-// heads returns, for each tenant of ws, its oldest eligible queued jobs (at most w.n), leaving
-// out the jobs of the rate keys in excluded (keys found gated earlier in the pass):
-// store.ReadHeads.
-func (cl *claimer) heads(ctx context.Context, now time.Time, ws []want, excluded []string) (map[string][]candidate, error) {
-	p := store.HeadsParams{Now: now, Excluded: excluded, Tenants: make([]store.HeadsWant, len(ws))}
+// heads returns, for each tenant of ws, its first eligible queued jobs in claim order (at most
+// w.n), leaving out the jobs of the rate keys in excluded (keys found gated earlier in the pass):
+// store.ReadHeads, with the jobs queued for longer than cfg's priority_aging_seconds aged. cut
+// are the tenants whose heads the read cut short: more exist, however few it returned.
+func (cl *claimer) heads(ctx context.Context, now time.Time, cfg limits.Config, ws []want, excluded []string) (map[string][]candidate, map[string]bool, error) {
+	p := store.HeadsParams{Now: now, AgedBefore: now.Add(-cfg.PriorityAging()), Excluded: excluded,
+		Tenants: make([]store.HeadsWant, len(ws)), Cut: map[string]bool{}}
 	for i, w := range ws {
-		p.Tenants[i] = store.HeadsWant{Tenant: w.tenant, N: w.n, Interactive: w.interactive}
+		p.Tenants[i] = store.HeadsWant{Tenant: w.tenant, N: w.n, Interactive: w.interactive, Prioritized: w.prioritized}
 	}
 	read, err := store.ReadHeads(ctx, cl.cfg.DB, p)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make(map[string][]candidate, len(read))
 	for t, hs := range read {
@@ -93,7 +97,7 @@ func (cl *claimer) heads(ctx context.Context, now time.Time, ws []want, excluded
 		}
 		out[t] = cs
 	}
-	return out, nil
+	return out, p.Cut, nil
 }
 
 // gateSlack is how many extra heads per tenant a pass reads so that a gated key at the head of
@@ -248,20 +252,20 @@ func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg limits.Con
 		}
 		// More cached heads than the tenant's share: the pass ends at a tenant's last known
 		// head (see choose), and that should not happen on a cached one.
-		if cs := cl.headCache.take(w.tenant); len(cs) > w.room && !w.interactive && (!w.deeper || fits(cfg, us, cs) >= 0) {
+		if cs := cl.headCache.take(w.tenant); len(cs) > w.room && !w.interactive && !w.prioritized && (!w.deeper || fits(cfg, us, cs) >= 0) {
 			cands[w.tenant], full[w.tenant] = cs, true
 			continue
 		}
 		w.n = max(w.n, headsPerRead)
 		miss = append(miss, w)
 	}
-	read, err := cl.heads(ctx, now, miss, nil)
+	read, cut, err := cl.heads(ctx, now, cfg, miss, nil)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, w := range miss {
 		cs := read[w.tenant]
-		cands[w.tenant], full[w.tenant] = cs, len(cs) >= w.n
+		cands[w.tenant], full[w.tenant] = cs, len(cs) >= w.n || cut[w.tenant]
 		if full[w.tenant] {
 			cl.headCache.keep(w.tenant, cs)
 		} else {
@@ -324,13 +328,13 @@ func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, cfg limit
 		if len(again) == 0 {
 			return cands, full, nil
 		}
-		more, err := cl.heads(ctx, now, again, gated)
+		more, cut, err := cl.heads(ctx, now, cfg, again, gated)
 		if err != nil {
 			return nil, nil, err
 		}
 		for _, w := range again {
 			cands[w.tenant] = more[w.tenant]
-			full[w.tenant] = len(more[w.tenant]) >= w.n
+			full[w.tenant] = len(more[w.tenant]) >= w.n || cut[w.tenant]
 		}
 	}
 }

@@ -37,8 +37,11 @@ type claimer struct {
 	// passed (a job past its deadline is no candidate, so the pass that skips it may find the
 	// queue empty of candidates and set probe).
 	sawQueued bool
-	rrLast    string    // round_robin: the tenant served last
-	gatedSeen gatedSeen // rate keys found gated by recent passes
+	// sawPrioritized: a page since the last upkeep named a tenant with rows in job_priorities,
+	// some of which may belong to jobs that have ended (the upkeep deletes those).
+	sawPrioritized bool
+	rrLast         string    // round_robin: the tenant served last
+	gatedSeen      gatedSeen // rate keys found gated by recent passes
 	// resume is where the last pass's tenant pages ran out while they still gave too few
 	// eligible jobs (see candidates); nil once a pass has read to the last tenant with work.
 	resume *tenantKey

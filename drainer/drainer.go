@@ -442,6 +442,12 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	if p.Expired, err = d.expiry.RunOnce(ctx, now, queued); err != nil {
 		return hb != nil, err
 	}
+	if d.claims.sawPrioritized {
+		if err := store.DeleteEndedPriorities(ctx, d.cfg.DB, endedPrioritiesBatch); err != nil {
+			return hb != nil, err
+		}
+		d.claims.sawPrioritized = false
+	}
 	// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is dropped so
 	// that they are seen within one poll interval.
 	d.heads.reset()

@@ -23,6 +23,9 @@ type expirer struct {
 // holding thousands of row locks at once.
 const expireBatch, expireBatches = 500, 4
 
+// endedPrioritiesBatch bounds the job_priorities rows of ended jobs one upkeep deletes.
+const endedPrioritiesBatch = 1000
+
 // RunOnce moves to expired the queued jobs older than max_queue_age_seconds (0, the default, is
 // off) and, when queued is set (queued work may be waiting: the drainer left some behind, or is
 // paused), those past their start_by; an idle drainer with an empty queue spends no statement on

@@ -15,8 +15,9 @@ type tenantPage struct {
 	tenants []string
 	full    bool
 	after   tenantKey
-	// interactive are the tenants read that have interactive queued jobs (they go first).
-	interactive map[string]bool
+	// interactive are the tenants read that have interactive queued jobs (they go first), and
+	// prioritized those with jobs of another priority than the default.
+	interactive, prioritized map[string]bool
 	// only are the tenants read whose one queued job the read gave (store.TenantHead.Only).
 	only map[string]*store.QueuedJob
 }
@@ -83,11 +84,15 @@ func (cl *claimer) tenantsParams(cfg limits.Config, from tenantKey, first bool) 
 
 // pageOf turns the rows of a tenants page read from from into a page.
 func (cl *claimer) pageOf(cfg limits.Config, from tenantKey, rows []store.TenantHead) tenantPage {
-	p := tenantPage{full: len(rows) >= cl.tenantsPerPage(cfg), after: from, interactive: map[string]bool{}, only: map[string]*store.QueuedJob{}}
+	p := tenantPage{full: len(rows) >= cl.tenantsPerPage(cfg), after: from, interactive: map[string]bool{}, prioritized: map[string]bool{}, only: map[string]*store.QueuedJob{}}
 	for _, r := range rows {
 		p.tenants = append(p.tenants, r.Tenant)
 		if r.Interactive {
 			p.interactive[r.Tenant] = true
+		}
+		if r.Prioritized {
+			p.prioritized[r.Tenant] = true
+			cl.sawPrioritized = true
 		}
 		if r.Only != nil {
 			p.only[r.Tenant] = r.Only

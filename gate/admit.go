@@ -293,8 +293,8 @@ func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result
 	if len(old.Lanes) > 0 {
 		lanes = old.Lanes
 	}
-	interactive := old.Interactive
-	it := &item{req: Request{Tenant: old.Tenant, Payload: old.Payload, Lanes: lanes, Interactive: &interactive}, hash: old.RateKeySHA256,
+	interactive, priority := old.Interactive, old.Priority
+	it := &item{req: Request{Tenant: old.Tenant, Payload: old.Payload, Lanes: lanes, Interactive: &interactive, Priority: &priority}, hash: old.RateKeySHA256,
 		retryOf: &id, noRate: true, caller: old.Caller, actor: caller}
 	it.fp = it.req.fingerprint()
 	if err := a.run(ctx, []*item{it}, cfg, false); err != nil {

@@ -51,7 +51,7 @@ func (a *Admitter) newJobs(items []*item, st *state, perTenant bool) (store.NewJ
 			Lanes: it.req.Lanes, Interactive: it.req.interactive(),
 			Payload: []byte(it.req.Payload), IdempotencyKey: it.req.IdempotencyKey, RequestSHA256: it.fp,
 			Poke: it.scope == "" && (!perTenant || lastOf[it.req.Tenant] == i), Due: it.req.due(st.now), StartBy: it.req.startBy(),
-			ReplaceKey: it.req.ReplaceKey}
+			ReplaceKey: it.req.ReplaceKey, Priority: it.req.Priority}
 		if it.scope != "" {
 			j.Rejected = "queue full (" + it.scope + " depth cap)"
 		}

@@ -174,10 +174,10 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config
 	return rows, nil
 }
 
-// keyed reports whether it is inserted queued with a start deadline or a replace key, which
-// their tables record (store.RecordJobKeys).
+// keyed reports whether it is inserted queued with a start deadline, a replace key or a priority
+// other than the default, which their tables record (store.RecordJobKeys).
 func (it *item) keyed() bool {
-	return it.insert && it.scope == "" && (it.req.StartBy != nil || it.req.ReplaceKey != nil)
+	return it.insert && it.scope == "" && (it.req.StartBy != nil || it.req.ReplaceKey != nil || it.req.priority() != job.DefaultPriority)
 }
 
 // replace moves the queued jobs the inserted items replace to replaced (store.Replace): rows
@@ -226,7 +226,12 @@ func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *stat
 		var jobs []store.JobKeys
 		for _, it := range items {
 			if it.keyed() {
-				jobs = append(jobs, store.JobKeys{ID: it.id, Tenant: it.req.Tenant, StartBy: it.req.startBy(), ReplaceKey: it.req.ReplaceKey})
+				queuedAt := st.now
+				if due := it.req.due(st.now); due.After(st.now) {
+					queuedAt = due // scheduled: it joins its tenant's queue then (store.NewJob.Due)
+				}
+				jobs = append(jobs, store.JobKeys{ID: it.id, Tenant: it.req.Tenant, StartBy: it.req.startBy(), ReplaceKey: it.req.ReplaceKey,
+					Priority: it.req.Priority, QueuedAt: queuedAt})
 			}
 		}
 		if err := store.RecordJobKeys(ctx, tx.DB(), jobs); err != nil {

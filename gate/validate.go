@@ -41,6 +41,9 @@ type Request struct {
 	// ReplaceKey keeps only the newest queued job per key: an admission with it replaces its
 	// tenant's queued job with the same key (SPEC §6).
 	ReplaceKey *string `json:"replace_key,omitempty"`
+	// Priority (0-9, default 5) orders the tenant's queued jobs after the interactive ones:
+	// higher first, then by age (SPEC §5).
+	Priority *int `json:"priority,omitempty"`
 	// Aware: the request carried Sluice-Capacity-Aware: true, so its client handles a capacity
 	// refusal; with enforce_for=aware only such requests are refused on capacity (SPEC §5a).
 	Aware bool `json:"-"`
@@ -107,6 +110,10 @@ func (r *Request) Validate(maxPayload int) error {
 		case r.Queue != nil && !*r.Queue:
 			return job.Invalid("queue", "queue=false admits only a job that starts now; it replaces no queued job (replace_key)")
 		}
+	}
+	if r.Priority != nil && (*r.Priority < job.MinPriority || *r.Priority > job.MaxPriority) {
+		return job.Invalid("priority", "priority must be an integer from %d to %d (default %d), got %d",
+			job.MinPriority, job.MaxPriority, job.DefaultPriority, *r.Priority)
 	}
 	if len(r.Payload) > maxPayload {
 		return &job.Error{Code: job.CodePayloadTooLarge,
@@ -235,6 +242,14 @@ func (r *Request) knownLanes(cfg limits.Config) error {
 	return nil
 }
 
+// priority is the priority r asks for, job.DefaultPriority when none.
+func (r *Request) priority() int {
+	if r.Priority == nil {
+		return job.DefaultPriority
+	}
+	return *r.Priority
+}
+
 // interactive reports whether r asks for an interactive job.
 func (r *Request) interactive() bool { return r.Interactive != nil && *r.Interactive }
 
@@ -297,6 +312,9 @@ func (r *Request) fingerprint() []byte {
 	}
 	if r.refuseIfLate() {
 		write([]byte("L1"))
+	}
+	if p := r.priority(); p != job.DefaultPriority {
+		write([]byte("p" + strconv.Itoa(p)))
 	}
 	if r.ReplaceKey != nil {
 		write([]byte("R" + *r.ReplaceKey))

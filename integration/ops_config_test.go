@@ -37,8 +37,8 @@ func TestOpsConfigAPI(t *testing.T) {
 			t.Errorf("GET /v1/config lacks key %s", k)
 		}
 	}
-	if len(cfg) != 25 || cfg["ordering"] != "fair" || cfg["global_in_flight"] != 4.0 || cfg["audit_retention_days"] != 30.0 {
-		t.Errorf("defaults = %v, want the 25 keys of SPEC §9 with ordering fair, global_in_flight 4", cfg)
+	if len(cfg) != 26 || cfg["ordering"] != "fair" || cfg["global_in_flight"] != 4.0 || cfg["audit_retention_days"] != 30.0 {
+		t.Errorf("defaults = %v, want the 26 keys of SPEC §9 with ordering fair, global_in_flight 4", cfg)
 	}
 	if r := env.Do(t, http.MethodGet, "/v1/config", harness.ProducerToken, nil); r.Status != http.StatusForbidden {
 		t.Errorf("GET /v1/config as producer: HTTP %d, want 403", r.Status)

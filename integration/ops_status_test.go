@@ -67,7 +67,7 @@ func TestOpsStatus(t *testing.T) {
 			return false, err
 		}
 		return s == status.Active && st.InFlight == 2 && st.Queue.Depth == 1 && len(st.Tenants) == 1 &&
-			st.Tenants[0] == status.Tenant{Tenant: "acme", Depth: 1, OldestAgeSeconds: st.Tenants[0].OldestAgeSeconds, InFlight: 2, Cap: 2, Tier: "default"}, nil
+			st.Tenants[0] == status.Tenant{Tenant: "acme", Depth: 1, OldestAgeSeconds: st.Tenants[0].OldestAgeSeconds, InFlight: 2, Cap: 2, Tier: "default", Weight: 1}, nil
 	})
 
 	// Gated: a job whose executor answers 429 Retry-After 120 is requeued, not before two

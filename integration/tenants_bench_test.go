@@ -44,10 +44,10 @@ func BenchmarkTenantCount(b *testing.B) {
 }
 
 // BenchmarkWeightedPass is issue "weighted fairness"'s pass cost: claim passes (caps 64) over
-// 64 and over 100,000 tenants with one job each or more, unweighted and with weights (1,000
-// tenants with their own weight from 1 to 8, and 1,000 more in a tier of weight 3), and the
-// ratio of each weighted pass time to the unweighted one of the same tenant count (target:
-// within 2x at 100,000 tenants).
+// 64 and over 100,000 tenants with one job each or more, unweighted, with weights (1,000
+// tenants with their own weight from 1 to 8, and 1,000 more in a tier of weight 3), and with
+// weights and priorities (one job in 50 of priority 8 or 2), and the ratio of each pass time to
+// the unweighted one of the same tenant count (target: within 2x at 100,000 tenants).
 func BenchmarkWeightedPass(b *testing.B) {
 	weigh := func(db *testdb.DB) {
 		setLimits(b, db, func(c *limits.Config) {
@@ -58,18 +58,33 @@ func BenchmarkWeightedPass(b *testing.B) {
 			c.TierWeights = map[string]float64{"gold": 3}
 		})
 	}
+	// Weights, and one job in 50 of another priority than the default (half above, half below).
+	prioritize := func(db *testdb.DB) {
+		weigh(db)
+		ctx := context.Background()
+		if _, err := db.ExecContext(ctx, "UPDATE jobs SET priority = IF(id % 100 = 0, 8, 2) WHERE id % 50 = 0"); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := db.ExecContext(ctx, `INSERT INTO job_priorities (job_id, tenant, priority, queued_at)
+			SELECT id, tenant, priority, queued_at FROM jobs WHERE priority <> 5`); err != nil {
+			b.Fatal(err)
+		}
+	}
 	for range b.N {
 		out := map[string]any{}
 		for _, tenants := range []int{64, 100_000} {
 			jobs := max(tenants, 64*60)
 			plain, plainJobs, _ := passTimesWith(b, tenants, jobs, nil)
 			weighted, weightedJobs, _ := passTimesWith(b, tenants, jobs, weigh)
-			p, w := harness.Percentiles(plain, 50, 99), harness.Percentiles(weighted, 50, 99)
+			prio, prioJobs, _ := passTimesWith(b, tenants, jobs, prioritize)
+			p, w, q := harness.Percentiles(plain, 50, 99), harness.Percentiles(weighted, 50, 99), harness.Percentiles(prio, 50, 99)
 			n := strconv.Itoa(tenants)
-			out["tenants_"+n+"_p50_ms"], out["tenants_"+n+"_weighted_p50_ms"] = p[0], w[0]
-			out["tenants_"+n+"_p99_ms"], out["tenants_"+n+"_weighted_p99_ms"] = p[1], w[1]
+			out["tenants_"+n+"_p50_ms"], out["tenants_"+n+"_weighted_p50_ms"], out["tenants_"+n+"_prioritized_p50_ms"] = p[0], w[0], q[0]
+			out["tenants_"+n+"_p99_ms"], out["tenants_"+n+"_weighted_p99_ms"], out["tenants_"+n+"_prioritized_p99_ms"] = p[1], w[1], q[1]
 			out["tenants_"+n+"_jobs_per_pass"], out["tenants_"+n+"_weighted_jobs_per_pass"] = round2(plainJobs), round2(weightedJobs)
+			out["tenants_"+n+"_prioritized_jobs_per_pass"] = round2(prioJobs)
 			out["ratio_p50_"+n] = round2(w[0] / p[0])
+			out["ratio_prioritized_p50_"+n] = round2(q[0] / p[0])
 		}
 		harness.Emit("weighted_pass", out)
 	}

@@ -152,7 +152,7 @@ func TestOpenAPIValidatorRejects(t *testing.T) {
 	}
 	good := `{"id":1,"tenant":"a","rate_key_sha256":null,"status":"queued","version":0,"attempt":0,"position":1,
 		"queued_at":"2026-01-01T00:00:00Z","claimed_at":null,"dispatched_at":null,"started_at":null,"finished_at":null,
-		"error_code":null,"error_message":null,"result":null,"retry_of":null,"lanes":[],"interactive":false}`
+		"error_code":null,"error_message":null,"result":null,"retry_of":null,"lanes":[],"interactive":false,"priority":5}`
 	if err := spec.ValidateJSON("Job", []byte(good)); err != nil {
 		t.Fatalf("a valid job: %v", err)
 	}

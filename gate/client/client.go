@@ -148,6 +148,8 @@ type AdmitRequest struct {
 	Payload        any    `json:"payload,omitempty"`
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	Queue          *bool  `json:"queue,omitempty"`
+	// Priority (0-9, default 5) orders the tenant's own queued jobs, higher first.
+	Priority *int `json:"priority,omitempty"`
 }
 
 // Admit submits a job. A replayed idempotency key answers 200 and the job as it is now.

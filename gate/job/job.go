@@ -71,6 +71,9 @@ type Job struct {
 	Lanes []string `json:"lanes"`
 	// Interactive jobs may use the interactive reserve and go first within their tenant.
 	Interactive bool `json:"interactive"`
+	// Priority (0-9, DefaultPriority) orders its tenant's other queued jobs: higher first, then
+	// by age; a job queued longer than priority_aging_seconds goes as if at MaxPriority.
+	Priority int `json:"priority"`
 	// NotBefore, for a queued job, is the instant before which it is not claimed: the run_at or
 	// delay_seconds it was admitted with, or the retry time of an executor's 503 refusal.
 	NotBefore *time.Time `json:"not_before,omitempty"`
@@ -90,6 +93,13 @@ type Job struct {
 	WaitingUntil   *time.Time `json:"waiting_until,omitempty"`
 	EstimatedStart *time.Time `json:"estimated_start,omitempty"`
 }
+
+// Job priorities (SPEC §5).
+const (
+	MinPriority     = 0
+	DefaultPriority = 5
+	MaxPriority     = 9
+)
 
 // What holds a queued job (Job.WaitingOn; SPEC §6). A lane's scope is "lane:" and its name.
 const (

@@ -63,7 +63,7 @@ var specOrder = []string{"global_in_flight", "tenant_in_flight", "tenant_in_flig
 	"ordering", "execution_wall_seconds", "max_queue_age_seconds", "lease_seconds",
 	"nonce_ttl_seconds", "dispatch_attempts", "max_payload_bytes", "retention_days",
 	"outbox_retention_days", "lanes", "tenant_tiers", "tier_in_flight", "tier_tenant_in_flight",
-	"interactive_reserve", "enforce_for", "audit_retention_days", "tenant_weights", "tier_weights"}
+	"interactive_reserve", "enforce_for", "audit_retention_days", "tenant_weights", "tier_weights", "priority_aging_seconds"}
 
 // Apply returns base with changes applied, validated as a whole. Every key must be known and
 // every value of its documented JSON type; the first problem is returned as a *FieldError.

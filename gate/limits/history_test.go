@@ -78,8 +78,8 @@ func TestApply(t *testing.T) {
 	if err != nil || len(got.TenantInFlightOverrides) != 1 || got.TenantInFlightOverrides["new"] != 3 {
 		t.Errorf("overrides after replace = %v (%v), want only new:3", got.TenantInFlightOverrides, err)
 	}
-	if len(limits.Keys()) != 25 || limits.Keys()[0] != "global_in_flight" {
-		t.Errorf("Keys() = %v, want the 25 keys of SPEC §9 in its order", limits.Keys())
+	if len(limits.Keys()) != 26 || limits.Keys()[0] != "global_in_flight" {
+		t.Errorf("Keys() = %v, want the 26 keys of SPEC §9 in its order", limits.Keys())
 	}
 }
 

@@ -93,6 +93,9 @@ type Config struct {
 	TenantWeights map[string]float64 `json:"tenant_weights"`
 	// TierWeights maps a tier to the weight of each of its tenants (a tenant's own weight wins).
 	TierWeights map[string]float64 `json:"tier_weights"`
+	// PriorityAgingSeconds: a queued job waiting longer goes as if at the top priority, so that
+	// no priority starves; at most MaxSeconds. Default 300.
+	PriorityAgingSeconds int `json:"priority_aging_seconds"`
 }
 
 // EnforceFor values (SPEC §5a).
@@ -129,6 +132,7 @@ func Default() Config {
 		EnforceFor:              EnforceAll,
 		TenantWeights:           map[string]float64{},
 		TierWeights:             map[string]float64{},
+		PriorityAgingSeconds:    300,
 	}
 }
 
@@ -203,6 +207,9 @@ func (c Config) Lease() time.Duration { return seconds(c.LeaseSeconds) }
 // Wall returns the execution wall.
 func (c Config) Wall() time.Duration { return seconds(c.ExecutionWallSeconds) }
 
+// PriorityAging returns priority_aging_seconds as a duration.
+func (c Config) PriorityAging() time.Duration { return seconds(c.PriorityAgingSeconds) }
+
 // NonceTTL returns the nonce TTL.
 func (c Config) NonceTTL() time.Duration { return seconds(c.NonceTTLSeconds) }
 
@@ -249,6 +256,7 @@ func (c Config) Validate() error {
 		{"retention_days", c.RetentionDays},
 		{"outbox_retention_days", c.OutboxRetentionDays},
 		{"audit_retention_days", c.AuditRetentionDays},
+		{"priority_aging_seconds", c.PriorityAgingSeconds},
 	}
 	for _, f := range positive {
 		if f.v <= 0 {
@@ -265,6 +273,7 @@ func (c Config) Validate() error {
 		{"max_queue_age_seconds", c.MaxQueueAgeSeconds, MaxSeconds, "seconds (a year; 0 turns it off)"},
 		{"lease_seconds", c.LeaseSeconds, MaxSeconds, "seconds (a year)"},
 		{"nonce_ttl_seconds", c.NonceTTLSeconds, MaxSeconds, "seconds (a year)"},
+		{"priority_aging_seconds", c.PriorityAgingSeconds, MaxSeconds, "seconds (a year)"},
 		{"retention_days", c.RetentionDays, MaxDays, "days (100 years)"},
 		{"outbox_retention_days", c.OutboxRetentionDays, MaxDays, "days (100 years)"},
 		{"audit_retention_days", c.AuditRetentionDays, MaxDays, "days (100 years)"},

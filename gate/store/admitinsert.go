@@ -44,6 +44,16 @@ type NewJob struct {
 	// ReplaceKey, if set, is a queued job's replace_key (AdmissionTx.LockReplaceable,
 	// Store.Replace).
 	ReplaceKey *string
+	// Priority, if set, is the job's priority (SPEC §5); nil is job.DefaultPriority.
+	Priority *int
+}
+
+// priority is the priority j's row stores.
+func (j NewJob) priority() int {
+	if j.Priority == nil {
+		return job.DefaultPriority
+	}
+	return *j.Priority
 }
 
 // scheduled reports whether j is queued for later than now.
@@ -207,12 +217,13 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 	}
 	for start := 0; start < len(p.Jobs); start += insertChunk {
 		end := min(len(p.Jobs), start+insertChunk)
-		// Only a chunk with a scheduled job names not_before, one with a deadline start_by, and
-		// one with a replace key replace_key: the others keep the statement every admission
-		// sends.
+		// Only a chunk with a scheduled job names not_before, one with a deadline start_by, one
+		// with a replace key replace_key, and one with a priority other than the default
+		// priority: the others keep the statement every admission sends.
 		scheduled := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.scheduled(p.Now) })
 		deadlines := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.StartBy != nil && j.Rejected == "" })
 		keyed := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.ReplaceKey != nil && j.Rejected == "" })
+		prioritized := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.priority() != job.DefaultPriority })
 		var q strings.Builder
 		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
 			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, lanes, interactive`)
@@ -227,6 +238,10 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 		}
 		if keyed {
 			q.WriteString(", replace_key")
+			row += ",?"
+		}
+		if prioritized {
+			q.WriteString(", priority")
 			row += ",?"
 		}
 		row += ")"
@@ -261,6 +276,9 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 					key = *j.ReplaceKey
 				}
 				rowArgs = append(rowArgs, key)
+			}
+			if prioritized {
+				rowArgs = append(rowArgs, j.priority())
 			}
 			c.jobs = append(c.jobs, i)
 			if j.Rejected == "" && j.Poke {

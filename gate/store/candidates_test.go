@@ -201,3 +201,81 @@ func TestInteractiveHeads(t *testing.T) {
 		t.Errorf("ReadInFlightUsage: %+v (%v)", us, err)
 	}
 }
+
+// TestReadHeadsPriorities: a prioritized tenant's heads go interactive first, then by priority,
+// highest first, then by age; a job queued before AgedBefore goes as if at the top; the tenants
+// page flags the tenant; and when the age-ordered read is full, jobs below the default priority
+// are cut (more default jobs may lie beyond it) unless they are all that is left.
+func TestReadHeadsPriorities(t *testing.T) {
+	k := newKit(t)
+	p := func(n int) *int { return &n }
+	at := func(s int) time.Time { return k.now.Add(time.Duration(s-100) * time.Second) }
+	low := k.insert(jobSpec{tenant: "a", queuedAt: at(1), priority: p(2)})
+	old := k.insert(jobSpec{tenant: "a", queuedAt: at(0), priority: p(0)}) // aged below
+	def1 := k.insert(jobSpec{tenant: "a", queuedAt: at(2)})
+	high := k.insert(jobSpec{tenant: "a", queuedAt: at(3), priority: p(8)})
+	top := k.insert(jobSpec{tenant: "a", queuedAt: at(4), priority: p(9)})
+	inter := k.insert(jobSpec{tenant: "a", queuedAt: at(5), interactive: true})
+	def2 := k.insert(jobSpec{tenant: "a", queuedAt: at(6)})
+	k.insert(jobSpec{tenant: "a", queuedAt: at(-1), priority: p(9), status: job.Succeeded}) // ended: passed over
+	plain := k.insert(jobSpec{tenant: "b"})
+
+	page, err := store.ReadTenantPage(k.ctx, k.db, store.TenantPageParams{FromStart: true, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := map[string]bool{}
+	for _, h := range page.Tenants {
+		flags[h.Tenant] = h.Prioritized
+	}
+	if !flags["a"] || flags["b"] {
+		t.Errorf("prioritized flags %v, want a only", flags)
+	}
+	read := func(n int, aged time.Time) ([]int64, bool) {
+		t.Helper()
+		cut := map[string]bool{}
+		got, err := store.ReadHeads(k.ctx, k.db, store.HeadsParams{Now: k.now, AgedBefore: aged, Cut: cut,
+			Tenants: []store.HeadsWant{{Tenant: "a", N: n, Interactive: true, Prioritized: true}, {Tenant: "b", N: n}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got["b"]) != 1 || got["b"][0].ID != plain || cut["b"] {
+			t.Errorf("b's heads %v (cut %v), want its one job", got["b"], cut["b"])
+		}
+		var ids []int64
+		for _, h := range got["a"] {
+			ids = append(ids, h.ID)
+		}
+		return ids, cut["a"]
+	}
+	// All read: interactive, 9, 8, the default ones by age, then 2, then 0; the ended job of
+	// priority 9 is passed over.
+	if got, cut := read(10, time.Time{}); !slices.Equal(got, []int64{inter, top, high, def1, def2, low, old}) || cut {
+		t.Errorf("heads %v (cut %v), want %v", got, cut, []int64{inter, top, high, def1, def2, low, old})
+	}
+	// Aged (queued before at(0.5)): the priority-0 job goes as if at the top, before 9 (older).
+	if got, _ := read(10, at(0).Add(500*time.Millisecond)); !slices.Equal(got, []int64{inter, old, top, high, def1, def2, low}) {
+		t.Errorf("with the oldest aged: %v, want %v", got, []int64{inter, old, top, high, def1, def2, low})
+	}
+	// N = 3: the age-ordered read (old, low, def1) is full, so def2 may lie beyond it: low and
+	// old, below the default, are cut, and the tenant is marked.
+	if got, cut := read(3, time.Time{}); !slices.Equal(got, []int64{inter, top, high, def1}) || !cut {
+		t.Errorf("N 3: heads %v (cut %v), want %v and cut", got, cut, []int64{inter, top, high, def1})
+	}
+	// Only jobs below the default are left: they go, whatever the read's size.
+	k.exec("UPDATE jobs SET status = 'canceled', finished_at = ? WHERE id IN (?, ?, ?, ?, ?)", k.now, def1, high, top, inter, def2)
+	if got, cut := read(1, time.Time{}); !slices.Equal(got, []int64{low, old}) || cut {
+		t.Errorf("only low ones left, N 1: heads %v (cut %v), want %v", got, cut, []int64{low, old})
+	}
+
+	// The upkeep's delete: the rows of ended jobs go, those of queued jobs stay.
+	if err := store.DeleteEndedPriorities(k.ctx, k.db, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := k.count("SELECT COUNT(*) FROM job_priorities"); n != 2 {
+		t.Errorf("%d job_priorities rows after the delete, want 2 (low, old)", n)
+	}
+	if n := k.count("SELECT COUNT(*) FROM job_priorities WHERE job_id IN (?, ?)", low, old); n != 2 {
+		t.Errorf("the queued jobs' rows: %d of 2 left", n)
+	}
+}

@@ -174,6 +174,7 @@ type Head struct {
 	Version     int64
 	Lanes       []string // nil for none
 	Interactive bool
+	Priority    int
 }
 
 // Unit is what h asks of the caps.
@@ -187,15 +188,33 @@ func (r Row) Unit() limits.Unit {
 }
 
 // before reports whether h goes before o in a tenant's queue: its interactive jobs first (SPEC
-// §5a), each kind in (queued_at, id) order.
-func (h Head) before(o Head) bool {
+// §5a), then by priority, highest first, a job queued before aged (not zero) as if at
+// job.MaxPriority (SPEC §5), then in (queued_at, id) order.
+func (h Head) before(o Head, aged time.Time) bool {
 	if h.Interactive != o.Interactive {
 		return h.Interactive
+	}
+	if hp, op := h.effectivePriority(aged), o.effectivePriority(aged); hp != op {
+		return hp > op
 	}
 	if !h.QueuedAt.Equal(o.QueuedAt) {
 		return h.QueuedAt.Before(o.QueuedAt)
 	}
 	return h.ID < o.ID
+}
+
+// effectivePriority is h's priority, or job.MaxPriority once it was queued before aged.
+func (h Head) effectivePriority(aged time.Time) int {
+	if !aged.IsZero() && h.QueuedAt.Before(aged) {
+		return job.MaxPriority
+	}
+	return h.Priority
+}
+
+// belowDefault reports whether h goes after every default-priority job of its tenant that is not
+// interactive: a plain job of a lower priority, not aged.
+func (h Head) belowDefault(aged time.Time) bool {
+	return !h.Interactive && h.effectivePriority(aged) < job.DefaultPriority
 }
 
 // ClaimJob is a job a claim chose, as read before the claim transaction, with the nonce hash the

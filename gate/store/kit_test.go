@@ -71,6 +71,7 @@ type jobSpec struct {
 	lanes       string     // stored form: sorted, comma-joined
 	interactive bool
 	startBy     *time.Time
+	priority    *int // default job.DefaultPriority; another one is recorded in job_priorities
 }
 
 // insert writes spec as a job row (and its tenant's row if missing), recounts its tenant's
@@ -131,6 +132,12 @@ func (k *kit) insert(spec jobSpec) int64 {
 		k.t.Fatalf("insert %+v: %v", spec, err)
 	}
 	id, _ := res.LastInsertId()
+	if spec.priority != nil {
+		k.exec("UPDATE jobs SET priority = ? WHERE id = ?", *spec.priority, id)
+		if *spec.priority != job.DefaultPriority {
+			k.exec("INSERT INTO job_priorities (job_id, tenant, priority, queued_at) VALUES (?, ?, ?, ?)", id, spec.tenant, *spec.priority, spec.queuedAt)
+		}
+	}
 	if spec.startBy != nil {
 		k.exec("UPDATE jobs SET start_by = ? WHERE id = ?", *spec.startBy, id)
 		k.exec("INSERT INTO job_deadlines (job_id, start_by) VALUES (?, ?)", id, *spec.startBy)

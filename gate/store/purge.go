@@ -85,6 +85,38 @@ func purgeReplaceKeys(ctx context.Context, db sqldb.DB, bound int64) error {
 	return nil
 }
 
+// DeleteEndedPriorities deletes up to limit rows of job_priorities (migration 0022) whose jobs
+// have ended or are gone: a heads read passes over them, and this keeps them few. A job that
+// has ended never returns to the queue, so the rows read are deleted by their ids without a
+// lock; the read walks the small table, whose rows are the queued and running jobs of another
+// priority than the default and those ended since the last call.
+func DeleteEndedPriorities(ctx context.Context, db sqldb.DB, limit int) error {
+	rows, err := db.QueryContext(ctx, `SELECT p.job_id FROM job_priorities p LEFT JOIN jobs j ON j.id = p.job_id
+		WHERE j.id IS NULL OR j.status NOT IN ('queued','claimed','dispatched','running') LIMIT ?`, limit)
+	if err != nil {
+		return fmt.Errorf("delete the priorities of ended jobs: %w", err)
+	}
+	var ended []any
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return fmt.Errorf("delete the priorities of ended jobs: %w", err)
+		}
+		ended = append(ended, id)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("delete the priorities of ended jobs: %w", err)
+	}
+	if len(ended) == 0 {
+		return nil
+	}
+	if _, err := db.ExecContext(ctx, `DELETE FROM job_priorities WHERE job_id IN (`+Placeholders(len(ended))+`)`, ended...); err != nil {
+		return fmt.Errorf("delete the priorities of ended jobs: %w", err)
+	}
+	return nil
+}
+
 // batchTenants returns the tenants q (one column) lists.
 func batchTenants(ctx context.Context, db sqldb.DB, q string, args ...any) ([]any, error) {
 	rows, err := db.QueryContext(ctx, q, args...)

@@ -84,14 +84,22 @@ type JobKeys struct {
 	Tenant     string
 	StartBy    *time.Time
 	ReplaceKey *string
+	// Priority, if set and not job.DefaultPriority, is recorded in job_priorities (migration
+	// 0022) with QueuedAt, the job's place in its tenant's queue.
+	Priority *int
+	QueuedAt time.Time
 }
 
 // RecordJobKeys writes, in tx, the admission's transaction that inserted jobs, each job's
-// deadline into job_deadlines and its replace key into replace_keys (the key now maps to it; in
-// jobs' order, so the last job of a key wins). Jobs with neither are skipped; none, no statement.
+// deadline into job_deadlines, its priority, if not the default, into job_priorities, and its
+// replace key into replace_keys (the key now maps to it; in jobs' order, so the last job of a key
+// wins). Jobs with none of them are skipped; none, no statement.
 func RecordJobKeys(ctx context.Context, tx sqldb.DB, jobs []JobKeys) error {
-	var deadlines, keys []any
+	var deadlines, keys, priorities []any
 	for _, j := range jobs {
+		if j.Priority != nil && *j.Priority != job.DefaultPriority {
+			priorities = append(priorities, j.ID, j.Tenant, *j.Priority, j.QueuedAt)
+		}
 		if j.StartBy != nil {
 			deadlines = append(deadlines, j.ID, *j.StartBy)
 		}
@@ -103,6 +111,12 @@ func RecordJobKeys(ctx context.Context, tx sqldb.DB, jobs []JobKeys) error {
 		if _, err := tx.ExecContext(ctx, "INSERT INTO job_deadlines (job_id, start_by) VALUES "+
 			strings.TrimSuffix(strings.Repeat("(?,?),", len(deadlines)/2), ","), deadlines...); err != nil {
 			return fmt.Errorf("record start deadlines: %w", err)
+		}
+	}
+	if len(priorities) > 0 {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO job_priorities (job_id, tenant, priority, queued_at) VALUES "+
+			strings.TrimSuffix(strings.Repeat("(?,?,?,?),", len(priorities)/4), ","), priorities...); err != nil {
+			return fmt.Errorf("record priorities: %w", err)
 		}
 	}
 	if len(keys) > 0 {

@@ -39,7 +39,7 @@ const Columns = `id, tenant, rate_key_sha256, status, version, attempt, queued_a
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, payload,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
 	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive,
-	start_sha256, start_by, replace_key, replaced_by`
+	start_sha256, start_by, replace_key, replaced_by, priority`
 
 // ListColumns is Columns with only what a job's JSON shows (job.Job, the result included) read
 // from the row, and NULL or zero in place of the rest, for ScanRow: a listing of up to 1,000 jobs
@@ -49,7 +49,7 @@ const ListColumns = `id, tenant, rate_key_sha256, status, version, attempt, queu
 	dispatched_at, started_at, finished_at, error_code, error_message, result, retry_of, NULL,
 	0, NULL, NULL, NULL, NULL, '',
 	NULL, NULL, not_before, NULL, 0, lanes, interactive,
-	NULL, start_by, replace_key, replaced_by`
+	NULL, start_by, replace_key, replaced_by, priority`
 
 // LockColumns is Columns with NULL in place of the result and the payload, for ScanRow: what a
 // transition needs of the rows it locks, without reading back up to 256 KiB of payload a job.
@@ -57,7 +57,7 @@ const LockColumns = `id, tenant, rate_key_sha256, status, version, attempt, queu
 	dispatched_at, started_at, finished_at, error_code, error_message, NULL, retry_of, NULL,
 	dispatch_failures, nonce_sha256, nonce_expires_at, lease_until, drainer_id, caller,
 	idempotency_key, request_sha256, not_before, voided_nonce_sha256, refusals, lanes, interactive,
-	start_sha256, start_by, replace_key, replaced_by`
+	start_sha256, start_by, replace_key, replaced_by, priority`
 
 // Scanner is *sql.Row or *sql.Rows.
 type Scanner interface{ Scan(dest ...any) error }
@@ -75,7 +75,7 @@ func ScanRow(s Scanner) (Row, error) {
 		&dispatched, &started, &finished, &errCode, &errMsg, &result, &retryOf, &r.Payload,
 		&r.DispatchFailures, &r.NonceSHA256, &nonceExp, &lease, &drainerID, &r.Caller,
 		&idemKey, &r.RequestSHA256, &notBefore, &r.VoidedNonce, &r.Refusals, &lanes, &r.Interactive,
-		&r.StartSHA256, &startBy, &replaceKey, &replacedBy)
+		&r.StartSHA256, &startBy, &replaceKey, &replacedBy, &r.Priority)
 	if err != nil {
 		return r, err
 	}

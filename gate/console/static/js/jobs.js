@@ -175,6 +175,7 @@ export async function jobPage(v) {
       field('Rate key (SHA-256)', j.rate_key_sha256 ? h('span', {class: 'mono'}, j.rate_key_sha256) : null),
       field('Lanes', j.lanes && j.lanes.length ? j.lanes.join(', ') : null),
       field('Interactive', j.interactive === undefined ? null : String(j.interactive)),
+      field('Priority', j.priority === undefined ? null : String(j.priority)),
       field('Queued at', fmt.when(j.queued_at), 'job-queued-at'),
       field('Claimed at', fmt.when(j.claimed_at)),
       field('Dispatched at', fmt.when(j.dispatched_at)),
