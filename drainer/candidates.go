@@ -216,12 +216,13 @@ func after(cfg limits.Config, a, b tenantKey) bool {
 
 // enough reports whether cands fill free slots with jobs that no unread tenant could go before:
 // under fair, only tenants with nothing in flight count (an unread tenant with nothing in flight
-// goes before a read one with jobs in flight); under fifo and round_robin, every candidate does
+// goes before a read one with jobs in flight), and so under fair_time, as an approximation (an
+// unread tenant's time used is not known); under fifo and round_robin, every candidate does
 // (pages come in the ordering's own order).
 func enough(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, free int) bool {
 	n := 0
 	for t, cs := range cands {
-		if cfg.Ordering == limits.Fair && inFlight[t] > 0 {
+		if (cfg.Ordering == limits.Fair || cfg.Ordering == limits.FairTime) && inFlight[t] > 0 {
 			continue
 		}
 		n += min(len(cs), max(cfg.TenantCap(t)-inFlight[t], 0))

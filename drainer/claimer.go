@@ -40,8 +40,12 @@ type claimer struct {
 	// sawPrioritized: a page since the last upkeep named a tenant with rows in job_priorities,
 	// some of which may belong to jobs that have ended (the upkeep deletes those).
 	sawPrioritized bool
-	rrLast         string    // round_robin: the tenant served last
-	gatedSeen      gatedSeen // rate keys found gated by recent passes
+	// timeUsed is the executor time used of the tenants of this pass's candidates, read before
+	// the pass chooses under fair_time (store.TimeUsed), with the time their jobs in flight have
+	// run so far; nil otherwise.
+	timeUsed  map[string]float64
+	rrLast    string    // round_robin: the tenant served last
+	gatedSeen gatedSeen // rate keys found gated by recent passes
 	// resume is where the last pass's tenant pages ran out while they still gave too few
 	// eligible jobs (see candidates); nil once a pass has read to the last tenant with work.
 	resume *tenantKey
@@ -183,6 +187,19 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatc
 	cands, more, unread, err := cl.candidates(ctx, now, cfg, us, page)
 	if err != nil || len(cands) == 0 {
 		return nil, false, err
+	}
+	cl.timeUsed = nil
+	if cfg.Ordering == limits.FairTime {
+		tenants := make([]string, 0, len(cands))
+		for t := range cands {
+			tenants = append(tenants, t)
+		}
+		if cl.timeUsed, err = store.TimeUsed(ctx, cl.cfg.DB, tenants); err != nil {
+			return nil, false, err
+		}
+		for t, s := range page.running {
+			cl.timeUsed[t] += s // charged at their outcomes; counted meanwhile
+		}
 	}
 	return cl.claimCandidates(ctx, now, cands, more, unread, outs, state)
 }

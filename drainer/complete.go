@@ -31,6 +31,7 @@ type outcomeReq struct {
 	ans       executor.Answer
 	gateRetry int        // the gate the answer asked for, in seconds (0: none)
 	gated     bool       // the gate store took that gate
+	answered  time.Time  // when the answer arrived (Config.Clock), for store.Outcome.EndedAt
 	done      chan error // batchCompleter: the batch writer's answer
 	// reclaimed is set, before done is answered, when the pass that wrote the outcome claimed in
 	// the same transaction what it freed, or found nothing to claim in it: no pass need be woken
@@ -301,7 +302,7 @@ func (w *outcomeWriter) outcome(now time.Time, r store.Row, req *outcomeReq) sto
 	switch ans.Kind {
 	case executor.Done:
 		return store.Outcome{Status: job.Status(ans.Status), ErrorCode: ans.ErrorCode, ErrorMessage: ans.ErrorMessage, Result: ans.Result,
-			Reported: true}
+			Reported: true, EndedAt: req.answered}
 	case executor.RateLimited:
 		if !refusedUnstarted {
 			return store.Outcome{Status: job.Failed, ErrorCode: string(job.CodeRateLimited), ErrorMessage: "the executor answered 429 after the start"}

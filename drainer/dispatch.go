@@ -121,6 +121,9 @@ func (s *dispatcher) record(ctx context.Context, c claimed, ans executor.Answer,
 		return false, s.leaseToWall(ctx, c)
 	}
 	req := &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated}
+	if s.cfg.Clock != nil {
+		req.answered, _ = s.cfg.Clock.Now(ctx) // unknown (zero): the write's time is charged
+	}
 	err = s.complete.record(ctx, req)
 	return req.reclaimed, err
 }

@@ -20,7 +20,7 @@ type picker struct {
 }
 
 func (cl *claimer) picker(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) *picker {
-	p := &picker{cl: cl, h: &tenantHeap{cfg: cfg, cands: cands, inFlight: inFlight}}
+	p := &picker{cl: cl, h: &tenantHeap{cfg: cfg, cands: cands, inFlight: inFlight, used: cl.timeUsed}}
 	if cfg.Ordering == limits.RoundRobin {
 		return p
 	}
@@ -57,13 +57,15 @@ func (p *picker) next(skip map[string]bool) string {
 }
 
 // tenantHeap is the tenants that may go, least first in fair's order (the lowest in flight ÷
-// weight, then the oldest head) or fifo's (the oldest head). Every order is total (job ids break the ties).
+// weight, then the oldest head), fair_time's (fairOrder) or fifo's (the oldest head). Every order is total (job ids break the ties).
 type tenantHeap struct {
 	cfg      limits.Config
 	cands    map[string][]candidate
 	inFlight map[string]int
-	ordered  bool // fair or fifo: ts is a heap
+	ordered  bool // fair, fair_time or fifo: ts is a heap
 	ts       []string
+	// used is each tenant's executor time used (store.TimeUsed), for fair_time.
+	used map[string]float64
 }
 
 // open reports whether tenant t may go: it has a candidate, room under its cap, and is not in
@@ -76,14 +78,8 @@ func (h *tenantHeap) Len() int { return len(h.ts) }
 
 func (h *tenantHeap) Less(i, j int) bool {
 	a, b := h.ts[i], h.ts[j]
-	if h.cfg.Ordering == limits.Fair {
-		na, nb := h.inFlight[a], h.inFlight[b]
-		if h.cfg.FairBefore(a, na, b, nb) {
-			return true
-		}
-		if h.cfg.FairBefore(b, nb, a, na) {
-			return false
-		}
+	if before, tie := fairOrder(h.cfg, h.used, a, h.inFlight[a], b, h.inFlight[b]); !tie {
+		return before
 	}
 	return h.cands[a][0].before(h.cands[b][0])
 }
@@ -96,6 +92,27 @@ func (h *tenantHeap) Pop() any {
 	t := h.ts[len(h.ts)-1]
 	h.ts = h.ts[:len(h.ts)-1]
 	return t
+}
+
+// fairOrder compares tenants a and b, with na and nb units in flight, under cfg's ordering:
+// before reports whether a goes strictly before b, tie whether neither does (the oldest head
+// decides). fair compares in flight ÷ weight (limits.Config.FairBefore); fair_time the executor
+// time used (used, decayed) plus limits.FairTimeHorizon for each unit held, ÷ weight; fifo and
+// round_robin always tie.
+func fairOrder(cfg limits.Config, used map[string]float64, a string, na int, b string, nb int) (before, tie bool) {
+	switch cfg.Ordering {
+	case limits.Fair:
+		if cfg.FairBefore(a, na, b, nb) {
+			return true, false
+		}
+		return false, !cfg.FairBefore(b, nb, a, na)
+	case limits.FairTime:
+		h := limits.FairTimeHorizon.Seconds()
+		sa := (used[a] + float64(na)*h) * cfg.Weight(b)
+		sb := (used[b] + float64(nb)*h) * cfg.Weight(a)
+		return sa < sb, sa == sb
+	}
+	return false, true
 }
 
 // pick returns the tenant whose head job goes next under cfg.Ordering, or "" if none may: one
@@ -129,9 +146,11 @@ func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFligh
 			if best != "" && !cs[0].before(bestHead) {
 				continue
 			}
-		default: // fair: the lowest in flight ÷ weight, then the oldest head
-			if best != "" && !cfg.FairBefore(t, n, best, bestN) && (cfg.FairBefore(best, bestN, t, n) || !cs[0].before(bestHead)) {
-				continue
+		default: // fair and fair_time: the lowest share used ÷ weight, then the oldest head
+			if best != "" {
+				if before, tie := fairOrder(cfg, cl.timeUsed, t, n, best, bestN); !before && (!tie || !cs[0].before(bestHead)) {
+					continue
+				}
 			}
 		}
 		best, bestN, bestHead = t, n, cs[0]

@@ -79,14 +79,18 @@ func TestPickerMatchesPick(t *testing.T) {
 	for round := range 300 {
 		cfg := limits.Default()
 		cfg.TenantInFlight = 1 + rng.IntN(4)
-		cfg.Ordering = []limits.Ordering{limits.Fair, limits.FIFO, limits.RoundRobin}[round%3]
+		cfg.Ordering = []limits.Ordering{limits.Fair, limits.FIFO, limits.RoundRobin, limits.FairTime}[round%4]
 		weighted := round%2 == 0
+		used := map[string]float64{}
 		cands, inFlight := map[string][]candidate{}, map[string]int{}
 		id := int64(0)
 		for i := range 1 + rng.IntN(12) {
 			tenant := fmt.Sprintf("t%02d", i)
 			if weighted && rng.IntN(2) == 0 {
 				cfg.TenantWeights[tenant] = []float64{0.5, 2, 3, 4}[rng.IntN(4)]
+			}
+			if rng.IntN(3) > 0 {
+				used[tenant] = float64(rng.IntN(4)) * 0.5 // ties too
 			}
 			inFlight[tenant] = rng.IntN(3)
 			for range rng.IntN(5) {
@@ -130,12 +134,12 @@ func TestPickerMatchesPick(t *testing.T) {
 			return order
 		}
 		c1, n1 := copyState()
-		scan := &claimer{}
+		scan := &claimer{timeUsed: used}
 		want := walk(func(c map[string][]candidate, n map[string]int, skip map[string]bool) string {
 			return scan.pick(cfg, c, n, skip)
 		}, c1, n1)
 		c2, n2 := copyState()
-		p := (&claimer{}).picker(cfg, c2, n2)
+		p := (&claimer{timeUsed: used}).picker(cfg, c2, n2)
 		got := walk(func(_ map[string][]candidate, _ map[string]int, skip map[string]bool) string { return p.next(skip) }, c2, n2)
 		if !slices.Equal(got, want) {
 			t.Fatalf("round %d (%s, cap %d): picker %v, pick %v", round, cfg.Ordering, cfg.TenantInFlight, got, want)
@@ -242,6 +246,45 @@ func TestChooseKeepsCapsWithWeights(t *testing.T) {
 				t.Fatalf("round %d: %s's job %d fits after the pass and was left", round, tenant, cs[i].id)
 			}
 		}
+	}
+}
+
+// TestPickFairTime: under fair_time the tenant with the least executor time used (plus a second
+// for each unit it holds), divided by its weight, goes first; a tenant never charged counts as
+// none used; ties go to the oldest head.
+func TestPickFairTime(t *testing.T) {
+	cfg := limits.Default()
+	cfg.Ordering = limits.FairTime
+	cfg.GlobalInFlight, cfg.TenantInFlight = 8, 8
+	cands := func() map[string][]candidate {
+		out := map[string][]candidate{}
+		id := int64(0)
+		for i, tenant := range []string{"long", "short", "new"} {
+			for j := range 4 {
+				id++
+				out[tenant] = append(out[tenant], cand(id, tenant, i*10+j))
+			}
+		}
+		return out
+	}
+	// long used 30 s, short 4 s: short first while its share is lower; new, never charged,
+	// first of all.
+	cl := &claimer{timeUsed: map[string]float64{"long": 30, "short": 4}}
+	inFlight := map[string]int{}
+	got := pickAll(cl, cfg, cands(), inFlight, 8)
+	if want := []int64{9, 10, 11, 12, 5, 6, 7, 8}; !slices.Equal(got, want) {
+		t.Errorf("picked %v, want new's four (0 s), then short's (4 s + 1 s a unit stays below 30 s)", got)
+	}
+	// Weights: long at weight 10 counts 3 s, below short's 4 s.
+	cfg.TenantWeights = map[string]float64{"long": 10}
+	cl = &claimer{timeUsed: map[string]float64{"long": 30, "short": 4, "new": 100}}
+	if got := pickAll(cl, cfg, cands(), map[string]int{}, 1); !slices.Equal(got, []int64{1}) {
+		t.Errorf("weighted: picked %v, want long's first job", got)
+	}
+	// Ties (none used, nothing in flight): the oldest head.
+	cl = &claimer{}
+	if got := pickAll(cl, cfg, cands(), map[string]int{}, 1); !slices.Equal(got, []int64{1}) {
+		t.Errorf("ties: picked %v, want the oldest head (long's 1)", got)
 	}
 }
 

@@ -20,6 +20,9 @@ type tenantPage struct {
 	interactive, prioritized map[string]bool
 	// only are the tenants read whose one queued job the read gave (store.TenantHead.Only).
 	only map[string]*store.QueuedJob
+	// running is how long each tenant's jobs in flight have run, under fair_time, as the pass's
+	// first read found them (store.TenantPage.Running).
+	running map[string]float64
 }
 
 // tenantKey is a position in the tenants index of an ordering: (head_at, head_id) for fair and
@@ -55,7 +58,9 @@ func (cl *claimer) passState(ctx context.Context, cfg limits.Config) (us limits.
 	if err != nil {
 		return us, page, err
 	}
-	return read.Usage, cl.pageOf(cfg, tenantKey{}, read.Tenants), nil
+	page = cl.pageOf(cfg, tenantKey{}, read.Tenants)
+	page.running = read.Running
+	return read.Usage, page, nil
 }
 
 // nextTenants reads the page of tenants with work that follows prev.

@@ -149,7 +149,8 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.LaneStall == 0 {
 		cfg.LaneStall = 5 * time.Millisecond
 	}
-	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, AuditOff: cfg.AuditOff}, stmts: store.NewStmtCache(cfg.TxDB),
+	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, AuditOff: cfg.AuditOff,
+		ChargeTime: func() bool { return cfg.Limits.Current().Config.Ordering == limits.FairTime }}, stmts: store.NewStmtCache(cfg.TxDB),
 		combine: combiner{lanes: cfg.Lanes, stallAfter: max(cfg.LaneStall, 0)}}
 	a.combine.run = a.run
 	return a, nil

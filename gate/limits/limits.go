@@ -26,7 +26,21 @@ const (
 	FIFO Ordering = "fifo"
 	// RoundRobin: tenants in turn.
 	RoundRobin Ordering = "round_robin"
+	// FairTime: the tenant furthest below its weighted share of executor time first: the time
+	// its jobs used from start to outcome over FairTimeWindow, and its jobs in flight so far,
+	// plus FairTimeHorizon for each unit it holds, divided by its weight; ties by the oldest
+	// eligible job.
+	FairTime Ordering = "fair_time"
 )
+
+// FairTimeWindow is fair_time's sliding window: time used counts with the weight e^(-age/window),
+// so that a minute ago counts about a third as much as now.
+const FairTimeWindow = time.Minute
+
+// FairTimeHorizon is what fair_time charges ahead for each unit a tenant holds, beside the time
+// its jobs in flight have run so far: a job just started has run nothing, so without it one pass
+// would give every free unit to the tenant furthest behind.
+const FairTimeHorizon = 250 * time.Millisecond
 
 // Admission rollout modes (SPEC §5).
 const (
@@ -51,7 +65,7 @@ type Config struct {
 	AdmissionMode string `json:"admission_mode"`
 	// AdmissionRatePerMinute limits admissions per tenant per minute. Default 0 (off).
 	AdmissionRatePerMinute int `json:"admission_rate_per_minute"`
-	// Ordering is fair, fifo or round_robin. Default fair.
+	// Ordering is fair, fair_time, fifo or round_robin. Default fair.
 	Ordering Ordering `json:"ordering"`
 	// ExecutionWallSeconds bounds dispatch to outcome, at most MaxSeconds. Default 310.
 	ExecutionWallSeconds int `json:"execution_wall_seconds"`
@@ -332,9 +346,9 @@ func (c Config) Validate() error {
 		return invalidf("admission_mode", "must be enforce, shadow or off, got %q", c.AdmissionMode)
 	}
 	switch c.Ordering {
-	case Fair, FIFO, RoundRobin:
+	case Fair, FIFO, RoundRobin, FairTime:
 	default:
-		return invalidf("ordering", "must be fair, fifo or round_robin, got %q", c.Ordering)
+		return invalidf("ordering", "must be fair, fair_time, fifo or round_robin, got %q", c.Ordering)
 	}
 	if c.MaxPayloadBytes > MaxPayloadCap {
 		return invalidf("max_payload_bytes", "at most %d (what one statement to the database can carry), got %d", MaxPayloadCap, c.MaxPayloadBytes)

@@ -65,6 +65,9 @@ type TenantHead struct {
 type TenantPage struct {
 	Tenants []TenantHead
 	Usage   limits.Usage // WithInFlight: the jobs in flight and live slots by capacity class
+	// Running, WithInFlight under ordering fair_time, is how long each tenant's jobs in flight
+	// have run so far, in seconds, summed (since their start, else their dispatch).
+	Running map[string]float64
 }
 
 // dueNow is the latest queued_at of a job due now: the database's clock, which every admission
@@ -77,7 +80,10 @@ const dueNow = "UTC_TIMESTAMP(6)"
 // head_id, has interactive queued jobs, NULL, has rows in job_priorities, and the tenant's only queued job's id, rate key,
 // queued_at, version, lanes, interactive, not_before, or NULLs) (ReadTenantPage adds the jobs in
 // flight as rows (tenant, 1, NULL, NULL, interactive, lanes, NULLs)). Whether it has jobs of
-// another priority than the default is one dive into the small job_priorities table. fair and fifo walk the
+// another priority than the default is one dive into the small job_priorities table, made only
+// when that table has a row at all: an uncorrelated sub-select, evaluated once a statement, so
+// that a queue that uses no priority pays one dive a page, not one a tenant (a dive a tenant cost
+// the drain 4-7 %, make benchcmp BASE=ca44c90). fair and fifo walk the
 // head index (every tenant's oldest queued job, oldest first); round_robin walks work_tenant by
 // name from the tenant served last to the end, then from the first name up to it. Whether a
 // tenant has interactive queued jobs is one dive into the interactive_queue index per tenant
@@ -89,7 +95,8 @@ func tenantsSQL(p TenantPageParams) (string, []any) {
 	n := p.Limit
 	const cols = `SELECT tenants.tenant, NULL, head_at, head_id,
 		EXISTS (SELECT 1 FROM jobs FORCE INDEX (interactive_queue) WHERE interactive_tenant = tenants.tenant), NULL,
-		EXISTS (SELECT 1 FROM job_priorities FORCE INDEX (tenant_order) WHERE job_priorities.tenant = tenants.tenant),
+		IF((SELECT EXISTS (SELECT 1 FROM job_priorities)),
+			EXISTS (SELECT 1 FROM job_priorities FORCE INDEX (tenant_order) WHERE job_priorities.tenant = tenants.tenant), FALSE),
 		j.id, j.rate_key_sha256, j.queued_at, j.version, j.lanes, j.interactive, j.not_before FROM tenants`
 	const only = ` LEFT JOIN jobs j ON j.id = tenants.head_id AND tenants.queued = 1 AND j.status = 'queued'`
 	// On the head index the bound ends the range; by name it filters the rows walked.
@@ -125,7 +132,13 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 		// One row per job in flight and per live slot (see inFlightUsageSQL: no GROUP BY, no
 		// temporary table).
 		const none = `NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL `
-		q += ` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes, ` + none + inFlightJobs +
+		// Under fair_time a job in flight also gives how long it has been running, in the
+		// head_id column (its time is charged only at its outcome: TenantPage.Running).
+		running := "NULL"
+		if p.Config.Ordering == limits.FairTime {
+			running = "GREATEST(TIMESTAMPDIFF(MICROSECOND, COALESCE(started_at, dispatched_at), UTC_TIMESTAMP(6)), 0)"
+		}
+		q += ` UNION ALL SELECT tenant, 1, NULL, ` + running + `, interactive, lanes, ` + none + inFlightJobs +
 			` UNION ALL SELECT tenant, 1, NULL, NULL, interactive, lanes, ` + none + liveSlots
 		what = "read in-flight counts and tenants with queued jobs"
 	}
@@ -172,6 +185,12 @@ func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg lim
 			continue
 		}
 		addUnit(&page.Usage, cfg, limits.Unit{Tenant: r.Tenant, Interactive: r.Interactive}, lanes.String, int(n.Int64))
+		if r.HeadID.Valid {
+			if page.Running == nil {
+				page.Running = map[string]float64{}
+			}
+			page.Running[r.Tenant] += float64(r.HeadID.Int64) / 1e6
+		}
 	}
 	return page, rows.Err()
 }

@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -37,6 +40,10 @@ type Outcome struct {
 	// Budget is the dispatch budget: a requeue that would spend past it fails the job with
 	// dispatch_failed instead. 0 means unlimited.
 	Budget int
+	// EndedAt is when the executor's answer arrived, if the writer knows (a batch writes it
+	// later): the executor time charged to the job's tenant under fair_time ends there. Zero:
+	// at the write.
+	EndedAt time.Time
 }
 
 // ErrFenced is returned when a fenced write matched no row: the writer no longer owns the job.
@@ -95,6 +102,11 @@ func (s *Store) FinishMany(ctx context.Context, tx sqldb.DB, now time.Time, item
 	if aq, aargs := s.finishAudit(ctx, items); aq != "" {
 		if _, err := tx.ExecContext(ctx, aq, aargs...); err != nil {
 			return nil, fmt.Errorf("write audit events: %w", err)
+		}
+	}
+	if cq, cargs := s.chargeTime(now, items, p); cq != "" {
+		if _, err := tx.ExecContext(ctx, cq, cargs...); err != nil {
+			return nil, fmt.Errorf("charge executor time: %w", err)
 		}
 	}
 	s.logFinish(ctx, now, items, p)
@@ -235,11 +247,90 @@ func (s *Store) finishStatements(ctx context.Context, items []Finishing, p finis
 		stmts = append(stmts, aq)
 		args = append(args, aargs...)
 	}
+	if cq, cargs := s.chargeTime(p.now, items, p); cq != "" {
+		stmts = append(stmts, cq)
+		args = append(args, cargs...)
+	}
 	return stmts, args
+}
+
+// chargeTime is the statement that charges the executor time of the jobs of items that end with
+// an outcome (succeeded or failed), from their start (started_at, else dispatched_at) to their
+// answer (Outcome.EndedAt, else now), to their tenants in tenant_time, decaying what each had
+// (ChargeTime); "" if none or charging is off. It locks the tenants' tenant_time rows in key
+// order, after everything else the transaction holds: the lock order (lockorder.go) puts
+// tenant_time last.
+func (s *Store) chargeTime(now time.Time, items []Finishing, p finishPlan) (string, []any) {
+	if s.ChargeTime == nil || !s.ChargeTime() {
+		return "", nil
+	}
+	used := map[string]float64{}
+	for i, it := range items {
+		if p.to[i] != job.Succeeded && p.to[i] != job.Failed {
+			continue
+		}
+		start := it.Row.StartedAt
+		if start == nil {
+			start = it.Row.DispatchedAt
+		}
+		if start == nil {
+			continue
+		}
+		end := it.Outcome.EndedAt
+		if end.IsZero() || end.After(now) {
+			end = now
+		}
+		used[it.Row.Tenant] += max(end.Sub(*start), 0).Seconds()
+	}
+	if len(used) == 0 {
+		return "", nil
+	}
+	tenants := slices.Sorted(maps.Keys(used))
+	args := make([]any, 0, 3*len(tenants)+1)
+	for _, t := range tenants {
+		args = append(args, t, used[t], now)
+	}
+	args = append(args, float64(limits.FairTimeWindow.Microseconds()))
+	return `INSERT INTO tenant_time (tenant, used, used_at) VALUES ` + strings.TrimSuffix(strings.Repeat("(?,?,?),", len(tenants)), ",") + `
+		ON DUPLICATE KEY UPDATE used = used * EXP(-GREATEST(TIMESTAMPDIFF(MICROSECOND, used_at, VALUES(used_at)), 0) / ?)
+			+ VALUES(used), used_at = GREATEST(used_at, VALUES(used_at))`, args
+}
+
+// TimeUsed returns, for each of tenants charged in tenant_time, the executor time it used, in
+// seconds, decayed to the database's now (ordering fair_time): one primary-key read per tenant.
+func TimeUsed(ctx context.Context, db sqldb.DB, tenants []string) (map[string]float64, error) {
+	out := make(map[string]float64, len(tenants))
+	if len(tenants) == 0 {
+		return out, nil
+	}
+	args := make([]any, 0, len(tenants)+1)
+	args = append(args, float64(limits.FairTimeWindow.Microseconds()))
+	for _, t := range tenants {
+		args = append(args, t)
+	}
+	rows, err := db.QueryContext(ctx, `SELECT tenant, used * EXP(-GREATEST(TIMESTAMPDIFF(MICROSECOND, used_at, UTC_TIMESTAMP(6)), 0) / ?)
+		FROM tenant_time WHERE tenant IN (`+Placeholders(len(tenants))+`)`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read the tenants' time used: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var t string
+		var used float64
+		if err := rows.Scan(&t, &used); err != nil {
+			return nil, fmt.Errorf("read the tenants' time used: %w", err)
+		}
+		out[t] = used
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the tenants' time used: %w", err)
+	}
+	return out, nil
 }
 
 // finishPlan is the statements that apply a batch of outcomes.
 type finishPlan struct {
+	now      time.Time      // the outcomes' time
 	updates  []finishUpdate // one per kind of transition
 	poke     finishUpdate   // the outbox INSERT of every release and enqueue poke
 	to       []job.Status   // the state each job ends in
@@ -282,7 +373,7 @@ type finishGroup struct {
 func (s *Store) planFinish(now time.Time, items []Finishing) (finishPlan, error) {
 	var groups []*finishGroup
 	byKind := map[string]*finishGroup{}
-	p := finishPlan{to: make([]job.Status, len(items)), codes: make([]string, len(items))}
+	p := finishPlan{now: now, to: make([]job.Status, len(items)), codes: make([]string, len(items))}
 	msgs := make([]outbox.Message, 0, 2*len(items))
 	for i := range items {
 		r, o := items[i].Row, &items[i].Outcome

@@ -14,7 +14,9 @@ import (
 // tenant the other waits for. So every transaction that moves jobs into or out of queued locks
 // first the job rows it writes, in id order, then their tenants' rows, in key order, then writes;
 // an admission locks its tenants first but locks no existing job row, so it waits for nobody who
-// waits for it.
+// waits for it. tenant_time (ordering fair_time) comes last: an outcome's charge locks its
+// tenants' rows there, in key order, after everything else its transaction holds, and nothing
+// that holds one waits for another lock.
 
 // lockInOrder locks the job rows of items in id order, then the tenants' rows, in key order.
 func lockInOrder(ctx context.Context, tx sqldb.DB, items []Finishing, tenants []string) error {

@@ -51,6 +51,12 @@ func PurgeSettled(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int)
 			AND queued = 0 AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = tenants.tenant)`, tenants...); err != nil {
 			return n, fmt.Errorf("purge tenants with no jobs left: %w", err)
 		}
+		// Their time used (ordering fair_time) goes with them; a tenant that the delete kept
+		// keeps it.
+		if _, err := db.ExecContext(ctx, `DELETE FROM tenant_time WHERE tenant IN (`+Placeholders(len(tenants))+`)
+			AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.tenant = tenant_time.tenant)`, tenants...); err != nil {
+			return n, fmt.Errorf("purge the time used of tenants purged: %w", err)
+		}
 	}
 	return n, nil
 }

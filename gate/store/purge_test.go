@@ -91,6 +91,10 @@ func TestPurgeSettledPrunesEmptiedTenants(t *testing.T) {
 		old, old, old, old, old, old, old, old, old, old, recent); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenant_time (tenant, used, used_at) VALUES
+		('gone', 1, ?), ('waiting', 1, ?), ('untouched', 1, ?)`, old, old, old); err != nil {
+		t.Fatal(err)
+	}
 	n, err := store.PurgeSettled(ctx, db, cutoff, 100)
 	if err != nil {
 		t.Fatal(err)
@@ -114,6 +118,14 @@ func TestPurgeSettledPrunesEmptiedTenants(t *testing.T) {
 	// untouched has no job and none was purged: a purge looks only at the tenants of its batch.
 	if want := []string{"recent", "untouched", "waiting"}; !slices.Equal(left, want) {
 		t.Fatalf("tenants left %q, want %q", left, want)
+	}
+	// The time used (ordering fair_time) of the tenant purged goes with it.
+	var charged int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM tenant_time WHERE tenant IN ('waiting', 'untouched')").Scan(&charged); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM tenant_time").Scan(&n); err != nil || n != 2 || charged != 2 {
+		t.Errorf("tenant_time rows left %d (%v), want waiting's and untouched's", n, err)
 	}
 }
 

@@ -90,6 +90,10 @@ type Store struct {
 	// the same work without it, in the same run (issue 19). Default false: every transition is
 	// audited.
 	AuditOff bool
+	// ChargeTime, if set and true when an outcome is written, charges the executor time of the
+	// jobs that ended (start to outcome) to their tenants in tenant_time, in the outcome's
+	// transaction (ordering fair_time, migration 0023). Default nil: nothing is charged.
+	ChargeTime func() bool
 }
 
 func (s *Store) prefix() string {
