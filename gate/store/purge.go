@@ -65,30 +65,9 @@ func PurgeSettled(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int)
 // gone. The read does not lock (a locking read of jobs would wait for claims); the delete names
 // the jobs it found, so a key an admission maps to a new job meanwhile stays.
 func purgeReplaceKeys(ctx context.Context, db sqldb.DB, bound int64) error {
-	rows, err := db.QueryContext(ctx, `SELECT k.job_id FROM replace_keys k FORCE INDEX (job_id)
+	return deleteJobRows(ctx, db, "purge the replace keys of finished jobs", "replace_keys",
+		`SELECT k.job_id FROM replace_keys k FORCE INDEX (job_id)
 		LEFT JOIN jobs j ON j.id = k.job_id WHERE k.job_id < ? AND j.id IS NULL LIMIT 1000`, bound)
-	if err != nil {
-		return fmt.Errorf("purge the replace keys of finished jobs: %w", err)
-	}
-	var gone []any
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return fmt.Errorf("purge the replace keys of finished jobs: %w", err)
-		}
-		gone = append(gone, id)
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return fmt.Errorf("purge the replace keys of finished jobs: %w", err)
-	}
-	if len(gone) == 0 {
-		return nil
-	}
-	if _, err := db.ExecContext(ctx, `DELETE FROM replace_keys WHERE job_id IN (`+Placeholders(len(gone))+`)`, gone...); err != nil {
-		return fmt.Errorf("purge the replace keys of finished jobs: %w", err)
-	}
-	return nil
 }
 
 // DeleteEndedPriorities deletes up to limit rows of job_priorities (migration 0022) whose jobs
@@ -97,28 +76,35 @@ func purgeReplaceKeys(ctx context.Context, db sqldb.DB, bound int64) error {
 // lock; the read walks the small table, whose rows are the queued and running jobs of another
 // priority than the default and those ended since the last call.
 func DeleteEndedPriorities(ctx context.Context, db sqldb.DB, limit int) error {
-	rows, err := db.QueryContext(ctx, `SELECT p.job_id FROM job_priorities p LEFT JOIN jobs j ON j.id = p.job_id
+	return deleteJobRows(ctx, db, "delete the priorities of ended jobs", "job_priorities",
+		`SELECT p.job_id FROM job_priorities p LEFT JOIN jobs j ON j.id = p.job_id
 		WHERE j.id IS NULL OR j.status NOT IN ('queued','claimed','dispatched','running') LIMIT ?`, limit)
+}
+
+// deleteJobRows deletes from table (keyed by job_id) the rows of the job ids that q, with args,
+// reads, in a statement of its own after the read; what names the work in errors.
+func deleteJobRows(ctx context.Context, db sqldb.DB, what, table, q string, args ...any) error {
+	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return fmt.Errorf("delete the priorities of ended jobs: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	var ended []any
+	var ids []any
 	for rows.Next() {
 		var id int64
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return fmt.Errorf("delete the priorities of ended jobs: %w", err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
-		ended = append(ended, id)
+		ids = append(ids, id)
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return fmt.Errorf("delete the priorities of ended jobs: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	if len(ended) == 0 {
+	if len(ids) == 0 {
 		return nil
 	}
-	if _, err := db.ExecContext(ctx, `DELETE FROM job_priorities WHERE job_id IN (`+Placeholders(len(ended))+`)`, ended...); err != nil {
-		return fmt.Errorf("delete the priorities of ended jobs: %w", err)
+	if _, err := db.ExecContext(ctx, `DELETE FROM `+table+` WHERE job_id IN (`+Placeholders(len(ids))+`)`, ids...); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
