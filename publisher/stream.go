@@ -122,7 +122,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	sc := jetstream.StreamConfig{
 		Name:        cfg.Name,
 		Description: "sluice pokes (enqueue, release), published from the outbox",
 		Subjects:    []string{cfg.Prefix + ".>"},
@@ -132,11 +132,43 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		MaxAge:      cfg.MaxAge,
 		MaxBytes:    cfg.MaxBytes,
 		Discard:     jetstream.DiscardOld,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("create or update stream %s: %w", cfg.Name, err)
 	}
-	return s, nil
+	for {
+		// Each attempt has its own time: on a cluster, a request that reaches the meta leader as
+		// it changes may never be answered, and one request waiting out ctx would make that
+		// ctx's whole time a failure. The request is idempotent (create, or update to the same
+		// config), so a retry after a lost answer only finds the stream made.
+		actx, cancel := context.WithTimeout(ctx, streamAttempt)
+		s, err := js.CreateOrUpdateStream(actx, sc)
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		if ctx.Err() != nil || !retryableStreamErr(err) {
+			return nil, fmt.Errorf("create or update stream %s: %w", cfg.Name, err)
+		}
+		t := time.NewTimer(streamRetryWait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("create or update stream %s: %w", cfg.Name, err)
+		case <-t.C:
+		}
+	}
+}
+
+// streamAttempt bounds one stream request of EnsureStream, and streamRetryWait is the wait
+// before the next.
+const streamAttempt, streamRetryWait = 5 * time.Second, 250 * time.Millisecond
+
+// retryableStreamErr reports whether a stream request may succeed if sent again: it went
+// unanswered, found no JetStream server listening yet, or the cluster said it is not ready
+// (503: no meta leader, or a peer still catching up).
+func retryableStreamErr(err error) bool {
+	var api *jetstream.APIError
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.As(err, &api) && api.Code == 503
 }
 
 // InstallationID returns the id of the installation that db belongs to: the first part of every
