@@ -13,11 +13,13 @@ import (
 	"github.com/sluicehq/sluice/publisher"
 )
 
-// TestEnsureStreamRetriesUntilTheClusterCan: with two nodes of three down the cluster has no meta
-// leader, so a stream cannot be made; EnsureStream keeps asking, each request with its own time,
-// and succeeds once the nodes are back, within the one context it was given. A single request
-// that waited out its context failed TestRelayThroughClusterNodeLoss once, on a busy machine;
-// without the retries this test fails at the first answer.
+// TestEnsureStreamRetriesUntilTheClusterCan: with two nodes of three down a stream of three
+// replicas cannot be made (the lone node answers that it has no meta leader, or, while it still
+// thinks itself the leader, that it has no peers to place the replicas on: each was seen);
+// EnsureStream keeps asking, each request with its own time, and succeeds once the nodes are
+// back, within the one context it was given. A single request that waited out its context failed
+// TestRelayThroughClusterNodeLoss once, on a busy machine; without the retries this test fails at
+// the first answer.
 func TestEnsureStreamRetriesUntilTheClusterCan(t *testing.T) {
 	t.Parallel()
 	cl := natstest.StartCluster(t, 3)
@@ -49,7 +51,7 @@ func TestEnsureStreamRetriesUntilTheClusterCan(t *testing.T) {
 	})
 	select {
 	case err := <-done:
-		t.Fatalf("EnsureStream returned with no meta leader: %v", err)
+		t.Fatalf("EnsureStream returned with two nodes of three down: %v", err)
 	default:
 	}
 	cl.Nodes[1].Restart(t)

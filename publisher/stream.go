@@ -162,14 +162,20 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 const streamAttempt, streamRetryWait = 5 * time.Second, 250 * time.Millisecond
 
 // retryableStreamErr reports whether a stream request may succeed if sent again: it went
-// unanswered, found no JetStream server listening yet, or the cluster said it is not ready
-// (503: no meta leader, or a peer still catching up).
+// unanswered, found no JetStream server listening yet, or the cluster said it is not ready (503:
+// no meta leader, or a peer still catching up) or has too few peers up to place the replicas
+// (10005, "no suitable peers for placement": a node restarting). The last is also the answer to
+// more replicas than the cluster has nodes, so a caller bounds its context (`sluice nats init`
+// gives a minute).
 func retryableStreamErr(err error) bool {
 	var api *jetstream.APIError
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
-		errors.As(err, &api) && api.Code == 503
+		errors.As(err, &api) && (api.Code == 503 || api.ErrorCode == noPeersForPlacement)
 }
+
+// noPeersForPlacement is JetStream's error code for a stream whose replicas find too few peers.
+const noPeersForPlacement jetstream.ErrorCode = 10005
 
 // InstallationID returns the id of the installation that db belongs to: the first part of every
 // message id, so that two databases publishing to one broker never collide.

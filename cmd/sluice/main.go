@@ -529,6 +529,9 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return nil
 }
 
+// natsInitWait bounds `sluice nats init`'s stream set-up (publisher.EnsureStream retries).
+const natsInitWait = time.Minute
+
 func natsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "init" {
 		return errors.New("nats: want `sluice nats init`")
@@ -550,9 +553,13 @@ func natsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return fmt.Errorf("JetStream: %w", err)
 	}
-	s, err := publisher.EnsureStream(ctx, js, publisher.StreamConfig{Prefix: c.get("subject-prefix"), Replicas: *replicas, Duplicates: *dupes})
+	// EnsureStream asks again while the cluster cannot place the stream (a node restarting), and
+	// more replicas than nodes look the same to it: a minute, then the broker's last answer.
+	sctx, cancel := context.WithTimeout(ctx, natsInitWait)
+	defer cancel()
+	s, err := publisher.EnsureStream(sctx, js, publisher.StreamConfig{Prefix: c.get("subject-prefix"), Replicas: *replicas, Duplicates: *dupes})
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (asked for %s; are %d replicas possible on this broker?)", err, natsInitWait, *replicas)
 	}
 	info := s.CachedInfo()
 	fmt.Fprintf(stdout, "stream %s ready: subjects %v, duplicate window %s, replicas %d, storage %s\n",
