@@ -37,8 +37,9 @@ type claimer struct {
 	// passed (a job past its deadline is no candidate, so the pass that skips it may find the
 	// queue empty of candidates and set probe).
 	sawQueued bool
-	// sawPrioritized: a page since the last upkeep named a tenant with rows in job_priorities,
-	// some of which may belong to jobs that have ended (the upkeep deletes those).
+	// sawPrioritized: a page named a tenant with rows in job_priorities, or the upkeep found rows
+	// left there, and the table has not been found empty since; some rows may belong to jobs that
+	// have ended (the upkeep deletes those).
 	sawPrioritized bool
 	// timeUsed is the executor time used of the tenants of this pass's candidates, read before
 	// the pass chooses under fair_time (store.TimeUsed), with the time their jobs in flight have

@@ -444,11 +444,16 @@ func (d *Drainer) upkeep(ctx context.Context, now time.Time, p *Pass, beat bool)
 	if p.Expired, err = d.expiry.RunOnce(ctx, now, queued); err != nil {
 		return hb != nil, err
 	}
-	if d.claims.sawPrioritized {
-		if err := store.DeleteEndedPriorities(ctx, d.cfg.DB, endedPrioritiesBatch); err != nil {
+	if d.claims.sawPrioritized || queued || d.leases.count() > 0 {
+		// While there is work, and then until the table is found empty: a job of a priority may
+		// end after the upkeep that followed its claim (a lone job's claim reads no tenants
+		// page), and no page names its tenant again if it has no more work. With no priority in
+		// use this is one dive into an empty table.
+		left, err := store.DeleteEndedPriorities(ctx, d.cfg.DB, endedPrioritiesBatch)
+		if err != nil {
 			return hb != nil, err
 		}
-		d.claims.sawPrioritized = false
+		d.claims.sawPrioritized = left
 	}
 	// Jobs requeued elsewhere keep their place in their tenant's queue; the cache is dropped so
 	// that they are seen within one poll interval.

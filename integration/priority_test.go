@@ -81,3 +81,27 @@ func TestPriorities(t *testing.T) {
 		return n == 0, err
 	})
 }
+
+// TestPriorityRowOfALongJobGoes: the one job of another priority than the default runs past the
+// upkeep that follows its claim, and its tenant has no more work, so no page names the tenant
+// again; its row in job_priorities still goes once it ends (the upkeep keeps deleting until the
+// table is empty), and with it the dive that every tenants page makes while the table has rows.
+func TestPriorityRowOfALongJobGoes(t *testing.T) {
+	t.Parallel()
+	env := harness.Start(t, harness.Options{})
+	ctx := context.Background()
+	r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "priority": 8,
+		"payload": map[string]any{"sleep_ms": 2500}})
+	if r.Status != http.StatusAccepted {
+		t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
+	}
+	harness.WaitFor(t, time.Minute, "the job to succeed", func() (bool, error) {
+		c, err := env.CountJobs(ctx)
+		return c["succeeded"] == 1, err
+	})
+	harness.WaitFor(t, 30*time.Second, "its job_priorities row to go", func() (bool, error) {
+		var n int
+		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM job_priorities").Scan(&n)
+		return n == 0, err
+	})
+}

@@ -269,13 +269,17 @@ func TestReadHeadsPriorities(t *testing.T) {
 	}
 
 	// The upkeep's delete: the rows of ended jobs go, those of queued jobs stay.
-	if err := store.DeleteEndedPriorities(k.ctx, k.db, 100); err != nil {
-		t.Fatal(err)
+	if left, err := store.DeleteEndedPriorities(k.ctx, k.db, 100); err != nil || !left {
+		t.Fatalf("delete: left %v, %v; want the queued jobs' rows left", left, err)
 	}
 	if n := k.count("SELECT COUNT(*) FROM job_priorities"); n != 2 {
 		t.Errorf("%d job_priorities rows after the delete, want 2 (low, old)", n)
 	}
 	if n := k.count("SELECT COUNT(*) FROM job_priorities WHERE job_id IN (?, ?)", low, old); n != 2 {
 		t.Errorf("the queued jobs' rows: %d of 2 left", n)
+	}
+	k.exec("UPDATE jobs SET status = 'succeeded', finished_at = ? WHERE id IN (?, ?)", k.now, low, old)
+	if left, err := store.DeleteEndedPriorities(k.ctx, k.db, 100); err != nil || left {
+		t.Errorf("delete after the last ended: left %v, %v; want none", left, err)
 	}
 }

@@ -71,14 +71,28 @@ func purgeReplaceKeys(ctx context.Context, db sqldb.DB, bound int64) error {
 }
 
 // DeleteEndedPriorities deletes up to limit rows of job_priorities (migration 0022) whose jobs
-// have ended or are gone: a heads read passes over them, and this keeps them few. A job that
-// has ended never returns to the queue, so the rows read are deleted by their ids without a
-// lock; the read walks the small table, whose rows are the queued and running jobs of another
-// priority than the default and those ended since the last call.
-func DeleteEndedPriorities(ctx context.Context, db sqldb.DB, limit int) error {
-	return deleteJobRows(ctx, db, "delete the priorities of ended jobs", "job_priorities",
+// have ended or are gone, and reports whether rows are left: a heads read passes over them, and
+// while the table has any row every tenants page dives into it for each tenant (tenantsSQL), so
+// the caller keeps calling until it is empty. A job that has ended never returns to the queue,
+// so the rows read are deleted by their ids without a lock; the read walks the small table,
+// whose rows are the queued and running jobs of another priority than the default and those
+// ended since the last call.
+func DeleteEndedPriorities(ctx context.Context, db sqldb.DB, limit int) (left bool, err error) {
+	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM job_priorities)").Scan(&left); err != nil || !left {
+		if err != nil {
+			return true, fmt.Errorf("delete the priorities of ended jobs: any: %w", err)
+		}
+		return false, nil // one dive into an empty table: the usual answer
+	}
+	if err := deleteJobRows(ctx, db, "delete the priorities of ended jobs", "job_priorities",
 		`SELECT p.job_id FROM job_priorities p LEFT JOIN jobs j ON j.id = p.job_id
-		WHERE j.id IS NULL OR j.status NOT IN ('queued','claimed','dispatched','running') LIMIT ?`, limit)
+		WHERE j.id IS NULL OR j.status NOT IN ('queued','claimed','dispatched','running') LIMIT ?`, limit); err != nil {
+		return true, err
+	}
+	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM job_priorities)").Scan(&left); err != nil {
+		return true, fmt.Errorf("delete the priorities of ended jobs: any left: %w", err)
+	}
+	return left, nil
 }
 
 // deleteJobRows deletes from table (keyed by job_id) the rows of the job ids that q, with args,
