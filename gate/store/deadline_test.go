@@ -81,6 +81,31 @@ func TestExpireStartDeadlines(t *testing.T) {
 	}
 }
 
+// TestExpireStartDeadlinesPastJobsInFlight: jobs in flight past their start_by, more than a
+// sweep's limit and older, do not keep a queued job past its own from expiring, and alone they
+// are not "deadlines passed" (the sweep would find nothing to do).
+func TestExpireStartDeadlinesPastJobsInFlight(t *testing.T) {
+	k := newKit(t)
+	older, past := k.now.Add(-time.Minute), k.now.Add(-time.Second)
+	for range 3 {
+		k.insert(jobSpec{tenant: "busy", status: job.Running, startBy: &older})
+	}
+	if any, err := store.StartDeadlinesPassed(k.ctx, k.db, k.now); err != nil || any {
+		t.Fatalf("with only jobs in flight past their deadlines: StartDeadlinesPassed = %v, %v; want false", any, err)
+	}
+	late := k.insert(jobSpec{tenant: "late", startBy: &past})
+	if any, err := store.StartDeadlinesPassed(k.ctx, k.db, k.now); err != nil || !any {
+		t.Fatalf("with a queued job past its deadline: StartDeadlinesPassed = %v, %v; want true", any, err)
+	}
+	gone, err := (&store.Store{}).ExpireStartDeadlines(k.ctx, k.db, k.now, 2)
+	if err != nil || !slices.Equal(ids(gone), []int64{late}) {
+		t.Fatalf("a sweep of 2 behind 3 jobs in flight expired %v (%v), want %v", ids(gone), err, []int64{late})
+	}
+	if n := k.count("SELECT COUNT(*) FROM job_deadlines"); n != 3 {
+		t.Errorf("%d deadlines left, want the 3 of the jobs in flight", n)
+	}
+}
+
 // TestClaimSkipsPassedDeadlines: a job past its start_by is never a head a pass reads, and a claim
 // of one (its deadline passed between the read and the claim) does not take it.
 func TestClaimSkipsPassedDeadlines(t *testing.T) {

@@ -40,60 +40,46 @@ func (s *Store) Expire(ctx context.Context, tx sqldb.DB, now, cutoff time.Time, 
 // read whose job is no longer queued: those it expired, and those of jobs that left the queue in
 // time. Rows another transaction holds are skipped, as in Expire, and their deadlines kept.
 func (s *Store) ExpireStartDeadlines(ctx context.Context, tx sqldb.DB, now time.Time, limit int) ([]Row, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT job_id FROM job_deadlines FORCE INDEX (start_by) WHERE start_by < ?
-		ORDER BY start_by, job_id LIMIT ?`, now, limit)
+	// The deadlines of jobs in flight are passed over (a requeue may put them back in the queue,
+	// so they stay), else enough of them would fill every sweep's LIMIT and keep the queued jobs
+	// behind them from expiring; the walk over them is bounded by the global cap.
+	rows, err := tx.QueryContext(ctx, `SELECT d.job_id, j.status <=> 'queued' FROM job_deadlines d FORCE INDEX (start_by)
+		LEFT JOIN jobs j ON j.id = d.job_id WHERE d.start_by < ? AND `+notInFlight+`
+		ORDER BY d.start_by, d.job_id LIMIT ?`, now, limit)
 	if err != nil {
 		return nil, fmt.Errorf("find jobs past their start_by: %w", err)
 	}
-	var ids []any
+	var queued, done []any // done: the deadlines of jobs that ended (or are gone)
 	for rows.Next() {
 		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var q bool
+		if err := rows.Scan(&id, &q); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("find jobs past their start_by: %w", err)
 		}
-		ids = append(ids, id)
+		if q {
+			queued = append(queued, id)
+		} else {
+			done = append(done, id)
+		}
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
 		return nil, fmt.Errorf("find jobs past their start_by: %w", err)
 	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	old, err := lockExpiring(ctx, tx, `WHERE id IN (`+Placeholders(len(ids))+`) AND status = 'queued' AND start_by < ?`,
-		append(slices.Clone(ids), now), len(ids))
-	if err != nil {
-		return nil, err
+	var old []Row
+	if len(queued) > 0 {
+		// A job held elsewhere is skipped, and keeps its deadline for a later sweep.
+		if old, err = lockExpiring(ctx, tx, `WHERE id IN (`+Placeholders(len(queued))+`) AND status = 'queued' AND start_by < ?`,
+			append(slices.Clone(queued), now), len(queued)); err != nil {
+			return nil, err
+		}
 	}
 	if len(old) > 0 {
 		if err := s.expire(ctx, tx, now, old, StartDeadlineCode, "not dispatched by its start_by", true); err != nil {
 			return nil, err
 		}
-	}
-	// The deadlines of jobs that ended go: those expired here and those that ran in time. A job
-	// queued and held elsewhere, or in flight (which a requeue may put back in the queue), keeps
-	// its deadline for a later sweep. The read does not lock (a locking one would wait for them).
-	still, err := tx.QueryContext(ctx, `SELECT id FROM jobs WHERE id IN (`+Placeholders(len(ids))+`)
-		AND status IN ('queued','claimed','dispatched','running')`, ids...)
-	if err != nil {
-		return nil, fmt.Errorf("find the deadlines met: %w", err)
-	}
-	live := map[int64]bool{}
-	for still.Next() {
-		var id int64
-		if err := still.Scan(&id); err != nil {
-			still.Close()
-			return nil, fmt.Errorf("find the deadlines met: %w", err)
-		}
-		live[id] = true
-	}
-	if err := errors.Join(still.Err(), still.Close()); err != nil {
-		return nil, fmt.Errorf("find the deadlines met: %w", err)
-	}
-	var done []any
-	for _, id := range ids {
-		if !live[id.(int64)] {
-			done = append(done, id)
+		for _, r := range old {
+			done = append(done, r.ID)
 		}
 	}
 	if len(done) > 0 {
@@ -104,11 +90,17 @@ func (s *Store) ExpireStartDeadlines(ctx context.Context, tx sqldb.DB, now time.
 	return old, nil
 }
 
-// StartDeadlinesPassed reports whether a deadline in job_deadlines is before now: one dive into
-// its index, without a lock, so that a sweep that finds nothing costs one statement.
+// notInFlight is the condition on a job_deadlines row d, joined to its job j, that the sweep looks
+// at: its job queued, ended or gone, not in flight.
+const notInFlight = `(j.id IS NULL OR j.status NOT IN ('claimed','dispatched','running'))`
+
+// StartDeadlinesPassed reports whether a deadline in job_deadlines is before now, of a job not in
+// flight: one walk of its index, without a lock, past at most the jobs in flight, so that a sweep
+// that finds nothing costs one statement.
 func StartDeadlinesPassed(ctx context.Context, db sqldb.DB, now time.Time) (bool, error) {
 	var any bool
-	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM job_deadlines FORCE INDEX (start_by) WHERE start_by < ?)`, now).Scan(&any)
+	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM job_deadlines d FORCE INDEX (start_by)
+		LEFT JOIN jobs j ON j.id = d.job_id WHERE d.start_by < ? AND `+notInFlight+`)`, now).Scan(&any)
 	if err != nil {
 		return false, fmt.Errorf("look for jobs past their start_by: %w", err)
 	}
