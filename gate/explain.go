@@ -121,8 +121,9 @@ func concurrency(cfg limits.Config, us limits.Usage, u limits.Unit) float64 {
 }
 
 // Explain fills in why queued job j waits and when it should start (explainWait): it reads the
-// jobs in flight and the live slots, the tenant's recent service time and, if the job has a rate
-// key, its gate (failing open, as the drainer does). j.Position must be filled in (Get does).
+// jobs in flight and the live slots (one statement), the tenant's recent service time and, if
+// the job has a rate key, its gate (failing open, as the drainer does). j.Position must be
+// filled in (Get does).
 func (a *Admitter) Explain(ctx context.Context, j *job.Job) error {
 	if j.Status != job.Queued {
 		return nil
@@ -130,14 +131,9 @@ func (a *Admitter) Explain(ctx context.Context, j *job.Job) error {
 	cfg := a.cfg.Limits.Current().Config
 	f := waitFacts{cfg: cfg}
 	var err error
-	if f.us, err = store.ReadInFlightUsage(ctx, a.cfg.DB, cfg); err != nil {
+	if f.us, err = store.ReadUsage(ctx, a.cfg.DB, cfg); err != nil {
 		return a.readErr(err)
 	}
-	slots, err := store.LiveSlots(ctx, a.cfg.DB, cfg)
-	if err != nil {
-		return a.readErr(err)
-	}
-	f.us.AddUsage(slots)
 	if f.service, _, err = store.RecentServiceTime(ctx, a.cfg.DB, j.Tenant); err != nil {
 		return a.readErr(err)
 	}
@@ -148,14 +144,7 @@ func (a *Admitter) Explain(ctx context.Context, j *job.Job) error {
 		return unavailable(err)
 	}
 	if j.RateKeySHA256 != nil && a.cfg.Gates != nil {
-		gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		gated, gerr := a.cfg.Gates.NotBefore(gctx, []string{*j.RateKeySHA256})
-		cancel()
-		if gerr != nil {
-			a.cfg.FailOpenMetrics.gateLookupFailed()
-			a.failOpen("rate gate lookup failed; treating keys as not gated", gerr, f.now)
-		}
-		f.gatedUntil = gated[*j.RateKeySHA256]
+		f.gatedUntil = a.gates(ctx, []string{*j.RateKeySHA256}, f.now)[*j.RateKeySHA256]
 	}
 	explainWait(j, f)
 	return nil

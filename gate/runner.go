@@ -71,17 +71,11 @@ func (a *Admitter) lookupGates(ctx context.Context, items []*item) error {
 	if len(hashes) == 0 {
 		return nil
 	}
-	gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	gated, gerr := a.cfg.Gates.NotBefore(gctx, hashes)
 	now, err := a.cfg.Clock.Now(ctx)
 	if err != nil {
 		return unavailable(err)
 	}
-	if gerr != nil {
-		a.cfg.FailOpenMetrics.gateLookupFailed()
-		a.failOpen("rate gate lookup failed; treating keys as not gated", gerr, now)
-	}
+	gated := a.gates(ctx, hashes, now)
 	for _, it := range items {
 		if it.invalid != nil || it.hash == nil || it.req.Queue == nil || *it.req.Queue {
 			continue
@@ -91,6 +85,20 @@ func (a *Admitter) lookupGates(ctx context.Context, items []*item) error {
 		}
 	}
 	return nil
+}
+
+// gates returns the gate instants of the gated keys among hashes (Config.Gates, which must be
+// set), asked with a 200 ms bound; a lookup that fails is counted and logged (failOpen, now) and
+// treats every key as not gated.
+func (a *Admitter) gates(ctx context.Context, hashes []string, now time.Time) map[string]time.Time {
+	gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	gated, err := a.cfg.Gates.NotBefore(gctx, hashes)
+	if err != nil {
+		a.cfg.FailOpenMetrics.gateLookupFailed()
+		a.failOpen("rate gate lookup failed; treating keys as not gated", err, now)
+	}
+	return gated
 }
 
 // failOpen logs a limiter-side failure at most once per 15 s (SPEC §5: fails open, counts it,

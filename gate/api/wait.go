@@ -169,8 +169,9 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if row.Status == job.Queued {
-		// Why it waits is an answer's extra: a read that fails leaves it out, not the job.
+	if row.Status == job.Queued && r.Context().Err() == nil {
+		// Why it waits is an answer's extra: a read that fails leaves it out, not the job. A
+		// caller gone during its wait gets nothing read for it.
 		if err := s.cfg.Admitter.Explain(r.Context(), &row.Job); err != nil {
 			s.cfg.Log.Warn("a queued job's waiting_on could not be read", "job_id", row.ID, "error", err)
 		}

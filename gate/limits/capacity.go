@@ -53,17 +53,6 @@ func (us *Usage) Add(c Config, u Unit, n int) {
 	}
 }
 
-// AddUsage counts o's units too (the live slots beside the jobs in flight, read apart).
-func (us *Usage) AddUsage(o Usage) {
-	us.Total += o.Total
-	us.Interactive += o.Interactive
-	for _, m := range []struct{ to, from map[string]int }{{us.Tenant, o.Tenant}, {us.Tier, o.Tier}, {us.Lane, o.Lane}} {
-		for k, n := range m.from {
-			m.to[k] += n
-		}
-	}
-}
-
 // Verdict is the answer for one unit.
 type Verdict struct {
 	// OK: every limit that applies has room for the unit.

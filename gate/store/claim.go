@@ -70,6 +70,12 @@ func ReadInFlightUsage(ctx context.Context, db sqldb.DB, cfg limits.Config) (lim
 	return queryUsage(ctx, db, cfg, inFlightUsageSQL, "count in-flight jobs")
 }
 
+// ReadUsage returns what is in flight, the jobs and the live slots that count together, as a
+// limits.Usage (tiers as cfg says), in one statement bounded by the global cap.
+func ReadUsage(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
+	return queryUsage(ctx, db, cfg, inFlightUsageSQL+" UNION ALL "+liveSlotsSQL, "count in-flight jobs and live slots")
+}
+
 // queryUsage runs q, a statement of scanUsage's rows, as a limits.Usage; what names it in errors.
 func queryUsage(ctx context.Context, db sqldb.DB, cfg limits.Config, q, what string) (limits.Usage, error) {
 	us := limits.NewUsage()
