@@ -22,6 +22,9 @@ type dispatcher struct {
 	leases   *leaseKeeper
 	complete completer
 	wake     func()
+	// timed reports whether answers are stamped with their arrival (store.Outcome.EndedAt): only
+	// fair_time charges by it, so the other orderings read no clock per answer. Nil: never.
+	timed func() bool
 
 	work       context.Context // dispatches run under it; canceled by cancel (Stop, after the grace)
 	cancelWork context.CancelFunc
@@ -121,7 +124,7 @@ func (s *dispatcher) record(ctx context.Context, c claimed, ans executor.Answer,
 		return false, s.leaseToWall(ctx, c)
 	}
 	req := &outcomeReq{c: c, ans: ans, gateRetry: gateRetry, gated: gated}
-	if s.cfg.Clock != nil {
+	if s.timed != nil && s.timed() {
 		req.answered, _ = s.cfg.Clock.Now(ctx) // unknown (zero): the write's time is charged
 	}
 	err = s.complete.record(ctx, req)

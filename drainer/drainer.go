@@ -193,6 +193,7 @@ func New(cfg Config) (*Drainer, error) {
 		complete = &batchCompleter{write: d.handoff.write, max: cfg.OutcomeBatch}
 	}
 	d.sends = newDispatcher(&d.cfg, d.leases, complete, d.Wake)
+	d.sends.timed = st.ChargeTime
 	d.claims = &claimer{cfg: &d.cfg, store: st, config: d.config, headCache: d.heads, leases: d.leases,
 		writer: d.writer, unanswered: d.sends.unanswered.Load, probe: true}
 	d.rescue = &rescuer{cfg: &d.cfg, store: st, config: d.config, refresh: d.refreshConfig, wake: d.Wake}
