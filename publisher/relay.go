@@ -79,8 +79,7 @@ func NewRelayMetrics(reg prometheus.Registerer) *RelayMetrics {
 // Relay publishes committed outbox rows. Safe for concurrent use; several relays (in one or many
 // processes) may run at once.
 type Relay struct {
-	cfg  RelayConfig
-	wake chan struct{}
+	cfg RelayConfig
 }
 
 // NewRelay returns a Relay, or an "invalid config" error naming the field.
@@ -114,15 +113,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Relay{cfg: cfg, wake: make(chan struct{}, 1)}, nil
-}
-
-// Wake asks for a pass soon; it never blocks.
-func (r *Relay) Wake() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
+	return &Relay{cfg: cfg}, nil
 }
 
 // RunOnce publishes one batch of unpublished rows and returns how many were acknowledged. The
@@ -230,10 +221,6 @@ func (r *Relay) loop(ctx context.Context) {
 				reconnected = nil // closed with the connection: nothing more will come
 			}
 			bo.Reset()
-		case <-r.wake:
-			if failing {
-				continue // the backoff timer (or a reconnection) decides when to try again
-			}
 		}
 		n, err := r.RunOnce(ctx)
 		var wait time.Duration
