@@ -80,7 +80,7 @@ func TestPickerMatchesPick(t *testing.T) {
 		cfg := limits.Default()
 		cfg.TenantInFlight = 1 + rng.IntN(4)
 		cfg.Ordering = []limits.Ordering{limits.Fair, limits.FIFO, limits.RoundRobin, limits.FairTime}[round%4]
-		weighted := round%2 == 0
+		weighted := (round/4)%2 == 0 // every ordering, with and without weights
 		used := map[string]float64{}
 		cands, inFlight := map[string][]candidate{}, map[string]int{}
 		id := int64(0)
@@ -232,14 +232,29 @@ func TestChooseKeepsCapsWithWeights(t *testing.T) {
 		cl := &claimer{cfg: &Config{ClaimBatch: 64}}
 		after := us
 		after.Tenant, after.Tier, after.Lane = maps.Clone(us.Tenant), maps.Clone(us.Tier), maps.Clone(us.Lane)
-		chosen, _ := cl.choose(cfg, cands, map[string]bool{}, &after)
-		check := us
-		check.Tenant, check.Tier, check.Lane = maps.Clone(us.Tenant), maps.Clone(us.Tier), maps.Clone(us.Lane)
-		for _, c := range chosen {
-			if v := cfg.Check(check, c.unit); !v.OK {
-				t.Fatalf("round %d: job %d of %s chosen past the %s limit (%+v)", round, c.id, c.tenant, v.Scope, cfg)
+		cl.choose(cfg, cands, map[string]bool{}, &after)
+		// Each limit, counted apart from Check: what was in flight plus what was chosen.
+		over := func(what string, n, limit int) {
+			if n > limit {
+				t.Fatalf("round %d: %s at %d, past its limit %d (%+v)", round, what, n, limit, cfg)
 			}
-			check.Add(cfg, c.unit, 1)
+		}
+		if after.Total > us.Total {
+			over("global", after.Total, cfg.GlobalInFlight)
+			if cfg.InteractiveReserve > 0 {
+				over("non-interactive", after.Total-after.Interactive, max(cfg.GlobalInFlight-cfg.InteractiveReserve, us.Total-us.Interactive))
+			}
+		}
+		for tenant, n := range after.Tenant {
+			if n > us.Tenant[tenant] {
+				over("tenant "+tenant, n, cfg.TenantCap(tenant))
+			}
+		}
+		if after.Lane["gpu"] > us.Lane["gpu"] {
+			over("lane gpu", after.Lane["gpu"], cfg.Lanes["gpu"])
+		}
+		if after.Tier["gold"] > us.Tier["gold"] {
+			over("tier gold", after.Tier["gold"], cfg.TierInFlight["gold"])
 		}
 		for tenant, cs := range cands {
 			if i := fits(cfg, after, cs); i >= 0 {
@@ -267,13 +282,12 @@ func TestPickFairTime(t *testing.T) {
 		}
 		return out
 	}
-	// long used 30 s, short 4 s: short first while its share is lower; new, never charged,
-	// first of all.
-	cl := &claimer{timeUsed: map[string]float64{"long": 30, "short": 4}}
-	inFlight := map[string]int{}
-	got := pickAll(cl, cfg, cands(), inFlight, 8)
-	if want := []int64{9, 10, 11, 12, 5, 6, 7, 8}; !slices.Equal(got, want) {
-		t.Errorf("picked %v, want new's four (0 s), then short's (4 s + 1 s a unit stays below 30 s)", got)
+	// long used 30 s, short 4 s, new 3.6 s: each unit taken adds 250 ms ahead, so new and short
+	// take turns once new's count passes short's 4 s, and long waits.
+	cl := &claimer{timeUsed: map[string]float64{"long": 30, "short": 4, "new": 3.6}}
+	got := pickAll(cl, cfg, cands(), map[string]int{}, 8)
+	if want := []int64{9, 10, 5, 11, 6, 12, 7, 8}; !slices.Equal(got, want) {
+		t.Errorf("picked %v, want %v: new (3.6 s) twice, then new and short in turn (250 ms a unit), long (30 s) last", got, want)
 	}
 	// Weights: long at weight 10 counts 3 s, below short's 4 s.
 	cfg.TenantWeights = map[string]float64{"long": 10}

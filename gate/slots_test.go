@@ -65,19 +65,24 @@ func TestJumpsQueue(t *testing.T) {
 	if blocked, _ := jumpsQueue(cfg, st, limits.Unit{Tenant: "c"}, nil); blocked {
 		t.Error("c, with nothing in flight, refused")
 	}
-	// Weights: b at 1 in flight is behind a at 1 when b weighs less, ahead when it weighs more.
-	st.Usage = usage(map[string]int{"a": 1, "b": 1, "x": 1})
+	// Weights: b at 1 in flight is ahead of a at 2 unless a weighs twice as much, and b at 1 is
+	// ahead of a at 1 when b weighs more.
+	st.Usage = usage(map[string]int{"a": 2, "b": 1})
 	st.Waiting[0] = store.Waiting{Tenant: "b", Due: true}
+	aa := limits.Unit{Tenant: "a"}
+	if blocked, _ := jumpsQueue(cfg, st, aa, nil); !blocked {
+		t.Error("a (2 in flight) not refused for b (1 in flight), unweighted")
+	}
 	wcfg := cfg
 	wcfg.TenantWeights = map[string]float64{"a": 2}
-	if blocked, _ := jumpsQueue(wcfg, st, a, nil); blocked {
-		t.Error("a (weight 2, 1 in flight) refused for b (weight 1, 1 in flight)")
+	if blocked, _ := jumpsQueue(wcfg, st, aa, nil); blocked {
+		t.Error("a (weight 2, 2 in flight) refused for b (weight 1, 1 in flight)")
 	}
+	st.Usage = usage(map[string]int{"a": 1, "b": 1, "x": 1})
 	wcfg.TenantWeights = map[string]float64{"b": 2}
 	if blocked, _ := jumpsQueue(wcfg, st, a, nil); !blocked {
 		t.Error("a (weight 1, 1 in flight) not refused for b (weight 2, 1 in flight)")
 	}
-	st.Usage = usage(map[string]int{"a": 1, "x": 2})
 	st.Usage = usage(map[string]int{"a": 1, "x": 1})
 	if blocked, _ := jumpsQueue(cfg, st, a, nil); blocked {
 		t.Error("refused with room for b's job and the slot")

@@ -33,10 +33,8 @@ func BenchmarkEstimatedStart(b *testing.B) {
 			return c["succeeded"] == 60, err
 		})
 		// The API process reads its configuration every few seconds: ask it to read now.
-		if r := env.Do(b, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": map[string]any{
-			"global_in_flight": 8, "tenant_in_flight": 3}}); r.Status != http.StatusOK {
-			b.Fatalf("PATCH /v1/config: HTTP %d: %s", r.Status, r.Raw)
-		}
+		patchConfig(b, env, map[string]any{
+			"global_in_flight": 8, "tenant_in_flight": 3})
 		admitMany(b, env, 4, tenantOf, payload, 180)
 
 		type sample struct {

@@ -43,11 +43,9 @@ func executorShares(t testing.TB, ordering limits.Ordering, shortMS, longMS, war
 	env := harness.Start(t, harness.Options{API: true, Relay: true})
 	ctx := context.Background()
 	// Through the API, whose process applies it at once (its depth caps decide the batches).
-	if r := env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": map[string]any{
+	patchConfig(t, env, map[string]any{
 		"ordering": ordering, "global_in_flight": 4, "tenant_in_flight": 4,
-		"tenant_queue_depth": 100_000, "global_queue_depth": 200_000}}); r.Status != http.StatusOK {
-		t.Fatalf("PATCH /v1/config: HTTP %d: %s", r.Status, r.Raw)
-	}
+		"tenant_queue_depth": 100_000, "global_queue_depth": 200_000})
 	// Backlogs that outlast the window: while the long tenant ends warm+window jobs on at least
 	// one unit, the short one ends at most 4 units' worth of its own.
 	longJobs := warm + window + 20

@@ -17,7 +17,7 @@ import (
 
 // patchConfig changes the runtime config through the API, as an operator would: the API's
 // admission (which validates lanes) and the drainers' claims both follow it.
-func patchConfig(t *testing.T, env *harness.Env, changes map[string]any) {
+func patchConfig(t testing.TB, env *harness.Env, changes map[string]any) {
 	t.Helper()
 	r := env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": changes, "note": t.Name()})
 	if r.Status != http.StatusOK {

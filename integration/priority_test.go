@@ -82,19 +82,31 @@ func TestPriorities(t *testing.T) {
 	})
 }
 
-// TestPriorityRowOfALongJobGoes: the one job of another priority than the default runs past the
-// upkeep that follows its claim, and its tenant has no more work, so no page names the tenant
+// TestPriorityRowOfALongJobGoes: the one job of another priority than the default is held at the
+// executor past an upkeep that follows its claim (the drainer's heartbeat, written by the upkeep,
+// moves past the job's dispatch), and its tenant has no more work, so no page names the tenant
 // again; its row in job_priorities still goes once it ends (the upkeep keeps deleting until the
 // table is empty), and with it the dive that every tenants page makes while the table has rows.
 func TestPriorityRowOfALongJobGoes(t *testing.T) {
 	t.Parallel()
-	env := harness.Start(t, harness.Options{})
+	h := newHolder(t)
+	env := harness.Start(t, harness.Options{OnReceive: h.onReceive})
 	ctx := context.Background()
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
 	r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "priority": 8,
-		"payload": map[string]any{"sleep_ms": 2500}})
+		"payload": map[string]any{}})
 	if r.Status != http.StatusAccepted {
 		t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
 	}
+	h.hold(jobID(t, r.Body))
+	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 1 })
+	harness.WaitFor(t, time.Minute, "an upkeep after the held job's dispatch", func() (bool, error) {
+		var after bool
+		err := env.DB.QueryRowContext(ctx, `SELECT COALESCE(MAX(d.heartbeat_at) > MAX(j.dispatched_at), FALSE)
+			FROM drainers d, jobs j WHERE j.dispatched_at IS NOT NULL`).Scan(&after)
+		return after, err
+	})
+	h.let()
 	harness.WaitFor(t, time.Minute, "the job to succeed", func() (bool, error) {
 		c, err := env.CountJobs(ctx)
 		return c["succeeded"] == 1, err

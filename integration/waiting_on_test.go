@@ -23,10 +23,8 @@ func TestWaitingOn(t *testing.T) {
 	ctx := context.Background()
 	// Through the API, whose process applies its own change at once (SetConfig would leave the
 	// API on its cached configuration for up to limits.ReloadEvery).
-	if r := env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken, map[string]any{"changes": map[string]any{
-		"global_in_flight": 4, "tenant_in_flight": 2, "tenant_in_flight_overrides": map[string]int{"paused-tenant": 0}}}); r.Status != http.StatusOK {
-		t.Fatalf("PATCH /v1/config: HTTP %d: %s", r.Status, r.Raw)
-	}
+	patchConfig(t, env, map[string]any{
+		"global_in_flight": 4, "tenant_in_flight": 2, "tenant_in_flight_overrides": map[string]int{"paused-tenant": 0}})
 	get := func(id int64) map[string]any {
 		t.Helper()
 		r := env.Do(t, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(id, 10), harness.ProducerToken, nil)
