@@ -41,11 +41,9 @@ type claimer struct {
 	// left there, and the table has not been found empty since; some rows may belong to jobs that
 	// have ended (the upkeep deletes those).
 	sawPrioritized bool
-	// timeUsed is the executor time used of the tenants of this pass's candidates, read before
-	// the pass chooses under fair_time (store.TimeUsed), with the time their jobs in flight have
-	// run so far; nil otherwise.
-	timeUsed  map[string]float64
-	rrLast    string    // round_robin: the tenant served last
+	// chooser decides which candidates a pass claims; its state (the round_robin position, the
+	// executor time used under fair_time) is the claimer's.
+	chooser
 	gatedSeen gatedSeen // rate keys found gated by recent passes
 	// resume is where the last pass's tenant pages ran out while they still gave too few
 	// eligible jobs (see candidates); nil once a pass has read to the last tenant with work.
@@ -299,19 +297,19 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 
 // choose takes candidates from cands in cfg's ordering while the caps allow, up to ClaimBatch:
 // each is decided by cfg.Check against us (what is in flight, as read under the claim lock) plus
-// the jobs chosen before it, which choose adds to us. Within a tenant the first candidate that
+// the jobs chosen before it; choose adds each job it takes to us. Within a tenant the first candidate that
 // fits goes: a job whose lane is full, or a non-interactive one when only the interactive
 // reserve is left, is passed over and the tenant's later jobs may go (SPEC §5a); a tenant none
 // of whose candidates fits (its tier full, say) is left for this pass. It returns the jobs
 // chosen and whether the pass stopped with capacity possibly left (full). cands loses the jobs
-// chosen.
-func (cl *claimer) choose(cfg limits.Config, cands map[string][]candidate, more map[string]bool, us *limits.Usage) ([]candidate, bool) {
+// chosen, but for a tenant's last read head taken when it has more (the pass ends there).
+func (ch *chooser) choose(cfg limits.Config, cands map[string][]candidate, more map[string]bool, us *limits.Usage) ([]candidate, bool) {
 	var chosen []candidate
 	full := false
 	skip := map[string]bool{}
-	next := cl.picker(cfg, cands, us.Tenant)
+	next := ch.picker(cfg, cands, us.Tenant)
 	for us.Total < cfg.GlobalInFlight {
-		if len(chosen) >= cl.cfg.ClaimBatch {
+		if len(chosen) >= ch.claimBatch {
 			full = true
 			break
 		}
@@ -326,6 +324,7 @@ func (cl *claimer) choose(cfg limits.Config, cands map[string][]candidate, more 
 		}
 		c := cands[t][i]
 		chosen = append(chosen, c)
+		us.Add(cfg, c.unit, 1)
 		if i == len(cands[t])-1 && more[t] {
 			// The tenant's last read head: it may have more that should go before other
 			// tenants' jobs, so after this one the pass ends and the next reads again.
@@ -338,7 +337,6 @@ func (cl *claimer) choose(cfg limits.Config, cands map[string][]candidate, more 
 			// A job passed over stays; a fresh slice keeps the backing array others read intact.
 			cands[t] = append(cands[t][:i:i], cands[t][i+1:]...)
 		}
-		us.Add(cfg, c.unit, 1)
 	}
 	return chosen, full
 }

@@ -195,7 +195,7 @@ func New(cfg Config) (*Drainer, error) {
 	d.sends = newDispatcher(&d.cfg, d.leases, complete, d.Wake)
 	d.sends.timed = st.ChargeTime
 	d.claims = &claimer{cfg: &d.cfg, store: st, config: d.config, headCache: d.heads, leases: d.leases,
-		writer: d.writer, unanswered: d.sends.unanswered.Load, probe: true}
+		writer: d.writer, unanswered: d.sends.unanswered.Load, probe: true, chooser: chooser{claimBatch: cfg.ClaimBatch}}
 	d.rescue = &rescuer{cfg: &d.cfg, store: st, config: d.config, refresh: d.refreshConfig, wake: d.Wake}
 	d.expiry = &expirer{cfg: &d.cfg, store: st, config: d.config}
 	return d, nil

@@ -14,13 +14,13 @@ import (
 // the drain's costliest Go function, 6 % of its CPU in BenchmarkDrainThroughput, session 13);
 // round_robin, which turns a name cursor, scans with pick.
 type picker struct {
-	cl   *claimer
+	ch   *chooser
 	h    *tenantHeap // choose's cands and counts; a heap of the tenants but for round_robin
 	last string      // the tenant next returned last, still at the heap's top
 }
 
-func (cl *claimer) picker(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) *picker {
-	p := &picker{cl: cl, h: &tenantHeap{cfg: cfg, cands: cands, inFlight: inFlight, used: cl.timeUsed}}
+func (ch *chooser) picker(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) *picker {
+	p := &picker{ch: ch, h: &tenantHeap{cfg: cfg, cands: cands, inFlight: inFlight, used: ch.timeUsed}}
 	if cfg.Ordering == limits.RoundRobin {
 		return p
 	}
@@ -39,7 +39,7 @@ func (cl *claimer) picker(cfg limits.Config, cands map[string][]candidate, inFli
 func (p *picker) next(skip map[string]bool) string {
 	h := p.h
 	if !h.ordered {
-		return p.cl.pick(h.cfg, h.cands, h.inFlight, skip)
+		return p.ch.pick(h.cfg, h.cands, h.inFlight, skip)
 	}
 	if p.last != "" {
 		if h.open(p.last, skip) {
@@ -120,7 +120,7 @@ func fairOrder(cfg limits.Config, used map[string]float64, a string, na int, b s
 // ordering is a total order (job ids break the ties),
 // so the map's iteration order does not matter. The tenants in skip are left out (none of their
 // candidates fits the caps now).
-func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, skip map[string]bool) string {
+func (ch *chooser) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, skip map[string]bool) string {
 	best, first := "", ""
 	var bestN int // inFlight[best]
 	var bestHead candidate
@@ -138,7 +138,7 @@ func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFligh
 			if first == "" || t < first {
 				first = t
 			}
-			if t > cl.rrLast && (best == "" || t < best) {
+			if t > ch.rrLast && (best == "" || t < best) {
 				best = t
 			}
 			continue
@@ -148,7 +148,7 @@ func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFligh
 			}
 		default: // fair and fair_time: the lowest share used ÷ weight, then the oldest head
 			if best != "" {
-				if before, tie := fairOrder(cfg, cl.timeUsed, t, n, best, bestN); !before && (!tie || !cs[0].before(bestHead)) {
+				if before, tie := fairOrder(cfg, ch.timeUsed, t, n, best, bestN); !before && (!tie || !cs[0].before(bestHead)) {
 					continue
 				}
 			}
@@ -160,7 +160,7 @@ func (cl *claimer) pick(cfg limits.Config, cands map[string][]candidate, inFligh
 			best = first
 		}
 		if best != "" {
-			cl.rrLast = best
+			ch.rrLast = best
 		}
 	}
 	return best

@@ -134,12 +134,12 @@ func TestPickerMatchesPick(t *testing.T) {
 			return order
 		}
 		c1, n1 := copyState()
-		scan := &claimer{timeUsed: used}
+		scan := &claimer{chooser: chooser{timeUsed: used}}
 		want := walk(func(c map[string][]candidate, n map[string]int, skip map[string]bool) string {
 			return scan.pick(cfg, c, n, skip)
 		}, c1, n1)
 		c2, n2 := copyState()
-		p := (&claimer{timeUsed: used}).picker(cfg, c2, n2)
+		p := (&claimer{chooser: chooser{timeUsed: used}}).picker(cfg, c2, n2)
 		got := walk(func(_ map[string][]candidate, _ map[string]int, skip map[string]bool) string { return p.next(skip) }, c2, n2)
 		if !slices.Equal(got, want) {
 			t.Fatalf("round %d (%s, cap %d): picker %v, pick %v", round, cfg.Ordering, cfg.TenantInFlight, got, want)
@@ -229,7 +229,7 @@ func TestChooseKeepsCapsWithWeights(t *testing.T) {
 				}
 			}
 		}
-		cl := &claimer{cfg: &Config{ClaimBatch: 64}}
+		cl := &claimer{chooser: chooser{claimBatch: 64}}
 		after := us
 		after.Tenant, after.Tier, after.Lane = maps.Clone(us.Tenant), maps.Clone(us.Tier), maps.Clone(us.Lane)
 		cl.choose(cfg, cands, map[string]bool{}, &after)
@@ -284,14 +284,14 @@ func TestPickFairTime(t *testing.T) {
 	}
 	// long used 30 s, short 4 s, new 3.6 s: each unit taken adds 250 ms ahead, so new and short
 	// take turns once new's count passes short's 4 s, and long waits.
-	cl := &claimer{timeUsed: map[string]float64{"long": 30, "short": 4, "new": 3.6}}
+	cl := &claimer{chooser: chooser{timeUsed: map[string]float64{"long": 30, "short": 4, "new": 3.6}}}
 	got := pickAll(cl, cfg, cands(), map[string]int{}, 8)
 	if want := []int64{9, 10, 5, 11, 6, 12, 7, 8}; !slices.Equal(got, want) {
 		t.Errorf("picked %v, want %v: new (3.6 s) twice, then new and short in turn (250 ms a unit), long (30 s) last", got, want)
 	}
 	// Weights: long at weight 10 counts 3 s, below short's 4 s.
 	cfg.TenantWeights = map[string]float64{"long": 10}
-	cl = &claimer{timeUsed: map[string]float64{"long": 30, "short": 4, "new": 100}}
+	cl = &claimer{chooser: chooser{timeUsed: map[string]float64{"long": 30, "short": 4, "new": 100}}}
 	if got := pickAll(cl, cfg, cands(), map[string]int{}, 1); !slices.Equal(got, []int64{1}) {
 		t.Errorf("weighted: picked %v, want long's first job", got)
 	}
@@ -368,7 +368,7 @@ func TestChooseCapacity(t *testing.T) {
 		"P": {with(cand(6, "P", 6), nil, false), with(cand(7, "P", 7), nil, false)},
 		"I": {with(cand(8, "I", 8), nil, true)},
 	}
-	d := &claimer{cfg: &Config{ClaimBatch: 64}}
+	d := &claimer{chooser: chooser{claimBatch: 64}}
 	us := limits.NewUsage()
 	chosen, full := d.choose(cfg, cands, map[string]bool{}, &us)
 	var ids []int64

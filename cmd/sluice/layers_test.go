@@ -31,7 +31,7 @@ var layers = []layer{
 	{name: "data", packages: []string{"gate/store"}},
 	{name: "reads", packages: []string{"gate/status"}},
 	{name: "components", packages: []string{"gate", "gate/client", "gate/opsmetrics", "publisher", "drainer", "drainer/executor/kit"}},
-	{name: "HTTP edge", packages: []string{"gate/api", "drainer/executor/simexec"}},
+	{name: "HTTP edge, what-if", packages: []string{"gate/api", "drainer/executor/simexec", "drainer/simulate"}},
 	{name: "process", packages: []string{"cmd/sluice/app"}},
 	{name: "binary", packages: []string{"cmd/sluice"}},
 	{name: "tests", packages: []string{"integration", "integration/..."}, peers: true},

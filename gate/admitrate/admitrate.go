@@ -76,7 +76,44 @@ func New(cfg Config) (*Limiter, error) {
 // 250 bytes.
 func (l *Limiter) Key(tenant string, now time.Time) string {
 	sum := sha256.Sum256([]byte(tenant))
-	return l.cfg.Prefix + hex.EncodeToString(sum[:]) + ":" + strconv.FormatInt(now.Unix()/60, 10)
+	return l.cfg.Prefix + hex.EncodeToString(sum[:]) + ":" + strconv.FormatInt(window(now), 10)
+}
+
+// window is the minute containing now, which one counter counts.
+func window(now time.Time) int64 { return now.Unix() / 60 }
+
+// retryAfter is the number of seconds from now until the next window (1 to 60).
+func retryAfter(now time.Time) int { return 60 - int(now.Unix()%60) }
+
+// grant is how many of n units a budget of limit a minute grants when prev were taken before.
+func grant(prev, n, limit int) int { return max(0, min(n, limit-prev)) }
+
+// Local is the limiter's rule on counters in memory, for a caller that replays admissions on a
+// virtual clock (sluice simulate): the same windows and the same grants as Reserve, with no
+// memcached and nothing kept of a window once a later one is counted. Not safe for concurrent
+// use.
+type Local struct {
+	window int64
+	counts map[string]int
+}
+
+// Reserve takes up to n units from tenant's budget of limit per minute at now: it returns the
+// units granted and, for those refused, the seconds until the window resets. now must not go
+// back in time.
+func (l *Local) Reserve(tenant string, n, limit int, now time.Time) (granted, retry int) {
+	if w := window(now); w != l.window || l.counts == nil {
+		l.window, l.counts = w, map[string]int{}
+	}
+	granted = grant(l.counts[tenant], n, limit)
+	l.counts[tenant] += granted
+	return granted, retryAfter(now)
+}
+
+// Refund gives k units back to tenant's budget of the window last counted.
+func (l *Local) Refund(tenant string, k int) {
+	if l.counts != nil {
+		l.counts[tenant] = max(0, l.counts[tenant]-k)
+	}
 }
 
 // Reservation is a number of units taken from one tenant's minute. Refund gives units back; the
@@ -131,7 +168,6 @@ func (l *Limiter) Reserve(ctx context.Context, tenant string, n, limit int, now 
 		return nil, ErrSkipped
 	}
 	key := l.Key(tenant, now)
-	retry := 60 - int(now.Unix()%60)
 	v, err := l.cfg.Client.Increment(key, uint64(n))
 	if errors.Is(err, memcache.ErrCacheMiss) {
 		// Two minutes of TTL: the window is one minute; the second covers clock skew between
@@ -147,14 +183,13 @@ func (l *Limiter) Reserve(ctx context.Context, tenant string, n, limit int, now 
 		l.failedAt(now)
 		return nil, fmt.Errorf("admitrate: reserve %d for tenant: %w", n, err)
 	}
-	prev := int(v) - n
-	granted := max(0, min(n, limit-prev))
+	granted := grant(int(v)-n, n, limit)
 	if excess := n - granted; excess > 0 {
 		if _, err := l.cfg.Client.Decrement(key, uint64(excess)); err != nil {
 			l.failedAt(now)
 		}
 	}
-	return &Reservation{l: l, key: key, at: now, granted: granted, RetryAfter: retry}, nil
+	return &Reservation{l: l, key: key, at: now, granted: granted, RetryAfter: retryAfter(now)}, nil
 }
 
 // Count returns the units currently charged to tenant in the minute containing now (0 when the

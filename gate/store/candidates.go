@@ -323,7 +323,7 @@ func ReadHeads(ctx context.Context, db sqldb.DB, p HeadsParams) (map[string][]He
 		if len(hs) == 0 {
 			continue
 		}
-		sort.Slice(hs, func(i, j int) bool { return hs[i].before(hs[j], p.AgedBefore) })
+		sort.Slice(hs, func(i, j int) bool { return hs[i].Before(hs[j], p.AgedBefore) })
 		// A job read by two sub-selects is kept once: sorted, the copies are next to each other.
 		hs = slices.CompactFunc(hs, func(a, b Head) bool { return a.ID == b.ID })
 		if w.Prioritized && fromQueueN[w.Tenant] >= w.N {

@@ -193,10 +193,10 @@ func (r Row) Unit() limits.Unit {
 	return limits.Unit{Tenant: r.Tenant, Lanes: r.Lanes, Interactive: r.Interactive}
 }
 
-// before reports whether h goes before o in a tenant's queue: its interactive jobs first (SPEC
+// Before reports whether h goes before o in a tenant's queue: its interactive jobs first (SPEC
 // §5a), then by priority, highest first, a job queued before aged (not zero) as if at
 // job.MaxPriority (SPEC §5), then in (queued_at, id) order.
-func (h Head) before(o Head, aged time.Time) bool {
+func (h Head) Before(o Head, aged time.Time) bool {
 	if h.Interactive != o.Interactive {
 		return h.Interactive
 	}

@@ -1,0 +1,68 @@
+package drainer
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/gate/limits"
+)
+
+// chooser is the claim's choice apart from its reads and writes: given the candidates a pass
+// read and what is in flight, which jobs it claims (choose, over picker and pick). It holds the
+// state the choice carries from pass to pass.
+type chooser struct {
+	claimBatch int    // the most jobs one pass claims (Config.ClaimBatch)
+	rrLast     string // round_robin: the tenant served last
+	// timeUsed is the executor time used of the tenants of this pass's candidates, read before
+	// the pass chooses under fair_time (store.TimeUsed), with the time their jobs in flight have
+	// run so far; nil otherwise.
+	timeUsed map[string]float64
+}
+
+// Head is a queued job as the claim's choice sees it: the job a tenant's queue offers next.
+type Head struct {
+	ID       int64
+	QueuedAt time.Time
+	Unit     limits.Unit
+}
+
+// Chooser is the claim's choice for a caller that keeps the queue itself: `sluice simulate`
+// replays arrivals through it on a virtual clock, so that what it predicts is chosen by the code
+// that chooses in production, step for step. Not safe for concurrent use.
+type Chooser struct {
+	ch chooser
+}
+
+// NewChooser returns a Chooser that takes at most claimBatch jobs a pass, as a drainer
+// configured with that ClaimBatch does (≤ 0: the default, 64).
+func NewChooser(claimBatch int) *Chooser {
+	if claimBatch <= 0 {
+		claimBatch = 64
+	}
+	return &Chooser{ch: chooser{claimBatch: claimBatch}}
+}
+
+// SetTimeUsed gives the executor time used per tenant (seconds, decayed as store.TimeUsed
+// decays it) that fair_time orders by in the next passes.
+func (c *Chooser) SetTimeUsed(used map[string]float64) { c.ch.timeUsed = used }
+
+// Choose is one pass's choice: heads holds, per tenant, its first queued jobs in its queue's
+// order (store.Head's order: interactive first, then priority, then age), more whether a tenant
+// has queued jobs beyond them, and us what is in flight. It returns the jobs claimed, in the order
+// chosen, having added them to us, and whether the pass stopped with capacity possibly left (as
+// a drainer's pass does, after which the next one reads again). heads is left as it was.
+func (c *Chooser) Choose(cfg limits.Config, heads map[string][]Head, more map[string]bool, us *limits.Usage) ([]Head, bool) {
+	cands := make(map[string][]candidate, len(heads))
+	for t, hs := range heads {
+		cs := make([]candidate, len(hs))
+		for i, h := range hs {
+			cs[i] = candidate{id: h.ID, tenant: t, queuedAt: h.QueuedAt, unit: h.Unit}
+		}
+		cands[t] = cs
+	}
+	chosen, full := c.ch.choose(cfg, cands, more, us)
+	out := make([]Head, len(chosen))
+	for i, ch := range chosen {
+		out[i] = Head{ID: ch.id, QueuedAt: ch.queuedAt, Unit: ch.unit}
+	}
+	return out, full
+}

@@ -1,0 +1,423 @@
+package simulate
+
+import (
+	"container/heap"
+	"math"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/admitrate"
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// Options tune an Engine. Zero values take the defaults given.
+type Options struct {
+	// ClaimBatch is the drainers' ClaimBatch (default 64).
+	ClaimBatch int
+	// DepthEvery is the period of Result.Depth (default 1 minute).
+	DepthEvery time.Duration
+}
+
+// Engine replays arrivals under one runtime configuration. Arrive them in time order, then
+// Finish. It holds the jobs in the system (queued or in flight) and the live slots, nothing of
+// those that ended: its memory is bounded by what is in the system at once, not by the
+// arrivals' number.
+type Engine struct {
+	cfg    limits.Config
+	opts   Options
+	chose  *drainer.Chooser
+	rate   admitrate.Local
+	now    time.Time
+	begun  bool
+	nextID int64
+
+	tenants map[string]*tenantQueue // every tenant with jobs queued or in flight
+	active  map[string]*tenantQueue // the tenants with jobs due
+	depth   int                     // queued jobs, scheduled ones included
+	us      limits.Usage
+	events  events
+	seq     int64
+	slots   map[string]limits.Unit // granted, counted slots held until their SlotEnd
+	used    map[string]*timeUsed   // fair_time: each tenant's executor time
+
+	res *Result
+}
+
+// New returns an Engine deciding by cfg, which must be valid (limits.Config.Validate).
+func New(cfg limits.Config, opts Options) *Engine {
+	if opts.DepthEvery <= 0 {
+		opts.DepthEvery = time.Minute
+	}
+	return &Engine{cfg: cfg, opts: opts, chose: drainer.NewChooser(opts.ClaimBatch),
+		tenants: map[string]*tenantQueue{}, active: map[string]*tenantQueue{}, us: limits.NewUsage(),
+		slots: map[string]limits.Unit{}, used: map[string]*timeUsed{}, res: newResult(cfg, opts.DepthEvery)}
+}
+
+// qjob is a job in the system.
+type qjob struct {
+	head    store.Head
+	service time.Duration
+	runAt   time.Time // zero once due
+	claimed time.Time
+}
+
+// Arrive replays a: first everything that happens before a.At (ends, scheduled jobs coming due,
+// with the claims that follow them), then a's decision, then a claim pass.
+func (e *Engine) Arrive(a Arrival) {
+	if !e.begun {
+		e.begun, e.now = true, a.At
+		e.res.Start = a.At
+	}
+	e.advance(a.At, false)
+	if a.At.After(e.now) {
+		e.flow(a.At)
+	}
+	switch a.Kind {
+	case Slot:
+		e.slot(a)
+	case SlotEnd:
+		if u, ok := e.slots[a.ID]; ok {
+			delete(e.slots, a.ID)
+			e.release(u)
+		}
+	default:
+		e.admit(a)
+	}
+	e.claim()
+}
+
+// Finish runs the simulation on until nothing more happens (every job that can start has
+// ended) and returns its figures. Jobs still queued then (a paused tenant's, say) are counted as
+// never started.
+func (e *Engine) Finish() *Result {
+	e.advance(time.Time{}, true)
+	e.res.End = e.now
+	for t, q := range e.tenants {
+		if n := q.depth; n > 0 {
+			e.res.tenant(t).NeverStarted += n
+			e.res.Total.NeverStarted += n
+		}
+	}
+	e.res.finish()
+	return e.res
+}
+
+// advance handles the events due at or before until (all of them with all), an instant at a
+// time, each followed by a claim pass.
+func (e *Engine) advance(until time.Time, all bool) {
+	for len(e.events) > 0 && (all || !e.events[0].at.After(until)) {
+		at := e.events[0].at
+		e.flow(at)
+		for len(e.events) > 0 && e.events[0].at.Equal(at) {
+			ev := heap.Pop(&e.events).(*event)
+			switch {
+			case ev.job != nil && !ev.job.runAt.IsZero():
+				ev.job.runAt = time.Time{}
+				e.enqueue(ev.job)
+			case ev.job != nil:
+				e.ended(ev.job)
+			default:
+				e.release(ev.unit)
+			}
+		}
+		e.claim()
+	}
+}
+
+// flow moves the clock to t, integrating the units in flight and the depth over the time passed.
+func (e *Engine) flow(t time.Time) {
+	if !t.After(e.now) {
+		return
+	}
+	e.res.busy += float64(e.us.Total) * t.Sub(e.now).Seconds()
+	e.now = t
+	e.res.sampleDepth(e.now, e.depth)
+}
+
+func (e *Engine) tenant(t string) *tenantQueue {
+	q := e.tenants[t]
+	if q == nil {
+		q = &tenantQueue{}
+		e.tenants[t] = q
+	}
+	return q
+}
+
+// admit decides a job's admission as gate.DecideAdmission does and queues it when admitted.
+func (e *Engine) admit(a Arrival) {
+	st := e.res.tenant(a.Tenant)
+	st.Arrivals++
+	e.res.Total.Arrivals++
+	if lane, ok := e.cfg.Known(a.Lanes); !ok {
+		e.res.refuse(a.Tenant, string(job.CodeInvalidRequest), limits.LanePrefix+lane)
+		return
+	}
+	q := e.tenant(a.Tenant)
+	req := gate.Request{Tenant: a.Tenant, Lanes: a.Lanes}
+	if a.Interactive {
+		req.Interactive = &a.Interactive
+	}
+	if a.Priority != job.DefaultPriority {
+		p := a.Priority
+		req.Priority = &p
+	}
+	if a.Immediate {
+		no := false
+		req.Queue, req.Aware = &no, a.Aware
+	}
+	if a.RunAt.After(a.At) {
+		at := a.RunAt.Format(time.RFC3339Nano)
+		req.RunAt = &at
+	}
+	var rate gate.RateAnswer
+	if gate.RateLimited(e.cfg) {
+		granted, retry := e.rate.Reserve(a.Tenant, 1, e.cfg.AdmissionRatePerMinute, a.At)
+		rate = gate.RateAnswer{Limited: true, Granted: granted == 1, RetryAfter: retry}
+	}
+	o := gate.DecideAdmission(e.cfg, gate.Queues{Now: a.At, TenantDepth: q.depth, TenantInteractive: q.interactive,
+		GlobalDepth: e.depth, Usage: e.us}, req, rate)
+	if o.Refund {
+		e.rate.Refund(a.Tenant, 1)
+	}
+	if !o.Queued {
+		e.res.refuse(a.Tenant, string(o.Code), o.Scope)
+		if q.depth == 0 && q.inFlight == 0 {
+			delete(e.tenants, a.Tenant)
+		}
+		return
+	}
+	st.Admitted++
+	e.res.Total.Admitted++
+	e.nextID++
+	j := &qjob{head: store.Head{ID: e.nextID, Tenant: a.Tenant, QueuedAt: a.At, Lanes: a.Lanes, Interactive: a.Interactive,
+		Priority: a.Priority}, service: a.Service}
+	q.depth++
+	if a.Interactive {
+		q.interactive++
+	}
+	e.depth++
+	e.res.sampleDepth(e.now, e.depth)
+	st.noteDepth(q.depth)
+	if a.RunAt.After(a.At) {
+		j.runAt = a.RunAt
+		e.push(&event{at: a.RunAt, job: j})
+		return
+	}
+	e.enqueue(j)
+}
+
+// enqueue puts a due job in its tenant's queue, where the claim may take it.
+func (e *Engine) enqueue(j *qjob) {
+	q := e.tenant(j.head.Tenant)
+	q.add(j)
+	e.active[j.head.Tenant] = q
+}
+
+// slot decides a slot request as gate.DecideSlot does; granted and counted, it holds a unit
+// for its Service, or until its SlotEnd.
+func (e *Engine) slot(a Arrival) {
+	st := e.res.tenant(a.Tenant)
+	st.Slots++
+	e.res.Total.Slots++
+	if lane, ok := e.cfg.Known(a.Lanes); !ok {
+		e.res.refuseSlot(a.Tenant, string(job.CodeInvalidRequest), limits.LanePrefix+lane)
+		return
+	}
+	waiting := make([]gate.SlotWaiting, 0, len(e.active))
+	for t := range e.active {
+		if t != a.Tenant {
+			waiting = append(waiting, gate.SlotWaiting{Tenant: t, Due: true})
+		}
+	}
+	u := limits.Unit{Tenant: a.Tenant, Lanes: a.Lanes, Interactive: a.Interactive}
+	o := gate.DecideSlot(e.cfg, e.us, waiting, u, a.Aware)
+	if !o.Grant {
+		e.res.refuseSlot(a.Tenant, string(job.CodeCapacityExceeded), o.Scope)
+		return
+	}
+	st.SlotsGranted++
+	e.res.Total.SlotsGranted++
+	if !o.Counted {
+		return
+	}
+	e.us.Add(e.cfg, u, 1)
+	e.tenant(a.Tenant).inFlight++
+	if a.Service > 0 || a.ID == "" {
+		e.push(&event{at: a.At.Add(a.Service), unit: u})
+		return
+	}
+	e.slots[a.ID] = u
+}
+
+// release gives back a slot's unit.
+func (e *Engine) release(u limits.Unit) {
+	e.us.Add(e.cfg, u, -1)
+	q := e.tenants[u.Tenant]
+	q.inFlight--
+	e.forgetIdle(u.Tenant, q)
+}
+
+func (e *Engine) forgetIdle(t string, q *tenantQueue) {
+	if q.depth == 0 && q.inFlight == 0 {
+		delete(e.tenants, t) // its time used (fair_time) stays: it decays, it is not forgotten
+	}
+}
+
+// ended records a job's outcome: its unit is free, and under fair_time its tenant is charged.
+func (e *Engine) ended(j *qjob) {
+	u := j.head.Unit()
+	e.us.Add(e.cfg, u, -1)
+	q := e.tenants[j.head.Tenant]
+	q.inFlight--
+	if e.cfg.Ordering == limits.FairTime {
+		tu := e.used[j.head.Tenant]
+		tu.charge(e.now, e.now.Sub(j.claimed))
+		tu.running -= j.claimed.Sub(e.res.Start).Seconds()
+		tu.inFlight--
+	}
+	e.forgetIdle(j.head.Tenant, q)
+}
+
+// claim runs passes as a drainer does while jobs are due and units free: each reads, for every
+// tenant below its cap, its first jobs in its queue's order (as many as the pass may claim) and
+// lets the Chooser choose.
+func (e *Engine) claim() {
+	for len(e.active) > 0 && e.us.Total < e.cfg.GlobalInFlight {
+		free := min(e.cfg.GlobalInFlight-e.us.Total, e.chooserBatch())
+		var aged time.Time
+		if e.cfg.PriorityAgingSeconds > 0 {
+			aged = e.now.Add(-e.cfg.PriorityAging())
+		}
+		heads := make(map[string][]drainer.Head, len(e.active))
+		more := make(map[string]bool, len(e.active))
+		for t, q := range e.active {
+			if e.us.Tenant[t] >= e.cfg.TenantCap(t) {
+				continue
+			}
+			heads[t], more[t] = q.first(free, aged)
+		}
+		if len(heads) == 0 {
+			return
+		}
+		if e.cfg.Ordering == limits.FairTime {
+			e.chose.SetTimeUsed(e.timeUsed(heads))
+		}
+		chosen, full := e.chose.Choose(e.cfg, heads, more, &e.us)
+		for _, h := range chosen {
+			e.start(h)
+		}
+		if len(chosen) == 0 || !full {
+			return
+		}
+	}
+}
+
+func (e *Engine) chooserBatch() int {
+	if e.opts.ClaimBatch > 0 {
+		return e.opts.ClaimBatch
+	}
+	return 64
+}
+
+// start takes a chosen job out of its queue (the Chooser counted it in flight already).
+func (e *Engine) start(h drainer.Head) {
+	t := h.Unit.Tenant
+	q := e.tenants[t]
+	j := q.take(h.ID)
+	q.depth--
+	if j.head.Interactive {
+		q.interactive--
+	}
+	q.inFlight++
+	if q.eligible == 0 {
+		delete(e.active, t)
+	}
+	e.depth--
+	e.res.sampleDepth(e.now, e.depth)
+	j.claimed = e.now
+	e.res.started(t, e.now.Sub(j.head.QueuedAt))
+	if e.cfg.Ordering == limits.FairTime {
+		tu := e.usedOf(t)
+		tu.running += e.now.Sub(e.res.Start).Seconds()
+		tu.inFlight++
+	}
+	e.push(&event{at: e.now.Add(j.service), job: j})
+}
+
+// timeUsed is what fair_time orders by: each tenant's executor time charged at its outcomes,
+// decayed over limits.FairTimeWindow as store.TimeUsed decays it, plus the time its jobs in
+// flight have run so far.
+type timeUsed struct {
+	used     float64 // seconds, as of at
+	at       time.Time
+	running  float64 // the sum of the in-flight jobs' claim instants, in seconds from Start
+	inFlight int
+}
+
+func (tu *timeUsed) decayed(now time.Time) float64 {
+	if tu.at.IsZero() {
+		return 0
+	}
+	return tu.used * math.Exp(-float64(now.Sub(tu.at).Microseconds())/float64(limits.FairTimeWindow.Microseconds()))
+}
+
+func (tu *timeUsed) charge(now time.Time, d time.Duration) {
+	tu.used, tu.at = tu.decayed(now)+d.Seconds(), now
+}
+
+func (e *Engine) usedOf(t string) *timeUsed {
+	tu := e.used[t]
+	if tu == nil {
+		tu = &timeUsed{}
+		e.used[t] = tu
+	}
+	return tu
+}
+
+func (e *Engine) timeUsed(heads map[string][]drainer.Head) map[string]float64 {
+	out := make(map[string]float64, len(heads))
+	since := e.now.Sub(e.res.Start).Seconds()
+	for t := range heads {
+		if tu := e.used[t]; tu != nil {
+			out[t] = tu.decayed(e.now) + float64(tu.inFlight)*since - tu.running
+		}
+	}
+	return out
+}
+
+// event is something that happens at a time: a job's outcome, a scheduled job coming due (job
+// with runAt set) or a slot's release (unit).
+type event struct {
+	at   time.Time
+	seq  int64
+	job  *qjob
+	unit limits.Unit
+}
+
+func (e *Engine) push(ev *event) {
+	e.seq++
+	ev.seq = e.seq
+	heap.Push(&e.events, ev)
+}
+
+type events []*event
+
+func (h events) Len() int { return len(h) }
+func (h events) Less(i, j int) bool {
+	if !h[i].at.Equal(h[j].at) {
+		return h[i].at.Before(h[j].at)
+	}
+	return h[i].seq < h[j].seq
+}
+func (h events) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *events) Push(x any)   { *h = append(*h, x.(*event)) }
+func (h *events) Pop() any {
+	old := *h
+	ev := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return ev
+}
