@@ -62,6 +62,8 @@ Usage:
   sluice tenants [--order name|depth] [--cursor C]     every tenant with work, a page at a time (admin token)
   sluice config show|set key=value... --note TEXT|history   runtime config (admin token)
   sluice config history [--limit N] [--cursor C]       its changes, newest first, a page at a time (admin token)
+  sluice simulate --since T [--until T] --set key=value...   replay what arrived under a config change (database)
+  sluice simulate --arrivals FILE [--current defaults] --set key=value...   the same for arrivals in a file
 
 Settings come from flags, SLUICE_* environment variables or a --config file, in that order
 (an empty variable or file value counts as unset).
@@ -109,6 +111,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = tenantsCmd(ctx, rest, stdout, stderr)
 	case "config":
 		err = configCmd(ctx, rest, stdout, stderr)
+	case "simulate":
+		err = simulateCmd(ctx, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 	default:

@@ -32,7 +32,9 @@ type Engine struct {
 	rate   admitrate.Local
 	now    time.Time
 	begun  bool
-	nextID int64
+	// arrived: the claim pass that follows the arrivals of the current instant is still due.
+	arrived bool
+	nextID  int64
 
 	tenants map[string]*tenantQueue // every tenant with jobs queued or in flight
 	active  map[string]*tenantQueue // the tenants with jobs due
@@ -64,12 +66,18 @@ type qjob struct {
 	claimed time.Time
 }
 
-// Arrive replays a: first everything that happens before a.At (ends, scheduled jobs coming due,
-// with the claims that follow them), then a's decision, then a claim pass.
+// Arrive replays a: first the claim pass that follows the arrivals of the instant before, then
+// everything that happens up to a.At (ends, scheduled jobs coming due, with the claims that
+// follow them), then a's decision. The claim pass after an arrival waits for the arrivals of
+// the same instant: the items of one batch are decided in one transaction, before any claim.
 func (e *Engine) Arrive(a Arrival) {
 	if !e.begun {
 		e.begun, e.now = true, a.At
 		e.res.Start = a.At
+	}
+	if a.At.After(e.now) && e.arrived {
+		e.arrived = false
+		e.claim()
 	}
 	e.advance(a.At, false)
 	if a.At.After(e.now) {
@@ -86,13 +94,15 @@ func (e *Engine) Arrive(a Arrival) {
 	default:
 		e.admit(a)
 	}
-	e.claim()
+	e.arrived = true
 }
 
 // Finish runs the simulation on until nothing more happens (every job that can start has
 // ended) and returns its figures. Jobs still queued then (a paused tenant's, say) are counted as
 // never started.
 func (e *Engine) Finish() *Result {
+	e.arrived = false
+	e.claim()
 	e.advance(time.Time{}, true)
 	e.res.End = e.now
 	for t, q := range e.tenants {

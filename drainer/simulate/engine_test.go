@@ -118,27 +118,28 @@ func TestLoweringATenantCapShiftsWaits(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 func TestDepthCapsRateLimitAndImmediate(t *testing.T) {
-	cfg := config(t, `{"global_in_flight": 1, "tenant_in_flight": 1, "tenant_queue_depth": 2, "admission_rate_per_minute": 4}`)
+	cfg := config(t, `{"global_in_flight": 1, "tenant_in_flight": 1, "tenant_queue_depth": 2, "admission_rate_per_minute": 3}`)
 	var arrivals []Arrival
 	for range 5 {
-		arrivals = append(arrivals, jobAt(0, "a", 1000)) // 1 starts, 2 queue, 2 refused queue_full
+		// One instant, as one batch: decided before any claim, so 2 queue and 3 are refused.
+		arrivals = append(arrivals, jobAt(0, "a", 1000))
 	}
 	imm := jobAt(10, "b", 10)
 	imm.Immediate = true // the box is full: refused at once
-	// At 1.5 s one of a's has started: room in its queue, and the refused ones gave their rate
-	// units back, so the fourth unit of the minute is granted, and the fifth is not.
+	// At 1.5 s both of a's have started: room in its queue, and the refused ones gave their rate
+	// units back, so the third unit of the minute is granted, and the fourth is not.
 	arrivals = append(arrivals, imm, jobAt(1500, "a", 1000), jobAt(1600, "a", 10), jobAt(61_000, "a", 10))
 	r := replay(t, cfg, arrivals)
 	a := r.Tenants["a"]
-	want := map[string]int{"queue_full:tenant": 2, "rate_limited": 1}
+	want := map[string]int{"queue_full:tenant": 3, "rate_limited": 1}
 	if fmt.Sprint(a.Refused) != fmt.Sprint(want) {
 		t.Fatalf("a's refusals %v, want %v", a.Refused, want)
 	}
 	if got := r.Tenants["b"].Refused; fmt.Sprint(got) != fmt.Sprint(map[string]int{"capacity_exceeded:global": 1}) {
 		t.Fatalf("b's refusals %v, want capacity_exceeded:global once", got)
 	}
-	if a.Arrivals != 8 || a.Admitted != 5 || a.Started != 5 {
-		t.Fatalf("a: %d arrivals, %d admitted, %d started; want 8, 5, 5", a.Arrivals, a.Admitted, a.Started)
+	if a.Arrivals != 8 || a.Admitted != 4 || a.Started != 4 {
+		t.Fatalf("a: %d arrivals, %d admitted, %d started; want 8, 4, 4", a.Arrivals, a.Admitted, a.Started)
 	}
 	if a.DepthMax != 2 {
 		t.Fatalf("a's deepest queue %d, want its depth cap, 2", a.DepthMax)

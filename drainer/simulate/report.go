@@ -119,8 +119,8 @@ func (c *Comparison) WriteJSON(w io.Writer) error {
 // that gain or lose.
 func (c *Comparison) WriteTable(w io.Writer, top int) error {
 	cur, ch := c.Current, c.Changed
-	fmt.Fprintf(w, "replayed %d job arrivals and %d slot requests of %d tenants, %s to %s\n",
-		cur.Total.Arrivals, cur.Total.Slots, len(cur.Tenants), cur.Start.Format(time.RFC3339), cur.Start.Add(cur.End.Sub(cur.Start)).Format(time.RFC3339))
+	fmt.Fprintf(w, "replayed %d job arrivals and %d slot requests of %d tenants from %s, over %s (to the last outcome)\n",
+		cur.Total.Arrivals, cur.Total.Slots, len(cur.Tenants), cur.Start.Format(time.RFC3339Nano), cur.End.Sub(cur.Start).Round(time.Millisecond))
 	fmt.Fprintf(w, "changes: %s\n\n", changeText(c.Changes))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "tenant\tarrivals\twait p50 ms\tp95\tp99\tmax\trefused\t\t→ p50 ms\tp95\tp99\tmax\trefused\t")

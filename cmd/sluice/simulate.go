@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/drainer/simulate"
+	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/limits"
+)
+
+// setFlags collects repeated --set key=value.
+type setFlags map[string]json.RawMessage
+
+func (s setFlags) String() string { return "" }
+
+func (s setFlags) Set(kv string) error {
+	k, v, ok := strings.Cut(kv, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want key=value, got %q", kv)
+	}
+	raw, err := json.Marshal(parseValue(v))
+	if err != nil {
+		return err
+	}
+	s[k] = raw
+	return nil
+}
+
+// simulateCmd is `sluice simulate` (SPEC §11): what the arrivals of a window of the audit trail,
+// or of a file, would have met under the configuration in force and under it with --set
+// changes, side by side.
+func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice simulate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	since := fs.String("since", "", "replay what arrived from this time (RFC 3339, or a duration ago such as 2h)")
+	until := fs.String("until", "", "... up to this time (RFC 3339 or a duration ago; default now)")
+	file := fs.String("arrivals", "", "replay this JSON-lines file of arrivals instead of the audit trail (- for stdin)")
+	start := fs.String("start", "", "with --arrivals: the time a numeric `at` counts from (RFC 3339; default 2000-01-01T00:00:00Z)")
+	set := setFlags{}
+	fs.Var(set, "set", "a config change to simulate, key=value as `sluice config set` takes it (repeat for more)")
+	top := fs.Int("top", 20, "tenants shown, the busiest first (0: all)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	claimBatch := fs.Int("claim-batch", 64, "the drainers' claim batch")
+	base := fs.String("current", "db", "the configuration compared against: db (the one in force) or defaults")
+	flags, pos := splitArgs(args, "json", "-json")
+	c, err := parseSettings(fs, flags)
+	if err != nil {
+		return err
+	}
+	if pos = append(pos, fs.Args()...); len(pos) > 0 {
+		return fmt.Errorf("simulate: unexpected argument %q (changes go in --set key=value)", pos[0])
+	}
+	if (*since == "") == (*file == "") {
+		return errors.New("simulate: want --since <time> (the audit trail) or --arrivals FILE, one of the two")
+	}
+	opts := simulate.Options{ClaimBatch: *claimBatch}
+	progress := func(n int) { fmt.Fprintf(stderr, "simulate: %d arrivals replayed\n", n) }
+	if *base != "db" && *base != "defaults" {
+		return fmt.Errorf("simulate: --current: want db or defaults, got %q", *base)
+	}
+	if *base == "defaults" && *file == "" {
+		return errors.New("simulate: --current=defaults is for --arrivals; the audit trail is read from the database")
+	}
+	var (
+		src     simulate.Source
+		current = limits.Default()
+		from    = "the defaults"
+	)
+	if *base == "db" {
+		db, err := c.openDB(ctx)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		v, err := limits.Load(ctx, db)
+		if err != nil {
+			return fmt.Errorf("simulate: read the configuration in force (--current defaults compares a file's arrivals with the defaults instead): %w", err)
+		}
+		current, from = v.Config, fmt.Sprintf("runtime config version %d", v.Version)
+		if *file == "" {
+			now, err := clock.DB{DB: db}.Now(ctx)
+			if err != nil {
+				return err
+			}
+			lo, err := timeOrAgo("--since", *since, now)
+			if err != nil {
+				return err
+			}
+			hi := now
+			if *until != "" {
+				if hi, err = timeOrAgo("--until", *until, now); err != nil {
+					return err
+				}
+			}
+			if !lo.Before(hi) {
+				return fmt.Errorf("simulate: the window %s to %s is empty", lo.Format(time.RFC3339), hi.Format(time.RFC3339))
+			}
+			opts.DepthEvery = depthPeriod(hi.Sub(lo))
+			src = simulate.Recorded(ctx, db, lo, hi)
+		}
+	}
+	if *file != "" {
+		at := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+		if *start != "" {
+			if at, err = time.Parse(time.RFC3339Nano, *start); err != nil {
+				return fmt.Errorf("simulate: --start: want an RFC 3339 time, got %q", *start)
+			}
+		}
+		in := io.Reader(os.Stdin)
+		if *file != "-" {
+			f, err := os.Open(*file)
+			if err != nil {
+				return fmt.Errorf("simulate: %w", err)
+			}
+			defer f.Close()
+			in = f
+		}
+		src = simulate.Lines(in, at)
+	}
+	fmt.Fprintf(stderr, "simulate: current configuration: %s\n", from)
+	cmp, err := simulate.Run(src, current, set, opts, progress)
+	if errors.Is(err, simulate.ErrNoArrivals) {
+		if *file != "" {
+			return fmt.Errorf("simulate: %s holds no arrivals", *file)
+		}
+		return errors.New("simulate: the audit trail holds no arrivals in that window (is audit_retention_days shorter, or the audit off?)")
+	}
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
+	}
+	if *asJSON {
+		return cmp.WriteJSON(stdout)
+	}
+	return cmp.WriteTable(stdout, *top)
+}
+
+// timeOrAgo parses an RFC 3339 time, or a duration before now.
+func timeOrAgo(flag, v string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t.UTC(), nil
+	}
+	d, err := time.ParseDuration(strings.TrimPrefix(v, "-"))
+	if err != nil || d <= 0 {
+		return time.Time{}, fmt.Errorf("simulate: %s: want an RFC 3339 time or a duration ago such as 2h, got %q", flag, v)
+	}
+	return now.Add(-d), nil
+}
+
+// depthPeriod splits a window into about 48 periods of whole seconds for the depth line.
+func depthPeriod(window time.Duration) time.Duration {
+	return max(time.Second, (window / 48).Truncate(time.Second))
+}

@@ -1,0 +1,172 @@
+package simulate
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
+	"github.com/sluicehq/sluice/gate/store"
+)
+
+// recordedPage is how many audit events one read of Recorded returns.
+const recordedPage = 5000
+
+// recordedSQL reads the audit events that are arrivals or slot releases, after a (at, id) key,
+// in time order, each with its job's row while it is kept: what it asked of the caps and, once
+// it was dispatched, how long it held its unit (to its outcome, or to now if it has none yet).
+// The `at` index serves the range; the job is one primary-key read.
+const recordedSQL = `SELECT a.id, a.at, a.event, a.tenant, COALESCE(a.error_code, ''), COALESCE(a.scope, ''),
+	COALESCE(a.slot_id, ''), j.id IS NOT NULL, COALESCE(j.lanes, ''), COALESCE(j.interactive, FALSE),
+	COALESCE(j.priority, 5), j.not_before,
+	TIMESTAMPDIFF(MICROSECOND, j.dispatched_at, COALESCE(j.finished_at, UTC_TIMESTAMP(6)))
+	FROM audit_events a LEFT JOIN jobs j ON j.id = a.job_id
+	WHERE a.at >= ? AND a.at < ? AND (a.at > ? OR (a.at = ? AND a.id > ?))
+	  AND a.event IN ('admitted', 'shadow_refused', 'refused', 'slot_granted', 'slot_refused', 'slot_released', 'slot_lost')
+	ORDER BY a.at, a.id LIMIT ?`
+
+// Recorded is a Source of what arrived between since and until, read from the audit trail of
+// db (SPEC §10) a page at a time: admissions (admitted, shadow-refused, and refused by a depth
+// cap, the rate limit, immediate-or-refuse or a deadline), slot requests and slot releases. A
+// job's lanes, interactive flag, priority and run_at, and the time from its dispatch to its
+// outcome, come from its row while the row is kept (retention_days). A job never dispatched
+// (refused, canceled, expired, still queued) and a refused request have no service time of
+// their own: they take their tenant's mean so far in the window (else everyone's, else none), as
+// a refused slot takes its tenant's mean hold. A refused request whose row was never written
+// has no lanes; a slot's lanes are not recorded. ctx bounds every read.
+func Recorded(ctx context.Context, db sqldb.DB, since, until time.Time) Source {
+	return &recorded{ctx: ctx, db: db, since: since.UTC(), until: until.UTC(), lastAt: since.UTC(),
+		service: map[string]*mean{}, hold: map[string]*mean{}, held: map[string]time.Time{}}
+}
+
+type recorded struct {
+	ctx          context.Context
+	db           sqldb.DB
+	since, until time.Time
+	lastAt       time.Time
+	lastID       int64
+	page         []Arrival
+	done         bool
+	// Means of what is known so far, for the arrivals that have no figure of their own.
+	service, hold map[string]*mean
+	allService    mean
+	held          map[string]time.Time // granted slots not yet released, for their hold
+}
+
+type mean struct {
+	sum time.Duration
+	n   int
+}
+
+func (m *mean) add(d time.Duration) { m.sum += d; m.n++ }
+func (m *mean) get() (time.Duration, bool) {
+	if m == nil || m.n == 0 {
+		return 0, false
+	}
+	return m.sum / time.Duration(m.n), true
+}
+
+func (r *recorded) Next() (Arrival, error) {
+	for len(r.page) == 0 {
+		if r.done {
+			return Arrival{}, io.EOF
+		}
+		if err := r.read(); err != nil {
+			return Arrival{}, err
+		}
+	}
+	a := r.page[0]
+	r.page = r.page[1:]
+	return a, nil
+}
+
+func (r *recorded) read() error {
+	rows, err := r.db.QueryContext(r.ctx, recordedSQL, r.since, r.until, r.lastAt, r.lastAt, r.lastID, recordedPage)
+	if err != nil {
+		return fmt.Errorf("read the audit trail: %w", err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		n++
+		var (
+			id                  int64
+			at                  time.Time
+			event, tenant, code string
+			scope, slot, lanes  string
+			hasRow, interactive bool
+			priority            int
+			notBefore           sql.NullTime
+			serviceUS           sql.NullInt64
+		)
+		if err := rows.Scan(&id, &at, &event, &tenant, &code, &scope, &slot, &hasRow, &lanes, &interactive, &priority,
+			&notBefore, &serviceUS); err != nil {
+			return fmt.Errorf("read the audit trail: %w", err)
+		}
+		r.lastAt, r.lastID = at, id
+		if a, ok := r.arrival(at, event, tenant, code, slot, hasRow, lanes, interactive, priority, notBefore, serviceUS); ok {
+			r.page = append(r.page, a)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the audit trail: %w", err)
+	}
+	r.done = n < recordedPage
+	return nil
+}
+
+func (r *recorded) arrival(at time.Time, event, tenant, code, slot string, hasRow bool, lanes string, interactive bool,
+	priority int, notBefore sql.NullTime, serviceUS sql.NullInt64) (Arrival, bool) {
+	a := Arrival{At: at.UTC(), Tenant: tenant, Priority: job.DefaultPriority, ID: slot}
+	switch event {
+	case store.EventSlotGranted:
+		a.Kind = Slot
+		r.held[slot] = a.At
+		return a, true
+	case store.EventSlotRefused:
+		a.Kind, a.ID = Slot, ""
+		a.Service, _ = r.hold[tenant].get()
+		return a, true
+	case store.EventSlotReleased, store.EventSlotLost:
+		granted, ok := r.held[slot]
+		if !ok {
+			return Arrival{}, false // granted before the window: the simulation never held it
+		}
+		delete(r.held, slot)
+		m := r.hold[tenant]
+		if m == nil {
+			m = &mean{}
+			r.hold[tenant] = m
+		}
+		m.add(a.At.Sub(granted))
+		a.Kind = SlotEnd
+		return a, true
+	}
+	a.Kind, a.ID = Job, ""
+	a.Immediate = code == string(job.CodeCapacityExceeded)
+	if hasRow {
+		a.Lanes, a.Interactive, a.Priority = store.SplitLanes(lanes), interactive, priority
+		if notBefore.Valid && notBefore.Time.After(at) {
+			a.RunAt = notBefore.Time.UTC()
+		}
+	}
+	if serviceUS.Valid {
+		a.Service = time.Duration(serviceUS.Int64) * time.Microsecond
+		m := r.service[tenant]
+		if m == nil {
+			m = &mean{}
+			r.service[tenant] = m
+		}
+		m.add(a.Service)
+		r.allService.add(a.Service)
+		return a, true
+	}
+	var ok bool
+	if a.Service, ok = r.service[tenant].get(); !ok {
+		a.Service, _ = r.allService.get()
+	}
+	return a, true
+}
