@@ -26,12 +26,12 @@ type Options struct {
 // those that ended: its memory is bounded by what is in the system at once, not by the
 // arrivals' number.
 type Engine struct {
-	cfg    limits.Config
-	opts   Options
-	chose  *drainer.Chooser
-	rate   admitrate.Local
-	now    time.Time
-	begun  bool
+	cfg   limits.Config
+	opts  Options
+	chose *drainer.Chooser
+	rate  admitrate.Local
+	now   time.Time
+	begun bool
 	// arrived: the claim pass that follows the arrivals of the current instant is still due.
 	arrived bool
 	nextID  int64
