@@ -3,11 +3,13 @@ package simulate
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 )
@@ -169,4 +171,14 @@ func (r *recorded) arrival(at time.Time, event, tenant, code, slot string, hasRo
 		a.Service, _ = r.allService.get()
 	}
 	return a, true
+}
+
+// RunRecorded replays what arrived between since and until, read from db's audit trail
+// (Recorded), under the runtime configuration in force and under it with changes (Run).
+func RunRecorded(ctx context.Context, db sqldb.DB, since, until time.Time, changes map[string]json.RawMessage, opts Options, progress func(int)) (*Comparison, error) {
+	v, err := limits.Load(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("read the configuration in force: %w", err)
+	}
+	return Run(Recorded(ctx, db, since, until), v.Config, changes, opts, progress)
 }
