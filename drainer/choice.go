@@ -29,7 +29,9 @@ type Head struct {
 // replays arrivals through it on a virtual clock, so that what it predicts is chosen by the code
 // that chooses in production, step for step. Not safe for concurrent use.
 type Chooser struct {
-	ch chooser
+	ch    chooser
+	cands map[string][]candidate // reused by every Choose
+	flat  []candidate            // their backing array, reused
 }
 
 // NewChooser returns a Chooser that takes at most claimBatch jobs a pass, as a drainer
@@ -51,15 +53,19 @@ func (c *Chooser) SetTimeUsed(used map[string]float64) { c.ch.timeUsed = used }
 // chosen, having added them to us, and whether the pass stopped with capacity possibly left (as
 // a drainer's pass does, after which the next one reads again). heads is left as it was.
 func (c *Chooser) Choose(cfg limits.Config, heads map[string][]Head, more map[string]bool, us *limits.Usage) ([]Head, bool) {
-	cands := make(map[string][]candidate, len(heads))
-	for t, hs := range heads {
-		cs := make([]candidate, len(hs))
-		for i, h := range hs {
-			cs[i] = candidate{id: h.ID, tenant: t, queuedAt: h.QueuedAt, unit: h.Unit}
-		}
-		cands[t] = cs
+	if c.cands == nil {
+		c.cands = map[string][]candidate{}
 	}
-	chosen, full := c.ch.choose(cfg, cands, more, us)
+	clear(c.cands)
+	c.flat = c.flat[:0]
+	for t, hs := range heads {
+		from := len(c.flat)
+		for _, h := range hs {
+			c.flat = append(c.flat, candidate{id: h.ID, tenant: t, queuedAt: h.QueuedAt, unit: h.Unit})
+		}
+		c.cands[t] = c.flat[from:len(c.flat):len(c.flat)]
+	}
+	chosen, full := c.ch.choose(cfg, c.cands, more, us)
 	out := make([]Head, len(chosen))
 	for i, ch := range chosen {
 		out[i] = Head{ID: ch.id, QueuedAt: ch.queuedAt, Unit: ch.unit}

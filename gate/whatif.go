@@ -51,39 +51,65 @@ func RateLimited(cfg limits.Config) bool {
 	return cfg.AdmissionRatePerMinute > 0 && cfg.AdmissionMode != limits.ModeOff
 }
 
-// DecideAdmission decides req, a valid request, as the admission of one item does with q read
-// under its tenant's lock and its rate reservation rate. q.Usage is left as it was.
-func DecideAdmission(cfg limits.Config, q Queues, req Request, rate RateAnswer) Outcome {
-	it := &item{req: req}
-	st := newState()
+// Decider decides admissions one at a time (Admission), reusing its state between them. Not
+// safe for concurrent use; the zero value is ready.
+type Decider struct {
+	st    *state
+	it    item
+	items [1]*item
+	rate  map[string]rateGrant
+}
+
+// Admission decides req, a valid request, as the admission of one item does with q read under
+// its tenant's lock and its rate reservation rate. q.Usage is left as it was.
+func (d *Decider) Admission(cfg limits.Config, q Queues, req Request, rate RateAnswer) Outcome {
+	if d.st == nil {
+		d.st = newState()
+	}
+	st := d.st
+	clear(st.tenantDepth)
+	clear(st.tenantInteractive)
+	clear(st.tenantInFlight)
+	clear(st.replaceable)
+	d.it = item{req: req}
+	it := &d.it
 	st.now = q.Now
 	st.tenantDepth[req.Tenant] = q.TenantDepth
 	st.tenantInteractive[req.Tenant] = q.TenantInteractive
 	st.tenantInFlight[req.Tenant] = q.Usage.Tenant[req.Tenant]
 	st.globalDepth = q.GlobalDepth
 	st.usage = q.Usage
+	st.rate = nil
 	if rate.Limited {
 		g := rateGrant{retryAfter: rate.RetryAfter}
 		if rate.Granted {
 			g.granted = 1
 		}
-		st.rate = map[string]rateGrant{req.Tenant: g}
+		if d.rate == nil {
+			d.rate = map[string]rateGrant{}
+		}
+		clear(d.rate)
+		d.rate[req.Tenant] = g
+		st.rate = d.rate
 	}
-	refund := decide([]*item{it}, cfg, st)
+	d.items[0] = it
+	refund := decide(d.items[:], cfg, st)
 	if st.usage.Total != q.Usage.Total {
 		// immediate-or-refuse counted the job in flight for the batch's later items, in q.Usage's
 		// maps: give them back as they were.
 		st.usage.Add(cfg, req.unit(), q.Usage.Total-st.usage.Total)
 	}
 	o := Outcome{Decision: it.res.Decision, Queued: it.insert && it.scope == "", Refund: refund[req.Tenant] > 0}
-	var je *job.Error
 	switch {
 	case it.scope != "":
 		o.Code, o.Scope = job.CodeQueueFull, it.scope
-	case errors.As(it.err, &je):
-		o.Code = je.Code
-		if je.Code == job.CodeCapacityExceeded {
-			o.Scope = it.res.Verdict.Scope
+	case it.err != nil:
+		var je *job.Error
+		if errors.As(it.err, &je) {
+			o.Code = je.Code
+			if je.Code == job.CodeCapacityExceeded {
+				o.Scope = it.res.Verdict.Scope
+			}
 		}
 	}
 	return o

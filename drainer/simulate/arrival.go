@@ -1,6 +1,6 @@
 // Package simulate replays arrivals of jobs and slots on a virtual clock through the code that
 // decides in production, to show what a configuration would have done with traffic that came
-// (`sluice simulate`): admission's checks (gate.DecideAdmission: depth caps, queue=false), the
+// (`sluice simulate`): admission's checks (gate.Decider: depth caps, queue=false), the
 // admission rate limit (admitrate.Local: the limiter's windows and grants), the claim's choice
 // (drainer.Chooser: ordering, weights, caps, tiers, lanes, reserve) in each tenant's queue order
 // (store.Head.Before: interactive, priority with aging, age), and a slot's grant

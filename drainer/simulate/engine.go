@@ -26,12 +26,15 @@ type Options struct {
 // those that ended: its memory is bounded by what is in the system at once, not by the
 // arrivals' number.
 type Engine struct {
-	cfg   limits.Config
-	opts  Options
-	chose *drainer.Chooser
-	rate  admitrate.Local
-	now   time.Time
-	begun bool
+	cfg     limits.Config
+	opts    Options
+	chose   *drainer.Chooser
+	decider gate.Decider
+	heads   map[string][]drainer.Head // a claim pass's, reused
+	more    map[string]bool
+	rate    admitrate.Local
+	now     time.Time
+	begun   bool
 	// arrived: the claim pass that follows the arrivals of the current instant is still due.
 	arrived bool
 	nextID  int64
@@ -42,6 +45,7 @@ type Engine struct {
 	us      limits.Usage
 	events  events
 	seq     int64
+	spare   []*tenantQueue         // queues of tenants gone idle, for reuse
 	slots   map[string]limits.Unit // granted, counted slots held until their SlotEnd
 	used    map[string]*timeUsed   // fair_time: each tenant's executor time
 
@@ -150,13 +154,17 @@ func (e *Engine) flow(t time.Time) {
 func (e *Engine) tenant(t string) *tenantQueue {
 	q := e.tenants[t]
 	if q == nil {
-		q = &tenantQueue{}
+		if n := len(e.spare); n > 0 {
+			q, e.spare = e.spare[n-1], e.spare[:n-1]
+		} else {
+			q = &tenantQueue{}
+		}
 		e.tenants[t] = q
 	}
 	return q
 }
 
-// admit decides a job's admission as gate.DecideAdmission does and queues it when admitted.
+// admit decides a job's admission as gate.Decider does and queues it when admitted.
 func (e *Engine) admit(a Arrival) {
 	st := e.res.tenant(a.Tenant)
 	st.Arrivals++
@@ -168,7 +176,8 @@ func (e *Engine) admit(a Arrival) {
 	q := e.tenant(a.Tenant)
 	req := gate.Request{Tenant: a.Tenant, Lanes: a.Lanes}
 	if a.Interactive {
-		req.Interactive = &a.Interactive
+		yes := true
+		req.Interactive = &yes
 	}
 	if a.Priority != job.DefaultPriority {
 		p := a.Priority
@@ -187,7 +196,7 @@ func (e *Engine) admit(a Arrival) {
 		granted, retry := e.rate.Reserve(a.Tenant, 1, e.cfg.AdmissionRatePerMinute, a.At)
 		rate = gate.RateAnswer{Limited: true, Granted: granted == 1, RetryAfter: retry}
 	}
-	o := gate.DecideAdmission(e.cfg, gate.Queues{Now: a.At, TenantDepth: q.depth, TenantInteractive: q.interactive,
+	o := e.decider.Admission(e.cfg, gate.Queues{Now: a.At, TenantDepth: q.depth, TenantInteractive: q.interactive,
 		GlobalDepth: e.depth, Usage: e.us}, req, rate)
 	if o.Refund {
 		e.rate.Refund(a.Tenant, 1)
@@ -195,7 +204,7 @@ func (e *Engine) admit(a Arrival) {
 	if !o.Queued {
 		e.res.refuse(a.Tenant, string(o.Code), o.Scope)
 		if q.depth == 0 && q.inFlight == 0 {
-			delete(e.tenants, a.Tenant)
+			e.idle(a.Tenant, q)
 		}
 		return
 	}
@@ -270,9 +279,24 @@ func (e *Engine) release(u limits.Unit) {
 	e.forgetIdle(u.Tenant, q)
 }
 
+// idle forgets tenant t, which has nothing in the system; its queue is kept for the next
+// tenant that comes (the FIFOs' arrays with it).
+func (e *Engine) idle(t string, q *tenantQueue) {
+	delete(e.tenants, t)
+	delete(e.active, t)
+	for i := range q.fifos {
+		for p := range q.fifos[i] {
+			f := &q.fifos[i][p]
+			f.js, f.off = f.js[:0], 0
+		}
+	}
+	*q = tenantQueue{fifos: q.fifos}
+	e.spare = append(e.spare, q)
+}
+
 func (e *Engine) forgetIdle(t string, q *tenantQueue) {
 	if q.depth == 0 && q.inFlight == 0 {
-		delete(e.tenants, t) // its time used (fair_time) stays: it decays, it is not forgotten
+		e.idle(t, q) // its time used (fair_time) stays: it decays, it is not forgotten
 	}
 }
 
@@ -301,8 +325,12 @@ func (e *Engine) claim() {
 		if e.cfg.PriorityAgingSeconds > 0 {
 			aged = e.now.Add(-e.cfg.PriorityAging())
 		}
-		heads := make(map[string][]drainer.Head, len(e.active))
-		more := make(map[string]bool, len(e.active))
+		if e.heads == nil {
+			e.heads, e.more = map[string][]drainer.Head{}, map[string]bool{}
+		}
+		heads, more := e.heads, e.more
+		clear(heads)
+		clear(more)
 		for t, q := range e.active {
 			if e.us.Tenant[t] >= e.cfg.TenantCap(t) {
 				continue
