@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/integration/testdb"
 )
 
 func writeArrivals(t *testing.T, text string) string {
@@ -68,6 +70,26 @@ func TestSimulateCommand(t *testing.T) {
 		var out, errOut bytes.Buffer
 		if code := run(tc.args, &out, &errOut); code == 0 || !strings.Contains(errOut.String(), tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want an error with %q", tc.args, code, errOut.String(), tc.want)
+		}
+	}
+}
+
+// Against a database: a window with nothing in its audit trail, and a window that ends before
+// it starts, are refused with errors that say so.
+func TestSimulateCommandEmptyWindow(t *testing.T) {
+	dsn := testdb.New(t).DSN
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"simulate", "--mysql-dsn", dsn, "--since", "1h"}, "the audit trail holds no arrivals in that window"},
+		{[]string{"simulate", "--mysql-dsn", dsn, "--since", "1h", "--until", "2h"}, "is empty"},
+		{[]string{"simulate", "--mysql-dsn", dsn, "--since", "soon"}, "--since: want an RFC 3339 time or a duration ago"},
+		{[]string{"simulate", "--mysql-dsn", dsn, "--since", "1h", "--set", "ordering=random"}, "ordering"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(tc.args, &out, &errOut); code == 0 || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want an error with %q", tc.args[3:], code, errOut.String(), tc.want)
 		}
 	}
 }
