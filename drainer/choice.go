@@ -16,6 +16,9 @@ type chooser struct {
 	// the pass chooses under fair_time (store.TimeUsed), with the time their jobs in flight have
 	// run so far; nil otherwise.
 	timeUsed map[string]float64
+	// The picker of the choose in progress and its heap, kept to reuse their memory.
+	picks picker
+	heap  tenantHeap
 }
 
 // Head is a queued job as the claim's choice sees it: the job a tenant's queue offers next.
@@ -32,6 +35,7 @@ type Chooser struct {
 	ch    chooser
 	cands map[string][]candidate // reused by every Choose
 	flat  []candidate            // their backing array, reused
+	out   []Head                 // Choose's answer, reused
 }
 
 // NewChooser returns a Chooser that takes at most claimBatch jobs a pass, as a drainer
@@ -50,8 +54,9 @@ func (c *Chooser) SetTimeUsed(used map[string]float64) { c.ch.timeUsed = used }
 // Choose is one pass's choice: heads holds, per tenant, its first queued jobs in its queue's
 // order (store.Head's order: interactive first, then priority, then age), more whether a tenant
 // has queued jobs beyond them, and us what is in flight. It returns the jobs claimed, in the order
-// chosen, having added them to us, and whether the pass stopped with capacity possibly left (as
-// a drainer's pass does, after which the next one reads again). heads is left as it was.
+// chosen (valid until the next Choose), having added them to us, and whether the pass stopped
+// with capacity possibly left (as a drainer's pass does, after which the next one reads again).
+// heads is left as it was.
 func (c *Chooser) Choose(cfg limits.Config, heads map[string][]Head, more map[string]bool, us *limits.Usage) ([]Head, bool) {
 	if c.cands == nil {
 		c.cands = map[string][]candidate{}
@@ -66,9 +71,9 @@ func (c *Chooser) Choose(cfg limits.Config, heads map[string][]Head, more map[st
 		c.cands[t] = c.flat[from:len(c.flat):len(c.flat)]
 	}
 	chosen, full := c.ch.choose(cfg, c.cands, more, us)
-	out := make([]Head, len(chosen))
-	for i, ch := range chosen {
-		out[i] = Head{ID: ch.id, QueuedAt: ch.queuedAt, Unit: ch.unit}
+	c.out = c.out[:0]
+	for _, ch := range chosen {
+		c.out = append(c.out, Head{ID: ch.id, QueuedAt: ch.queuedAt, Unit: ch.unit})
 	}
-	return out, full
+	return c.out, full
 }

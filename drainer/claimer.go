@@ -306,7 +306,7 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 func (ch *chooser) choose(cfg limits.Config, cands map[string][]candidate, more map[string]bool, us *limits.Usage) ([]candidate, bool) {
 	var chosen []candidate
 	full := false
-	skip := map[string]bool{}
+	var skip map[string]bool // made at the first tenant skipped: most passes skip none
 	next := ch.picker(cfg, cands, us.Tenant)
 	for us.Total < cfg.GlobalInFlight {
 		if len(chosen) >= ch.claimBatch {
@@ -319,6 +319,9 @@ func (ch *chooser) choose(cfg limits.Config, cands map[string][]candidate, more 
 		}
 		i := fits(cfg, *us, cands[t])
 		if i < 0 {
+			if skip == nil {
+				skip = map[string]bool{}
+			}
 			skip[t] = true
 			continue
 		}

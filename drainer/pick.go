@@ -19,8 +19,12 @@ type picker struct {
 	last string      // the tenant next returned last, still at the heap's top
 }
 
+// picker returns the chooser's picker for one choose, its heap's array reused from the last.
 func (ch *chooser) picker(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) *picker {
-	p := &picker{ch: ch, h: &tenantHeap{cfg: cfg, cands: cands, inFlight: inFlight, used: ch.timeUsed}}
+	h := &ch.heap
+	*h = tenantHeap{cfg: cfg, cands: cands, inFlight: inFlight, used: ch.timeUsed, ts: h.ts[:0]}
+	p := &ch.picks
+	*p = picker{ch: ch, h: h}
 	if cfg.Ordering == limits.RoundRobin {
 		return p
 	}
@@ -45,7 +49,13 @@ func (p *picker) next(skip map[string]bool) string {
 		if h.open(p.last, skip) {
 			heap.Fix(h, 0)
 		} else {
-			heap.Pop(h)
+			// heap.Pop, without boxing the string it returns.
+			n := len(h.ts) - 1
+			h.ts[0], h.ts[n] = h.ts[n], h.ts[0]
+			h.ts = h.ts[:n]
+			if n > 0 {
+				heap.Fix(h, 0)
+			}
 		}
 		p.last = ""
 	}
