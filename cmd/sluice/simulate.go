@@ -49,6 +49,8 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	top := fs.Int("top", 20, "tenants shown, the busiest first (0: all)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	claimBatch := fs.Int("claim-batch", 64, "the drainers' claim batch")
+	arrivalPickup := fs.Duration("arrival-pickup", simulate.DefaultArrivalPickup, "from an admission to the claim pass that may start it")
+	outcomePickup := fs.Duration("outcome-pickup", simulate.DefaultOutcomePickup, "from an outcome to the claim pass that reuses its unit")
 	base := fs.String("current", "db", "the configuration compared against: db (the one in force) or defaults")
 	flags, pos := splitArgs(args, "json", "-json")
 	c, err := parseSettings(fs, flags)
@@ -61,7 +63,7 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if (*since == "") == (*file == "") {
 		return errors.New("simulate: want --since <time> (the audit trail) or --arrivals FILE, one of the two")
 	}
-	opts := simulate.Options{ClaimBatch: *claimBatch}
+	opts := simulate.Options{ClaimBatch: *claimBatch, ArrivalPickup: *arrivalPickup, OutcomePickup: *outcomePickup}
 	progress := func(n int) { fmt.Fprintf(stderr, "simulate: %d arrivals replayed\n", n) }
 	if *base != "db" && *base != "defaults" {
 		return fmt.Errorf("simulate: --current: want db or defaults, got %q", *base)
@@ -103,7 +105,7 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			if !lo.Before(hi) {
 				return fmt.Errorf("simulate: the window %s to %s is empty", lo.Format(time.RFC3339), hi.Format(time.RFC3339))
 			}
-			opts.DepthEvery = depthPeriod(hi.Sub(lo))
+			opts.DepthEvery = max(time.Second, (hi.Sub(lo) / 48).Truncate(time.Second))
 			src = simulate.Recorded(ctx, db, lo, hi)
 		}
 	}
@@ -152,9 +154,4 @@ func timeOrAgo(flag, v string, now time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("simulate: %s: want an RFC 3339 time or a duration ago such as 2h, got %q", flag, v)
 	}
 	return now.Add(-d), nil
-}
-
-// depthPeriod splits a window into about 48 periods of whole seconds for the depth line.
-func depthPeriod(window time.Duration) time.Duration {
-	return max(time.Second, (window / 48).Truncate(time.Second))
 }

@@ -13,10 +13,11 @@ import (
 // fronts by Before reads the queue in the claim's order without sorting it.
 type tenantQueue struct {
 	fifos       [2][job.MaxPriority + 1]fifo
-	eligible    int // due jobs, in the FIFOs
-	depth       int // queued jobs, scheduled ones included
-	interactive int // queued interactive jobs
-	inFlight    int // jobs and counted slots
+	eligible    int            // due jobs, in the FIFOs
+	depth       int            // queued jobs, scheduled ones included
+	interactive int            // queued interactive jobs
+	inFlight    int            // jobs and counted slots
+	heads       []drainer.Head // first's answer, reused: valid until the next first
 }
 
 func (q *tenantQueue) fifo(j *qjob) *fifo {
@@ -33,10 +34,10 @@ func (q *tenantQueue) add(j *qjob) {
 }
 
 // first returns the tenant's first n due jobs in the claim's order (store.Head.Before, aged
-// as the claim ages them), and whether it has more.
+// as the claim ages them), and whether it has more. The slice is valid until the next first.
 func (q *tenantQueue) first(n int, aged time.Time) ([]drainer.Head, bool) {
 	n = min(n, q.eligible)
-	out := make([]drainer.Head, 0, n)
+	out := q.heads[:0]
 	var at [2][job.MaxPriority + 1]int // how far each FIFO has been read
 	for len(out) < n {
 		var best *qjob
@@ -55,7 +56,20 @@ func (q *tenantQueue) first(n int, aged time.Time) ([]drainer.Head, bool) {
 		at[bi][bp]++
 		out = append(out, drainer.Head{ID: best.head.ID, QueuedAt: best.head.QueuedAt, Unit: best.head.Unit()})
 	}
+	q.heads = out
 	return out, q.eligible > n
+}
+
+// each calls f with every due job.
+func (q *tenantQueue) each(f func(*qjob)) {
+	for i := range q.fifos {
+		for p := range q.fifos[i] {
+			fi := &q.fifos[i][p]
+			for k := range fi.len() {
+				f(fi.at(k))
+			}
+		}
+	}
 }
 
 // take removes the due job id, one of those first returned, and returns it.

@@ -18,12 +18,13 @@ import (
 const recordedPage = 5000
 
 // recordedSQL reads the audit events that are arrivals or slot releases, after a (at, id) key,
-// in time order, each with its job's row while it is kept: what it asked of the caps and, once
-// it was dispatched, how long it held its unit (to its outcome, or to now if it has none yet).
+// in the order they were written, each with its job's row while it is kept: what it asked of the
+// caps, its queued_at and, once it was dispatched, how long it held its unit (to its outcome, or
+// to now if it has none yet).
 // The `at` index serves the range; the job is one primary-key read.
 const recordedSQL = `SELECT a.id, a.at, a.event, a.tenant, COALESCE(a.error_code, ''), COALESCE(a.scope, ''),
 	COALESCE(a.slot_id, ''), j.id IS NOT NULL, COALESCE(j.lanes, ''), COALESCE(j.interactive, FALSE),
-	COALESCE(j.priority, 5), j.not_before,
+	COALESCE(j.priority, 5), j.queued_at,
 	TIMESTAMPDIFF(MICROSECOND, j.dispatched_at, COALESCE(j.finished_at, UTC_TIMESTAMP(6)))
 	FROM audit_events a LEFT JOIN jobs j ON j.id = a.job_id
 	WHERE a.at >= ? AND a.at < ? AND (a.at > ? OR (a.at = ? AND a.id > ?))
@@ -32,9 +33,12 @@ const recordedSQL = `SELECT a.id, a.at, a.event, a.tenant, COALESCE(a.error_code
 
 // Recorded is a Source of what arrived between since and until, read from the audit trail of
 // db (SPEC §10) a page at a time: admissions (admitted, shadow-refused, and refused by a depth
-// cap, the rate limit, immediate-or-refuse or a deadline), slot requests and slot releases. A
-// job's lanes, interactive flag, priority and run_at, and the time from its dispatch to its
-// outcome, come from its row while the row is kept (retention_days). A job never dispatched
+// cap, the rate limit, immediate-or-refuse or a deadline), slot requests and slot releases, in
+// the order they were written (the order the decisions were taken). A job's lanes, interactive
+// flag, priority, time of arrival (its queued_at: the admission's clock reading) or run_at (a
+// queued_at after the event), and the time from its dispatch to its outcome, come from its row
+// while the row is kept (retention_days); the arrival of a request without a row is its event's
+// time. A job never dispatched
 // (refused, canceled, expired, still queued) and a refused request have no service time of
 // their own: they take their tenant's mean so far in the window (else everyone's, else none), as
 // a refused slot takes its tenant's mean hold. A refused request whose row was never written
@@ -101,15 +105,15 @@ func (r *recorded) read() error {
 			scope, slot, lanes  string
 			hasRow, interactive bool
 			priority            int
-			notBefore           sql.NullTime
+			queuedAt            sql.NullTime
 			serviceUS           sql.NullInt64
 		)
 		if err := rows.Scan(&id, &at, &event, &tenant, &code, &scope, &slot, &hasRow, &lanes, &interactive, &priority,
-			&notBefore, &serviceUS); err != nil {
+			&queuedAt, &serviceUS); err != nil {
 			return fmt.Errorf("read the audit trail: %w", err)
 		}
 		r.lastAt, r.lastID = at, id
-		if a, ok := r.arrival(at, event, tenant, code, slot, hasRow, lanes, interactive, priority, notBefore, serviceUS); ok {
+		if a, ok := r.arrival(at, event, tenant, code, slot, hasRow, lanes, interactive, priority, queuedAt, serviceUS); ok {
 			r.page = append(r.page, a)
 		}
 	}
@@ -121,7 +125,7 @@ func (r *recorded) read() error {
 }
 
 func (r *recorded) arrival(at time.Time, event, tenant, code, slot string, hasRow bool, lanes string, interactive bool,
-	priority int, notBefore sql.NullTime, serviceUS sql.NullInt64) (Arrival, bool) {
+	priority int, queuedAt sql.NullTime, serviceUS sql.NullInt64) (Arrival, bool) {
 	a := Arrival{At: at.UTC(), Tenant: tenant, Priority: job.DefaultPriority, ID: slot}
 	switch event {
 	case store.EventSlotGranted:
@@ -151,8 +155,12 @@ func (r *recorded) arrival(at time.Time, event, tenant, code, slot string, hasRo
 	a.Immediate = code == string(job.CodeCapacityExceeded)
 	if hasRow {
 		a.Lanes, a.Interactive, a.Priority = store.SplitLanes(lanes), interactive, priority
-		if notBefore.Valid && notBefore.Time.After(at) {
-			a.RunAt = notBefore.Time.UTC()
+		// queued_at is the admission's clock reading, taken before its transaction (the event's
+		// at is its INSERT's, a few milliseconds later), or a scheduled job's due time.
+		if q := queuedAt.Time.UTC(); queuedAt.Valid && q.After(a.At) {
+			a.RunAt = q
+		} else if queuedAt.Valid {
+			a.At = q
 		}
 	}
 	if serviceUS.Valid {
@@ -174,8 +182,12 @@ func (r *recorded) arrival(at time.Time, event, tenant, code, slot string, hasRo
 }
 
 // RunRecorded replays what arrived between since and until, read from db's audit trail
-// (Recorded), under the runtime configuration in force and under it with changes (Run).
+// (Recorded), under the runtime configuration in force and under it with changes (Run). With no
+// opts.DepthEvery, the depth line has about 48 periods of whole seconds over the window.
 func RunRecorded(ctx context.Context, db sqldb.DB, since, until time.Time, changes map[string]json.RawMessage, opts Options, progress func(int)) (*Comparison, error) {
+	if opts.DepthEvery <= 0 {
+		opts.DepthEvery = max(time.Second, (until.Sub(since) / 48).Truncate(time.Second))
+	}
 	v, err := limits.Load(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("read the configuration in force: %w", err)

@@ -33,7 +33,7 @@ func Run(src Source, current limits.Config, changes map[string]json.RawMessage, 
 	if len(changes) > 0 {
 		var err error
 		if changed, err = limits.Apply(current, changes); err != nil {
-			return nil, fmt.Errorf("--set: %w", err)
+			return nil, fmt.Errorf("changes: %w", err)
 		}
 	}
 	a, b := New(current, opts), New(changed, opts)
@@ -73,7 +73,7 @@ type Shift struct {
 // Shifts returns the tenants whose p95 wait or refusals changed, the most helped first (a
 // gain: the wait shortened) and the most hurt last.
 func (c *Comparison) Shifts() []Shift {
-	var out []Shift
+	out := []Shift{}
 	for t, cur := range c.Current.Tenants {
 		ch := c.Changed.Tenants[t]
 		s := Shift{Tenant: t, P95MS: ch.Wait.P95 - cur.Wait.P95, Refused: refusedOf(ch) - refusedOf(cur)}

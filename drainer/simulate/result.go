@@ -41,7 +41,8 @@ type TenantResult struct {
 	Slots        int            `json:"slots"`
 	SlotsGranted int            `json:"slots_granted"`
 	SlotsRefused map[string]int `json:"slots_refused,omitempty"`
-	// Wait is the time from admission to claim of the jobs started: quantiles and the longest.
+	// Wait is the time from admission to claim, quantiles and the longest, of the jobs admitted:
+	// for one that never started, to the end of the run.
 	Wait     Quantiles `json:"wait"`
 	DepthMax int       `json:"depth_max"`
 
@@ -104,6 +105,12 @@ func (r *Result) started(t string, wait time.Duration) {
 	r.Total.waits.add(wait)
 }
 
+// waited counts the wait of a job that never started, to the end of the run, in the quantiles.
+func (r *Result) waited(t string, wait time.Duration) {
+	r.tenant(t).waits.add(wait)
+	r.Total.waits.add(wait)
+}
+
 func (tr *TenantResult) noteDepth(d int) { tr.DepthMax = max(tr.DepthMax, d) }
 
 // sampleDepth notes depth at now in its period, carrying the depth before it through the
@@ -152,10 +159,12 @@ func (r *Result) Tops(n int) []string {
 }
 
 // histogram counts durations in buckets 2 % wide (log-spaced from 1 µs), so that its memory is
-// bounded by the range of the waits, not by their number; a quantile is exact to within 2 %.
+// bounded by the range of the waits, not by their number; a quantile is exact to within 2 %. The
+// buckets are a slice over the range seen so far.
 type histogram struct {
-	zero   int           // waits under a microsecond
-	counts map[int32]int // by bucket
+	zero   int   // waits under a microsecond
+	lo     int32 // the bucket of counts[0]
+	counts []int
 	n      int
 	max    time.Duration
 }
@@ -172,10 +181,18 @@ func (h *histogram) add(d time.Duration) {
 		h.zero++
 		return
 	}
-	if h.counts == nil {
-		h.counts = map[int32]int{}
+	b := int32(math.Log(us) / logBase)
+	switch {
+	case len(h.counts) == 0:
+		h.lo, h.counts = b, append(h.counts, 0)
+	case b < h.lo:
+		grown := make([]int, int(h.lo-b)+len(h.counts))
+		copy(grown[h.lo-b:], h.counts)
+		h.lo, h.counts = b, grown
+	case int(b-h.lo) >= len(h.counts):
+		h.counts = append(h.counts, make([]int, int(b-h.lo)+1-len(h.counts))...)
 	}
-	h.counts[int32(math.Log(us)/logBase)]++
+	h.counts[b-h.lo]++
 }
 
 // quantiles returns the 50th, 95th and 99th percentiles (nearest rank, each a bucket's middle,
@@ -184,11 +201,6 @@ func (h *histogram) quantiles() Quantiles {
 	if h.n == 0 {
 		return Quantiles{}
 	}
-	keys := make([]int32, 0, len(h.counts))
-	for k := range h.counts {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
 	maxMS := float64(h.max) / float64(time.Millisecond)
 	at := func(q float64) float64 {
 		rank := int(math.Ceil(q * float64(h.n)))
@@ -196,10 +208,9 @@ func (h *histogram) quantiles() Quantiles {
 		if rank <= seen {
 			return 0
 		}
-		for _, k := range keys {
-			seen += h.counts[k]
-			if seen >= rank {
-				us := math.Pow(bucketBase, float64(k)+0.5)
+		for i, c := range h.counts {
+			if seen += c; seen >= rank {
+				us := math.Pow(bucketBase, float64(h.lo)+float64(i)+0.5)
 				return min(us/1000, maxMS)
 			}
 		}
