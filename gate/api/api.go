@@ -106,6 +106,10 @@ type Config struct {
 	// request from one of them is answered with Access-Control-Allow-Origin and the capacity
 	// headers exposed, and its preflight is answered. "*" allows every origin. Default none.
 	CORSOrigins []string
+	// Simulate serves POST /v1/config/simulate: a window of the audit trail replayed under the
+	// configuration in force and under it with changes (cmd/sluice/app wires drainer/simulate's
+	// RunRecorded). Default none: the endpoint answers 503 unavailable.
+	Simulate SimulateFunc
 }
 
 // DefaultMaxBatches is Config.MaxBatches' default: four batches of the largest size hold about
@@ -137,6 +141,8 @@ type Server struct {
 	requests  chan struct{}  // a slot per request in progress that MaxRequests counts; nil: no bound
 	batches   chan struct{}  // a slot per batch in progress (MaxBatches); nil: no bound
 	budget    *memBudget     // MemoryBudget; nil: none
+	// simulations holds a slot per POST /v1/config/simulate in progress (maxSimulations).
+	simulations chan struct{}
 	// starts commits concurrent start confirmations together (confirmStarts).
 	starts *groupcommit.Group[*store.Start]
 	// waiters wakes the requests that wait for a job to change (wait.go).
@@ -195,6 +201,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxBatches > 0 {
 		s.batches = make(chan struct{}, cfg.MaxBatches)
 	}
+	s.simulations = make(chan struct{}, maxSimulations)
 	if s.waiters = cfg.Waiters; s.waiters == nil {
 		var err error
 		if s.waiters, err = NewWaiters(cfg.DB, waiters.Config{Log: cfg.Log}); err != nil {
@@ -230,6 +237,7 @@ var routeList = []string{
 	"GET /v1/tenants",
 	"GET /v1/config",
 	"PATCH /v1/config",
+	"POST /v1/config/simulate",
 	"GET /v1/config/history",
 	"GET /v1/whoami",
 	"GET /v1/audit",
@@ -269,6 +277,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/tenants", s.auth(s.listTenants, Admin))
 	s.mux.HandleFunc("GET /v1/config", s.auth(s.getConfig, Admin))
 	s.mux.HandleFunc("PATCH /v1/config", s.auth(s.patchConfig, Admin))
+	s.mux.HandleFunc("POST /v1/config/simulate", s.auth(s.simulateConfig, Admin))
 	s.mux.HandleFunc("GET /v1/config/history", s.auth(s.configHistory, Admin))
 	s.mux.HandleFunc("GET /v1/whoami", s.auth(s.whoami, Producer, Executor))
 	s.mux.HandleFunc("POST /v1/slots", s.auth(s.takeSlot, Producer))

@@ -242,6 +242,7 @@ func TestOpenAPIDescribesFailures(t *testing.T) {
 		"GET /v1/tenants":                    {"/v1/tenants?order=depth&limit=5", ""},
 		"GET /v1/config":                     {"/v1/config", ""},
 		"PATCH /v1/config":                   {"/v1/config", `{"changes":{"global_in_flight":7}}`},
+		"POST /v1/config/simulate":           {"/v1/config/simulate", `{"changes":{"global_in_flight":7},"since":"1h"}`},
 		"GET /v1/config/history":             {"/v1/config/history", ""},
 		"GET /v1/whoami":                     {"/v1/whoami", ""},
 		"POST /v1/slots":                     {"/v1/slots", `{"tenant":"acme"}`},
