@@ -75,6 +75,7 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 		{http.MethodGet, "/v1/config", "/v1/config", fdAdminToken, nil},
 		{http.MethodPatch, "/v1/config", "/v1/config", fdAdminToken, map[string]any{"changes": map[string]any{"global_in_flight": 7}}},
 		{http.MethodGet, "/v1/config/history", "/v1/config/history", fdAdminToken, nil},
+		{http.MethodPost, "/v1/config/simulate", "/v1/config/simulate", fdAdminToken, map[string]any{"changes": map[string]any{"global_in_flight": 7}}},
 		{http.MethodPost, "/v1/slots", "/v1/slots", fdStarToken, map[string]any{"tenant": "acme"}},
 		{http.MethodGet, "/v1/slots", "/v1/slots?tenant=acme", fdAdminToken, nil},
 		{http.MethodPost, "/v1/slots/{id}/renew", "/v1/slots/1/renew", fdStarToken, nil},

@@ -20,6 +20,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/cmd/sluice/app"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/admitrate"
 	"github.com/sluicehq/sluice/gate/api"
@@ -199,7 +200,7 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 		}
 	}
 	s, err := api.New(api.Config{DB: apiDB, TxDB: apiTxDB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log,
-		Gates: o.apiGates, Waiters: hub, MaxRequests: o.maxRequests})
+		Gates: o.apiGates, Waiters: hub, MaxRequests: o.maxRequests, Simulate: app.Simulator(apiDB)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -819,6 +819,22 @@ func (h *hostile) body(route string, c caller, id int64) []byte {
 		if h.hostileChance(0.1) {
 			v = map[string]any{"changes": h.jsonValue(1)}
 		}
+	case "POST /v1/config/simulate":
+		m := map[string]any{}
+		if h.chance(0.7) {
+			k, val := h.configChange()
+			m["changes"] = map[string]any{k: val}
+		}
+		if h.chance(0.5) {
+			m["since"] = either[any](h, []any{"1h", "15m", "-2h"}, "25h", "yesterday", "", 5)
+		}
+		if h.chance(0.2) {
+			m["until"] = either[any](h, []any{"1m", "2030-01-01T00:00:00Z"}, "2h", "soon", false)
+		}
+		v = m
+		if h.hostileChance(0.1) {
+			v = h.jsonValue(2)
+		}
 	default:
 		if h.hostileChance(0.1) {
 			v = h.jsonValue(2)

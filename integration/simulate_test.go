@@ -256,7 +256,12 @@ func TestSimulateFidelity(t *testing.T) {
 	}
 
 	replayStart := time.Now()
-	cmp, err := simulate.RunRecorded(ctx, env.DB.DB, since, until, nil, simulate.Options{ArrivalPickup: simulate.DefaultArrivalPickup, OutcomePickup: simulate.DefaultOutcomePickup}, nil)
+	arrival, outcome, measured, err := simulate.Calibrate(ctx, env.DB.DB, since, until)
+	if err != nil || !measured {
+		t.Fatalf("Calibrate: %v (measured %v)", err, measured)
+	}
+	t.Logf("pickup measured on the run: %s after an arrival, %s after an outcome", arrival, outcome)
+	cmp, err := simulate.RunRecorded(ctx, env.DB.DB, since, until, nil, simulate.Options{ArrivalPickup: arrival, OutcomePickup: outcome}, nil)
 	if err != nil {
 		t.Fatalf("RunRecorded: %v", err)
 	}

@@ -49,8 +49,8 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	top := fs.Int("top", 20, "tenants shown, the busiest first (0: all)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	claimBatch := fs.Int("claim-batch", 64, "the drainers' claim batch")
-	arrivalPickup := fs.Duration("arrival-pickup", simulate.DefaultArrivalPickup, "from an admission to the claim pass that may start it")
-	outcomePickup := fs.Duration("outcome-pickup", simulate.DefaultOutcomePickup, "from an outcome to the claim pass that reuses its unit")
+	arrivalPickup := fs.String("arrival-pickup", "auto", "from an admission to the claim pass that may start it: a duration, or auto (measured on the window's jobs; "+simulate.DefaultArrivalPickup.String()+" for a file)")
+	outcomePickup := fs.String("outcome-pickup", "auto", "from an outcome to the claim pass that reuses its unit: a duration, or auto (measured; "+simulate.DefaultOutcomePickup.String()+" for a file)")
 	base := fs.String("current", "db", "the configuration compared against: db (the one in force) or defaults")
 	flags, pos := splitArgs(args, "json", "-json")
 	c, err := parseSettings(fs, flags)
@@ -63,7 +63,21 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if (*since == "") == (*file == "") {
 		return errors.New("simulate: want --since <time> (the audit trail) or --arrivals FILE, one of the two")
 	}
-	opts := simulate.Options{ClaimBatch: *claimBatch, ArrivalPickup: *arrivalPickup, OutcomePickup: *outcomePickup}
+	opts := simulate.Options{ClaimBatch: *claimBatch, ArrivalPickup: simulate.DefaultArrivalPickup, OutcomePickup: simulate.DefaultOutcomePickup}
+	pickups := []struct {
+		flag, v string
+		to      *time.Duration
+	}{{"--arrival-pickup", *arrivalPickup, &opts.ArrivalPickup}, {"--outcome-pickup", *outcomePickup, &opts.OutcomePickup}}
+	for _, p := range pickups {
+		if p.v == "auto" {
+			continue
+		}
+		d, err := time.ParseDuration(p.v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("simulate: %s: want a duration such as 5ms, or auto, got %q", p.flag, p.v)
+		}
+		*p.to = d
+	}
 	progress := func(n int) { fmt.Fprintf(stderr, "simulate: %d arrivals replayed\n", n) }
 	if *base != "db" && *base != "defaults" {
 		return fmt.Errorf("simulate: --current: want db or defaults, got %q", *base)
@@ -106,6 +120,20 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				return fmt.Errorf("simulate: the window %s to %s is empty", lo.Format(time.RFC3339), hi.Format(time.RFC3339))
 			}
 			opts.DepthEvery = max(time.Second, (hi.Sub(lo) / 48).Truncate(time.Second))
+			arrival, outcome, measured, err := simulate.Calibrate(ctx, db, lo, hi)
+			if err != nil {
+				return fmt.Errorf("simulate: %w", err)
+			}
+			if *arrivalPickup == "auto" {
+				opts.ArrivalPickup = arrival
+			}
+			if *outcomePickup == "auto" {
+				opts.OutcomePickup = outcome
+			}
+			if measured {
+				fmt.Fprintf(stderr, "simulate: pickup measured on the window's jobs: %s after an arrival, %s after an outcome\n",
+					arrival.Round(10*time.Microsecond), outcome.Round(10*time.Microsecond))
+			}
 			src = simulate.Recorded(ctx, db, lo, hi)
 		}
 	}

@@ -22,14 +22,15 @@ type Options struct {
 	// ArrivalPickup is how long after an admission (or a scheduled job coming due) the claim
 	// pass that may start it runs: in production the enqueue poke's way through the outbox,
 	// NATS and a drainer. OutcomePickup is the same after an outcome or a slot's release frees a
-	// unit. Zero: at once. DefaultArrivalPickup and DefaultOutcomePickup are this machine's.
+	// unit. Zero: at once. Calibrate measures both on a window of the audit trail;
+	// DefaultArrivalPickup and DefaultOutcomePickup are the reference machine's.
 	ArrivalPickup, OutcomePickup time.Duration
 }
 
-// The pickup delays measured on the reference machine (2 cores, local MariaDB and NATS): from an
-// admission's clock reading to its job's dispatch when a unit is free, about 5 ms at the median
-// (BenchmarkPickupLatency, TestSimulateFidelity's batches 6-18 ms); from an outcome to the next
-// dispatch of its unit, about 2 ms.
+// The pickup delays of the reference machine (2 cores, local MariaDB and NATS), for arrivals
+// that come with no audit trail to measure them on (Calibrate): from a single admission's clock
+// reading to its job's dispatch when a unit is free, about 5 ms at the median
+// (BenchmarkPickupLatency); from an outcome to the next dispatch of its unit, about 2 ms.
 const (
 	DefaultArrivalPickup = 5 * time.Millisecond
 	DefaultOutcomePickup = 2 * time.Millisecond

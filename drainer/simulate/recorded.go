@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
@@ -193,4 +195,77 @@ func RunRecorded(ctx context.Context, db sqldb.DB, since, until time.Time, chang
 		return nil, fmt.Errorf("read the configuration in force: %w", err)
 	}
 	return Run(Recorded(ctx, db, since, until), v.Config, changes, opts, progress)
+}
+
+// calibrationJobs bounds the jobs Calibrate reads: the first of the window.
+const calibrationJobs = 20000
+
+// Calibrate measures, on the first jobs admitted between since and until (at most 20,000, read
+// from their rows by id from the window's first admission), the pickup delays a replay of the
+// window should use. A job dispatched while no unit had freed since its admission (no outcome
+// between its queued_at and its dispatched_at) measures the pickup after an arrival; one queued
+// before the last outcome preceding its dispatch waited for a unit, and measures the pickup after
+// an outcome. Each is the median of its samples; with none, the default (ok false).
+func Calibrate(ctx context.Context, db sqldb.DB, since, until time.Time) (arrival, outcome time.Duration, ok bool, err error) {
+	arrival, outcome = DefaultArrivalPickup, DefaultOutcomePickup
+	var first sql.NullInt64
+	err = db.QueryRowContext(ctx, `SELECT job_id FROM audit_events WHERE at >= ? AND at < ? AND event = 'admitted'
+		ORDER BY at, id LIMIT 1`, since.UTC(), until.UTC()).Scan(&first)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && !first.Valid {
+		return arrival, outcome, false, nil
+	}
+	if err != nil {
+		return arrival, outcome, false, fmt.Errorf("calibrate the pickup delays: %w", err)
+	}
+	rows, err := db.QueryContext(ctx, `SELECT queued_at, dispatched_at, finished_at FROM jobs
+		WHERE id >= ? AND dispatched_at IS NOT NULL ORDER BY id LIMIT ?`, first.Int64, calibrationJobs)
+	if err != nil {
+		return arrival, outcome, false, fmt.Errorf("calibrate the pickup delays: %w", err)
+	}
+	defer rows.Close()
+	type run struct{ queued, dispatched time.Time }
+	var runs []run
+	var finishes []time.Time
+	for rows.Next() {
+		var q, d time.Time
+		var f sql.NullTime
+		if err := rows.Scan(&q, &d, &f); err != nil {
+			return arrival, outcome, false, fmt.Errorf("calibrate the pickup delays: %w", err)
+		}
+		if !q.Before(until) {
+			continue
+		}
+		runs = append(runs, run{q, d})
+		if f.Valid {
+			finishes = append(finishes, f.Time)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return arrival, outcome, false, fmt.Errorf("calibrate the pickup delays: %w", err)
+	}
+	slices.SortFunc(finishes, time.Time.Compare)
+	var afterArrival, afterOutcome []time.Duration
+	for _, r := range runs {
+		if r.dispatched.Before(r.queued) {
+			continue // a scheduled job's queued_at is its due time; its claim may come first by a hair
+		}
+		// The last outcome at or before the dispatch.
+		i, found := slices.BinarySearchFunc(finishes, r.dispatched, time.Time.Compare)
+		if !found {
+			i--
+		}
+		if i >= 0 && finishes[i].After(r.queued) {
+			afterOutcome = append(afterOutcome, r.dispatched.Sub(finishes[i]))
+		} else {
+			afterArrival = append(afterArrival, r.dispatched.Sub(r.queued))
+		}
+	}
+	median := func(ds []time.Duration, dflt time.Duration) time.Duration {
+		if len(ds) == 0 {
+			return dflt
+		}
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	return median(afterArrival, arrival), median(afterOutcome, outcome), len(afterArrival)+len(afterOutcome) > 0, nil
 }

@@ -644,7 +644,7 @@ func (a *App) startAPI(ctx context.Context) error {
 	srv, err := api.New(api.Config{DB: a.db, Waiters: hub, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
 		Gatherer: a.registry, MetricsToken: a.opts.MetricsToken, MetricsElsewhere: a.MetricsAddr(), Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
 		Clock: a.clock, MaxRequests: a.opts.MaxRequests, CORSOrigins: a.opts.CORSOrigins, MemoryBudget: a.opts.MemoryBudget,
-		Simulate: a.simulate})
+		Simulate: Simulator(a.db)})
 	if err != nil {
 		return err
 	}
