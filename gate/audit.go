@@ -75,7 +75,7 @@ func (a *Admitter) auditOutcome(it *item, res Result, err error) {
 	var je *job.Error
 	switch {
 	case err != nil && errors.As(err, &je) && (je.Code == job.CodeRateLimited || je.Code == job.CodeCapacityExceeded):
-		e.Event, e.ErrorCode = store.EventRefused, string(je.Code)
+		e.Event, e.ErrorCode, e.At = store.EventRefused, string(je.Code), it.at
 		if scope, ok := je.Detail["scope"].(string); ok {
 			e.Scope = scope
 		}

@@ -56,6 +56,9 @@ type item struct {
 	shadow   shadowed
 	id       int64
 	outboxID int64 // its enqueue poke's row; 0 when a later job of its tenant carries the poke
+	// at is the state's clock reading when the item was decided (its queued_at, if it is
+	// written): the instant of a refusal's audit event.
+	at time.Time
 }
 
 // shadowed records the refusals shadow mode let through, for the runner to log.
@@ -68,7 +71,7 @@ type shadowed struct {
 func (it *item) reset() {
 	it.res, it.err, it.insert, it.scope, it.reserved, it.dupOf, it.shadow, it.id, it.outboxID =
 		Result{}, nil, false, "", false, nil, shadowed{}, 0, 0
-	it.replaces, it.replacedBy = replaceable{}, nil
+	it.replaces, it.replacedBy, it.at = replaceable{}, nil, time.Time{}
 }
 
 // replaceable is the queued job that has a tenant's replace key: a row locked in the
@@ -216,6 +219,11 @@ func rateCharges(items []*item, cfg limits.Config) []rateCharge {
 // verdict its headers show. It returns the units of each tenant's reservation held by items it
 // refused (nil if none), which the runner refunds.
 func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int) {
+	for _, it := range items {
+		if it.pending() {
+			it.at = st.now
+		}
+	}
 	limitRate(items, cfg, st)
 	off := cfg.AdmissionMode == limits.ModeOff
 	enforce := cfg.AdmissionMode == limits.ModeEnforce

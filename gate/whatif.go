@@ -2,6 +2,7 @@ package gate
 
 import (
 	"errors"
+	"maps"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
@@ -14,24 +15,22 @@ import (
 // (drainer/simulate) replays arrivals through them on a virtual clock, so that what it predicts
 // is decided by the code that decides in production.
 
-// Queues is what admission's checks read for one request: the queue's depths, which the depth
-// caps and immediate-or-refuse compare, and what is in flight.
+// Queues is what admission's checks read for one transaction's requests: the queue's depths,
+// which the depth caps and immediate-or-refuse compare, and what is in flight.
 type Queues struct {
-	Now               time.Time
-	TenantDepth       int // the request's tenant's queued jobs, scheduled ones included
-	TenantInteractive int // how many of them are interactive
+	Now time.Time
+	// TenantDepth holds the queued jobs (scheduled ones included) of the requests' tenants,
+	// TenantInteractive how many of them are interactive. Admissions reads them, never writes.
+	TenantDepth       map[string]int
+	TenantInteractive map[string]int
 	GlobalDepth       int
-	Usage             limits.Usage // jobs in flight and live slots
+	Usage             limits.Usage // jobs in flight and live slots; left as it was
 }
 
-// RateAnswer is the request's tenant's admission rate reservation: Limited when the tenant's
-// limit applies (the limit is set and the rollout mode is not off), Granted whether it has the
-// request's unit, and RetryAfter the seconds until its window resets.
-type RateAnswer struct {
-	Limited    bool
-	Granted    bool
-	RetryAfter int
-}
+// Reserve takes up to n units of tenant's admission rate budget at the time of the decision, as
+// the limiter (admitrate) does: it returns those granted and the seconds until the budget's window
+// resets.
+type Reserve func(tenant string, n int) (granted, retryAfter int)
 
 // Outcome is the decision on one request.
 type Outcome struct {
@@ -42,27 +41,24 @@ type Outcome struct {
 	// capacity_exceeded with the limit's scope.
 	Code  job.Code
 	Scope string
-	// Refund: the rate unit the request reserved goes back (it was refused after reserving).
-	Refund bool
 }
 
-// RateLimited reports whether cfg charges a request of tenant to the admission rate limit.
-func RateLimited(cfg limits.Config) bool {
-	return cfg.AdmissionRatePerMinute > 0 && cfg.AdmissionMode != limits.ModeOff
-}
-
-// Decider decides admissions one at a time (Admission), reusing its state between them. Not
-// safe for concurrent use; the zero value is ready.
+// Decider decides the admissions of one transaction at a time (Admissions), reusing its memory
+// between them. Not safe for concurrent use; the zero value is ready.
 type Decider struct {
 	st    *state
-	it    item
-	items [1]*item
-	rate  map[string]rateGrant
+	its   []item
+	items []*item
+	outs  []Outcome
 }
 
-// Admission decides req, a valid request, as the admission of one item does with q read under
-// its tenant's lock and its rate reservation rate. q.Usage is left as it was.
-func (d *Decider) Admission(cfg limits.Config, q Queues, req Request, rate RateAnswer) Outcome {
+// Admissions decides reqs, valid requests, as one admission transaction decides its items with q
+// read under their tenants' locks: each tenant's rate units are reserved for all of its requests
+// first (reserve; nil when the rate limit does not apply), then the depth caps and
+// immediate-or-refuse go item after item (SPEC §5), each item seeing the earlier items' effect.
+// It returns each request's outcome (valid until the next call) and the rate units to give back
+// per tenant, those reserved by requests it refused.
+func (d *Decider) Admissions(cfg limits.Config, q Queues, reqs []Request, reserve Reserve) ([]Outcome, map[string]int) {
 	if d.st == nil {
 		d.st = newState()
 	}
@@ -71,48 +67,58 @@ func (d *Decider) Admission(cfg limits.Config, q Queues, req Request, rate RateA
 	clear(st.tenantInteractive)
 	clear(st.tenantInFlight)
 	clear(st.replaceable)
-	d.it = item{req: req}
-	it := &d.it
-	st.now = q.Now
-	st.tenantDepth[req.Tenant] = q.TenantDepth
-	st.tenantInteractive[req.Tenant] = q.TenantInteractive
-	st.tenantInFlight[req.Tenant] = q.Usage.Tenant[req.Tenant]
-	st.globalDepth = q.GlobalDepth
-	st.usage = q.Usage
-	st.rate = nil
-	if rate.Limited {
-		g := rateGrant{retryAfter: rate.RetryAfter}
-		if rate.Granted {
-			g.granted = 1
-		}
-		if d.rate == nil {
-			d.rate = map[string]rateGrant{}
-		}
-		clear(d.rate)
-		d.rate[req.Tenant] = g
-		st.rate = d.rate
+	st.now, st.globalDepth, st.usage, st.rate = q.Now, q.GlobalDepth, q.Usage, nil
+	d.its, d.items = d.its[:0], d.items[:0]
+	immediate := false
+	for _, r := range reqs {
+		d.its = append(d.its, item{req: r})
+		st.tenantDepth[r.Tenant] = q.TenantDepth[r.Tenant]
+		st.tenantInteractive[r.Tenant] = q.TenantInteractive[r.Tenant]
+		st.tenantInFlight[r.Tenant] = q.Usage.Tenant[r.Tenant]
+		immediate = immediate || r.Queue != nil && !*r.Queue
 	}
-	d.items[0] = it
-	refund := decide(d.items[:], cfg, st)
-	if st.usage.Total != q.Usage.Total {
-		// immediate-or-refuse counted the job in flight for the batch's later items, in q.Usage's
-		// maps: give them back as they were.
-		st.usage.Add(cfg, req.unit(), q.Usage.Total-st.usage.Total)
+	for i := range d.its {
+		d.items = append(d.items, &d.its[i])
 	}
-	o := Outcome{Decision: it.res.Decision, Queued: it.insert && it.scope == "", Refund: refund[req.Tenant] > 0}
-	switch {
-	case it.scope != "":
-		o.Code, o.Scope = job.CodeQueueFull, it.scope
-	case it.err != nil:
-		var je *job.Error
-		if errors.As(it.err, &je) {
-			o.Code = je.Code
-			if je.Code == job.CodeCapacityExceeded {
-				o.Scope = it.res.Verdict.Scope
+	if immediate {
+		// immediate-or-refuse counts each job it admits in flight for the items after it, in
+		// the usage's maps: decide on a copy, so that q.Usage is left as it was.
+		st.usage = copyUsage(q.Usage)
+	}
+	if reserve != nil {
+		for _, c := range rateCharges(d.items, cfg) {
+			g, retry := reserve(c.tenant, c.n)
+			if st.rate == nil {
+				st.rate = map[string]rateGrant{}
+			}
+			st.rate[c.tenant] = rateGrant{granted: g, retryAfter: retry}
+		}
+	}
+	refund := decide(d.items, cfg, st)
+	d.outs = d.outs[:0]
+	for _, it := range d.items {
+		o := Outcome{Decision: it.res.Decision, Queued: it.insert && it.scope == ""}
+		switch {
+		case it.scope != "":
+			o.Code, o.Scope = job.CodeQueueFull, it.scope
+		case it.err != nil:
+			var je *job.Error
+			if errors.As(it.err, &je) {
+				o.Code = je.Code
+				if je.Code == job.CodeCapacityExceeded {
+					o.Scope = it.res.Verdict.Scope
+				}
 			}
 		}
+		d.outs = append(d.outs, o)
 	}
-	return o
+	return d.outs, refund
+}
+
+func copyUsage(us limits.Usage) limits.Usage {
+	c := us
+	c.Tenant, c.Tier, c.Lane = maps.Clone(us.Tenant), maps.Clone(us.Tier), maps.Clone(us.Lane)
+	return c
 }
 
 // SlotWaiting is a tenant with queued work, for a slot's fair-order rule: its oldest job is due

@@ -142,9 +142,9 @@ func TestSimulateFidelity(t *testing.T) {
 	env := harness.Start(t, harness.Options{Memcached: []string{memcachedtest.Shared(t)}})
 	// The admission rate limit counts in the shared memcached, per tenant and minute: names of
 	// this run only.
-	a, b, c, d := uniqueTenant("sim-a"), uniqueTenant("sim-b"), uniqueTenant("sim-c"), uniqueTenant("sim-d")
-	tenants := []string{a, b, c, d}
-	name := map[string]string{a: "A", b: "B", c: "C", d: "D"}
+	a, b, c, d, e := uniqueTenant("sim-a"), uniqueTenant("sim-b"), uniqueTenant("sim-c"), uniqueTenant("sim-d"), uniqueTenant("sim-e")
+	tenants := []string{a, b, c, d, e}
+	name := map[string]string{a: "A", b: "B", c: "C", d: "D", e: "E"}
 	patchConfig(t, env, map[string]any{
 		"global_in_flight": 8, "tenant_in_flight": 4, "tenant_queue_depth": 20, "admission_rate_per_minute": 30})
 
@@ -160,7 +160,10 @@ func TestSimulateFidelity(t *testing.T) {
 	admitted := map[string]int{}
 	refused := map[string]map[string]int{}
 	// Wave 1, at once: A's burst of 26 into an empty queue of cap 20 (6 refused queue_full), B's 12
-	// short jobs, C's 8 long ones, D's 18 mostly short ones.
+	// short jobs, C's 8 long ones, D's 18 mostly short ones, and E's 36 short ones, refused by both
+	// the rate limit and the depth cap: the rate limit grants the first 30 (6 refused
+	// rate_limited), of which the depth cap takes 20 (10 refused queue_full, their units given
+	// back).
 	dSleeps := simRepeat(18, 20)
 	for i := 0; i < len(dSleeps); i += 6 {
 		dSleeps[i] = 150
@@ -170,6 +173,7 @@ func TestSimulateFidelity(t *testing.T) {
 		{b, simRepeat(12, 20)},
 		{c, simRepeat(8, 150)},
 		{d, dSleeps},
+		{e, simRepeat(36, 20)},
 	}, admitted, refused)
 	// Wave 2, once D's queue is empty (A's and C's still queue): D's 18 more, of which the rate
 	// limit (30 a minute) admits 12; B's 8 and C's 6, which keep their queues within the cap.
@@ -185,7 +189,8 @@ func TestSimulateFidelity(t *testing.T) {
 	}, admitted, refused)
 
 	// The workload did what it is for: the refusals above, answered to the callers.
-	wantRefused := map[string]map[string]int{a: {"queue_full:tenant": 6}, d: {"rate_limited": 6}}
+	wantRefused := map[string]map[string]int{a: {"queue_full:tenant": 6}, d: {"rate_limited": 6},
+		e: {"queue_full:tenant": 10, "rate_limited": 6}}
 	for _, tn := range tenants {
 		if !maps.Equal(refused[tn], wantRefused[tn]) {
 			t.Fatalf("tenant %s: refusals answered %v, want %v", name[tn], refused[tn], wantRefused[tn])
@@ -203,8 +208,15 @@ func TestSimulateFidelity(t *testing.T) {
 	wait.For(t, 30*time.Second, "the refusals' audit events", func() (bool, error) {
 		var n int
 		err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM audit_events WHERE event = 'refused'").Scan(&n)
-		return n == 12, err
+		return n == 28, err
 	})
+	// A refusal that wrote no row is audited (through the audit queue) at its admission's
+	// instant: E's rate-limit refusals at the queued_at of its batch's jobs.
+	var stray int
+	if err := env.DB.QueryRowContext(ctx, `SELECT COUNT(*) FROM audit_events WHERE tenant = ? AND event = 'refused'
+		AND error_code = 'rate_limited' AND at <> (SELECT MIN(queued_at) FROM jobs WHERE tenant = ?)`, e, e).Scan(&stray); err != nil || stray != 0 {
+		t.Fatalf("E's rate-limit refusals audited at another instant than its batch's: %d (%v)", stray, err)
+	}
 	until := simDBNow(t, env.DB.DB).Add(time.Millisecond)
 	ran := time.Since(began)
 

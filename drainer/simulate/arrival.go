@@ -1,17 +1,18 @@
 // Package simulate replays arrivals of jobs and slots on a virtual clock through the code that
 // decides in production, to show what a configuration would have done with traffic that came
-// (`sluice simulate`): admission's checks (gate.Decider: depth caps, queue=false), the
-// admission rate limit (admitrate.Local: the limiter's windows and grants), the claim's choice
-// (drainer.Chooser: ordering, weights, caps, tiers, lanes, reserve) in each tenant's queue order
-// (store.Head.Before: interactive, priority with aging, age), and a slot's grant
-// (gate.DecideSlot). Nothing here restates a rule: the Engine keeps the queues, the clock and
-// the figures, and asks those functions.
+// (`sluice simulate`): admission's checks (gate.Decider: the rate limit's reservations, depth
+// caps, queue=false) on the admission rate limit's windows and grants (admitrate.Local), the
+// claim's choice (drainer.Chooser: ordering, weights, caps, tiers, lanes, reserve) in each
+// tenant's queue order (store.Head.Before: interactive, priority with aging, age), and a slot's
+// grant (gate.DecideSlot). Nothing here restates a rule: the Engine keeps the queues, the clock
+// and the figures, and asks those functions.
 //
-// A claim pass follows every instant at which something arrived or ended, at that instant: the
-// simulated drainer picks up at once, where a real one takes a few milliseconds (a poke). Not
-// modelled: executor refusals and gates on rate keys, start deadlines, max_queue_age, replace
-// keys, cancellations and retries; fair_time orders by the executor time the simulation itself
-// has charged.
+// The job arrivals of one instant are decided together, as one admission transaction decides
+// its items, and a claim pass follows Options.ArrivalPickup after them, or OutcomePickup after an
+// outcome (Calibrate measures both on the audit trail's window). Not modelled: executor refusals
+// and gates on rate keys, start deadlines, max_queue_age, replace keys, cancellations and
+// retries; fair_time orders by the executor time the simulation itself has charged (decayed as
+// store.TimeUsed decays it).
 package simulate
 
 import (

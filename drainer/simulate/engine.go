@@ -45,13 +45,19 @@ type Engine struct {
 	opts    Options
 	chose   *drainer.Chooser
 	decider gate.Decider
-	heads   map[string][]drainer.Head // a claim pass's, reused
-	more    map[string]bool
-	rate    admitrate.Local
-	now     time.Time
-	begun   bool
-	claimAt time.Time // the last claim pass scheduled
-	nextID  int64
+	// The job arrivals of the instant batchAt, decided together (decideBatch), and their
+	// requests; qDepth and qInteractive are their tenants' depths for the decision.
+	batch                []Arrival
+	reqs                 []gate.Request
+	batchAt              time.Time
+	qDepth, qInteractive map[string]int
+	heads                map[string][]drainer.Head // a claim pass's, reused
+	more                 map[string]bool
+	rate                 admitrate.Local
+	now                  time.Time
+	begun                bool
+	claimAt              time.Time // the last claim pass scheduled
+	nextID               int64
 
 	tenants map[string]*tenantQueue // every tenant with jobs queued or in flight
 	active  map[string]*tenantQueue // the tenants with jobs due
@@ -87,35 +93,41 @@ type qjob struct {
 
 // Arrive replays a: first everything that happens before a.At (outcomes, scheduled jobs coming
 // due, claim passes), then a's decision, after which a claim pass follows ArrivalPickup later.
-// Arrivals of one instant are all decided before the pass (with no pickup delay too): the items
-// of one batch are decided in one transaction, before any claim. An arrival earlier than one
-// already replayed (two transactions commit in the other order of their clock readings) is
-// decided when it comes, and its wait counts from its own time.
+// The job arrivals of one instant are decided together, as the items of one admission
+// transaction (one clock reading) are: the rate limit for all of them first, then the depth caps
+// item after item, before any claim. An arrival earlier than one already replayed (two
+// transactions commit in the other order of their clock readings) joins the instant being
+// decided, and its wait counts from its own time.
 func (e *Engine) Arrive(a Arrival) {
 	if !e.begun {
 		e.begun, e.now = true, a.At
 		e.res.Start = a.At
+	}
+	if len(e.batch) > 0 && (a.At.After(e.batchAt) || a.Kind != Job) {
+		e.decideBatch()
 	}
 	e.advance(a.At, false)
 	e.flow(a.At)
 	switch a.Kind {
 	case Slot:
 		e.slot(a)
+		e.claimAfter(e.opts.ArrivalPickup)
 	case SlotEnd:
 		if u, ok := e.slots[a.ID]; ok {
 			delete(e.slots, a.ID)
 			e.release(u)
+			e.claimAfter(e.opts.OutcomePickup)
 		}
 	default:
 		e.admit(a)
 	}
-	e.claimAfter(e.opts.ArrivalPickup)
 }
 
 // Finish runs the simulation on until nothing more happens (every job that can start has
 // ended) and returns its figures. Jobs still queued then (a paused tenant's, say) are counted as
 // never started, their waits as lasting to the end.
 func (e *Engine) Finish() *Result {
+	e.decideBatch()
 	e.advance(time.Time{}, true)
 	e.res.End = e.now
 	for t, q := range e.tenants {
@@ -206,7 +218,6 @@ func (e *Engine) admit(a Arrival) {
 		e.res.refuse(a.Tenant, string(job.CodeInvalidRequest), limits.LanePrefix+lane)
 		return
 	}
-	q := e.tenant(a.Tenant)
 	req := gate.Request{Tenant: a.Tenant, Lanes: a.Lanes}
 	if a.Interactive {
 		yes := true
@@ -224,28 +235,60 @@ func (e *Engine) admit(a Arrival) {
 		at := a.RunAt.Format(time.RFC3339Nano)
 		req.RunAt = &at
 	}
-	var rate gate.RateAnswer
-	if gate.RateLimited(e.cfg) {
-		granted, retry := e.rate.Reserve(a.Tenant, 1, e.cfg.AdmissionRatePerMinute, a.At)
-		rate = gate.RateAnswer{Limited: true, Granted: granted == 1, RetryAfter: retry}
+	if len(e.batch) == 0 {
+		e.batchAt = a.At
 	}
-	o := e.decider.Admission(e.cfg, gate.Queues{Now: a.At, TenantDepth: q.depth, TenantInteractive: q.interactive,
-		GlobalDepth: e.depth, Usage: e.us}, req, rate)
-	if o.Refund {
-		e.rate.Refund(a.Tenant, 1)
-	}
-	if !o.Queued {
-		e.res.refuse(a.Tenant, string(o.Code), o.Scope)
-		if q.depth == 0 && q.inFlight == 0 {
-			e.idle(a.Tenant, q)
-		}
+	e.batch = append(e.batch, a)
+	e.reqs = append(e.reqs, req)
+}
+
+// decideBatch decides the job arrivals of one instant together, as one admission transaction
+// decides its items (gate.Decider.Admissions), and queues those admitted; a claim pass follows
+// ArrivalPickup later.
+func (e *Engine) decideBatch() {
+	if len(e.batch) == 0 {
 		return
 	}
+	if e.qDepth == nil {
+		e.qDepth, e.qInteractive = map[string]int{}, map[string]int{}
+	}
+	clear(e.qDepth)
+	clear(e.qInteractive)
+	for _, a := range e.batch {
+		if q := e.tenants[a.Tenant]; q != nil {
+			e.qDepth[a.Tenant], e.qInteractive[a.Tenant] = q.depth, q.interactive
+		}
+	}
+	reserve := func(tenant string, n int) (int, int) {
+		return e.rate.Reserve(tenant, n, e.cfg.AdmissionRatePerMinute, e.now)
+	}
+	outs, refund := e.decider.Admissions(e.cfg, gate.Queues{Now: e.batchAt, TenantDepth: e.qDepth, TenantInteractive: e.qInteractive,
+		GlobalDepth: e.depth, Usage: e.us}, e.reqs, reserve)
+	for t, n := range refund {
+		e.rate.Refund(t, n)
+	}
+	for i, o := range outs {
+		e.queue(e.batch[i], o)
+	}
+	clear(e.batch)
+	e.batch, e.reqs = e.batch[:0], e.reqs[:0]
+	e.claimAfter(e.opts.ArrivalPickup)
+}
+
+// queue applies the decision o on a: a refusal is counted, an admitted job queued (or
+// scheduled).
+func (e *Engine) queue(a Arrival, o gate.Outcome) {
+	if !o.Queued {
+		e.res.refuse(a.Tenant, string(o.Code), o.Scope)
+		return
+	}
+	st := e.res.tenant(a.Tenant)
 	st.Admitted++
 	e.res.Total.Admitted++
 	e.nextID++
 	j := &qjob{head: store.Head{ID: e.nextID, Tenant: a.Tenant, QueuedAt: a.At, Lanes: a.Lanes, Interactive: a.Interactive,
 		Priority: a.Priority}, service: a.Service}
+	q := e.tenant(a.Tenant)
 	q.depth++
 	if a.Interactive {
 		q.interactive++

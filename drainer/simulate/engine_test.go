@@ -122,17 +122,18 @@ func TestDepthCapsRateLimitAndImmediate(t *testing.T) {
 	cfg := config(t, `{"global_in_flight": 1, "tenant_in_flight": 1, "tenant_queue_depth": 2, "admission_rate_per_minute": 3}`)
 	var arrivals []Arrival
 	for range 5 {
-		// One instant, as one batch: decided before any claim, so 2 queue and 3 are refused.
+		// One instant, as one batch: the rate limit takes 3 units of 5 first (2 refused
+		// rate_limited), then the depth cap refuses the third of those (its unit given back).
 		arrivals = append(arrivals, jobAt(0, "a", 1000))
 	}
 	imm := jobAt(10, "b", 10)
 	imm.Immediate = true // the box is full: refused at once
-	// At 1.5 s both of a's have started: room in its queue, and the refused ones gave their rate
-	// units back, so the third unit of the minute is granted, and the fourth is not.
+	// At 1.5 s both of a's have started: room in its queue, and the refused one gave its rate
+	// unit back, so the third unit of the minute is granted, and the fourth is not.
 	arrivals = append(arrivals, imm, jobAt(1500, "a", 1000), jobAt(1600, "a", 10), jobAt(61_000, "a", 10))
 	r := replay(t, cfg, arrivals)
 	a := r.Tenants["a"]
-	want := map[string]int{"queue_full:tenant": 3, "rate_limited": 1}
+	want := map[string]int{"queue_full:tenant": 1, "rate_limited": 3}
 	if fmt.Sprint(a.Refused) != fmt.Sprint(want) {
 		t.Fatalf("a's refusals %v, want %v", a.Refused, want)
 	}
@@ -150,6 +151,7 @@ func TestDepthCapsRateLimitAndImmediate(t *testing.T) {
 // startOrder runs e to its end and returns the ids of its jobs in the order they ended: with one
 // unit in the box, the order they started.
 func startOrder(e *Engine) []int64 {
+	e.decideBatch()
 	var order []int64
 	for len(e.events) > 0 {
 		ev := e.events[0]

@@ -56,8 +56,11 @@ type recorded struct {
 	since, until time.Time
 	lastAt       time.Time
 	lastID       int64
-	page         []Arrival
-	done         bool
+	page         []pending
+	// late holds the refusals that wrote no row (the rate limit's, immediate-or-refuse's) of the
+	// latest instant, and ready what Next returns next: see Next.
+	late, ready []Arrival
+	done        bool
 	// Means of what is known so far, for the arrivals that have no figure of their own.
 	service, hold map[string]*mean
 	allService    mean
@@ -77,18 +80,57 @@ func (m *mean) get() (time.Duration, bool) {
 	return m.sum / time.Duration(m.n), true
 }
 
+// pending is an arrival read, and whether it is a refusal that wrote no row.
+type pending struct {
+	Arrival
+	late bool
+}
+
+// Next returns the next arrival. A refusal that wrote no row comes after the other arrivals of
+// its instant: its event carries its admission's instant, but is written after the transaction's
+// rows (through the audit queue), and within one transaction it was among the last items (the
+// rate limit grants a tenant's first items), so it waits for the first arrival of a later instant.
 func (r *recorded) Next() (Arrival, error) {
-	for len(r.page) == 0 {
-		if r.done {
-			return Arrival{}, io.EOF
+	for {
+		if len(r.ready) > 0 {
+			a := r.ready[0]
+			r.ready = r.ready[1:]
+			return a, nil
 		}
-		if err := r.read(); err != nil {
+		p, err := r.next()
+		if errors.Is(err, io.EOF) && len(r.late) > 0 {
+			r.ready, r.late = r.late, nil
+			continue
+		}
+		if err != nil {
 			return Arrival{}, err
 		}
+		switch {
+		case p.late && (len(r.late) == 0 || !p.At.After(r.late[0].At)):
+			r.late = append(r.late, p.Arrival)
+		case len(r.late) > 0 && p.At.After(r.late[0].At):
+			r.ready, r.late = append(r.late, p.Arrival), nil
+			if p.late {
+				r.ready, r.late = r.ready[:len(r.ready)-1], []Arrival{p.Arrival}
+			}
+		default:
+			return p.Arrival, nil
+		}
 	}
-	a := r.page[0]
+}
+
+func (r *recorded) next() (pending, error) {
+	for len(r.page) == 0 {
+		if r.done {
+			return pending{}, io.EOF
+		}
+		if err := r.read(); err != nil {
+			return pending{}, err
+		}
+	}
+	p := r.page[0]
 	r.page = r.page[1:]
-	return a, nil
+	return p, nil
 }
 
 func (r *recorded) read() error {
@@ -116,7 +158,7 @@ func (r *recorded) read() error {
 		}
 		r.lastAt, r.lastID = at, id
 		if a, ok := r.arrival(at, event, tenant, code, slot, hasRow, lanes, interactive, priority, queuedAt, serviceUS); ok {
-			r.page = append(r.page, a)
+			r.page = append(r.page, pending{a, a.Kind == Job && !hasRow})
 		}
 	}
 	if err := rows.Err(); err != nil {

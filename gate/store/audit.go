@@ -27,7 +27,9 @@ const (
 )
 
 // AuditEvent is one row of audit_events. Zero values are stored as NULL (or ” for Tenant and
-// Actor); At and ID are the database's.
+// Actor); ID is the database's, and so is At: the INSERT's clock when zero, else a reading of
+// the database's clock the decision took (a refusal written later through the AuditQueue keeps
+// its admission's instant).
 type AuditEvent struct {
 	ID        int64           `json:"id"`
 	At        time.Time       `json:"at"`
@@ -165,6 +167,27 @@ func auditValues(events []AuditEvent, jobID string) (string, []any) {
 	return q.String(), args
 }
 
+// auditStampedSQL is AuditInsertSQL writing each event's At, or the INSERT's clock for a zero
+// one.
+func auditStampedSQL(events []AuditEvent) (string, []any) {
+	var q strings.Builder
+	q.WriteString(`INSERT INTO audit_events (at, event, tenant, job_id, slot_id, actor, from_status, to_status,
+	version, attempt, error_code, scope, detail) VALUES `)
+	args := make([]any, 0, 13*len(events))
+	for i, e := range events {
+		if i > 0 {
+			q.WriteString(",")
+		}
+		q.WriteString("(COALESCE(?, UTC_TIMESTAMP(6)),?,?,?,?,?,?,?,?,?,?,?,?)")
+		var at any
+		if !e.At.IsZero() {
+			at = e.At.UTC()
+		}
+		args = appendAuditArgs(append(args, at), e)
+	}
+	return q.String(), args
+}
+
 func appendAuditArgs(args []any, e AuditEvent) []any {
 	var jobID, slotID, version, attempt, detail any
 	if e.JobID != nil {
@@ -247,12 +270,15 @@ func transitionEvent(actor string, r Row, to job.Status, version int64, attempt 
 		To: string(to), Version: &version, Attempt: &attempt, ErrorCode: code}
 }
 
-// InsertAudit writes events (if any) in one statement of db.
+// InsertAudit writes events (if any) in one statement of db, each at its At if set.
 func InsertAudit(ctx context.Context, db sqldb.DB, events []AuditEvent) error {
 	if len(events) == 0 {
 		return nil
 	}
 	q, args := AuditInsertSQL(events)
+	if slices.ContainsFunc(events, func(e AuditEvent) bool { return !e.At.IsZero() }) {
+		q, args = auditStampedSQL(events)
+	}
 	if _, err := db.ExecContext(ctx, q, args...); err != nil {
 		return fmt.Errorf("write %d audit event(s): %w", len(events), err)
 	}
