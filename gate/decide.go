@@ -220,8 +220,8 @@ func rateCharges(items []*item, cfg limits.Config) []rateCharge {
 // refused (nil if none), which the runner refunds.
 func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int) {
 	for _, it := range items {
-		if it.pending() {
-			it.at = st.now
+		if it.invalid == nil {
+			it.at = st.now // a duplicate answered like its first item is audited at its instant too
 		}
 	}
 	limitRate(items, cfg, st)

@@ -115,25 +115,22 @@ func simRepeat(n, ms int) []int {
 	return out
 }
 
-// TestSimulateFidelity is issue 35's "fidelity, measured": a real run of four tenants through
+// TestSimulateFidelity is issue 35's "fidelity, measured": a real run of five tenants through
 // the API, an in-process drainer and the simulated executor (bursts of several tenants at once,
 // 20 ms and 150 ms jobs, caps 8 global and 4 a tenant so that jobs queue, one burst past its
-// tenant's depth cap and one tenant past the admission rate limit), replayed from its audit trail
-// by simulate.RunRecorded with no change. For every tenant the simulated p50 and p95 wait
-// (admission to claim) must be within 15 % or 5 ms (the looser) of the measured ones
-// (dispatched_at − queued_at), and the refusals by code and scope equal exactly.
+// tenant's depth cap, one tenant past the admission rate limit, and one batch refused by both),
+// replayed from its audit trail by simulate.RunRecorded with no change, and the pickup delays
+// simulate.Calibrate measures on the run, as the CLI and the API do. For every tenant the
+// simulated p50 and p95 wait (admission to claim) must be within 15 % or 5 ms (the looser) of the
+// measured ones (dispatched_at − queued_at), and the refusals by code and scope equal exactly.
 //
-// The replay picks up as the CLI does (simulate.DefaultArrivalPickup after an admission,
-// DefaultOutcomePickup after an outcome). Each wave is one batch holding every tenant's burst:
-// one transaction, one clock reading, all of whose arrivals the replay decides before its claim
-// pass, as the drainer's first pass after the commit sees them all. The refusals are decided
-// alike in the run and in the replay whatever the drainer's pickup: the burst past the depth cap
-// (26 jobs, cap 20) is its tenant's first, into an empty queue; the other tenants' queues stay
-// within the cap whatever has been claimed; the rate-limited tenant's second burst comes once its
-// queue is empty, within the rate limit's minute, and is refused by the rate limit alone (a batch
-// refused by both is not replayed alike: the rate limit's refusals reach the audit trail through
-// the audit queue, after the batch's depth refusals, whose units were given back; the README says
-// so).
+// Each wave is one batch holding every tenant's burst: one transaction, one clock reading, all of
+// whose arrivals the replay decides together before its claim pass, as the drainer's first pass
+// after the commit sees them all. The refusals are decided alike in the run and in the replay
+// whatever the drainer's pickup: the bursts past the depth cap are their tenants' first, into
+// empty queues; the other tenants' queues stay within the cap whatever has been claimed; the
+// rate-limited tenant's second burst comes once its queue is empty, within the rate limit's
+// minute.
 //
 // It asserts on time, so it does not run in parallel with the package's other tests.
 func TestSimulateFidelity(t *testing.T) {

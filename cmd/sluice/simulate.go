@@ -156,7 +156,7 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		src = simulate.Lines(in, at)
 	}
 	fmt.Fprintf(stderr, "simulate: current configuration: %s\n", from)
-	cmp, err := simulate.Run(src, current, set, opts, progress)
+	cmp, err := simulate.Run(ctx, src, current, set, opts, progress)
 	if errors.Is(err, simulate.ErrNoArrivals) {
 		if *file != "" {
 			return fmt.Errorf("simulate: %s holds no arrivals", *file)

@@ -107,6 +107,7 @@ type lines struct {
 	start time.Time
 	n     int
 	last  time.Time
+	open  map[string]int // the line of each slot held until its slot_end
 }
 
 func (l *lines) Next() (Arrival, error) {
@@ -117,6 +118,9 @@ func (l *lines) Next() (Arrival, error) {
 			continue
 		}
 		a, err := l.parse([]byte(text))
+		if err == nil {
+			err = l.pair(a)
+		}
 		if err != nil {
 			return Arrival{}, fmt.Errorf("arrivals line %d: %w", l.n, err)
 		}
@@ -131,6 +135,27 @@ func (l *lines) Next() (Arrival, error) {
 		return Arrival{}, fmt.Errorf("arrivals line %d: %w", l.n+1, err)
 	}
 	return Arrival{}, io.EOF
+}
+
+// pair checks that a slot held until its slot_end is not opened twice, and that a slot_end ends
+// a slot so held.
+func (l *lines) pair(a Arrival) error {
+	if l.open == nil {
+		l.open = map[string]int{}
+	}
+	switch {
+	case a.Kind == Slot && a.ID != "" && a.Service == 0:
+		if at, ok := l.open[a.ID]; ok {
+			return fmt.Errorf("id: slot %q is already held (line %d) and not ended", a.ID, at)
+		}
+		l.open[a.ID] = l.n
+	case a.Kind == SlotEnd:
+		if _, ok := l.open[a.ID]; !ok {
+			return fmt.Errorf("id: no slot %q is held until a slot_end (a slot line with this id and no hold_ms)", a.ID)
+		}
+		delete(l.open, a.ID)
+	}
+	return nil
 }
 
 func (l *lines) parse(b []byte) (Arrival, error) {
@@ -178,6 +203,8 @@ func (l *lines) parse(b []byte) (Arrival, error) {
 	ms := ln.ServiceMS
 	if a.Kind == Slot {
 		ms = ln.HoldMS
+	} else if ms == nil {
+		return Arrival{}, errors.New("service_ms: required for a job (the time from its claim to its outcome)")
 	}
 	if ms != nil {
 		if *ms < 0 {

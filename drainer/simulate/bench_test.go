@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,8 +15,8 @@ import (
 
 // traffic is a Source of synthetic arrivals: rate a second on average, from tenants of uneven
 // weight (tenant i arrives i+1 times as often as tenant 0), a burst of 50 jobs from one tenant
-// every minute, service times exponential about mean, a tenth of jobs interactive and a tenth
-// prioritized. It makes them as they are read: a day of them is never held at once.
+// every minute, service times exponential about mean, a twentieth of jobs interactive and a
+// twentieth at priority 9. It makes them as they are read: a day of them is never held at once.
 type traffic struct {
 	rng     *rand.Rand
 	at      time.Time
@@ -72,7 +73,7 @@ func (tr *traffic) Next() (Arrival, error) {
 	return a, nil
 }
 
-// BenchmarkSimulateDay replays a day at 100 jobs/s (8.64 M arrivals, 200 tenants, a burst a
+// BenchmarkSimulateDay replays a day at 100 jobs/s (8.72 M arrivals with the bursts, 200 tenants, a burst a
 // minute, mean service 300 ms against global_in_flight 64) under a configuration and a change,
 // both in one reading of the arrivals and with the default pickup delays, as `sluice simulate`
 // does. Issue 35 asks for a day in
@@ -85,7 +86,7 @@ func BenchmarkSimulateDay(b *testing.B) {
 	for b.Loop() {
 		src := newTraffic(24*time.Hour, 100, 200, 300*time.Millisecond)
 		var peak uint64
-		cmp, err := Run(src, cfg, changes, Options{ArrivalPickup: DefaultArrivalPickup, OutcomePickup: DefaultOutcomePickup}, func(int) {
+		cmp, err := Run(context.Background(), src, cfg, changes, Options{ArrivalPickup: DefaultArrivalPickup, OutcomePickup: DefaultOutcomePickup}, func(int) {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			peak = max(peak, ms.HeapInuse)

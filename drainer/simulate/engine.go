@@ -138,11 +138,6 @@ func (e *Engine) Finish() *Result {
 		e.res.Total.NeverStarted += q.depth
 		q.each(func(j *qjob) { e.res.waited(t, e.now.Sub(j.head.QueuedAt)) })
 	}
-	for _, ev := range e.events {
-		if ev.job != nil && !ev.job.runAt.IsZero() {
-			e.res.waited(ev.job.head.Tenant, e.now.Sub(ev.job.head.QueuedAt))
-		}
-	}
 	e.res.finish()
 	return e.res
 }
@@ -286,8 +281,13 @@ func (e *Engine) queue(a Arrival, o gate.Outcome) {
 	st.Admitted++
 	e.res.Total.Admitted++
 	e.nextID++
+	// A scheduled job's queued_at is its due time: it takes its place among the jobs due then,
+	// and its wait counts from then.
 	j := &qjob{head: store.Head{ID: e.nextID, Tenant: a.Tenant, QueuedAt: a.At, Lanes: a.Lanes, Interactive: a.Interactive,
 		Priority: a.Priority}, service: a.Service}
+	if a.RunAt.After(a.At) {
+		j.head.QueuedAt = a.RunAt
+	}
 	q := e.tenant(a.Tenant)
 	q.depth++
 	if a.Interactive {
@@ -347,9 +347,18 @@ func (e *Engine) slot(a Arrival) {
 	e.slots[a.ID] = u
 }
 
+// outOfFlight takes a unit like u out of flight, forgetting a tenant with none left, so that the
+// usage holds the tenants in flight, not every tenant that ever was.
+func (e *Engine) outOfFlight(u limits.Unit) {
+	e.us.Add(e.cfg, u, -1)
+	if e.us.Tenant[u.Tenant] == 0 {
+		delete(e.us.Tenant, u.Tenant)
+	}
+}
+
 // release gives back a slot's unit.
 func (e *Engine) release(u limits.Unit) {
-	e.us.Add(e.cfg, u, -1)
+	e.outOfFlight(u)
 	q := e.tenants[u.Tenant]
 	q.inFlight--
 	e.forgetIdle(u.Tenant, q)
@@ -378,8 +387,7 @@ func (e *Engine) forgetIdle(t string, q *tenantQueue) {
 
 // ended records a job's outcome: its unit is free, and under fair_time its tenant is charged.
 func (e *Engine) ended(j *qjob) {
-	u := j.head.Unit()
-	e.us.Add(e.cfg, u, -1)
+	e.outOfFlight(j.head.Unit())
 	q := e.tenants[j.head.Tenant]
 	q.inFlight--
 	if e.cfg.Ordering == limits.FairTime {
@@ -397,10 +405,7 @@ func (e *Engine) ended(j *qjob) {
 func (e *Engine) claim() {
 	for len(e.active) > 0 && e.us.Total < e.cfg.GlobalInFlight {
 		free := min(e.cfg.GlobalInFlight-e.us.Total, e.chooserBatch())
-		var aged time.Time
-		if e.cfg.PriorityAgingSeconds > 0 {
-			aged = e.now.Add(-e.cfg.PriorityAging())
-		}
+		aged := e.now.Add(-e.cfg.PriorityAging()) // as the drainer's candidates read them
 		if e.heads == nil {
 			e.heads, e.more = map[string][]drainer.Head{}, map[string]bool{}
 		}

@@ -1,9 +1,12 @@
 package simulate
 
 import (
+	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -84,7 +87,7 @@ func TestLoweringATenantCapShiftsWaits(t *testing.T) {
 		arrivals = append(arrivals, jobAt(10+50*i, "steady", 20))
 	}
 	cur := config(t, `{"global_in_flight": 4, "tenant_in_flight": 4}`)
-	cmp, err := Run(ptr(Slice(arrivals)), cur, map[string]json.RawMessage{"tenant_in_flight_overrides": json.RawMessage(`{"burst": 2}`)}, Options{}, nil)
+	cmp, err := Run(context.Background(), ptr(Slice(arrivals)), cur, map[string]json.RawMessage{"tenant_in_flight_overrides": json.RawMessage(`{"burst": 2}`)}, Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,13 +218,28 @@ func TestSlotsHoldUnits(t *testing.T) {
 	}
 }
 
+// A scheduled job is queued at its due time, as production writes its queued_at: its wait counts
+// from then, and it goes behind the jobs queued before then.
 func TestScheduledJobWaitsForItsTime(t *testing.T) {
 	cfg := config(t, `{"global_in_flight": 4, "tenant_in_flight": 4}`)
 	later := jobAt(0, "a", 10)
 	later.RunAt = t0.Add(time.Second)
 	r := replay(t, cfg, []Arrival{later, jobAt(10, "a", 10)})
-	if a := r.Tenants["a"]; a.Started != 2 || a.Wait.Max < 990 || a.Wait.Max > 1010 {
-		t.Fatalf("started %d, longest wait %.1f ms: want the scheduled job to start at its run_at", a.Started, a.Wait.Max)
+	if a := r.Tenants["a"]; a.Started != 2 || a.Wait.Max != 0 || !r.End.Equal(t0.Add(1010*time.Millisecond)) {
+		t.Fatalf("started %d, longest wait %.1f ms, ended %s after the start: want the scheduled job started at its run_at, 1 s",
+			a.Started, a.Wait.Max, r.End.Sub(t0))
+	}
+
+	cfg = config(t, `{"global_in_flight": 1, "tenant_in_flight": 1}`)
+	e := New(cfg, Options{})
+	scheduled := jobAt(0, "a", 10)
+	scheduled.RunAt = t0.Add(500 * time.Millisecond)
+	for _, a := range []Arrival{jobAt(0, "a", 2000), scheduled, jobAt(100, "a", 10)} {
+		e.Arrive(a)
+	}
+	// ids: the long job 1, the scheduled one 2 (due at 500 ms), the one queued at 100 ms 3.
+	if order := startOrder(e); fmt.Sprint(order) != "[1 3 2]" {
+		t.Fatalf("started in order %v, want [1 3 2]: the job queued at 100 ms before the one due at 500 ms", order)
 	}
 }
 
@@ -235,16 +253,16 @@ func TestPausedTenantNeverStarts(t *testing.T) {
 
 func TestRunRefusesBadInput(t *testing.T) {
 	one := Slice{jobAt(0, "a", 1)}
-	if _, err := Run(&one, limits.Default(), map[string]json.RawMessage{"tenant_capz": json.RawMessage(`3`)}, Options{}, nil); err == nil ||
+	if _, err := Run(context.Background(), &one, limits.Default(), map[string]json.RawMessage{"tenant_capz": json.RawMessage(`3`)}, Options{}, nil); err == nil ||
 		!strings.Contains(err.Error(), "tenant_capz") || !strings.Contains(err.Error(), "unknown key") {
 		t.Fatalf("an unknown key: %v, want an error naming it", err)
 	}
-	if _, err := Run(&one, limits.Default(), map[string]json.RawMessage{"global_in_flight": json.RawMessage(`"many"`)}, Options{}, nil); err == nil ||
+	if _, err := Run(context.Background(), &one, limits.Default(), map[string]json.RawMessage{"global_in_flight": json.RawMessage(`"many"`)}, Options{}, nil); err == nil ||
 		!strings.Contains(err.Error(), "global_in_flight") {
 		t.Fatalf("a bad value: %v, want an error naming the key", err)
 	}
 	var none Slice
-	if _, err := Run(&none, limits.Default(), nil, Options{}, nil); !errors.Is(err, ErrNoArrivals) {
+	if _, err := Run(context.Background(), &none, limits.Default(), nil, Options{}, nil); !errors.Is(err, ErrNoArrivals) {
 		t.Fatalf("no arrivals: %v, want ErrNoArrivals", err)
 	}
 }
@@ -252,7 +270,7 @@ func TestRunRefusesBadInput(t *testing.T) {
 func TestLines(t *testing.T) {
 	in := `{"at": 0, "tenant": "a", "service_ms": 100}
 
-{"at": "2026-12-06T10:00:01Z", "tenant": "b", "lanes": ["gpu", "gpu"], "priority": 9, "queue": false, "interactive": true}
+{"at": "2026-12-06T10:00:01Z", "tenant": "b", "lanes": ["gpu", "gpu"], "priority": 9, "queue": false, "interactive": true, "service_ms": 5}
 {"at": 2, "kind": "slot", "id": "s", "tenant": "a"}
 {"at": 3, "kind": "slot_end", "id": "s"}
 `
@@ -260,11 +278,11 @@ func TestLines(t *testing.T) {
 	var got []Arrival
 	for {
 		a, err := src.Next()
-		if err != nil {
-			if err.Error() != "EOF" {
-				t.Fatal(err)
-			}
+		if errors.Is(err, io.EOF) {
 			break
+		}
+		if err != nil {
+			t.Fatal(err)
 		}
 		got = append(got, a)
 	}
@@ -284,16 +302,16 @@ func TestLines(t *testing.T) {
 
 func TestLinesNameTheProblem(t *testing.T) {
 	for in, want := range map[string]string{
-		`{"at": 0}`:                                                      "line 1: tenant: required",
-		`{"tenant": "a"}`:                                                "line 1: at: required",
-		`{"at": "yesterday", "tenant": "a"}`:                             "line 1: at: want an RFC 3339 time",
-		`{"at": 0, "tenant": "a", "priority": 10}`:                       "line 1: priority: want 0 to 9, got 10",
-		`{"at": 0, "tenant": "a", "service_ms": -1}`:                     "line 1: service_ms: want milliseconds ≥ 0",
-		`{"at": 0, "tenant": "a", "colour": "red"}`:                      `line 1: not a JSON object of the arrivals format: json: unknown field "colour"`,
-		`{"at": 0, "tenant": "a", "kind": "batch"}`:                      `line 1: kind: want job, slot or slot_end, got "batch"`,
-		`{"at": 0, "kind": "slot", "tenant": "a"}`:                       "line 1: hold_ms: required for a slot without an id",
-		`{"at": 0, "kind": "slot_end"}`:                                  "line 1: id: required for a slot_end",
-		"{\"at\": 5, \"tenant\": \"a\"}\n{\"at\": 1, \"tenant\": \"a\"}": "line 2: at 2026-12-06T10:00:01Z is before the line above",
+		`{"at": 0}`:                                                  "line 1: tenant: required",
+		`{"tenant": "a"}`:                                            "line 1: at: required",
+		`{"at": "yesterday", "tenant": "a"}`:                         "line 1: at: want an RFC 3339 time",
+		`{"at": 0, "tenant": "a", "priority": 10}`:                   "line 1: priority: want 0 to 9, got 10",
+		`{"at": 0, "tenant": "a", "service_ms": -1}`:                 "line 1: service_ms: want milliseconds ≥ 0",
+		`{"at": 0, "tenant": "a", "service_ms": 1, "colour": "red"}`: `line 1: not a JSON object of the arrivals format: json: unknown field "colour"`,
+		`{"at": 0, "tenant": "a", "kind": "batch"}`:                  `line 1: kind: want job, slot or slot_end, got "batch"`,
+		`{"at": 0, "kind": "slot", "tenant": "a"}`:                   "line 1: hold_ms: required for a slot without an id",
+		`{"at": 0, "kind": "slot_end"}`:                              "line 1: id: required for a slot_end",
+		"{\"at\": 5, \"tenant\": \"a\", \"service_ms\": 1}\n{\"at\": 1, \"tenant\": \"a\", \"service_ms\": 1}": "line 2: at 2026-12-06T10:00:01Z is before the line above",
 		`[1, 2]`: "line 1: not a JSON object",
 	} {
 		src := Lines(strings.NewReader(in), t0)
@@ -358,5 +376,28 @@ func TestHistogramQuantiles(t *testing.T) {
 	zeros.add(0)
 	if q := zeros.quantiles(); q != (Quantiles{}) {
 		t.Fatalf("one zero wait: %+v, want all zero", q)
+	}
+}
+
+// The pickups are measured as their definitions say: a job dispatched with no outcome since
+// its admission measures the one after an arrival, a job that waited past an outcome the one
+// after an outcome; medians; the defaults without samples.
+func TestEstimatePickups(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	done := func(n int) sql.NullTime { return sql.NullTime{Time: ms(n), Valid: true} }
+	runs := []ran{
+		{queued: ms(0), dispatched: ms(4), finished: done(100)},         // arrival: 4 ms
+		{queued: ms(10), dispatched: ms(16), finished: done(200)},       // arrival: 6 ms
+		{queued: ms(20), dispatched: ms(28), finished: done(300)},       // arrival: 8 ms
+		{queued: ms(50), dispatched: ms(102), finished: done(400)},      // waited past 100: 2 ms
+		{queued: ms(60), dispatched: ms(203), finished: done(500)},      // waited past 200: 3 ms
+		{queued: ms(70), dispatched: ms(301), finished: sql.NullTime{}}, // waited past 300: 1 ms
+	}
+	arrival, outcome, ok := estimatePickups(runs)
+	if !ok || arrival != 6*time.Millisecond || outcome != 2*time.Millisecond {
+		t.Fatalf("pickups %s after an arrival, %s after an outcome (ok %v), want 6ms and 2ms", arrival, outcome, ok)
+	}
+	if a, o, ok := estimatePickups(nil); ok || a != DefaultArrivalPickup || o != DefaultOutcomePickup {
+		t.Fatalf("no runs: %s, %s, %v; want the defaults and not ok", a, o, ok)
 	}
 }

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,8 +28,8 @@ type Comparison struct {
 
 // Run replays src once, under current and under current with changes (limits.Apply: an unknown
 // key or a bad value is an error naming it), side by side. progress, if set, is called with the
-// arrivals replayed so far every 100,000 arrivals.
-func Run(src Source, current limits.Config, changes map[string]json.RawMessage, opts Options, progress func(n int)) (*Comparison, error) {
+// arrivals replayed so far every 100,000 arrivals. It stops with ctx's error when ctx ends.
+func Run(ctx context.Context, src Source, current limits.Config, changes map[string]json.RawMessage, opts Options, progress func(n int)) (*Comparison, error) {
 	changed := current
 	if len(changes) > 0 {
 		var err error
@@ -49,6 +50,11 @@ func Run(src Source, current limits.Config, changes map[string]json.RawMessage, 
 		a.Arrive(arr)
 		b.Arrive(arr)
 		n++
+		if n%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("stopped after %d arrivals: %w", n, err)
+			}
+		}
 		if progress != nil && n%100_000 == 0 {
 			progress(n)
 		}

@@ -20,7 +20,7 @@ type Result struct {
 	Utilisation float64 `json:"utilisation"`
 	// Depth is the most jobs queued in each period of Options.DepthEvery from Start.
 	Depth      []int         `json:"depth"`
-	DepthEvery time.Duration `json:"-"`
+	DepthEvery time.Duration `json:"depth_every_ns"`
 	DepthMax   int           `json:"depth_max"`
 
 	global float64 // global_in_flight

@@ -46,8 +46,8 @@ const (
 	// that a replay too long for a request is answered rather than cut off.
 	simulateTimeout = 60 * time.Second
 	// maxSimulations bounds the simulations in progress in one process: each reads a window of
-	// the audit trail and replays it twice, on a core of its own.
-	maxSimulations = 2
+	// the audit trail and replays it twice, on a core of its own, beside the admissions.
+	maxSimulations = 1
 )
 
 // simulateRequest is the body of POST /v1/config/simulate.
@@ -95,7 +95,7 @@ func (s *Server) simulateConfig(w http.ResponseWriter, r *http.Request) {
 			Detail: map[string]any{"retryable": false}})
 		return
 	}
-	if !s.acquire(w, r, s.simulations, fmt.Sprintf("%d simulations are in progress; retry shortly", maxSimulations)) {
+	if !s.acquire(w, r, s.simulations, fmt.Sprintf("%d simulation(s) in progress; retry shortly", maxSimulations)) {
 		return
 	}
 	defer release(s.simulations)

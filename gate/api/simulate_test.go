@@ -28,7 +28,7 @@ const fakeComparison = `{
     "wait": {"p50_ms": 1, "p95_ms": 2, "p99_ms": 2, "max_ms": 2}, "depth_max": 1}},
     "total": {"arrivals": 3, "admitted": 3, "started": 3, "never_started": 0, "slots": 0, "slots_granted": 0,
     "wait": {"p50_ms": 1, "p95_ms": 2, "p99_ms": 2, "max_ms": 2}, "depth_max": 1}, "utilisation": 0.25, "depth": [1, 0], "depth_max": 1},
-  "shifts": null
+  "shifts": []
 }
 `
 

@@ -442,7 +442,8 @@ func scanAudit(rows *sql.Rows) ([]AuditEvent, error) {
 // many it deleted (SPEC §9 audit_retention_days). It walks the primary key, never an index of
 // `at` (migration 0016 dropped it): ids are given in time order, near enough (a row's at is its
 // statement's start, its id is taken during the statement, so neighbours may differ by the
-// length of a statement), so the oldest events are the first ids. It finds the highest id among
+// length of a statement; a refusal written through the AuditQueue carries its admission's
+// instant, a flush earlier than its id's neighbours), so the oldest events are the first ids. It finds the highest id among
 // the first limit rows that is older than cutoff, then deletes the rows up to it that are: each
 // statement reads at most limit rows, and a row younger than cutoff is never deleted.
 func PurgeAudit(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int) (int64, error) {

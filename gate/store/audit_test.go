@@ -309,3 +309,31 @@ func TestAuditTransitionsFromEachState(t *testing.T) {
 		}
 	}
 }
+
+// An event with At set is written at that instant (a refusal keeps its admission's), one without
+// at the INSERT's, in the same statement; every other column as InsertAudit writes it.
+func TestInsertAuditStamped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	past := time.Date(2026, 12, 6, 10, 0, 0, 123456000, time.UTC)
+	events := []store.AuditEvent{
+		{At: past, Event: store.EventRefused, Tenant: "acme", Actor: "p", ErrorCode: "rate_limited", Detail: json.RawMessage(`{"retry_after":3}`)},
+		{Event: store.EventRefused, Tenant: "acme", Actor: "p", ErrorCode: "capacity_exceeded", Scope: "global"},
+	}
+	before := time.Now().UTC().Add(-time.Minute)
+	if err := store.InsertAudit(ctx, db, events); err != nil {
+		t.Fatal(err)
+	}
+	page, err := store.ListAudit(ctx, db, store.AuditFilter{Tenant: ptr("acme"), Limit: 10})
+	if err != nil || len(page.Events) != 2 {
+		t.Fatalf("ListAudit: %v, %v; want 2 events", page, err)
+	}
+	stamped, now := page.Events[1], page.Events[0] // newest (by id) first
+	if !stamped.At.Equal(past) || stamped.ErrorCode != "rate_limited" || stamped.Actor != "p" || string(stamped.Detail) != `{"retry_after":3}` {
+		t.Errorf("the stamped event read back as %+v, want at %s", stamped, past)
+	}
+	if now.At.Before(before) || now.ErrorCode != "capacity_exceeded" || now.Scope != "global" {
+		t.Errorf("the unstamped event read back as %+v, want at the INSERT's time", now)
+	}
+}
