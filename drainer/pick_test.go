@@ -405,4 +405,9 @@ func TestChooseCapacity(t *testing.T) {
 	if len(chosen) != 2 || !full {
 		t.Errorf("at the last read head: chose %d (full %v), want 2 and full", len(chosen), full)
 	}
+	// ... and counts it in flight like every job it takes: the usage a claim carries to the
+	// next pass (passCarry) is what it claimed.
+	if us.Total != 2 || us.Tenant["A"] != 2 {
+		t.Errorf("usage after a pass ended at the last read head: %d in flight (A %d), want 2 (A 2)", us.Total, us.Tenant["A"])
+	}
 }
