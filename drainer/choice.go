@@ -1,9 +1,8 @@
 package drainer
 
 import (
-	"time"
-
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // chooser is the claim's choice apart from its reads and writes: given the candidates a pass
@@ -21,13 +20,6 @@ type chooser struct {
 	heap  tenantHeap
 }
 
-// Head is a queued job as the claim's choice sees it: the job a tenant's queue offers next.
-type Head struct {
-	ID       int64
-	QueuedAt time.Time
-	Unit     limits.Unit
-}
-
 // Chooser is the claim's choice for a caller that keeps the queue itself: `sluice simulate`
 // replays arrivals through it on a virtual clock, so that what it predicts is chosen by the code
 // that chooses in production, step for step. Not safe for concurrent use.
@@ -35,7 +27,7 @@ type Chooser struct {
 	ch    chooser
 	cands map[string][]candidate // reused by every Choose
 	flat  []candidate            // their backing array, reused
-	out   []Head                 // Choose's answer, reused
+	out   []store.Head           // Choose's answer, reused
 }
 
 // NewChooser returns a Chooser that takes at most claimBatch jobs a pass, as a drainer
@@ -52,12 +44,13 @@ func NewChooser(claimBatch int) *Chooser {
 func (c *Chooser) SetTimeUsed(used map[string]float64) { c.ch.timeUsed = used }
 
 // Choose is one pass's choice: heads holds, per tenant, its first queued jobs in its queue's
-// order (store.Head's order: interactive first, then priority, then age), more whether a tenant
+// order (store.Head.Before: interactive first, then priority, then age), as store.ReadHeads
+// returns them for a drainer's pass, more whether a tenant
 // has queued jobs beyond them, and us what is in flight. It returns the jobs claimed, in the order
 // chosen (valid until the next Choose), having added them to us, and whether the pass stopped
 // with capacity possibly left (as a drainer's pass does, after which the next one reads again).
 // heads is left as it was.
-func (c *Chooser) Choose(cfg limits.Config, heads map[string][]Head, more map[string]bool, us *limits.Usage) ([]Head, bool) {
+func (c *Chooser) Choose(cfg limits.Config, heads map[string][]store.Head, more map[string]bool, us *limits.Usage) ([]store.Head, bool) {
 	if c.cands == nil {
 		c.cands = map[string][]candidate{}
 	}
@@ -66,14 +59,14 @@ func (c *Chooser) Choose(cfg limits.Config, heads map[string][]Head, more map[st
 	for t, hs := range heads {
 		from := len(c.flat)
 		for _, h := range hs {
-			c.flat = append(c.flat, candidate{id: h.ID, tenant: t, queuedAt: h.QueuedAt, unit: h.Unit})
+			c.flat = append(c.flat, candidateOf(h))
 		}
 		c.cands[t] = c.flat[from:len(c.flat):len(c.flat)]
 	}
 	chosen, full := c.ch.choose(cfg, c.cands, more, us)
 	c.out = c.out[:0]
 	for _, ch := range chosen {
-		c.out = append(c.out, Head{ID: ch.id, QueuedAt: ch.queuedAt, Unit: ch.unit})
+		c.out = append(c.out, store.Head{ID: ch.id, Tenant: ch.tenant, QueuedAt: ch.queuedAt, Lanes: ch.unit.Lanes, Interactive: ch.unit.Interactive})
 	}
 	return c.out, full
 }

@@ -51,7 +51,7 @@ type Engine struct {
 	reqs                 []gate.Request
 	batchAt              time.Time
 	qDepth, qInteractive map[string]int
-	heads                map[string][]drainer.Head // a claim pass's, reused
+	heads                map[string][]store.Head // a claim pass's, reused
 	more                 map[string]bool
 	rate                 admitrate.Local
 	now                  time.Time
@@ -407,7 +407,7 @@ func (e *Engine) claim() {
 		free := min(e.cfg.GlobalInFlight-e.us.Total, e.chooserBatch())
 		aged := e.now.Add(-e.cfg.PriorityAging()) // as the drainer's candidates read them
 		if e.heads == nil {
-			e.heads, e.more = map[string][]drainer.Head{}, map[string]bool{}
+			e.heads, e.more = map[string][]store.Head{}, map[string]bool{}
 		}
 		heads, more := e.heads, e.more
 		clear(heads)
@@ -442,8 +442,8 @@ func (e *Engine) chooserBatch() int {
 }
 
 // start takes a chosen job out of its queue (the Chooser counted it in flight already).
-func (e *Engine) start(h drainer.Head) {
-	t := h.Unit.Tenant
+func (e *Engine) start(h store.Head) {
+	t := h.Tenant
 	q := e.tenants[t]
 	j := q.take(h.ID)
 	q.depth--
@@ -496,7 +496,7 @@ func (e *Engine) usedOf(t string) *timeUsed {
 	return tu
 }
 
-func (e *Engine) timeUsed(heads map[string][]drainer.Head) map[string]float64 {
+func (e *Engine) timeUsed(heads map[string][]store.Head) map[string]float64 {
 	out := make(map[string]float64, len(heads))
 	since := e.now.Sub(e.res.Start).Seconds()
 	for t := range heads {

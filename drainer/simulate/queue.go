@@ -3,8 +3,8 @@ package simulate
 import (
 	"time"
 
-	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/store"
 )
 
 // tenantQueue is one tenant's jobs in the system. Its due jobs are kept in one FIFO per
@@ -13,11 +13,11 @@ import (
 // fronts by Before reads the queue in the claim's order without sorting it.
 type tenantQueue struct {
 	fifos       [2][job.MaxPriority + 1]fifo
-	eligible    int            // due jobs, in the FIFOs
-	depth       int            // queued jobs, scheduled ones included
-	interactive int            // queued interactive jobs
-	inFlight    int            // jobs and counted slots
-	heads       []drainer.Head // first's answer, reused: valid until the next first
+	eligible    int          // due jobs, in the FIFOs
+	depth       int          // queued jobs, scheduled ones included
+	interactive int          // queued interactive jobs
+	inFlight    int          // jobs and counted slots
+	heads       []store.Head // first's answer, reused: valid until the next first
 }
 
 func (q *tenantQueue) fifo(j *qjob) *fifo {
@@ -35,7 +35,7 @@ func (q *tenantQueue) add(j *qjob) {
 
 // first returns the tenant's first n due jobs in the claim's order (store.Head.Before, aged
 // as the claim ages them), and whether it has more. The slice is valid until the next first.
-func (q *tenantQueue) first(n int, aged time.Time) ([]drainer.Head, bool) {
+func (q *tenantQueue) first(n int, aged time.Time) ([]store.Head, bool) {
 	n = min(n, q.eligible)
 	out := q.heads[:0]
 	var at [2][job.MaxPriority + 1]int // how far each FIFO has been read
@@ -54,7 +54,7 @@ func (q *tenantQueue) first(n int, aged time.Time) ([]drainer.Head, bool) {
 			}
 		}
 		at[bi][bp]++
-		out = append(out, drainer.Head{ID: best.head.ID, QueuedAt: best.head.QueuedAt, Unit: best.head.Unit()})
+		out = append(out, best.head)
 	}
 	q.heads = out
 	return out, q.eligible > n
