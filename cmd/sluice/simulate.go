@@ -46,7 +46,7 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	start := fs.String("start", "", "with --arrivals: the time a numeric `at` counts from (RFC 3339; default 2000-01-01T00:00:00Z)")
 	set := setFlags{}
 	fs.Var(set, "set", "a config change to simulate, key=value as `sluice config set` takes it (repeat for more)")
-	top := fs.Int("top", 20, "tenants shown, the busiest first (0: all)")
+	top := fs.Int("top", 20, "tenants shown in the table and the JSON, the busiest first, and as many gaining and losing most (0: all)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	claimBatch := fs.Int("claim-batch", 64, "the drainers' claim batch")
 	arrivalPickup := fs.String("arrival-pickup", "auto", "from an admission to the claim pass that may start it: a duration, or auto (measured on the window's jobs; "+simulate.DefaultArrivalPickup.String()+" for a file)")
@@ -119,7 +119,7 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			if !lo.Before(hi) {
 				return fmt.Errorf("simulate: the window %s to %s is empty", lo.Format(time.RFC3339), hi.Format(time.RFC3339))
 			}
-			opts.DepthEvery = max(time.Second, (hi.Sub(lo) / 48).Truncate(time.Second))
+			opts.DepthEvery = simulate.DepthPeriod(hi.Sub(lo))
 			arrival, outcome, measured, err := simulate.Calibrate(ctx, db, lo, hi)
 			if err != nil {
 				return fmt.Errorf("simulate: %w", err)
@@ -167,7 +167,7 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return fmt.Errorf("simulate: %w", err)
 	}
 	if *asJSON {
-		return cmp.WriteJSON(stdout)
+		return cmp.WriteJSON(stdout, *top)
 	}
 	return cmp.WriteTable(stdout, *top)
 }

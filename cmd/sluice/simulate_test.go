@@ -50,6 +50,22 @@ func TestSimulateCommand(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil || got.Current.Total.Started != 4 || got.Changed.Total.Started != 4 || len(got.Shifts) == 0 {
 		t.Fatalf("--json: %v %+v\n%s", err, got, out.String())
 	}
+	// --top bounds the JSON as the table: the busiest tenant, the totals of all, and how many.
+	out.Reset()
+	if code := run([]string{"simulate", "--arrivals", arrivals, "--current", "defaults", "--set", "global_in_flight=1", "--json", "--top", "1"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	var top struct {
+		Current struct {
+			Tenants map[string]any
+			Total   struct{ Started int }
+		}
+		TenantsTotal int `json:"tenants_total"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &top); err != nil || len(top.Current.Tenants) != 1 || top.Current.Tenants["burst"] == nil ||
+		top.Current.Total.Started != 4 || top.TenantsTotal != 2 {
+		t.Fatalf("--json --top 1: %v %+v, want burst alone, the totals of 4 and tenants_total 2", err, top)
+	}
 
 	empty := writeArrivals(t, "\n")
 	bad := writeArrivals(t, `{"at": 0, "tenant": "a", "priority": 12}`)

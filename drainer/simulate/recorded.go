@@ -283,12 +283,17 @@ func (r *recorded) arrival(at time.Time, event, tenant, code, slot string, detai
 	return a, true
 }
 
+// DepthPeriod splits a window into about 48 periods of whole seconds, for Result.Depth.
+func DepthPeriod(window time.Duration) time.Duration {
+	return max(time.Second, (window / 48).Truncate(time.Second))
+}
+
 // RunRecorded replays what arrived between since and until, read from db's audit trail
 // (Recorded), under the runtime configuration in force and under it with changes (Run). With no
 // opts.DepthEvery, the depth line has about 48 periods of whole seconds over the window.
 func RunRecorded(ctx context.Context, db sqldb.DB, since, until time.Time, changes map[string]json.RawMessage, opts Options, progress func(int)) (*Comparison, error) {
 	if opts.DepthEvery <= 0 {
-		opts.DepthEvery = max(time.Second, (until.Sub(since) / 48).Truncate(time.Second))
+		opts.DepthEvery = DepthPeriod(until.Sub(since))
 	}
 	v, err := limits.Load(ctx, db)
 	if err != nil {

@@ -110,14 +110,29 @@ func refusedOf(tr *TenantResult) int {
 	return n
 }
 
-// WriteJSON writes c as one JSON object, with the shifts.
-func (c *Comparison) WriteJSON(w io.Writer) error {
+// WriteJSON writes c as one JSON object with the shifts, bounded by top (≤ 0: everything): each
+// result's tenants are the top busiest (Tops) and the totals, the shifts the top most helped and
+// the top most hurt, so that the answer's size does not grow with the tenants replayed;
+// tenants_total says how many there were.
+func (c *Comparison) WriteJSON(w io.Writer, top int) error {
+	shifts := c.Shifts()
+	cur, ch := c.Current, c.Changed
+	if top > 0 {
+		if len(shifts) > 2*top {
+			shifts = append(shifts[:top:top], shifts[len(shifts)-top:]...)
+		}
+		tops := cur.Tops(top)
+		cur, ch = cur.only(tops), ch.only(tops)
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(struct {
-		*Comparison
-		Shifts []Shift `json:"shifts"`
-	}{c, c.Shifts()})
+		Changes      map[string]json.RawMessage `json:"changes"`
+		Current      *Result                    `json:"current"`
+		Changed      *Result                    `json:"changed"`
+		Shifts       []Shift                    `json:"shifts"`
+		TenantsTotal int                        `json:"tenants_total"`
+	}{c.Changes, cur, ch, shifts, len(c.Current.Tenants)})
 }
 
 // WriteTable writes c for a reader: the top tenants (by arrivals) and all together, current

@@ -139,6 +139,18 @@ func (r *Result) finish() {
 	r.Total.Wait = r.Total.waits.quantiles()
 }
 
+// only is r with the tenants ts alone (the totals stay all tenants').
+func (r *Result) only(ts []string) *Result {
+	o := *r
+	o.Tenants = make(map[string]*TenantResult, len(ts))
+	for _, t := range ts {
+		if tr, ok := r.Tenants[t]; ok {
+			o.Tenants[t] = tr
+		}
+	}
+	return &o
+}
+
 // Tops returns the tenants with the most arrivals (then by name), at most n of them (n ≤ 0: all).
 func (r *Result) Tops(n int) []string {
 	ts := make([]string, 0, len(r.Tenants))

@@ -14,7 +14,7 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 )
 
-// fakeComparison is a comparison as simulate.Comparison.WriteJSON writes one, with shifts null
+// fakeComparison is a comparison as simulate.Comparison.WriteJSON writes one, with no shifts
 // (no tenant's figures changed).
 const fakeComparison = `{
   "changes": {"global_in_flight": 8},
@@ -28,7 +28,8 @@ const fakeComparison = `{
     "wait": {"p50_ms": 1, "p95_ms": 2, "p99_ms": 2, "max_ms": 2}, "depth_max": 1}},
     "total": {"arrivals": 3, "admitted": 3, "started": 3, "never_started": 0, "slots": 0, "slots_granted": 0,
     "wait": {"p50_ms": 1, "p95_ms": 2, "p99_ms": 2, "max_ms": 2}, "depth_max": 1}, "utilisation": 0.25, "depth": [1, 0], "depth_max": 1},
-  "shifts": []
+  "shifts": [],
+  "tenants_total": 1
 }
 `
 

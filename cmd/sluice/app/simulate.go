@@ -38,7 +38,7 @@ func simulateRecorded(ctx context.Context, db sqldb.DB, changes map[string]json.
 		return nil, err
 	}
 	var js, table bytes.Buffer
-	if err := cmp.WriteJSON(&js); err != nil {
+	if err := cmp.WriteJSON(&js, api.SimulateTop); err != nil {
 		return nil, fmt.Errorf("simulate: encode the comparison: %w", err)
 	}
 	if err := cmp.WriteTable(&table, api.SimulateTop); err != nil {
