@@ -134,6 +134,10 @@ type SlotOutcome struct {
 	Scope    string // the refusing limit, when refused
 }
 
+// SlotWaitingLimit is how many tenants with queued work a slot's grant reads (waitingBound):
+// a caller keeping the queues passes DecideSlot no more.
+func SlotWaitingLimit(cfg limits.Config) int { return waitingBound(cfg) }
+
 // DecideSlot decides a slot for unit, as a slot request does under the claim lock, with us in
 // flight and waiting the tenants with queued work (rate keys taken as not gated).
 func DecideSlot(cfg limits.Config, us limits.Usage, waiting []SlotWaiting, unit limits.Unit, aware bool) SlotOutcome {

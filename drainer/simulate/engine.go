@@ -66,6 +66,7 @@ type Engine struct {
 	events  events
 	seq     int64
 	spare   []*tenantQueue         // queues of tenants gone idle, for reuse
+	waiting []gate.SlotWaiting     // a slot decision's tenants with work, reused
 	free    []*event               // events handled, for reuse
 	slots   map[string]limits.Unit // granted, counted slots held until their SlotEnd
 	used    map[string]*timeUsed   // fair_time: each tenant's executor time
@@ -321,12 +322,19 @@ func (e *Engine) slot(a Arrival) {
 		e.res.refuseSlot(a.Tenant, string(job.CodeInvalidRequest), limits.LanePrefix+lane)
 		return
 	}
-	waiting := make([]gate.SlotWaiting, 0, len(e.active))
+	// As many tenants with work as a grant reads, whatever their number; the grant reads the
+	// oldest heads first, this any of them.
+	limit := gate.SlotWaitingLimit(e.cfg)
+	waiting := e.waiting[:0]
 	for t := range e.active {
+		if len(waiting) == limit {
+			break
+		}
 		if t != a.Tenant {
 			waiting = append(waiting, gate.SlotWaiting{Tenant: t, Due: true})
 		}
 	}
+	e.waiting = waiting
 	u := limits.Unit{Tenant: a.Tenant, Lanes: a.Lanes, Interactive: a.Interactive}
 	o := gate.DecideSlot(e.cfg, e.us, waiting, u, a.Aware)
 	if !o.Grant {
