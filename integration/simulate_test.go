@@ -117,7 +117,7 @@ func simRepeat(n, ms int) []int {
 
 // TestSimulateFidelity is issue 35's "fidelity, measured": a real run of five tenants through
 // the API, an in-process drainer and the simulated executor (bursts of several tenants at once,
-// 20 ms and 150 ms jobs, caps 8 global and 4 a tenant so that jobs queue, one burst past its
+// 40 ms and 300 ms jobs, caps 8 global and 4 a tenant so that jobs queue, one burst past its
 // tenant's depth cap, one tenant past the admission rate limit, and one batch refused by both),
 // replayed from its audit trail by simulate.RunRecorded with no change, and the pickup delays
 // simulate.Calibrate measures on the run, as the CLI and the API do. For every tenant the
@@ -131,6 +131,12 @@ func simRepeat(n, ms int) []int {
 // empty queues; the other tenants' queues stay within the cap whatever has been claimed; the
 // rate-limited tenant's second burst comes once its queue is empty, within the rate limit's
 // minute.
+//
+// The jobs are long beside the drainer's own jitter under the race detector on a busy 2-core
+// machine (a pass of some milliseconds, stalls of tens): with 20 ms and 150 ms jobs a tenant
+// whose short jobs got one unit every 30 ms had its p50 on a 30 ms step, and one pickup's
+// jitter that swapped two tenants' turn moved it past 15 % (1 run in 10 with a busy loop beside
+// it, once in CI).
 //
 // It asserts on time, so it does not run in parallel with the package's other tests.
 func TestSimulateFidelity(t *testing.T) {
@@ -156,21 +162,22 @@ func TestSimulateFidelity(t *testing.T) {
 
 	admitted := map[string]int{}
 	refused := map[string]map[string]int{}
+	const short, long = 40, 300 // ms
 	// Wave 1, at once: A's burst of 26 into an empty queue of cap 20 (6 refused queue_full), B's 12
 	// short jobs, C's 8 long ones, D's 18 mostly short ones, and E's 36 short ones, refused by both
 	// the rate limit and the depth cap: the rate limit grants the first 30 (6 refused
 	// rate_limited), of which the depth cap takes 20 (10 refused queue_full, their units given
 	// back).
-	dSleeps := simRepeat(18, 20)
+	dSleeps := simRepeat(18, short)
 	for i := 0; i < len(dSleeps); i += 6 {
-		dSleeps[i] = 150
+		dSleeps[i] = long
 	}
 	postSimWave(t, env, []simBurst{
-		{a, simAlternate(26, 150, 20)},
-		{b, simRepeat(12, 20)},
-		{c, simRepeat(8, 150)},
+		{a, simAlternate(26, long, short)},
+		{b, simRepeat(12, short)},
+		{c, simRepeat(8, long)},
 		{d, dSleeps},
-		{e, simRepeat(36, 20)},
+		{e, simRepeat(36, short)},
 	}, admitted, refused)
 	// Wave 2, once D's queue is empty (A's and C's still queue): D's 18 more, of which the rate
 	// limit (30 a minute) admits 12; B's 8 and C's 6, which keep their queues within the cap.
@@ -180,9 +187,9 @@ func TestSimulateFidelity(t *testing.T) {
 		return n == 0, err
 	})
 	postSimWave(t, env, []simBurst{
-		{d, simRepeat(18, 20)},
-		{b, simAlternate(8, 20, 150)},
-		{c, simRepeat(6, 20)},
+		{d, simRepeat(18, short)},
+		{b, simAlternate(8, short, long)},
+		{c, simRepeat(6, short)},
 	}, admitted, refused)
 
 	// The workload did what it is for: the refusals above, answered to the callers.

@@ -20,10 +20,12 @@ type Options struct {
 	// DepthEvery is the period of Result.Depth (default 1 minute).
 	DepthEvery time.Duration
 	// ArrivalPickup is how long after an admission (or a scheduled job coming due) the claim
-	// pass that may start it runs: in production the enqueue poke's way through the outbox,
-	// NATS and a drainer. OutcomePickup is the same after an outcome or a slot's release frees a
-	// unit. Zero: at once. Calibrate measures both on a window of the audit trail;
-	// DefaultArrivalPickup and DefaultOutcomePickup are the reference machine's.
+	// pass that may start it runs: in production the admission's commit, then the enqueue
+	// poke's way through the outbox, NATS and a drainer. No pass sees an admission's jobs
+	// sooner, not even one an outcome brings: their rows are not committed yet. OutcomePickup
+	// is the same after an outcome or a slot's release frees a unit. Zero: at once. Calibrate
+	// measures both on a window of the audit trail; DefaultArrivalPickup and
+	// DefaultOutcomePickup are the reference machine's.
 	ArrivalPickup, OutcomePickup time.Duration
 }
 
@@ -57,7 +59,11 @@ type Engine struct {
 	now                  time.Time
 	begun                bool
 	claimAt              time.Time // the last claim pass scheduled
-	nextID               int64
+	// Admitted jobs not yet visible to a claim, in the order they become visible: an admission's
+	// rows are committed, and seen by a claim, some time after its clock reading.
+	committing    []*qjob
+	committingOff int
+	nextID        int64
 
 	tenants map[string]*tenantQueue // every tenant with jobs queued or in flight
 	active  map[string]*tenantQueue // the tenants with jobs due
@@ -89,6 +95,7 @@ type qjob struct {
 	head    store.Head
 	service time.Duration
 	runAt   time.Time // zero once due
+	visible time.Time // when a claim can see it, if it is committing
 	claimed time.Time
 }
 
@@ -268,7 +275,12 @@ func (e *Engine) decideBatch() {
 	}
 	clear(e.batch)
 	e.batch, e.reqs = e.batch[:0], e.reqs[:0]
-	e.claimAfter(e.opts.ArrivalPickup)
+	// The pass the enqueue poke brings: the first to see the jobs admitted. A pass due sooner
+	// (after an outcome) does not see them, so it does not stand for this one.
+	if at := e.now.Add(e.opts.ArrivalPickup); !at.Equal(e.claimAt) {
+		e.claimAt = at
+		e.push(event{at: at, claim: true})
+	}
 }
 
 // queue applies the decision o on a: a refusal is counted, an admitted job queued (or
@@ -302,7 +314,23 @@ func (e *Engine) queue(a Arrival, o gate.Outcome) {
 		e.push(event{at: a.RunAt, job: j})
 		return
 	}
-	e.enqueue(j)
+	j.visible = e.now.Add(e.opts.ArrivalPickup)
+	e.committing = append(e.committing, j)
+}
+
+// committed queues the jobs admitted whose rows a claim now sees.
+func (e *Engine) committed() {
+	for e.committingOff < len(e.committing) && !e.committing[e.committingOff].visible.After(e.now) {
+		e.enqueue(e.committing[e.committingOff])
+		e.committing[e.committingOff] = nil
+		e.committingOff++
+	}
+	// Kept bounded by the jobs committing, not by those that ever were.
+	if n := len(e.committing) - e.committingOff; e.committingOff > 0 && (n == 0 || e.committingOff >= 1024 && e.committingOff > n) {
+		copy(e.committing, e.committing[e.committingOff:])
+		clear(e.committing[n:])
+		e.committing, e.committingOff = e.committing[:n], 0
+	}
 }
 
 // enqueue puts a due job in its tenant's queue, where the claim may take it.
@@ -411,6 +439,7 @@ func (e *Engine) ended(j *qjob) {
 // tenant below its cap, its first jobs in its queue's order (as many as the pass may claim) and
 // lets the Chooser choose.
 func (e *Engine) claim() {
+	e.committed()
 	for len(e.active) > 0 && e.us.Total < e.cfg.GlobalInFlight {
 		free := min(e.cfg.GlobalInFlight-e.us.Total, e.chooserBatch())
 		aged := e.now.Add(-e.cfg.PriorityAging()) // as the drainer's candidates read them

@@ -356,7 +356,10 @@ type ran struct {
 // estimatePickups is Calibrate's estimate on runs. A job dispatched while no unit had freed since
 // its admission (no outcome of runs between its queued_at and its dispatched_at) measures the
 // pickup after an arrival; one queued before the last outcome preceding its dispatch waited for
-// a unit, and measures the pickup after an outcome. Each is the median of its samples; with none,
+// a unit, and measures the pickup after an outcome. Each is the mean of its samples (a job that
+// waits for units waits through a chain of pickups, one per unit freed before its turn, and the
+// chain adds up their mean: the median, lower on the skewed delays of a busy drainer, set
+// simulated waits early by a few per cent, more the longer a tenant's backlog); with none,
 // the default. ok: there was a sample. Outcomes of jobs not in runs (dispatched before the window)
 // and slot releases are not seen, so the first jobs of a busy window can count as arrivals.
 func estimatePickups(runs []ran) (arrival, outcome time.Duration, ok bool) {
@@ -383,12 +386,15 @@ func estimatePickups(runs []ran) (arrival, outcome time.Duration, ok bool) {
 			afterArrival = append(afterArrival, r.dispatched.Sub(r.queued))
 		}
 	}
-	median := func(ds []time.Duration, dflt time.Duration) time.Duration {
+	mean := func(ds []time.Duration, dflt time.Duration) time.Duration {
 		if len(ds) == 0 {
 			return dflt
 		}
-		slices.Sort(ds)
-		return ds[len(ds)/2]
+		var sum time.Duration
+		for _, d := range ds {
+			sum += d
+		}
+		return sum / time.Duration(len(ds))
 	}
-	return median(afterArrival, DefaultArrivalPickup), median(afterOutcome, DefaultOutcomePickup), len(afterArrival)+len(afterOutcome) > 0
+	return mean(afterArrival, DefaultArrivalPickup), mean(afterOutcome, DefaultOutcomePickup), len(afterArrival)+len(afterOutcome) > 0
 }
