@@ -74,6 +74,7 @@ type Engine struct {
 	spare   []*tenantQueue         // queues of tenants gone idle, for reuse
 	waiting []gate.SlotWaiting     // a slot decision's tenants with work, reused
 	free    []*event               // events handled, for reuse
+	ran     []*qjob                // jobs ended, for reuse
 	slots   map[string]limits.Unit // granted, counted slots held until their SlotEnd
 	used    map[string]*timeUsed   // fair_time: each tenant's executor time
 
@@ -170,6 +171,7 @@ func (e *Engine) advance(until time.Time, all bool) {
 			e.claimAfter(e.opts.ArrivalPickup)
 		case ev.job != nil:
 			e.ended(ev.job)
+			e.ran = append(e.ran, ev.job)
 			e.claimAfter(e.opts.OutcomePickup)
 		default:
 			e.release(ev.unit)
@@ -296,7 +298,8 @@ func (e *Engine) queue(a Arrival, o gate.Outcome) {
 	e.nextID++
 	// A scheduled job's queued_at is its due time: it takes its place among the jobs due then,
 	// and its wait counts from then.
-	j := &qjob{head: store.Head{ID: e.nextID, Tenant: a.Tenant, QueuedAt: a.At, Lanes: a.Lanes, Interactive: a.Interactive,
+	j := e.newJob()
+	*j = qjob{head: store.Head{ID: e.nextID, Tenant: a.Tenant, QueuedAt: a.At, Lanes: a.Lanes, Interactive: a.Interactive,
 		Priority: a.Priority}, service: a.Service}
 	if a.RunAt.After(a.At) {
 		j.head.QueuedAt = a.RunAt
@@ -331,6 +334,17 @@ func (e *Engine) committed() {
 		clear(e.committing[n:])
 		e.committing, e.committingOff = e.committing[:n], 0
 	}
+}
+
+// newJob returns the memory of a job that ended, or new memory: a day's millions of jobs cost
+// the collector no more than the jobs in the system at once.
+func (e *Engine) newJob() *qjob {
+	if n := len(e.ran); n > 0 {
+		j := e.ran[n-1]
+		e.ran = e.ran[:n-1]
+		return j
+	}
+	return new(qjob)
 }
 
 // enqueue puts a due job in its tenant's queue, where the claim may take it.
