@@ -82,7 +82,7 @@ func (cl *claimer) claimUpdate(now time.Time, cfg limits.Config, chosen []candid
 		}
 	}
 	p := store.ClaimParams{DrainerID: cl.cfg.ID, Stamp: stamp, LeaseUntil: now.Add(cfg.Lease()),
-		NonceExpiresAt: now.Add(cfg.NonceTTL()), Jobs: make([]store.ClaimJob, len(chosen)), AuditOff: cl.store.AuditOff}
+		NonceExpiresAt: now.Add(cfg.NonceTTL()), Jobs: make([]store.ClaimJob, len(chosen))}
 	if cl.cfg.UnconfirmedStarts {
 		p.StartedAt = &stamp
 	}
@@ -120,7 +120,7 @@ func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg limits.C
 	return out
 }
 
-// claimAndCommit claims chosen and commits, in one round trip (store.ClaimJobs), with settle's
+// claimAndCommit claims chosen and commits, in one round trip (store.Store.ClaimJobs), with settle's
 // outcomes (nil for none) written before the claim, and returns the jobs it got as claimed, with
 // their payloads, and how the outcomes went (store.Claimed.Settled).
 func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg limits.Config, chosen []candidate,
@@ -145,7 +145,7 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 	// then hands them back (handBackIfStopping).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCommitTimeout)
 	defer cancel()
-	got, err := store.ClaimJobs(cctx, tx, u.params)
+	got, err := cl.store.ClaimJobs(cctx, tx, u.params)
 	if err != nil {
 		return nil, nil, err
 	}

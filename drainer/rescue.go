@@ -65,7 +65,7 @@ func (rs *rescuer) sweep(ctx context.Context, now time.Time, slots []store.Expir
 	return n, nil
 }
 
-// recover takes back the expired jobs (store.ScanExpired): their drainer died or froze. A job never
+// recover takes back the expired jobs (store.ScanExpiredWithSlots): their drainer died or froze. A job never
 // sent goes back to queued; a dispatched job whose start was never confirmed goes back to
 // queued with its nonce voided (or is lost when starts are not confirmed); a running job is lost,
 // never re-run. Every write is fenced on the version read, so a drainer that comes back finds

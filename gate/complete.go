@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
+	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
@@ -58,7 +58,10 @@ type Completion = store.Completion
 // sluice_execution_seconds: only the caller knows whether tx commits, and the producer's process
 // exports no sluice metrics.
 func (c *Completer) Complete(ctx context.Context, tx *sql.Tx, id int64, comp Completion) (job.Job, error) {
-	now, err := txNow(ctx, tx)
+	if tx == nil {
+		return job.Job{}, errors.New("gate: a transaction is required")
+	}
+	now, err := clock.Read(ctx, tx)
 	if err != nil {
 		return job.Job{}, err
 	}
@@ -67,17 +70,4 @@ func (c *Completer) Complete(ctx context.Context, tx *sql.Tx, id int64, comp Com
 		return row.Job, err
 	}
 	return row.Job, nil
-}
-
-// txNow reads the database clock inside tx: one timestamp per transaction, the database's, as
-// every other writer uses (leases and TTLs are judged by it).
-func txNow(ctx context.Context, tx *sql.Tx) (time.Time, error) {
-	if tx == nil {
-		return time.Time{}, errors.New("gate: a transaction is required")
-	}
-	var t time.Time
-	if err := tx.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6)").Scan(&t); err != nil {
-		return time.Time{}, fmt.Errorf("read database clock: %w", err)
-	}
-	return t.UTC(), nil
 }

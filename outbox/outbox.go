@@ -233,27 +233,6 @@ func MarkPublished(ctx context.Context, tx sqldb.DB, now time.Time, ids []int64)
 	return nil
 }
 
-// RecordFailure counts a failed publication attempt of the rows ids and keeps the error text.
-func RecordFailure(ctx context.Context, tx sqldb.DB, ids []int64, cause error) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	msg := cause.Error()
-	if len(msg) > 1000 {
-		msg = msg[:1000]
-	}
-	q := "UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id IN (" + placeholders(len(ids)) + ")"
-	args := make([]any, 0, len(ids)+1)
-	args = append(args, msg)
-	for _, id := range ids {
-		args = append(args, id)
-	}
-	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-		return fmt.Errorf("record outbox failure: %w", err)
-	}
-	return nil
-}
-
 // Stats is the outbox backlog.
 type Stats struct {
 	Unpublished       int64

@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
+	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -46,7 +46,10 @@ func (p *Producer) Release(ctx context.Context, tx *sql.Tx, tenant string) (int6
 	if err := job.ValidTenant("tenant", tenant); err != nil {
 		return 0, err
 	}
-	now, err := txNow(ctx, tx)
+	if tx == nil {
+		return 0, errors.New("publisher: a transaction is required")
+	}
+	now, err := clock.Read(ctx, tx)
 	if err != nil {
 		return 0, err
 	}
@@ -55,17 +58,4 @@ func (p *Producer) Release(ctx context.Context, tx *sql.Tx, tenant string) (int6
 		return 0, fmt.Errorf("release for tenant %q: %w", tenant, err)
 	}
 	return ids[0], nil
-}
-
-// txNow reads the database clock inside tx: one timestamp per transaction, the database's, as
-// every other writer uses (leases and TTLs are judged by it).
-func txNow(ctx context.Context, tx *sql.Tx) (time.Time, error) {
-	if tx == nil {
-		return time.Time{}, errors.New("publisher: a transaction is required")
-	}
-	var t time.Time
-	if err := tx.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6)").Scan(&t); err != nil {
-		return time.Time{}, fmt.Errorf("read database clock: %w", err)
-	}
-	return t.UTC(), nil
 }

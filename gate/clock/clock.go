@@ -30,9 +30,19 @@ type DB struct {
 }
 
 // Now returns the server's UTC_TIMESTAMP(6).
-func (c DB) Now(ctx context.Context) (time.Time, error) {
+func (c DB) Now(ctx context.Context) (time.Time, error) { return Read(ctx, c.DB) }
+
+// Querier reads a row: a *sql.DB, *sql.Tx or *sql.Conn.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Read returns the database server's UTC_TIMESTAMP(6), read through q. Inside a transaction it is
+// the one timestamp the transaction's writes use, the database's, as every other writer's are
+// (leases and TTLs are judged by it).
+func Read(ctx context.Context, q Querier) (time.Time, error) {
 	var t time.Time
-	if err := c.DB.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6)").Scan(&t); err != nil {
+	if err := q.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6)").Scan(&t); err != nil {
 		return time.Time{}, fmt.Errorf("read database clock: %w", err)
 	}
 	return t.UTC(), nil

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-
+	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
@@ -184,9 +184,9 @@ func Patch(ctx context.Context, db *sql.DB, log *slog.Logger, who string, change
 	if len(newVals) == 0 {
 		return cur, Change{}, nil
 	}
-	var now time.Time
-	if err := tx.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6)").Scan(&now); err != nil {
-		return cur, Change{}, fmt.Errorf("change runtime config: clock: %w", err)
+	now, err := clock.Read(ctx, tx)
+	if err != nil {
+		return cur, Change{}, fmt.Errorf("change runtime config: %w", err)
 	}
 	raw, err := json.Marshal(next)
 	if err != nil {

@@ -26,7 +26,7 @@ type AdmissionTx struct {
 	stmts *StmtCache
 
 	// idStep is the session's auto_increment_increment, read with the admission state (0 until
-	// read): the step between the ids of one multi-row INSERT (IDStepSQL).
+	// read): the step between the ids of one multi-row INSERT (idStepSQL).
 	idStep int64
 }
 
@@ -67,18 +67,18 @@ func (t *AdmissionTx) query(ctx context.Context, stmts []string, args []any) (*R
 	return t.hand.Query(ctx, stmts, args...)
 }
 
-// IDStepSQL reads the step between the ids one multi-row INSERT generates on this session. A
+// idStepSQL reads the step between the ids one multi-row INSERT generates on this session. A
 // "simple insert" (its row count known in advance) reserves its ids at once under every InnoDB
 // auto-increment lock mode, first, first+step, ..., but the step is auto_increment_increment,
 // not 1: Galera sets it to the cluster size (wsrep_auto_increment_control), as two-primary
 // replication does by hand. A client session's own value is what InnoDB uses for its INSERTs
 // (only Galera's appliers take the global one).
-const IDStepSQL = "@@SESSION.auto_increment_increment"
+const idStepSQL = "@@SESSION.auto_increment_increment"
 
 // readIDStep reads the session's id step where ReadAdmission has not.
 func (t *AdmissionTx) readIDStep(ctx context.Context) (int64, error) {
 	if t.idStep == 0 {
-		if err := t.DB().QueryRowContext(ctx, "SELECT "+IDStepSQL).Scan(&t.idStep); err != nil {
+		if err := t.DB().QueryRowContext(ctx, "SELECT "+idStepSQL).Scan(&t.idStep); err != nil {
 			return 0, fmt.Errorf("read auto_increment_increment: %w", err)
 		}
 	}

@@ -323,7 +323,7 @@ func wantQueueState(t *testing.T, k *kit, tenants ...string) {
 // event given (admitted, a refusal, a shadow refusal, another actor than the caller): alone,
 // several in one INSERT, and over several chunks of a prepared batch, with enough plain
 // admissions to be derived from their job rows in one statement after the inserts
-// (AuditAdmittedRangesSQL) and with too few; with consecutive ids and with Galera's step.
+// (auditAdmittedRangesSQL) and with too few; with consecutive ids and with Galera's step.
 func TestInsertJobsAudit(t *testing.T) {
 	for _, step := range idSteps {
 		t.Run(fmt.Sprintf("id step %d", step), func(t *testing.T) { testInsertJobsAudit(t, step) })

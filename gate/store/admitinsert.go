@@ -89,10 +89,10 @@ const insertChunk = 250
 // the queued jobs to their tenants' queue state (queueCountSQL). With commit (only where
 // CanCommitWithInsert), COMMIT goes in the same round trip: if the connection breaks there, the
 // outcome and the ids are both unknown. A multi-row INSERT of known size gets ids first,
-// first+step, ... (IDStepSQL), which is how one round trip learns every id: the statements name
+// first+step, ... (idStepSQL), which is how one round trip learns every id: the statements name
 // a row of an INSERT by its first id plus the row's offset times the step.
 //
-// The audit rows (p.Audit) go in the same round trip, named by the session variable FirstJobSQL
+// The audit rows (p.Audit) go in the same round trip, named by the session variable firstJobSQL
 // sets, when the statements share one; a batch's prepared statements each take a round trip of
 // their own, so there they go last, in one statement naming the ids the INSERTs returned
 // (admissionAudit), which saves two round trips per chunk.
@@ -135,7 +135,7 @@ func (t *AdmissionTx) InsertJobs(ctx context.Context, p NewJobs, commit bool) (I
 	return out, nil
 }
 
-// ErrIDStepChanged is InsertJobs' error when the session's id step (IDStepSQL) was not, by the
+// ErrIDStepChanged is InsertJobs' error when the session's id step (idStepSQL) was not, by the
 // end of the INSERTs, the one read with the admission state: a Galera cluster that lost or gained
 // a node changed auto_increment_increment in between, and the ids derived from each INSERT's
 // first would be wrong. Nothing is committed; the transaction may be retried as a whole.
@@ -144,11 +144,11 @@ var ErrIDStepChanged = errors.New("auto_increment_increment changed during the t
 // idStepGuardSQL fails the round trip, before its COMMIT, with error 1242 (a subquery of more than
 // one row) unless the session's id step is still its argument: MySQL and MariaDB both run it,
 // where SIGNAL outside a stored program is MariaDB's alone.
-const idStepGuardSQL = "SET @sluice_id_step = (SELECT x FROM (SELECT 1 AS x UNION ALL SELECT 2) two WHERE " + IDStepSQL + " <> ?)"
+const idStepGuardSQL = "SET @sluice_id_step = (SELECT x FROM (SELECT 1 AS x UNION ALL SELECT 2) two WHERE " + idStepSQL + " <> ?)"
 
 // admissionAudit is the statements of the audit rows of p.Jobs, whose ids are ids: those their
 // job rows imply in one INSERT ... SELECT when there are at least derivedAuditMin
-// (AuditAdmittedRangesSQL, given the INSERTs' id step), the others in one INSERT of values.
+// (auditAdmittedRangesSQL, given the INSERTs' id step), the others in one INSERT of values.
 func admissionAudit(p NewJobs, ids []int64, step int64) ([]string, [][]any) {
 	details := make([]json.RawMessage, len(p.Jobs))
 	implied := 0
@@ -173,11 +173,11 @@ func admissionAudit(p NewJobs, ids []int64, step int64) ([]string, [][]any) {
 		}
 	}
 	if implied > 0 {
-		q, a := AuditAdmittedRangesSQL(ids, step, details)
+		q, a := auditAdmittedRangesSQL(ids, step, details)
 		stmts, args = append(stmts, q), append(args, a)
 	}
 	if len(others) > 0 {
-		q, a := AuditInsertSQL(others)
+		q, a := auditInsertSQL(others)
 		stmts, args = append(stmts, q), append(args, a)
 	}
 	return stmts, args
@@ -188,7 +188,7 @@ type writes struct {
 	stmts  []string
 	args   [][]any
 	chunks []written
-	// pokeOffset is each outbox INSERT's place after its jobs INSERT: 2 when FirstJobSQL (the
+	// pokeOffset is each outbox INSERT's place after its jobs INSERT: 2 when firstJobSQL (the
 	// audit rows' first job id) sits between them, else 1.
 	pokeOffset int
 	// stepped says that an INSERT has several rows, whose ids depend on the id step: the step
@@ -204,12 +204,12 @@ type written struct {
 }
 
 // insertStatements is InsertJobs' statements, with those of the audit rows (p.Audit) when
-// oneTrip (they share a round trip, and so the session variable FirstJobSQL sets). step is the
-// session's id step (IDStepSQL): a row's id is its INSERT's first id plus its offset times step.
+// oneTrip (they share a round trip, and so the session variable firstJobSQL sets). step is the
+// session's id step (idStepSQL): a row's id is its INSERT's first id plus its offset times step.
 func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 	w := writes{pokeOffset: 1}
 	withAudit := oneTrip && p.Audit != nil
-	// One INSERT of jobs whose first id the statements after it can name (FirstJobSQL): the
+	// One INSERT of jobs whose first id the statements after it can name (firstJobSQL): the
 	// queue state's UPDATE then gives a tenant that had no queued job its new head by id.
 	firstKnown := oneTrip && len(p.Jobs) <= insertChunk
 	if withAudit || firstKnown {
@@ -291,7 +291,7 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 		if withAudit || firstKnown {
 			// The chunk's first job id is kept for its audit rows and the queue state's UPDATE,
 			// which follow the pokes whose INSERT moves LAST_INSERT_ID() on.
-			w.stmts = append(w.stmts, FirstJobSQL)
+			w.stmts = append(w.stmts, firstJobSQL)
 			w.args = append(w.args, nil)
 		}
 		if len(pokes) > 0 {
@@ -322,14 +322,14 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 }
 
 // derivedAuditMin is the fewest audit rows their job rows imply that admissionAudit derives
-// from the job rows (AuditAdmittedRangesSQL). Below it the VALUES list is short, and the SELECT's
+// from the job rows (auditAdmittedRangesSQL). Below it the VALUES list is short, and the SELECT's
 // read of the job rows and the table's AUTO-INC lock it holds to its end (an INSERT ... SELECT is
 // a bulk insert; a VALUES list takes the lock only while it reserves ids) are not worth saving
 // it.
 const derivedAuditMin = 64
 
 // auditChunk appends the INSERT of the audit rows of p.Jobs[start:end], one jobs INSERT's rows,
-// naming each job by its offset from FirstJobSQL's id (AuditNewJobsSQL), its place times the id
+// naming each job by its offset from firstJobSQL's id (auditNewJobsSQL), its place times the id
 // step. A transaction sent in one round trip holds more than derivedAuditMin jobs only when a
 // group commit gathers that many admissions; batches of more go through prepared statements and
 // admissionAudit.
@@ -340,7 +340,7 @@ func (w *writes) auditChunk(p NewJobs, start, end int, step int64) {
 		events[i-start] = p.Audit[i]
 		events[i-start].JobID = &off
 	}
-	q, args := AuditNewJobsSQL(events)
+	q, args := auditNewJobsSQL(events)
 	w.stmts = append(w.stmts, q)
 	w.args = append(w.args, args)
 }
@@ -353,7 +353,7 @@ func (w *writes) auditChunk(p NewJobs, start, end int, step int64) {
 // changes only for a tenant that had none, or whose head is newer than p.Now (the database
 // clock stepped back); then it is read again from the claim index.
 //
-// With firstKnown (one jobs INSERT, its first id in @sluice_first_job: FirstJobSQL), a tenant
+// With firstKnown (one jobs INSERT, its first id in @sluice_first_job: firstJobSQL), a tenant
 // that had no head gets its first job of the INSERT, by id, and p.Now: a tenant without a head
 // has no queued job (the triggers of migration 0012 clear it with the last one), and no other
 // transaction can queue one while this one holds the tenant's row, so its oldest queued job is
@@ -398,9 +398,9 @@ func queueCountSQL(p NewJobs, firstKnown bool, step int64) (string, []any) {
 			args = append(args, t, int64(first[t])*step)
 		}
 		if p.NoHeadAfterNow {
-			// A head dated at or before Now stays the head: no lookup. The subqueries cost the
-			// statement 85 us of optimising even where they are not run (135 against 50 us a
-			// statement, 2,000 in a row), a tenth of a single admission's database time.
+			// A head dated at or before Now stays the head: no lookup. Left in, the subqueries
+			// would be optimised even where they are not run, a noticeable share of a single
+			// admission's database time.
 			q.WriteString(` END, head_id),
 		head_at = IF(head_at IS NULL, ?, head_at)`)
 			args = append(args, p.Now)

@@ -64,11 +64,11 @@ func lockTenantsSQL(n int) string {
 }
 
 // ReadAdmission begins the transaction, locks p's tenants and reads the database clock, the
-// session's id step (IDStepSQL, kept for InsertJobs), the depths, in-flight counts, idempotency keys and redrives p asks for, all in one round trip.
+// session's id step (idStepSQL, kept for InsertJobs), the depths, in-flight counts, idempotency keys and redrives p asks for, all in one round trip.
 // Each read is its own statement after the lock: a statement that both locked and read would
 // take its snapshot before it waited for the lock and miss what the previous holder committed
 // (a racing duplicate key, a depth one short). Folding the reads into the lock as INSERT ... ON
-// DUPLICATE KEY UPDATE ... RETURNING (subqueries) was tried and fails that way: the
+// DUPLICATE KEY UPDATE ... RETURNING (subqueries) fails that way: the
 // idempotency-key lookup, a unique-key lookup of constants, is read while the statement is
 // optimised, before the lock wait, and TestFrontDoorIdempotency's 50 racers then hit a duplicate
 // key. Under READ COMMITTED each later statement of the round trip reads after the lock is held.
@@ -124,13 +124,13 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 	// A tenant's depth is its row's queued count (migration 0010: admission counts the jobs it
 	// inserts, the triggers those leaving and re-entering the queue), read under the tenant's
 	// lock, which every change of it takes: exact, and one row however deep the queue, where
-	// counting the claim index's queued entries read up to the depth cap a tenant on every
-	// admission (446 entries an admission in BenchmarkAdmission's multi-tenant groups). The
-	// in-flight counts are read from the claim index (status, tenant, ...) alone, three short
-	// ranges per tenant bounded by the caps, and the interactive depth from interactive_queue:
-	// neither reads a job row. Left to itself the optimizer chose tenant_id (every job the
-	// tenant ever had) or lease (the in-flight jobs of every tenant), and the interactive flag,
-	// which is in no index of the jobs in those states, cost a row lookup per queued job.
+	// counting the claim index's queued entries would read up to the depth cap a tenant on every
+	// admission. The in-flight counts are read from the claim index (status, tenant, ...) alone,
+	// three short ranges per tenant bounded by the caps, and the interactive depth from
+	// interactive_queue: neither reads a job row. Left to itself the optimizer chooses tenant_id
+	// (every job the tenant ever had) or lease (the in-flight jobs of every tenant), and the
+	// interactive flag, which is in no index of the jobs in those states, costs a row lookup per
+	// queued job.
 	if len(p.Tenants) == 1 {
 		t := p.Tenants[0]
 		// With CountInFlight, the tenant's jobs in flight are counted from the in-flight read
@@ -150,7 +150,7 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 			`+interactiveSQL+`,
 			`+inFlightSQL+`,
 			`+globalSQL+`,
-			`+noHeadAfterNowSQL(1)+`, `+IDStepSQL)
+			`+noHeadAfterNowSQL(1)+`, `+idStepSQL)
 		args = append(append(append(args, t), interactiveArgs...), inFlightArgs...)
 		args = append(args, globalArg, t)
 	} else {
@@ -160,7 +160,7 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 			WHERE status IN ('claimed','dispatched','running') AND tenant IN (` + Placeholders(len(p.Tenants)) + `)
 			GROUP BY tenant`
 		}
-		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL+`, `+noHeadAfterNowSQL(len(p.Tenants))+`, `+IDStepSQL, depths)
+		stmts = append(stmts, `SELECT UTC_TIMESTAMP(6), `+globalSQL+`, `+noHeadAfterNowSQL(len(p.Tenants))+`, `+idStepSQL, depths)
 		args = append(args, globalArg)
 		args = append(args, tenantArgs...)
 		args = append(args, tenantArgs...)
@@ -202,7 +202,7 @@ func noHeadAfterNowSQL(n int) string {
 }
 
 // scanDepths reads the database time, the depths (with interactive, the interactive ones) and
-// the in-flight counts into st, and the session's id step (IDStepSQL) into idStep.
+// the in-flight counts into st, and the session's id step (idStepSQL) into idStep.
 func scanDepths(res *Results, tenants []string, interactive bool, st *AdmissionState, idStep *int64) error {
 	if len(tenants) == 1 {
 		var depth, interactiveDepth, inFlight int

@@ -72,35 +72,35 @@ func (s *Store) actor(ctx context.Context) string {
 const auditInsert = `INSERT INTO audit_events (event, tenant, job_id, slot_id, actor, from_status, to_status,
 	version, attempt, error_code, scope, detail) `
 
-// AuditInsertSQL is one INSERT of events (at least one), stamped with the database time.
-func AuditInsertSQL(events []AuditEvent) (string, []any) {
+// auditInsertSQL is one INSERT of events (at least one), stamped with the database time.
+func auditInsertSQL(events []AuditEvent) (string, []any) {
 	return auditValues(events, "?")
 }
 
-// FirstJobSQL keeps the first id a jobs INSERT just generated in a session variable, for the
-// audit rows of its jobs (AuditNewJobsSQL) to name them after other INSERTs moved
+// firstJobSQL keeps the first id a jobs INSERT just generated in a session variable, for the
+// audit rows of its jobs (auditNewJobsSQL) to name them after other INSERTs moved
 // LAST_INSERT_ID() on. It goes right after that jobs INSERT, in its transaction.
-const FirstJobSQL = "SET @sluice_first_job = LAST_INSERT_ID()"
+const firstJobSQL = "SET @sluice_first_job = LAST_INSERT_ID()"
 
-// AuditNewJobsSQL is AuditInsertSQL for the jobs of the INSERT that FirstJobSQL followed: each
+// auditNewJobsSQL is auditInsertSQL for the jobs of the INSERT that firstJobSQL followed: each
 // event's JobID is its job's id less that INSERT's first id (its offset among the INSERT's rows
-// times the session's id step, IDStepSQL).
-func AuditNewJobsSQL(events []AuditEvent) (string, []any) {
+// times the session's id step, idStepSQL).
+func auditNewJobsSQL(events []AuditEvent) (string, []any) {
 	return auditValues(events, "@sluice_first_job + ?")
 }
 
-// AuditAdmittedRangesSQL is the INSERT of the audit rows of jobs just inserted whose event their
+// auditAdmittedRangesSQL is the INSERT of the audit rows of jobs just inserted whose event their
 // job row implies (AdmittedByRow): admitted, by the job's caller, into its status, version 0,
 // attempt 0, no code or scope. Each takes tenant, id, caller and status from its job row, which
 // the transaction just wrote, and only its detail from the statement, so the statement carries
 // one value per job where a VALUES list of the same rows carries twelve. ids[i] is the id of the
-// job of details[i] (nil for a job whose event its row does not imply: AuditInsertSQL writes
+// job of details[i] (nil for a job whose event its row does not imply: auditInsertSQL writes
 // those); each jobs INSERT's ids run from its first by step (the session's
-// auto_increment_increment, IDStepSQL), increasing from one INSERT to the next. The statement
+// auto_increment_increment, idStepSQL), increasing from one INSERT to the next. The statement
 // reads each INSERT's range of ids, only the ids on its step (another node of a Galera cluster
 // writes between them), and picks a row's detail by its offset (ELT, constant time), found by
 // comparing the id with the ranges' ends (one comparison per INSERT).
-func AuditAdmittedRangesSQL(ids []int64, step int64, details []json.RawMessage) (string, []any) {
+func auditAdmittedRangesSQL(ids []int64, step int64, details []json.RawMessage) (string, []any) {
 	type run struct{ first, last, at int64 } // a range of ids on the step; at: first's index
 	var runs []run
 	for i, id := range ids {
@@ -145,7 +145,7 @@ func AuditAdmittedRangesSQL(ids []int64, step int64, details []json.RawMessage) 
 }
 
 // AdmittedByRow reports whether e, the admission event of job j, is what j's row implies, so that
-// AuditAdmittedRangesSQL can write it: admitted, queued, by the job's caller, with a detail and
+// auditAdmittedRangesSQL can write it: admitted, queued, by the job's caller, with a detail and
 // nothing else.
 func AdmittedByRow(e AuditEvent, j NewJob) bool {
 	return e.Event == EventAdmitted && j.Rejected == "" && e.Tenant == j.Tenant && e.Actor == j.Caller &&
@@ -167,7 +167,7 @@ func auditValues(events []AuditEvent, jobID string) (string, []any) {
 	return q.String(), args
 }
 
-// auditStampedSQL is AuditInsertSQL writing each event's At, or the INSERT's clock for a zero
+// auditStampedSQL is auditInsertSQL writing each event's At, or the INSERT's clock for a zero
 // one.
 func auditStampedSQL(events []AuditEvent) (string, []any) {
 	var q strings.Builder
@@ -209,7 +209,7 @@ func appendAuditArgs(args []any, e AuditEvent) []any {
 		version, attempt, nullStr(e.ErrorCode), nullStr(e.Scope), detail)
 }
 
-// AuditTransitionsSQL is the INSERT of one transition row per job of ids, read from the jobs as
+// auditTransitionsSQL is the INSERT of one transition row per job of ids, read from the jobs as
 // the transaction's own UPDATE left them (status, version, attempt, error code), with from[id]
 // the state each left; withCode takes the error code from the row, which only a transition that
 // writes one should (a claim leaves the code of the dispatch before). The caller runs it after that UPDATE in the same transaction, and only
@@ -220,7 +220,7 @@ func appendAuditArgs(args []any, e AuditEvent) []any {
 // The state each job left is a constant when they all left the same one (a claim: queued), else
 // one IN list per state: the server sorts a constant IN list and searches it, where a WHEN per id
 // would be compared one by one for every row.
-func AuditTransitionsSQL(actor string, ids []int64, from map[int64]job.Status, withCode bool, fence string, fenceArgs ...any) (string, []any) {
+func auditTransitionsSQL(actor string, ids []int64, from map[int64]job.Status, withCode bool, fence string, fenceArgs ...any) (string, []any) {
 	var q strings.Builder
 	args := make([]any, 0, 2*len(ids)+4+len(fenceArgs))
 	q.WriteString(auditInsert + "SELECT '" + EventTransition + "', tenant, id, NULL, ?, ")
@@ -275,7 +275,7 @@ func InsertAudit(ctx context.Context, db sqldb.DB, events []AuditEvent) error {
 	if len(events) == 0 {
 		return nil
 	}
-	q, args := AuditInsertSQL(events)
+	q, args := auditInsertSQL(events)
 	if slices.ContainsFunc(events, func(e AuditEvent) bool { return !e.At.IsZero() }) {
 		q, args = auditStampedSQL(events)
 	}
@@ -478,5 +478,5 @@ func (s *Store) finishAudit(ctx context.Context, items []Finishing) (string, []a
 	for i, it := range items {
 		ids[i], from[it.Row.ID] = it.Row.ID, it.Row.Status
 	}
-	return AuditTransitionsSQL(s.actor(ctx), ids, from, true, "")
+	return auditTransitionsSQL(s.actor(ctx), ids, from, true, "")
 }

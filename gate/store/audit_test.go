@@ -242,9 +242,9 @@ func TestAuditOff(t *testing.T) {
 		if _, err := store.LockClaims(k.ctx, claim, false); err != nil {
 			t.Fatal(err)
 		}
-		got, err := store.ClaimJobs(k.ctx, claim, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
-			NonceExpiresAt: k.now.Add(time.Minute), AuditOff: off,
-			Jobs: []store.ClaimJob{{ID: toClaim, Tenant: "c", NonceSHA256: store.HashNonce("nc")}}})
+		got, err := st.ClaimJobs(k.ctx, claim, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
+			NonceExpiresAt: k.now.Add(time.Minute),
+			Jobs:           []store.ClaimJob{{ID: toClaim, Tenant: "c", NonceSHA256: store.HashNonce("nc")}}})
 		if err != nil || !got.Got[toClaim] {
 			t.Fatalf("claim: %v, %v", got, err)
 		}

@@ -33,9 +33,9 @@ import (
 const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 ` + inFlightJobs
 
 // inFlightJobs is the range of the jobs in flight, for the readers that count them one row each.
-// The index is forced: left to itself, the optimizer read the whole table in two claims of three
-// during a drain of 6,400 jobs (6,400 rows examined for 64 sent, in the slow log), its estimate of
-// the range thrown off by the index entries that the drain's status changes delete-mark.
+// The index is forced: left to itself, the optimizer can read the whole table during a drain, its
+// estimate of the range thrown off by the index entries that the drain's status changes
+// delete-mark.
 const inFlightJobs = `FROM jobs FORCE INDEX (lease) WHERE status IN ('claimed','dispatched','running')`
 
 // addUnit adds n of u, whose lanes are stored as lanes (JoinLanes), to us.
@@ -243,8 +243,6 @@ type ClaimParams struct {
 	LeaseUntil     time.Time
 	NonceExpiresAt time.Time
 	Jobs           []ClaimJob
-	// AuditOff drops the claim's audit rows: Store.AuditOff, for a claim made for that Store.
-	AuditOff bool
 	// Settle, if not nil, are outcomes written in the claim's round trip before its UPDATE: of
 	// jobs the transaction locked (LockClaimsAndJobs), with the version and state read there.
 	Settle *Settlement
@@ -305,11 +303,10 @@ type Claimed struct {
 // rows by key, which the UPDATE's triggers would otherwise take row by row in its own order.
 //
 // The payloads come back before the COMMIT, so the claim lock is held while they are sent: a round
-// trip less per claim than reading them after it (a fifth of a claim's round trips with a no-op
-// executor; BenchmarkDrainThroughput, session 13), for the time the server takes to write them
-// to the socket: for payloads of the usual size, short beside a round trip (max_payload_bytes,
-// 256 KiB by default, bounds each).
-func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) {
+// trip less per claim than reading them after it, for the time the server takes to write them to
+// the socket: for payloads of the usual size, short beside a round trip (max_payload_bytes, 256
+// KiB by default, bounds each).
+func (s *Store) ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) {
 	q, uargs := claimUpdateSQL(p)
 	ids := make([]int64, len(p.Jobs))
 	want := map[int64]string{}
@@ -326,11 +323,11 @@ func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) 
 	if p.Settle != nil {
 		stmts, args = p.Settle.statements(ctx)
 	}
-	lockTenants, tenantArgs := LockTenantsSQL(tenants)
+	lockTenants, tenantArgs := lockTenantRowsSQL(tenants)
 	stmts = append(stmts, "SELECT id FROM jobs WHERE id IN ("+Placeholders(len(ids))+") ORDER BY id FOR UPDATE",
 		lockTenants, q)
 	args = append(append(append(args, int64Args(ids)...), tenantArgs...), uargs...)
-	if !p.AuditOff {
+	if !s.AuditOff {
 		// The claim's audit rows (a transition each, SPEC §10), for the jobs that carry this
 		// claim's nonces: a job taken meanwhile gets none.
 		from := make(map[int64]job.Status, len(p.Jobs))
@@ -338,7 +335,7 @@ func ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) 
 		for i, c := range p.Jobs {
 			from[c.ID], hashes[i] = job.Queued, c.NonceSHA256
 		}
-		aq, aargs := AuditTransitionsSQL(p.DrainerID, ids, from, false,
+		aq, aargs := auditTransitionsSQL(p.DrainerID, ids, from, false,
 			"nonce_sha256 IN ("+Placeholders(len(hashes))+")", hashes...)
 		stmts = append(stmts, aq)
 		args = append(args, aargs...)

@@ -132,7 +132,7 @@ func TestClaimJobs(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		got, err := store.ClaimJobs(k.ctx, tx, p)
+		got, err := (&store.Store{}).ClaimJobs(k.ctx, tx, p)
 		done <- result{got, err}
 	}()
 	wait.For(t, 10*time.Second, "the claim to lock its jobs", func() (bool, error) {
@@ -226,7 +226,7 @@ func TestClaimSettles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := store.ClaimJobs(k.ctx, tx, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
+	got, err := (&store.Store{}).ClaimJobs(k.ctx, tx, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
 		NonceExpiresAt: k.now.Add(time.Minute), Settle: settle,
 		Jobs: []store.ClaimJob{{ID: queued, Tenant: "b", NonceSHA256: store.HashNonce("n")}}})
 	if err != nil {

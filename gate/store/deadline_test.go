@@ -124,7 +124,7 @@ func TestClaimSkipsPassedDeadlines(t *testing.T) {
 	if _, err := store.LockClaims(k.ctx, tx, false); err != nil {
 		t.Fatal(err)
 	}
-	got, err := store.ClaimJobs(k.ctx, tx, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
+	got, err := (&store.Store{}).ClaimJobs(k.ctx, tx, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
 		NonceExpiresAt: k.now.Add(time.Minute), Jobs: []store.ClaimJob{
 			{ID: late, Tenant: "a", NonceSHA256: store.HashNonce("n1")},
 			{ID: inTime, Tenant: "a", NonceSHA256: store.HashNonce("n2")}}})

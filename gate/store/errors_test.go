@@ -135,7 +135,7 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			return err
 		},
 		"ClaimJobs": func(ctx context.Context) error {
-			_, err := store.ClaimJobs(ctx, conn(), store.ClaimParams{Jobs: []store.ClaimJob{{ID: queued, Tenant: "acme"}}})
+			_, err := (&store.Store{}).ClaimJobs(ctx, conn(), store.ClaimParams{Jobs: []store.ClaimJob{{ID: queued, Tenant: "acme"}}})
 			return err
 		},
 		"AdvanceHeads": func(ctx context.Context) error {

@@ -223,7 +223,7 @@ func (s *Store) startWritesSQL(now time.Time, started []*Start) ([]string, [][]a
 		}
 		events[i] = transitionEvent(actor, from, job.Running, from.Version, from.Attempt, "")
 	}
-	q, aargs := AuditInsertSQL(events)
+	q, aargs := auditInsertSQL(events)
 	return append(stmts, q), append(all, aargs)
 }
 

@@ -130,7 +130,7 @@ func (s *Store) expire(ctx context.Context, tx sqldb.DB, now time.Time, old []Ro
 		tenants[i] = r.Tenant
 	}
 	// The job rows are locked; their tenants' rows next, in key order (see lockInOrder).
-	lq, largs := LockTenantsSQL(tenants)
+	lq, largs := lockTenantRowsSQL(tenants)
 	if _, err := tx.ExecContext(ctx, lq, largs...); err != nil {
 		return fmt.Errorf("expire queued jobs: lock tenants: %w", err)
 	}

@@ -113,17 +113,12 @@ func (s *Store) FinishMany(ctx context.Context, tx sqldb.DB, now time.Time, item
 	return p.to, nil
 }
 
-// FinishManyConn is FinishMany inside a ConnTx: every UPDATE and the outbox INSERT go in one
-// round trip, and the fences are checked on the rows each statement reports. On ErrFenced the
-// caller must roll back, as for FinishMany.
-func (s *Store) FinishManyConn(ctx context.Context, tx *ConnTx, now time.Time, items []Finishing) ([]job.Status, error) {
-	return s.finishConn(ctx, tx, now, items, false)
-}
-
-// FinishManyCommit is FinishManyConn with the COMMIT in the same round trip, for a caller that
-// locked every row in tx (LockJobs) and kept only the items whose version and state it read: no
-// other transaction can then move those rows, so no fence can fail. If one does anyway, the
-// writes are committed already, and the error says so (ErrFencedCommitted).
+// FinishManyCommit is FinishMany inside a ConnTx, with the COMMIT in the same round trip: every
+// UPDATE and the outbox INSERT go in one round trip, and the fences are checked on the rows each
+// statement reports. It is for a caller that locked every row in tx (LockJobs) and kept only the
+// items whose version and state it read: no other transaction can then move those rows, so no
+// fence can fail. If one does anyway, the writes are committed already, and the error says so
+// (ErrFencedCommitted).
 func (s *Store) FinishManyCommit(ctx context.Context, tx *ConnTx, now time.Time, items []Finishing) ([]job.Status, error) {
 	return s.finishConn(ctx, tx, now, items, true)
 }
@@ -230,7 +225,7 @@ func (s *Store) finishStatements(ctx context.Context, items []Finishing, p finis
 	stmts := make([]string, 0, 2*len(p.updates)+3)
 	var args []any
 	if len(p.requeued) > 0 {
-		q, targs := LockTenantsSQL(p.requeued)
+		q, targs := lockTenantRowsSQL(p.requeued)
 		stmts = append(stmts, q)
 		args = append(args, targs...)
 	}

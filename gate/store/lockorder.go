@@ -31,18 +31,18 @@ func lockInOrder(ctx context.Context, tx sqldb.DB, items []Finishing, tenants []
 	if err := rows.Close(); err != nil {
 		return fmt.Errorf("lock jobs: %w", err)
 	}
-	q, args := LockTenantsSQL(tenants)
+	q, args := lockTenantRowsSQL(tenants)
 	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 		return fmt.Errorf("lock tenants: %w", err)
 	}
 	return nil
 }
 
-// LockTenantsSQL is the statement that locks the rows of tenants, in key order whatever the
+// lockTenantRowsSQL is the statement that locks the rows of tenants, in key order whatever the
 // order and repeats of tenants: the second step of the lock order (see lockInOrder). An UPDATE
 // that changes nothing rather than SELECT ... FOR UPDATE, so that it can go in a round trip of
-// statements without result sets (FinishManyConn).
-func LockTenantsSQL(tenants []string) (string, []any) {
+// statements without result sets (FinishManyCommit).
+func lockTenantRowsSQL(tenants []string) (string, []any) {
 	seen := map[string]bool{}
 	var args []any
 	for _, t := range tenants {
@@ -56,7 +56,7 @@ func LockTenantsSQL(tenants []string) (string, []any) {
 
 // LockJobs begins tx, if its first round trip, and locks the jobs ids in id order (the first
 // step of the lock order), reading them as LockColumns in the same round trip: a batch of
-// outcomes locks the rows it will write and checks their versions before it writes (FinishManyConn).
+// outcomes locks the rows it will write and checks their versions before it writes (FinishManyCommit).
 // Ids that do not exist are left out.
 func LockJobs(ctx context.Context, tx *ConnTx, ids []int64) ([]Row, error) {
 	res, err := tx.Query(ctx, []string{lockJobsSQL(len(ids))}, int64Args(ids)...)

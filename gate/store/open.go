@@ -47,7 +47,7 @@ func Open(ctx context.Context, dsn string) (*sql.DB, error) {
 // statements in one round trip, and nothing else. An admission begins its transaction, locks
 // and reads in one round trip and writes all its rows in a second (gate/tx.go); a claim locks,
 // counts and probes in one and updates, reads back and commits in a second (drainer/claimtx.go);
-// a completion's updates and outbox row go in one (Store.FinishManyConn); the lease scan carries
+// a completion's updates and outbox row go in one (Store.FinishManyCommit); the lease scan carries
 // the heartbeat. Every statement sent through it is built from constants and placeholders, never
 // from a value received. Its size, MultiPoolConns, is what the single pool had: the hot paths
 // keep their connections, and reads on Open's pool can no longer take them.
@@ -148,9 +148,8 @@ func connector(ctx context.Context, dsn string, multi bool) (driver.Connector, e
 // IdleTransactionTimeout is how long MariaDB lets a sluice connection sit idle inside a
 // transaction before it rolls the transaction back (see Connector). The longest a sluice
 // transaction waits on something else is the relay's, open while JetStream acknowledges its
-// batch (publisher's AckTimeout, 5 s); twice that. A minute was too long: a drainer frozen
-// while it held the claim lock stalled every drainer's claims for that minute
-// (TestDrainerFrozenPastLease failed once so, its rescuer waiting 30 s).
+// batch (publisher's AckTimeout, 5 s); twice that. Not longer: a drainer frozen while it holds
+// the claim lock stalls every drainer's claims until the rollback (TestDrainerFrozenPastLease).
 const IdleTransactionTimeout = 10 * time.Second
 
 func tryConnect(ctx context.Context, connector driver.Connector) error {

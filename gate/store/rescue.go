@@ -19,18 +19,12 @@ type ScanExpiredParams struct {
 	Heartbeat *Heartbeat
 }
 
-// ScanExpired lists, in one round trip and without locking them, up to 100 in-flight jobs
-// whose lease ran out before p.Now, the longest expired first, as LockColumns. Their recovery
-// (Finish) is fenced on the version read here, so a drainer that comes back finds its own
-// writes refused.
-func ScanExpired(ctx context.Context, db sqldb.DB, p ScanExpiredParams) ([]Row, error) {
-	expired, _, err := ScanExpiredWithSlots(ctx, db, p, 0)
-	return expired, err
-}
-
-// ScanExpiredWithSlots is ScanExpired, and with slots > 0 it also reads, in the same round
-// trip (db must then take several statements: an OpenMulti pool), up to that many slots whose
-// lease ran out (database clock), oldest first, for the upkeep's sweep (SweepSlots).
+// ScanExpiredWithSlots lists, in one round trip and without locking them, up to 100 in-flight
+// jobs whose lease ran out before p.Now, the longest expired first, as LockColumns. Their
+// recovery (Finish) is fenced on the version read here, so a drainer that comes back finds its
+// own writes refused. With slots > 0 it also reads, in the same round trip (db must then take
+// several statements: an OpenMulti pool), up to that many slots whose lease ran out (database
+// clock), oldest first, for the upkeep's sweep (SweepSlots).
 func ScanExpiredWithSlots(ctx context.Context, db sqldb.DB, p ScanExpiredParams, slots int) ([]Row, []ExpiredSlot, error) {
 	q := "SELECT " + LockColumns + ` FROM jobs
 		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`

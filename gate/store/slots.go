@@ -342,7 +342,7 @@ func (s *Store) ReleaseSlot(ctx context.Context, db *sql.DB, now time.Time, id i
 	slotID := strconv.FormatInt(id, 10)
 	detail, _ := json.Marshal(map[string]any{"lease_seconds": sl.LeaseSeconds, "expired": out.Expired, "owner": sl.Caller,
 		"counted": sl.Counted})
-	aq, aargs := AuditInsertSQL([]AuditEvent{{Event: EventSlotReleased, Tenant: sl.Tenant, SlotID: &slotID,
+	aq, aargs := auditInsertSQL([]AuditEvent{{Event: EventSlotReleased, Tenant: sl.Tenant, SlotID: &slotID,
 		Actor: caller, Detail: detail}})
 	stmts, args := []string{aq, `DELETE FROM slots WHERE id = ?`}, append(aargs, id)
 	msg := outbox.PokeMessage(s.prefix(), outbox.Release, sl.Tenant, 0)

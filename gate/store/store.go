@@ -20,10 +20,10 @@
 //     so that it begins inside its first round trip and commits inside its last, several
 //     statements each: an admission costs two (AdmissionTx), a claim two (LockClaims,
 //     ClaimJobs), a batch of outcomes two (LockJobs, FinishManyCommit). The expired-lease scan
-//     carries the drainer's heartbeat (ScanExpired).
+//     carries the drainer's heartbeat (ScanExpiredWithSlots).
 //   - Row-constructor fences. A write to many jobs is fenced with "id IN (...) AND (id,
-//     version[, status]) IN ((?,?[,?]), ...)": the same fence as OR-ed groups cost 7 ms to plan
-//     for 63 rows, six times the update itself, and the leading id IN (...) keeps it on the
+//     version[, status]) IN ((?,?[,?]), ...)": the same fence as OR-ed groups takes longer to
+//     plan than the update takes to run, and the leading id IN (...) keeps it on the
 //     primary key, since MariaDB 10.11 plans a row-constructor IN of a single tuple as a full
 //     index scan (a million-row scan per claim with a backlog).
 //   - Forced indexes. Reads of a queue force the claim index (status, tenant, queued_at, id) and
@@ -35,7 +35,7 @@
 //     the same rows to a prepared one.
 //   - Derived audit rows. When a prepared batch holds at least 64 jobs whose audit rows the job
 //     rows imply (admitted, by the caller), those audit rows are one INSERT ... SELECT of the jobs
-//     just inserted, each row's detail picked by ELT on the job's offset (AuditAdmittedRangesSQL):
+//     just inserted, each row's detail picked by ELT on the job's offset (auditAdmittedRangesSQL):
 //     one value a row on the wire instead of twelve, which cut what the audit adds to a batch
 //     admission's CPU, the server's and the API's, by about a third.
 //   - Bounded statements. A read of many tenants' heads is split into statements of at most
@@ -87,8 +87,7 @@ type Store struct {
 	Actor string
 	// AuditOff drops the audit rows (SPEC §10) from the transitions this Store writes. It is not
 	// a setting: it exists only so that the benchmarks can measure the audit trail's cost beside
-	// the same work without it, in the same run (issue 19). Default false: every transition is
-	// audited.
+	// the same work without it, in the same run. Default false: every transition is audited.
 	AuditOff bool
 	// ChargeTime, if set and true when an outcome is written, charges the executor time of the
 	// jobs that ended (start to outcome) to their tenants in tenant_time, in the outcome's
