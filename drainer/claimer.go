@@ -78,10 +78,10 @@ const pageReuse = 100 * time.Millisecond
 // job requeued elsewhere), the page no older than pageReuse, the ordering and the page size as
 // they were. Such a pass is the next step of a drain in which this drainer's claims and their
 // answers are all that changes, and passState's read (the in-flight counts, the tenants page)
-// would find what the claim counted under the lock, less the outcomes it brings. That read took
-// 1.4-1.7 ms of a no-op drain's 15-20 ms cycle (BenchmarkDrainThroughput traced, session 13).
-// Counts changed elsewhere meanwhile (another drainer's claims or outcomes, a slot) only shape
-// the candidates: the claim counts again under the lock.
+// would find what the claim counted under the lock, less the outcomes it brings, and that read
+// is a noticeable part of a drain's cycle when the executor answers at once. Counts changed
+// elsewhere meanwhile (another drainer's claims or outcomes, a slot) only shape the candidates:
+// the claim counts again under the lock.
 func (cl *claimer) reuse(now time.Time, cfg limits.Config, outs *outcomeBatch, poked bool) *passCarry {
 	c := cl.carry
 	cl.carry = nil
@@ -150,9 +150,9 @@ func (cl *claimer) advanceHeads(ctx context.Context, now time.Time) {
 // it never waits on memcached or scans a backlog, and the lock is held for two round trips.
 func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatch) ([]claimed, bool, error) {
 	// Every answer that frees a slot wakes a pass, and answers come in batches, so without this
-	// about every other pass of a full drainer would read the in-flight counts only to find no
-	// room (half the passes of BenchmarkDrainThroughput did). A raised cap still starts claims:
-	// while jobs are held the upkeep re-reads the config and wakes a pass when it changed.
+	// many passes of a full drainer would read the in-flight counts only to find no room. A
+	// raised cap still starts claims: while jobs are held the upkeep re-reads the config and
+	// wakes a pass when it changed.
 	if n := cl.unanswered() - int64(outs.size()); n > 0 && n >= int64(cl.config.get().GlobalInFlight) {
 		return nil, false, nil
 	}

@@ -97,9 +97,8 @@ func (b *batchCompleter) record(ctx context.Context, req *outcomeReq) error {
 // mu held by the writer before each batch. A claim starts its dispatches together, and an
 // executor that answers at once has them all answered within microseconds: without a yield, the
 // first answer's goroutine would commit a batch of one, and the rest would wait for it and
-// follow in a second transaction (a commit and its round trips more per claim, which with one
-// P was 8 % of the drain's time; BenchmarkDrainThroughput, session 12). It yields to the
-// scheduler while the queue grows, and costs one yield when answers trickle in.
+// follow in a second transaction (a commit and its round trips more per claim). It yields to
+// the scheduler while the queue grows, and costs one yield when answers trickle in.
 func (b *batchCompleter) gather() {
 	for n := len(b.queue); n < b.max; n = len(b.queue) {
 		b.mu.Unlock()
@@ -115,9 +114,9 @@ func (b *batchCompleter) gather() {
 // passes: the next pass writes a batch in its claim's transaction (claimer.claimCandidates), so
 // that the capacity the outcomes free is claimed again without a transaction of their own, or on
 // its own when the pass claims nothing (Drainer.RunOnce). With a no-op executor and caps of 64 the
-// drain is a cycle of one claim and its outcomes, and this halves its transactions
-// (BenchmarkDrainThroughput, session 13). Without Run (tests driving passes, Stop's grace) the
-// writer writes its batch itself. One batch waits at most: the batchCompleter has one writer.
+// drain is a cycle of one claim and its outcomes, and this halves its transactions. Without Run
+// (tests driving passes, Stop's grace) the writer writes its batch itself. One batch waits at
+// most: the batchCompleter has one writer.
 type outcomeHandoff struct {
 	direct func(ctx context.Context, batch []*outcomeReq) error // outcomeWriter.write
 	wake   func()

@@ -100,7 +100,7 @@ type Config struct {
 	OutcomeBatch int
 	// AuditOff drops the audit rows of the transitions this drainer writes (store.Store.AuditOff).
 	// Not a setting: it exists only for the benchmarks' same-run comparison of the audit trail's
-	// cost (issue 19). Default false.
+	// cost. Default false.
 	AuditOff bool
 	// Ended, if set, is called after a transaction of this drainer that wrote outcomes or
 	// expiries committed, with the jobs it wrote: a process that also serves the API wakes the
@@ -231,9 +231,8 @@ func (d *Drainer) Poke() {
 // cmd/sluice/app): its own drainer hears of the job directly, and publishing the poke while
 // that drainer's claim is under way only takes the two cores from it (the broker's publish and
 // acknowledgement, the outbox row's mark, the poke coming back), for drainers elsewhere that
-// would then race it for the claim lock. Measured with BenchmarkPickupLatency (one process):
-// see integration/BENCHMARKS.md, session 11. A poke that waits is still in the outbox, which the
-// relay publishes on its own schedule if it never runs.
+// would then race it for the claim lock (BenchmarkPickupLatency, one process). A poke that waits
+// is still in the outbox, which the relay publishes on its own schedule if it never runs.
 func (d *Drainer) PokeThen(f func()) {
 	if !d.then.add(f) {
 		f()
@@ -341,9 +340,7 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	// The outcomes handed over before this pass ride its claim, or are written on their own
 	// right after it if it claims nothing. While the queue was last found empty, their writer
 	// writes them at once instead: the next job is then most likely one a producer is waiting to
-	// see start, and its claim should not wait for them (pickup, one process: 8.2 ms p50 with
-	// every batch handed to a pass, against 5.0 in session 12; BenchmarkPickupLatency, session
-	// 13).
+	// see start, and its claim should not wait for them (BenchmarkPickupLatency).
 	outs := d.handoff.take()
 	if outs != nil && d.claims.probe {
 		outs.answer(errNotTaken, false)

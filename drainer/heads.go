@@ -6,12 +6,10 @@ import (
 )
 
 // headsPerRead is how many queue heads a read takes for a tenant whose backlog is deeper than
-// its share of one pass. Reading a tenant's heads costs a subquery of its own (about 60 µs of
-// planning and execution on the 2-core reference machine, whatever its LIMIT), so with 64
-// busy tenants every pass spent 4-6 ms reading one head per tenant; kept in a headCache, one
-// read serves several passes. Reading 32 took about as long as reading 8 (5.5-5.7 ms for 64
-// tenants in BenchmarkDrainThroughput, session 12) and serves four times as many passes: with
-// one job a tenant a pass, a drain of deep backlogs read every seventh pass before.
+// its share of one pass. Reading a tenant's heads costs a subquery of its own, whatever its
+// LIMIT, so with many busy tenants reading one head per tenant on every pass would be much of
+// the pass; kept in a headCache, one read serves several passes. Reading 32 costs about as much
+// as reading 8 and serves four times as many passes.
 const headsPerRead = 32
 
 // headCache keeps, per tenant, the queue heads a pass read but did not claim, so that the next
@@ -36,8 +34,7 @@ type headCache struct {
 // take returns tenant's cached heads, or nil if it has none. The slice is the cache's own, which
 // the cache never writes into (keep and claimed make new ones): its reader must not write into
 // it either, and its capacity ends at its length, so an append copies. A copy of every tenant's
-// heads on every pass was the drain's largest allocation (15 % of its bytes with 64 tenants;
-// BenchmarkDrainThroughput, session 13).
+// heads on every pass would be the drain's largest allocation.
 func (h *headCache) take(tenant string) []candidate {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -10,9 +10,9 @@ import (
 // tenant whose head job goes next. Between two calls choose may take the head of the tenant
 // returned last (its cands shrink, its inFlight grows) or skip it; nothing else changes. Under
 // fair and fifo it keeps the tenants in a heap, so that a choose of n jobs over t tenants costs
-// n log t steps where pick's scan cost n·t (4,096 with 64 tenants and 64 free slots: pick was
-// the drain's costliest Go function, 6 % of its CPU in BenchmarkDrainThroughput, session 13);
-// round_robin, which turns a name cursor, scans with pick.
+// n log t steps where pick's scan costs n·t (4,096 with 64 tenants and 64 free slots, enough to
+// make pick the drain's costliest Go function); round_robin, which turns a name cursor, scans
+// with pick.
 type picker struct {
 	ch   *chooser
 	h    *tenantHeap // choose's cands and counts; a heap of the tenants but for round_robin

@@ -93,7 +93,7 @@ type Config struct {
 	Audit *store.AuditQueue
 	// AuditOff writes no audit row for admissions, and none for the transitions the Admitter's
 	// Store writes (store.Store.AuditOff); Audit is then not used. Not a setting: it exists only
-	// for the benchmarks' same-run comparison of the audit trail's cost (issue 19). Default false.
+	// for the benchmarks' same-run comparison of the audit trail's cost. Default false.
 	AuditOff bool
 	// Faults injects failures for tests. Default none.
 	Faults *Faults

@@ -7,8 +7,8 @@ import (
 
 // depthEstimate stands in for counting the global queued depth on every admission. Counting
 // is a scan of up to global_queue_depth index entries, and under concurrent inserts InnoDB
-// checks each entry's visibility in the clustered index; measured on the reference machine it
-// was more than half of a single admission's database time. The global cap is best effort
+// checks each entry's visibility in the clustered index, which makes it most of a single
+// admission's database time. The global cap is best effort
 // (SPEC §5), so admission counts exactly only when it matters:
 //
 //   - a count is reused for at most Config.GlobalDepthRefresh, and only while the estimate

@@ -192,7 +192,7 @@ type slotDecision struct {
 // off) it is granted but does not count, shadow-refused: the caller's work goes ahead, as it
 // would without sluice, and it takes nothing the claim gives the queue (SPEC §5a: the caps stay
 // exact for the jobs in flight and the slots that count). Counted, such slots let one producer
-// that loops grants fill the global cap so that no queued job ever starts (issue 30, finding 6).
+// that loops grants fill the global cap so that no queued job ever starts.
 func decideSlot(st store.SlotState, unit limits.Unit, aware bool, gated map[string]bool) slotDecision {
 	cfg := st.Config
 	d := slotDecision{verdict: cfg.Check(st.Usage, unit)}

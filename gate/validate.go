@@ -30,7 +30,7 @@ type Request struct {
 	Lanes       []string `json:"lanes,omitempty"`
 	Interactive *bool    `json:"interactive,omitempty"`
 	// RunAt (RFC 3339) or DelaySeconds schedule the job: it is queued at once, counts toward
-	// the depth caps, and is not claimed before then (SPEC §6, issue "time and waiting").
+	// the depth caps, and is not claimed before then (SPEC §6).
 	RunAt        *string  `json:"run_at,omitempty"`
 	DelaySeconds *float64 `json:"delay_seconds,omitempty"`
 	// StartBy (RFC 3339) is the job's start deadline: not dispatched by then, it ends expired
@@ -53,7 +53,7 @@ type Request struct {
 // stored inline in the job's row (migration 0014).
 const MaxLanes = 8
 
-// Limits on request fields (SPEC §6, issue "front door").
+// Limits on request fields (SPEC §6).
 const (
 	MaxTenantBytes         = job.MaxTenantBytes
 	MaxRateKeyBytes        = 1024

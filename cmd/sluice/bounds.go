@@ -10,8 +10,8 @@ import (
 	"github.com/sluicehq/sluice/cmd/sluice/app"
 )
 
-// boundsOptions sets the listener and memory bounds of opts from the settings given (issue 30);
-// one left unset leaves app's default, which the settings table shows (and which, for the
+// boundsOptions sets the listener and memory bounds of opts from the settings given; one left
+// unset leaves app's default, which the settings table shows (and which, for the
 // reserve, shrinks with a smaller connection bound). A setting's 0 means no bound, or no
 // reserve: app.Options says that with a negative value, its zero being the default.
 func (c *config) boundsOptions(opts *app.Options) error {

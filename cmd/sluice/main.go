@@ -262,8 +262,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		Version: version, Log: log, LogDropped: logQueue.Dropped, Memcached: splitList(c.get("memcached")),
 		CORSOrigins: splitList(c.get("cors-origins")),
 	}
-	// Transport security (issue 30): the database over TLS when its files are set, HTTPS on
-	// the listeners.
+	// Transport security: the database over TLS when its files are set, HTTPS on the
+	// listeners.
 	if opts.MySQLDSN, err = c.mysqlDSN(); err != nil {
 		return err
 	}
@@ -272,7 +272,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 		return errDevTLS
 	}
 	// SIGHUP reads the certificate files again (they are polled too). It is caught only with
-	// TLS configured: otherwise a hangup ends the process, as it always has. Registered before
+	// TLS configured: otherwise a hangup ends the process (Go's default). Registered before
 	// Start, so that no SIGHUP sent once the listener is up can kill the process.
 	hup := make(chan os.Signal, 1)
 	if opts.TLSCertFile != "" {
@@ -338,12 +338,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 }
 
 // oneProcForDrainer runs a drainer-only process's Go code on one thread unless GOMAXPROCS is set
-// in the environment. A drainer waits on MariaDB and the executor: its own work is about 170 µs
-// of CPU a job, so one P carries more than the 5,000 jobs/s of SPEC §14. With more Ps the
+// in the environment. A drainer waits on MariaDB and the executor: its own CPU work a job is
+// small enough that one P carries more than the 5,000 jobs/s of SPEC §14. With more Ps the
 // runtime hands each statement's helper goroutines (database/sql's and the driver's cancel
 // watchers) to other threads, which costs an idle drainer wake-ups, and a busy one takes CPU from
-// a MariaDB on the same host: BenchmarkDrainThroughput drains about 7 % faster on one P of a
-// 2-core machine than on two.
+// a MariaDB on the same host, so that on a small machine a drainer drains faster on one P.
 func oneProcForDrainer(log *slog.Logger, env string) {
 	if env != "" {
 		return

@@ -48,14 +48,14 @@ var settings = []setting{
 	{"api-url", "SLUICE_API_URL", "http://127.0.0.1:7480", "sluice API URL (for the simulated executor)"},
 	{"executor-token", "SLUICE_EXECUTOR_TOKEN", "", "the simulated executor's API token"},
 
-	// Transport security (issue 30): HTTPS for the listeners, TLS to MySQL/MariaDB (tls.go).
+	// Transport security: HTTPS for the listeners, TLS to MySQL/MariaDB (tls.go).
 	{"tls-cert", "SLUICE_TLS_CERT", "", "PEM certificate (chain) for HTTPS on the API and metrics listeners, with --tls-key; reloaded on SIGHUP and when the files change"},
 	{"tls-key", "SLUICE_TLS_KEY", "", "PEM private key of --tls-cert"},
 	{"mysql-ca", "SLUICE_MYSQL_CA", "", "CA file that signed the MySQL/MariaDB server's certificate: connect over TLS and verify it"},
 	{"mysql-cert", "SLUICE_MYSQL_CERT", "", "PEM client certificate for MySQL/MariaDB over TLS, with --mysql-key"},
 	{"mysql-key", "SLUICE_MYSQL_KEY", "", "PEM private key of --mysql-cert"},
 
-	// --- Listener and memory bounds (issue 30), parsed by boundsOptions (bounds.go). ---
+	// --- Listener and memory bounds, parsed by boundsOptions (bounds.go). ---
 	{"max-conns", "SLUICE_MAX_CONNS", "1024", "connections open at once on the API listener (0: no bound)"},
 	{"max-conns-per-source", "SLUICE_MAX_CONNS_PER_SOURCE", "64", "connections open at once from one address outside SLUICE_EXECUTOR_SOURCES (an IPv6 /64 counts as one; 0: no bound)"},
 	{"reserved-conns", "SLUICE_RESERVED_CONNS", "128", "connections of SLUICE_MAX_CONNS only SLUICE_EXECUTOR_SOURCES may take (unset: 128, or an eighth of a smaller SLUICE_MAX_CONNS; 0: none)"},

@@ -310,8 +310,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		// The slot rides the response writer rather than the request's context: a context value
-		// would copy the request, which cost single admission 2 % at 16 clients (make benchcmp,
-		// BenchmarkAdmission), for the few requests that wait and give it back (wait.go).
+		// would copy every request, a cost every admission would pay, for the few requests that
+		// wait and give it back (wait.go).
 		sw := &slotWriter{ResponseWriter: w, slot: requestSlot{sem: s.requests}}
 		defer sw.slot.release()
 		w = sw

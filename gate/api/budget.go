@@ -12,7 +12,7 @@ import (
 // stacks, the drainer's and relay's work in sluice.service) needs the other half.
 const DefaultMemoryBudget = 256 << 20
 
-// What a request is charged (issue 30): bodyCost for a body, pageCost for a page of jobs. The
+// What a request is charged: bodyCost for a body, pageCost for a page of jobs. The
 // factor 2 is the bytes read plus what decoding makes of them, or a page's rows plus the JSON
 // encoding of the answer, which json.Encoder builds whole before writing it.
 const (

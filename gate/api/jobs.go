@@ -28,8 +28,8 @@ const maxBatchBody = 32 << 20
 // to the memory budget before it is read (Config.MemoryBudget): a spent budget is 503 busy.
 func readRaw(r *http.Request, limit int) ([]byte, error) {
 	if r.ContentLength > int64(limit) {
-		// Refused unread: reading a body already declared too large cost as much as admitting
-		// it (BenchmarkSoak's 33 MiB batches were each read to their 32 MiB limit first).
+		// Refused unread: reading a body already declared too large, up to its limit, costs as
+		// much as admitting it.
 		return nil, tooLarge(limit)
 	}
 	hold := holdOf(r.Context())
@@ -434,8 +434,7 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 
 // startGroupSize bounds the start confirmations one shared transaction carries, and startLanes
 // how many such transactions run at once. One lane: a group never waits for a lock, so it
-// cannot stall the others, and a second lane measured no faster (BenchmarkDrainThroughBinaries,
-// 2,027 jobs/s with two lanes, 2,145 with one, one run each) while it halves the groups.
+// cannot stall the others, and a second lane is no faster while it halves the groups.
 const startGroupSize, startLanes = 64, 1
 
 // confirmStarts decides starts in one transaction of two round trips

@@ -62,7 +62,8 @@ func ReadyReason(err error) (reason, message string) {
 }
 
 // NotReadyBody fills body, the answer of /readyz, for the readiness error err: ready false, the
-// reason word, and status, error_code and message as before, the message fixed by the reason.
+// reason word, and the status, error_code and message of an unavailable answer, the message
+// fixed by the reason.
 func NotReadyBody(body map[string]any, err error) {
 	reason, message := ReadyReason(err)
 	body["ready"], body["reason"] = false, reason

@@ -106,8 +106,8 @@ func (s *Slot) Release() error {
 		<-s.done
 		err := s.c.ReleaseSlot(context.Background(), s.ID)
 		if Code(err) == "not_found" {
-			// Servers before issue 30 answered a slot no longer the caller's with 404; it is
-			// gone all the same.
+			// Older servers answer the release of a slot no longer the caller's with 404; it
+			// is gone all the same.
 			err = nil
 		}
 		s.relErr = err

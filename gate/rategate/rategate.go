@@ -93,8 +93,9 @@ type Config struct {
 	// Clock gives "now" for new gates and for deciding whether a gate still holds. Default: this
 	// host's clock, the clock that executors writing memcached directly use too.
 	Clock clock.Clock
-	// Timeout bounds every dial, read and write to memcached. Default 50 ms: a gate lookup is
-	// 0.06 ms on loopback, and a slow memcached must not slow the drain pass by more than this.
+	// Timeout bounds every dial, read and write to memcached. Default 50 ms: far longer than a
+	// gate lookup on a healthy memcached takes, and a slow memcached must not slow the drain pass
+	// by more than this.
 	Timeout time.Duration
 	// MaxIdleConns is how many idle connections are kept per server. Default 16 (gomemcache keeps
 	// 2, which makes concurrent dispatch outcomes and API writes dial on every call).

@@ -82,15 +82,15 @@ const dueNow = "UTC_TIMESTAMP(6)"
 // flight as rows (tenant, 1, NULL, NULL, interactive, lanes, NULLs)). Whether it has jobs of
 // another priority than the default is one dive into the small job_priorities table, made only
 // when that table has a row at all: an uncorrelated sub-select, evaluated once a statement, so
-// that a queue that uses no priority pays one dive a page, not one a tenant (a dive a tenant cost
-// the drain 4-7 %, make benchcmp BASE=ca44c90). fair and fifo walk the
-// head index (every tenant's oldest queued job, oldest first); round_robin walks work_tenant by
-// name from the tenant served last to the end, then from the first name up to it. Whether a
+// that a queue that uses no priority pays one dive a page, not one a tenant, which would slow
+// the drain measurably. fair and fifo walk the head index (every tenant's oldest queued job,
+// oldest first); round_robin walks work_tenant by name from the tenant served last to the end,
+// then from the first name up to it. Whether a
 // tenant has interactive queued jobs is one dive into the interactive_queue index per tenant
 // read (migration 0014). A tenant with one queued job whose head is that job (a head is a lower
 // bound: if its job is still queued, it is the oldest) gets the job's row by its primary key:
 // with many tenants of one job each, that row is all a heads read would find, and the heads
-// read (a sub-select per tenant, about 60 µs each) is left out for it (TenantHead.Only).
+// read (a sub-select per tenant) is left out for it (TenantHead.Only).
 func tenantsSQL(p TenantPageParams) (string, []any) {
 	n := p.Limit
 	const cols = `SELECT tenants.tenant, NULL, head_at, head_id,

@@ -624,7 +624,7 @@ func (a *App) startAPI(ctx context.Context) error {
 	}
 	// The hub subscribes to the release pokes only while requests wait: not a queue group, since
 	// every process must hear every job's end, but nothing for a process nobody waits on, which
-	// would otherwise take one message per job (3-5 % of the drain through the binaries).
+	// would otherwise take one message per job and slow the drain.
 	var hub *waiters.Hub
 	hub, err = api.NewWaiters(a.db, waiters.Config{Interval: a.opts.WaitBackstop, Log: a.log,
 		Listen: func() (func(), error) {

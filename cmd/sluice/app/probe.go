@@ -38,10 +38,10 @@ func (p *memcachedProbe) Reachable(ctx context.Context) bool {
 const probeMaxAge = time.Second
 
 // probe answers a check (/readyz's database check, memcached's ping) from a reading at most
-// probeMaxAge old, taken by one caller at a time while the others wait for it. Each /readyz
-// used to read schema_migrations on the pool that /start and /complete use; while the database
-// was slow to answer, a flood of unauthenticated /readyz held every connection of it, and the
-// executor's callbacks waited behind (issue 30). Safe for concurrent use.
+// probeMaxAge old, taken by one caller at a time while the others wait for it. Without it each
+// /readyz would read schema_migrations on the pool that /start and /complete use, and while the
+// database is slow to answer a flood of unauthenticated /readyz would hold every connection of
+// it, the executor's callbacks waiting behind. Safe for concurrent use.
 type probe struct {
 	check func(context.Context) error // bounds its own wait
 	now   func() time.Time
