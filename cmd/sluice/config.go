@@ -48,59 +48,71 @@ func configCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "runtime config version %d\n", v.Version)
 		printConfig(stdout, v.Config)
 	case "set":
-		if len(pos) == 0 {
-			return errors.New("config set: want at least one key=value")
-		}
-		changes := map[string]any{}
-		for _, kv := range pos {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok || k == "" {
-				return fmt.Errorf("config set: %q: want key=value", kv)
-			}
-			changes[k] = parseValue(v)
-		}
-		v, err := cl.PatchConfig(ctx, changes, *note)
-		if err != nil {
-			var ae *client.Error
-			if errors.As(err, &ae) && ae.Body["field"] != nil {
-				return fmt.Errorf("config set refused, nothing changed: %s", ae.Message)
-			}
-			return err
-		}
-		if *asJSON {
-			return printIndented(stdout, v)
-		}
-		if v.Change == nil {
-			fmt.Fprintf(stdout, "nothing changed; version %d stays in force\n", v.Version)
-			return nil
-		}
-		fmt.Fprintf(stdout, "version %d in force (each sluice process applies it within %s)\n", v.Version, limits.ReloadEvery)
-		printChange(stdout, *v.Change)
+		return configSet(ctx, cl, pos, *note, *asJSON, stdout)
 	case "history":
-		p, err := cl.ConfigHistory(ctx, client.ConfigHistoryOptions{Limit: *limit, Cursor: *cursor})
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return printIndented(stdout, p)
-		}
-		if len(p.History) == 0 && *cursor == "" {
-			fmt.Fprintln(stdout, "no changes: the defaults are in force")
-		}
-		for _, ch := range p.History {
-			fmt.Fprintf(stdout, "version %d  %s  by %s", ch.Version, ch.When.Format("2006-01-02T15:04:05Z"), ch.Who)
-			if ch.Note != "" {
-				fmt.Fprintf(stdout, "  %q", ch.Note)
-			}
-			fmt.Fprintln(stdout)
-			printChange(stdout, ch)
-		}
-		// One page per request, as `sluice audit`: the history is read a bounded page at a time.
-		if more := moreHint("sluice config history", [][2]string{{"limit", strconv.Itoa(*limit)}}, p.NextCursor); more != "" {
-			fmt.Fprintln(stdout, more)
-		}
+		return configHistory(ctx, cl, *limit, *cursor, *asJSON, stdout)
 	default:
 		return fmt.Errorf("config: unknown subcommand %q (want show, set or history)", sub)
+	}
+	return nil
+}
+
+// configSet applies the key=value changes kvs, with note, and prints what changed.
+func configSet(ctx context.Context, cl *client.Client, kvs []string, note string, asJSON bool, stdout io.Writer) error {
+	if len(kvs) == 0 {
+		return errors.New("config set: want at least one key=value")
+	}
+	changes := map[string]any{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("config set: %q: want key=value", kv)
+		}
+		changes[k] = parseValue(v)
+	}
+	v, err := cl.PatchConfig(ctx, changes, note)
+	if err != nil {
+		var ae *client.Error
+		if errors.As(err, &ae) && ae.Body["field"] != nil {
+			return fmt.Errorf("config set refused, nothing changed: %s", ae.Message)
+		}
+		return err
+	}
+	if asJSON {
+		return printIndented(stdout, v)
+	}
+	if v.Change == nil {
+		fmt.Fprintf(stdout, "nothing changed; version %d stays in force\n", v.Version)
+		return nil
+	}
+	fmt.Fprintf(stdout, "version %d in force (each sluice process applies it within %s)\n", v.Version, limits.ReloadEvery)
+	printChange(stdout, *v.Change)
+	return nil
+}
+
+// configHistory prints a page of the config's changes, newest first, and the command for the next.
+func configHistory(ctx context.Context, cl *client.Client, limit int, cursor string, asJSON bool, stdout io.Writer) error {
+	p, err := cl.ConfigHistory(ctx, client.ConfigHistoryOptions{Limit: limit, Cursor: cursor})
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printIndented(stdout, p)
+	}
+	if len(p.History) == 0 && cursor == "" {
+		fmt.Fprintln(stdout, "no changes: the defaults are in force")
+	}
+	for _, ch := range p.History {
+		fmt.Fprintf(stdout, "version %d  %s  by %s", ch.Version, ch.When.Format("2006-01-02T15:04:05Z"), ch.Who)
+		if ch.Note != "" {
+			fmt.Fprintf(stdout, "  %q", ch.Note)
+		}
+		fmt.Fprintln(stdout)
+		printChange(stdout, ch)
+	}
+	// One page per request, as `sluice audit`: the history is read a bounded page at a time.
+	if more := moreHint("sluice config history", [][2]string{{"limit", strconv.Itoa(limit)}}, p.NextCursor); more != "" {
+		fmt.Fprintln(stdout, more)
 	}
 	return nil
 }

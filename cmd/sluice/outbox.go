@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -50,38 +51,54 @@ func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer db.Close()
 	switch sub {
 	case "status":
-		now, err := clock.DB{DB: db}.Now(ctx)
-		if err != nil {
-			return err
-		}
-		st, err := outbox.ReadStats(ctx, db, now)
-		if err != nil {
-			return err
-		}
-		n, failed, err := outbox.ReadFailed(ctx, db, 10)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "unpublished: %d\noldest unpublished age: %.1fs\nset aside (refused by the broker): %d\n",
-			st.Unpublished, st.OldestAgeSeconds, n)
-		for _, f := range failed {
-			fmt.Fprintf(stdout, "  row %d  %s  %d bytes  %s  %s\n", f.ID, f.Subject, f.Size, f.FailedAt.Format(time.RFC3339), f.Error)
-		}
-		return nil
+		return outboxStatus(ctx, db, stdout)
 	case "restore":
-		if fromID <= 0 {
-			return errors.New("outbox restore: --from-id is required")
-		}
-		if toID == 0 {
-			toID = fromID
-		}
-		n, err := outbox.Restore(ctx, db, fromID, toID)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "moved %d set-aside row(s) back into the outbox; the relay will publish them\n", n)
-		return nil
+		return outboxRestore(ctx, db, fromID, toID, stdout)
 	}
+	return outboxReplay(ctx, c, db, since, fromID, dryRun, stdout)
+}
+
+// outboxStatus prints the backlog and the first rows set aside.
+func outboxStatus(ctx context.Context, db *sql.DB, stdout io.Writer) error {
+	now, err := clock.DB{DB: db}.Now(ctx)
+	if err != nil {
+		return err
+	}
+	st, err := outbox.ReadStats(ctx, db, now)
+	if err != nil {
+		return err
+	}
+	n, failed, err := outbox.ReadFailed(ctx, db, 10)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "unpublished: %d\noldest unpublished age: %.1fs\nset aside (refused by the broker): %d\n",
+		st.Unpublished, st.OldestAgeSeconds, n)
+	for _, f := range failed {
+		fmt.Fprintf(stdout, "  row %d  %s  %d bytes  %s  %s\n", f.ID, f.Subject, f.Size, f.FailedAt.Format(time.RFC3339), f.Error)
+	}
+	return nil
+}
+
+// outboxRestore moves the set-aside rows fromID to toID (fromID alone when 0) back into the outbox.
+func outboxRestore(ctx context.Context, db *sql.DB, fromID, toID int64, stdout io.Writer) error {
+	if fromID <= 0 {
+		return errors.New("outbox restore: --from-id is required")
+	}
+	if toID == 0 {
+		toID = fromID
+	}
+	n, err := outbox.Restore(ctx, db, fromID, toID)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "moved %d set-aside row(s) back into the outbox; the relay will publish them\n", n)
+	return nil
+}
+
+// outboxReplay publishes again the rows published since (or from fromID), or with dryRun counts
+// them, printing its progress.
+func outboxReplay(ctx context.Context, c *config, db *sql.DB, since string, fromID int64, dryRun bool, stdout io.Writer) error {
 	sel, err := replaySelection(since, fromID, time.Now())
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -102,58 +103,18 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		current, from = v.Config, fmt.Sprintf("runtime config version %d", v.Version)
 		if *file == "" {
-			now, err := clock.DB{DB: db}.Now(ctx)
-			if err != nil {
+			auto := pickupAuto{arrival: *arrivalPickup == "auto", outcome: *outcomePickup == "auto"}
+			if src, err = recordedSource(ctx, db, *since, *until, auto, &opts, stderr); err != nil {
 				return err
 			}
-			lo, err := timeOrAgo("--since", *since, now)
-			if err != nil {
-				return err
-			}
-			hi := now
-			if *until != "" {
-				if hi, err = timeOrAgo("--until", *until, now); err != nil {
-					return err
-				}
-			}
-			if !lo.Before(hi) {
-				return fmt.Errorf("simulate: the window %s to %s is empty", lo.Format(time.RFC3339), hi.Format(time.RFC3339))
-			}
-			opts.DepthEvery = simulate.DepthPeriod(hi.Sub(lo))
-			arrival, outcome, measured, err := simulate.Calibrate(ctx, db, lo, hi)
-			if err != nil {
-				return fmt.Errorf("simulate: %w", err)
-			}
-			if *arrivalPickup == "auto" {
-				opts.ArrivalPickup = arrival
-			}
-			if *outcomePickup == "auto" {
-				opts.OutcomePickup = outcome
-			}
-			if measured {
-				fmt.Fprintf(stderr, "simulate: pickup measured on the window's jobs: %s after an arrival, %s after an outcome\n",
-					arrival.Round(10*time.Microsecond), outcome.Round(10*time.Microsecond))
-			}
-			src = simulate.Recorded(ctx, db, lo, hi)
 		}
 	}
 	if *file != "" {
-		at := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-		if *start != "" {
-			if at, err = time.Parse(time.RFC3339Nano, *start); err != nil {
-				return fmt.Errorf("simulate: --start: want an RFC 3339 time, got %q", *start)
-			}
+		var closeFile func()
+		if src, closeFile, err = fileSource(*file, *start); err != nil {
+			return err
 		}
-		in := io.Reader(os.Stdin)
-		if *file != "-" {
-			f, err := os.Open(*file)
-			if err != nil {
-				return fmt.Errorf("simulate: %w", err)
-			}
-			defer f.Close()
-			in = f
-		}
-		src = simulate.Lines(in, at)
+		defer closeFile()
 	}
 	fmt.Fprintf(stderr, "simulate: current configuration: %s\n", from)
 	cmp, err := simulate.Run(ctx, src, current, set, opts, progress)
@@ -182,4 +143,66 @@ func timeOrAgo(flag, v string, now time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("simulate: %s: want an RFC 3339 time or a duration ago such as 2h, got %q", flag, v)
 	}
 	return now.Add(-d), nil
+}
+
+// pickupAuto says which pickup delays are measured on the window (--arrival-pickup and
+// --outcome-pickup auto) rather than given.
+type pickupAuto struct{ arrival, outcome bool }
+
+// recordedSource is the audit trail's arrivals from since to until (each a time or a duration
+// ago, until now by default), with the pickups auto asks for measured on the window's jobs
+// into opts, and the depth's period set to the window's length.
+func recordedSource(ctx context.Context, db *sql.DB, since, until string, auto pickupAuto, opts *simulate.Options, stderr io.Writer) (simulate.Source, error) {
+	now, err := clock.DB{DB: db}.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lo, err := timeOrAgo("--since", since, now)
+	if err != nil {
+		return nil, err
+	}
+	hi := now
+	if until != "" {
+		if hi, err = timeOrAgo("--until", until, now); err != nil {
+			return nil, err
+		}
+	}
+	if !lo.Before(hi) {
+		return nil, fmt.Errorf("simulate: the window %s to %s is empty", lo.Format(time.RFC3339), hi.Format(time.RFC3339))
+	}
+	opts.DepthEvery = simulate.DepthPeriod(hi.Sub(lo))
+	arrival, outcome, measured, err := simulate.Calibrate(ctx, db, lo, hi)
+	if err != nil {
+		return nil, fmt.Errorf("simulate: %w", err)
+	}
+	if auto.arrival {
+		opts.ArrivalPickup = arrival
+	}
+	if auto.outcome {
+		opts.OutcomePickup = outcome
+	}
+	if measured {
+		fmt.Fprintf(stderr, "simulate: pickup measured on the window's jobs: %s after an arrival, %s after an outcome\n",
+			arrival.Round(10*time.Microsecond), outcome.Round(10*time.Microsecond))
+	}
+	return simulate.Recorded(ctx, db, lo, hi), nil
+}
+
+// fileSource is the arrivals of the JSON-lines file (- for stdin), a numeric `at` counting from
+// start (default 2000-01-01T00:00:00Z); the caller calls closeFile once the replay is done.
+func fileSource(file, start string) (src simulate.Source, closeFile func(), err error) {
+	at := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	if start != "" {
+		if at, err = time.Parse(time.RFC3339Nano, start); err != nil {
+			return nil, nil, fmt.Errorf("simulate: --start: want an RFC 3339 time, got %q", start)
+		}
+	}
+	if file == "-" {
+		return simulate.Lines(os.Stdin, at), func() {}, nil
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, nil, fmt.Errorf("simulate: %w", err)
+	}
+	return simulate.Lines(f, at), func() { _ = f.Close() }, nil
 }
