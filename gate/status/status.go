@@ -284,57 +284,14 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 	if err != nil {
 		return s, err
 	}
-	// The deepest tenants and those with work in flight (as many as the global cap allows),
-	// the deepest ListTenants of them listed.
-	byTenant := make(map[string]Tenant, len(deepest)+len(inFlight))
-	for _, t := range deepest {
-		byTenant[t.Tenant] = t
-	}
-	for _, t := range inFlight {
-		byTenant[t.Tenant] = t
-	}
-	// Tenants holding slots only are listed too: as many as the global cap allows.
-	for name, n := range perTenant {
-		t, ok := byTenant[name]
-		if !ok {
-			t = Tenant{Tenant: name, Cap: cfg.TenantCap(name), Tier: cfg.Tier(name), Weight: cfg.Weight(name)}
-		}
-		t.Slots = n
-		byTenant[name] = t
-	}
-	s.Tenants = make([]Tenant, 0, len(byTenant))
-	for _, t := range byTenant {
-		s.Tenants = append(s.Tenants, t)
-	}
-	sort.Slice(s.Tenants, func(i, j int) bool {
-		a, b := s.Tenants[i], s.Tenants[j]
-		if a.Depth != b.Depth {
-			return a.Depth > b.Depth
-		}
-		if a.InFlight != b.InFlight {
-			return a.InFlight > b.InFlight
-		}
-		return a.Tenant < b.Tenant
-	})
-	if len(s.Tenants) > r.cfg.ListTenants {
-		s.Tenants = s.Tenants[:r.cfg.ListTenants]
-	}
+	s.Tenants = listTenants(cfg, deepest, inFlight, perTenant, r.cfg.ListTenants)
 	gated, err := r.gates(ctx, now, &s)
 	if err != nil {
 		return s, err
 	}
 	// Live slots take capacity as jobs in flight do: work left queued behind them is not a
 	// stalled drainer's.
-	units := make([]Tenant, 0, len(inFlight)+len(perTenant))
-	for _, t := range inFlight {
-		t.InFlight += perTenant[t.Tenant]
-		units = append(units, t)
-	}
-	for name, n := range perTenant {
-		if !slices.ContainsFunc(inFlight, func(t Tenant) bool { return t.Tenant == name }) {
-			units = append(units, Tenant{Tenant: name, InFlight: n})
-		}
-	}
+	units := withSlots(inFlight, perTenant)
 	elig, err := r.eligible(ctx, now, cfg, s.InFlight+s.Slots.Total, units, gated)
 	if err != nil {
 		return s, err
@@ -353,6 +310,60 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 		s.Config = local.Config
 	}
 	return s, nil
+}
+
+// listTenants is the status's tenants: the deepest, those with work in flight (as many as the
+// global cap allows) and those holding slots only, the deepest most of them, depth first, then
+// in flight, then name.
+func listTenants(cfg limits.Config, deepest, inFlight []Tenant, slots map[string]int, most int) []Tenant {
+	byTenant := make(map[string]Tenant, len(deepest)+len(inFlight))
+	for _, t := range deepest {
+		byTenant[t.Tenant] = t
+	}
+	for _, t := range inFlight {
+		byTenant[t.Tenant] = t
+	}
+	for name, n := range slots {
+		t, ok := byTenant[name]
+		if !ok {
+			t = Tenant{Tenant: name, Cap: cfg.TenantCap(name), Tier: cfg.Tier(name), Weight: cfg.Weight(name)}
+		}
+		t.Slots = n
+		byTenant[name] = t
+	}
+	ts := make([]Tenant, 0, len(byTenant))
+	for _, t := range byTenant {
+		ts = append(ts, t)
+	}
+	sort.Slice(ts, func(i, j int) bool {
+		a, b := ts[i], ts[j]
+		if a.Depth != b.Depth {
+			return a.Depth > b.Depth
+		}
+		if a.InFlight != b.InFlight {
+			return a.InFlight > b.InFlight
+		}
+		return a.Tenant < b.Tenant
+	})
+	if len(ts) > most {
+		ts = ts[:most]
+	}
+	return ts
+}
+
+// withSlots is each tenant's units in use: its jobs in flight and its live slots.
+func withSlots(inFlight []Tenant, slots map[string]int) []Tenant {
+	units := make([]Tenant, 0, len(inFlight)+len(slots))
+	for _, t := range inFlight {
+		t.InFlight += slots[t.Tenant]
+		units = append(units, t)
+	}
+	for name, n := range slots {
+		if !slices.ContainsFunc(inFlight, func(t Tenant) bool { return t.Tenant == name }) {
+			units = append(units, Tenant{Tenant: name, InFlight: n})
+		}
+	}
+	return units
 }
 
 // Local returns what this process knows without the database: its broker connection, the gate
