@@ -59,6 +59,24 @@ func TestBatchCompleterAnswersEveryCaller(t *testing.T) {
 	}
 }
 
+func TestRefusalDelay(t *testing.T) {
+	cases := []struct {
+		retryAfter, refusal int
+		want                time.Duration
+	}{
+		{7, 1, 7 * time.Second},
+		{0, 1, time.Second},
+		{0, 2, 2 * time.Second},
+		{0, 4, 8 * time.Second},
+		{0, 30, time.Minute},
+	}
+	for _, c := range cases {
+		if got := refusalDelay(c.retryAfter, c.refusal); got != c.want {
+			t.Errorf("refusalDelay(%d, %d) = %s, want %s", c.retryAfter, c.refusal, got, c.want)
+		}
+	}
+}
+
 var errBatch = errors.New("the batch's transaction failed")
 
 // TestOutcomeHandoff: while Run schedules passes, a batch waits for a pass, which answers it (and

@@ -1,18 +1,3 @@
-// Package drainer moves queued jobs to the executor: it reacts to pokes, polls once a second as
-// the backstop, claims eligible jobs under the global and per-tenant caps, dispatches them,
-// records their outcomes (fenced on the claimed version), renews leases, recovers the jobs of
-// drainers that died and deletes the slots whose lease ran out. One pass of all of that is
-// RunOnce; Run only schedules passes. Live slots (SPEC §5a) count against the caps with the jobs
-// in flight in every claim (store.LockClaims), except those granted past a limit, which never
-// count (migration 0020): a caller looping slot grants cannot take what the queue needs.
-//
-// The Drainer is a scheduler of small services, each with its own state and a RunOnce of its
-// own that tests may drive without goroutines: the claimer (claimer.go, with tenants.go,
-// candidates.go, claimtx.go, lone.go and pick.go), the dispatcher (dispatch.go) and its
-// completer (complete.go), the lease keeper (leases.go), the rescuer (rescue.go), the expirer
-// (expire.go) and the heartbeat (heartbeat.go). What they share is in configview.go (the runtime
-// config last read) and heads.go (the queue heads read but not claimed). Observer (observer.go)
-// is the one test signal.
 package drainer
 
 import (
@@ -125,8 +110,8 @@ type Drainer struct {
 	passMu     sync.Mutex // one pass at a time; guards lastUpkeep and the services only passes call
 	lastUpkeep time.Time  // renewal and recovery run at most once per PollInterval
 
-	then    pokeWaiters     // PokeThen's callbacks, run after the claim of the next pass
-	handoff *outcomeHandoff // outcomes for the next pass to write (nil with OutcomeBatch 1)
+	afterClaim pokeWaiters     // PokeThen's callbacks, run after the claim of the next pass
+	handoff    *outcomeHandoff // outcomes for the next pass to write (nil with OutcomeBatch 1)
 
 	config *configView // the runtime config last read; shared by the services, lock-free
 	heads  *headCache  // queue heads read but not yet claimed (claimer; invalidated by completer)
@@ -234,7 +219,7 @@ func (d *Drainer) Poke() {
 // would then race it for the claim lock (BenchmarkPickupLatency, one process). A poke that waits
 // is still in the outbox, which the relay publishes on its own schedule if it never runs.
 func (d *Drainer) PokeThen(f func()) {
-	if !d.then.add(f) {
+	if !d.afterClaim.add(f) {
 		f()
 	}
 	d.Poke()
@@ -330,7 +315,7 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	defer d.leases.keepDuring(ctx)()
 	// The callbacks of PokeThen calls made before this pass run once its claim is done (or it
 	// failed).
-	served := d.then.take()
+	served := d.afterClaim.take()
 	defer func() { runAll(served) }()
 	var p Pass
 	now, err := d.cfg.Clock.Now(ctx)
@@ -486,8 +471,8 @@ func (d *Drainer) refreshConfig(ctx context.Context) error {
 // Run drains until ctx is done: a pass on every wake and at least every PollInterval. It
 // returns when ctx is done; in-flight dispatches go on until Stop.
 func (d *Drainer) Run(ctx context.Context) {
-	d.then.setRunning(true)
-	defer d.then.setRunning(false)
+	d.afterClaim.setRunning(true)
+	defer d.afterClaim.setRunning(false)
 	d.handoff.setRunning(true)
 	defer d.handoff.setRunning(false)
 	t := time.NewTicker(d.cfg.PollInterval)

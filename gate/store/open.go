@@ -46,7 +46,7 @@ func Open(ctx context.Context, dsn string) (*sql.DB, error) {
 // OpenMulti is Open with multiStatements on: the pool of the transactions that send several
 // statements in one round trip, and nothing else. An admission begins its transaction, locks
 // and reads in one round trip and writes all its rows in a second (gate/tx.go); a claim locks,
-// counts and probes in one and updates, reads back and commits in a second (drainer/claimtx.go);
+// counts and probes in one and updates, reads back and commits in a second (drainer/claim_tx.go);
 // a completion's updates and outbox row go in one (Store.FinishManyCommit); the lease scan carries
 // the heartbeat. Every statement sent through it is built from constants and placeholders, never
 // from a value received. Its size, MultiPoolConns, is what the single pool had: the hot paths

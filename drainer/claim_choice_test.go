@@ -312,24 +312,6 @@ func TestPickHonoursOverrides(t *testing.T) {
 	}
 }
 
-func TestRefusalDelay(t *testing.T) {
-	cases := []struct {
-		retryAfter, refusal int
-		want                time.Duration
-	}{
-		{7, 1, 7 * time.Second},
-		{0, 1, time.Second},
-		{0, 2, 2 * time.Second},
-		{0, 4, 8 * time.Second},
-		{0, 30, time.Minute},
-	}
-	for _, c := range cases {
-		if got := refusalDelay(c.retryAfter, c.refusal); got != c.want {
-			t.Errorf("refusalDelay(%d, %d) = %s, want %s", c.retryAfter, c.refusal, got, c.want)
-		}
-	}
-}
-
 // TestGatedSeen: a key found gated is remembered until its gate ends or the memory runs out,
 // whichever is first, and one not gated at the time is not remembered at all.
 func TestGatedSeen(t *testing.T) {
@@ -406,7 +388,7 @@ func TestChooseCapacity(t *testing.T) {
 		t.Errorf("at the last read head: chose %d (full %v), want 2 and full", len(chosen), full)
 	}
 	// ... and counts it in flight like every job it takes: the usage a claim carries to the
-	// next pass (passCarry) is what it claimed.
+	// next pass (claimer.nextRead) is what it claimed.
 	if us.Total != 2 || us.Tenant["A"] != 2 {
 		t.Errorf("usage after a pass ended at the last read head: %d in flight (A %d), want 2 (A 2)", us.Total, us.Tenant["A"])
 	}

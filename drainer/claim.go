@@ -12,11 +12,13 @@ import (
 	"github.com/sluicehq/sluice/gate/store"
 )
 
-// claimer chooses and claims queued jobs: the tenant pages and candidate reads (tenants.go,
-// candidates.go), the gate lookups, the claim transaction (claimtx.go) and the lone-job fast path
-// (lone.go). RunOnce is one claim; the Drainer's pass calls it, and nothing else does, so the
-// state it owns needs no lock: the round_robin position, the lone-job probe flag and the gated
-// keys seen lately. poked is the exception: Poke sets it from any goroutine.
+// claimer chooses and claims queued jobs: the tenant pages and candidate reads
+// (claim_tenants.go, claim_candidates.go), the gate lookups, the choice (claim_choice.go,
+// claim_pick.go), the claim transaction (claim_tx.go) and the lone-job probe (claim_probe.go).
+// RunOnce is one claim; the Drainer's pass calls it, and nothing else does, so the state it owns
+// needs no lock: the round_robin position, the lone-job probe flag and the gated keys seen
+// lately. poked is the exception: Poke sets it from any goroutine. The shortcuts it takes are
+// tabled in the package doc.
 //
 // It reads the Drainer's Config and never writes it; it writes the runtime config each claim
 // transaction reads to config, hands the jobs it claims to leases (which renews them until their
@@ -48,19 +50,23 @@ type claimer struct {
 	// resume is where the last pass's tenant pages ran out while they still gave too few
 	// eligible jobs (see candidates); nil once a pass has read to the last tenant with work.
 	resume *tenantKey
-	// behind are the tenants whose heads this drainer's claims left behind since lastAdvance
-	// (store.Claimed.Behind), for advanceHeads.
-	behind      map[string]bool
-	lastAdvance time.Time
-	paged       bool // the last pass's first page of tenants was full: more tenants have work
-	// carry is what the last claim leaves the next pass in place of passState's read (reuse).
-	carry *passCarry
+	// headsToAdvance are the tenants whose heads this drainer's claims left behind since
+	// lastAdvance (store.Claimed.Behind), for advanceHeads to set forward.
+	headsToAdvance map[string]bool
+	lastAdvance    time.Time
+	// firstPageFull: the last pass's first page of tenants was full (more tenants have work than
+	// a page holds), so advanceHeads runs every HeadAdvance rather than every PollInterval.
+	firstPageFull bool
+	// nextRead is what the last claim leaves the next pass in place of passState's read (reuse).
+	nextRead *passRead
 }
 
-// passCarry is what a claim knows after its COMMIT of what passState would read next: the usage
-// it counted under the claim lock plus what it claimed, and the tenants page it chose from,
-// which held every tenant with work (not full) when it was read, at read.
-type passCarry struct {
+// passRead is what a pass chooses by: the usage and the tenants page passState read, when, and
+// under which ordering and page size. After its COMMIT a claim may leave it to the next pass
+// (claimer.nextRead) as what passState would read next: the usage it counted under the claim
+// lock plus what it claimed, and the tenants page it chose from, which held every tenant with
+// work (not full) when it was read, at read.
+type passRead struct {
 	us       limits.Usage
 	page     tenantPage
 	read     time.Time
@@ -73,18 +79,18 @@ type passCarry struct {
 // most this long beyond the pass that would have read it.
 const pageReuse = 100 * time.Millisecond
 
-// reuse returns the carry of the last claim for a pass that brings outs, the outcomes of that
-// claim's jobs, when nothing it did not see may have happened since: no poke (a job admitted, a
-// job requeued elsewhere), the page no older than pageReuse, the ordering and the page size as
-// they were. Such a pass is the next step of a drain in which this drainer's claims and their
-// answers are all that changes, and passState's read (the in-flight counts, the tenants page)
-// would find what the claim counted under the lock, less the outcomes it brings, and that read
-// is a noticeable part of a drain's cycle when the executor answers at once. Counts changed
-// elsewhere meanwhile (another drainer's claims or outcomes, a slot) only shape the candidates:
-// the claim counts again under the lock.
-func (cl *claimer) reuse(now time.Time, cfg limits.Config, outs *outcomeBatch, poked bool) *passCarry {
-	c := cl.carry
-	cl.carry = nil
+// reuse returns the read the last claim left (nextRead) for a pass that brings outs, the outcomes
+// of that claim's jobs, when nothing it did not see may have happened since: no poke (a job
+// admitted, a job requeued elsewhere), the page no older than pageReuse, the ordering and the page
+// size as they were. Such a pass is the next step of a drain in which this drainer's claims and
+// their answers are all that changes, and passState's read (the in-flight counts, the tenants page)
+// would find what the claim counted under the lock, less the outcomes it brings, and that read is a
+// noticeable part of a drain's cycle when the executor answers at once. Counts changed elsewhere
+// meanwhile (another drainer's claims or outcomes, a slot) only shape the candidates: the claim
+// counts again under the lock.
+func (cl *claimer) reuse(now time.Time, cfg limits.Config, outs *outcomeBatch, poked bool) *passRead {
+	c := cl.nextRead
+	cl.nextRead = nil
 	if c == nil || outs == nil || poked || now.Sub(c.read) >= pageReuse || now.Before(c.read) ||
 		c.ordering != cfg.Ordering || c.perPage != cl.tenantsPerPage(cfg) {
 		return nil
@@ -92,16 +98,17 @@ func (cl *claimer) reuse(now time.Time, cfg limits.Config, outs *outcomeBatch, p
 	return c
 }
 
-// leftBehind notes tenants whose heads a claim left behind.
-func (cl *claimer) leftBehind(tenants []string) {
+// advanceLater notes tenants whose heads a claim left behind, or that an advance skipped, for
+// the next advanceHeads to set forward.
+func (cl *claimer) advanceLater(tenants []string) {
 	if len(tenants) == 0 {
 		return
 	}
-	if cl.behind == nil {
-		cl.behind = map[string]bool{}
+	if cl.headsToAdvance == nil {
+		cl.headsToAdvance = map[string]bool{}
 	}
 	for _, t := range tenants {
-		cl.behind[t] = true
+		cl.headsToAdvance[t] = true
 	}
 }
 
@@ -112,20 +119,20 @@ func (cl *claimer) leftBehind(tenants []string) {
 // orders its tenant early, so the claims go on.
 func (cl *claimer) advanceHeads(ctx context.Context, now time.Time) {
 	every := cl.cfg.PollInterval
-	if cl.paged {
+	if cl.firstPageFull {
 		every = cl.cfg.HeadAdvance
 	}
-	if len(cl.behind) == 0 || (now.Sub(cl.lastAdvance) < every && !now.Before(cl.lastAdvance)) {
+	if len(cl.headsToAdvance) == 0 || (now.Sub(cl.lastAdvance) < every && !now.Before(cl.lastAdvance)) {
 		return
 	}
-	ts := make([]string, 0, len(cl.behind))
-	for t := range cl.behind {
+	ts := make([]string, 0, len(cl.headsToAdvance))
+	for t := range cl.headsToAdvance {
 		ts = append(ts, t)
 	}
 	cl.lastAdvance = now
 	skipped, err := store.AdvanceHeads(ctx, cl.cfg.TxDB, ts)
-	cl.behind = nil
-	cl.leftBehind(skipped)
+	cl.headsToAdvance = nil
+	cl.advanceLater(skipped)
 	if err != nil {
 		cl.cfg.Log.Warn("could not set queue heads forward; will retry", "tenants", len(ts), "error", err)
 	}
@@ -161,7 +168,7 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatc
 	// drainers, asynchronous executors) free capacity this process did not see.
 	poked := cl.poked.Swap(false)
 	if cl.probe {
-		out, handled, err := cl.claimLone(ctx, now, poked)
+		out, handled, err := cl.probeAndClaim(ctx, now, poked)
 		if err != nil || handled {
 			return out, false, err
 		}
@@ -173,7 +180,7 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatc
 		if err != nil {
 			return nil, false, err
 		}
-		state = &passCarry{us: us, page: page, read: now, ordering: cfg.Ordering, perPage: cl.tenantsPerPage(cfg)}
+		state = &passRead{us: us, page: page, read: now, ordering: cfg.Ordering, perPage: cl.tenantsPerPage(cfg)}
 	}
 	us, page := state.us, state.page
 	cl.sawQueued = len(page.tenants) > 0
@@ -182,7 +189,7 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatc
 			us.Add(cfg, r.c.row.Unit(), -1) // out of flight once the claim commits their outcomes
 		}
 	}
-	cl.paged = page.full && cfg.Ordering != limits.RoundRobin // round_robin reads by name, not by head
+	cl.firstPageFull = page.full && cfg.Ordering != limits.RoundRobin // round_robin reads by name, not by head
 	cands, more, unread, err := cl.candidates(ctx, now, cfg, us, page)
 	if err != nil || len(cands) == 0 {
 		return nil, false, err
@@ -210,7 +217,7 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatc
 // it chose from a page that held every tenant with work leaves it, with its own counts, to the
 // next pass (reuse).
 func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map[string][]candidate, more map[string]bool, unread bool,
-	outs *outcomeBatch, state *passCarry) ([]claimed, bool, error) {
+	outs *outcomeBatch, state *passRead) ([]claimed, bool, error) {
 	// Two round trips: one begins the transaction, takes the claim lock (reading the config),
 	// locks the jobs of outs and counts in flight; one writes the outcomes, claims, reads the
 	// payloads back and commits (store.ConnTx).
@@ -282,14 +289,14 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 	}
 	if len(out) == len(chosen) && !state.page.full {
 		state.us = us
-		cl.carry = state
+		cl.nextRead = state
 	}
 	// Probing for a lone job is worth its round trip only when this pass left nothing behind
 	// (candidates already turned it off if a tenant waits at a cap).
 	if full || len(out) < len(chosen) || !drained(cands, more) {
 		cl.probe = false
 	}
-	cl.own(ctx, now, out)
+	cl.holdDispatched(ctx, now, out)
 	// Tenants left unread with slots still free: the next pass goes on at once. Only after a
 	// pass that claimed something, so tenants whose work is all gated never spin the loop.
 	return out, full || (unread && us.Total < cfg.GlobalInFlight), nil
@@ -364,9 +371,9 @@ func drained(cands map[string][]candidate, more map[string]bool) bool {
 	return true
 }
 
-// own records jobs this drainer committed as dispatched: it holds them (renews their leases)
-// until their outcomes are recorded.
-func (cl *claimer) own(ctx context.Context, now time.Time, out []claimed) {
+// holdDispatched records jobs this drainer committed as dispatched: it holds them (renews their
+// leases) until their outcomes are recorded, and logs and counts their dispatch.
+func (cl *claimer) holdDispatched(ctx context.Context, now time.Time, out []claimed) {
 	cl.leases.hold(out)
 	for _, c := range out {
 		cl.store.LogTransition(ctx, store.Row{Job: job.Job{ID: c.row.ID, Tenant: c.row.Tenant, Status: job.Queued, QueuedAt: c.row.QueuedAt}},

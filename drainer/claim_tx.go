@@ -52,12 +52,12 @@ func lockAndCount(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, us 
 
 // lockCountAndProbe is lockAndCount, and with probe the lone-job probe (store.ProbeQueue) in the
 // same round trip, read under the claim lock.
-func lockCountAndProbe(ctx context.Context, tx *store.ConnTx, probe bool) (cfg limits.Config, us limits.Usage, found []loneJob, err error) {
+func lockCountAndProbe(ctx context.Context, tx *store.ConnTx, probe bool) (cfg limits.Config, us limits.Usage, found []probedJob, err error) {
 	l, err := store.LockClaims(ctx, tx, probe)
 	if err != nil {
 		return l.Config, l.Usage, nil, err
 	}
-	return l.Config, l.Usage, loneJobs(l.Lone), nil
+	return l.Config, l.Usage, probedJobs(l.Lone), nil
 }
 
 // claimUpdate is a claim's UPDATE (store.ClaimParams), with the nonces it gives the chosen jobs
@@ -149,7 +149,7 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 	if err != nil {
 		return nil, nil, err
 	}
-	cl.leftBehind(got.Behind)
+	cl.advanceLater(got.Behind)
 	return u.claimed(chosen, got, cfg), got.Settled, nil
 }
 
