@@ -217,6 +217,35 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	a, err := newApp(opts, ownLog)
+	if err != nil {
+		return nil, err
+	}
+	a.ops.init(opts)
+	a.ops.ready = newProbe(a.schemaReady)
+	defer func() {
+		if !ok {
+			if a.metricsSrv != nil { // started before a later step failed
+				_ = a.metricsSrv.Close()
+				a.serveWG.Wait()
+			}
+			a.closeConns()
+		}
+	}()
+	if err := a.startRoles(ctx); err != nil {
+		return nil, err
+	}
+	a.runLoops()
+	ok = true
+	a.warnOpenMetrics()
+	a.log.Info("sluice started", "api", opts.API, "relay", opts.Relay, "drainer", opts.Drainer, "listen", a.Addr(), "version", opts.Version)
+	return a, nil
+}
+
+// newApp is the App of opts before it connects to anything: its metrics registry with the
+// process's collectors, and its TLS certificate loaded, so that one that cannot be loaded is a
+// configuration error found at once.
+func newApp(opts Options, ownLog *logq.Queue) (*App, error) {
 	a := &App{opts: opts, log: opts.Log, ownLog: ownLog, registry: prometheus.NewRegistry()}
 	if opts.TLSCertFile != "" {
 		// Before connecting to anything: a certificate that cannot be loaded is a
@@ -232,73 +261,65 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			Help: "Log lines dropped because the log sink did not keep up (SPEC §10)."},
 			func() float64 { return float64(opts.LogDropped()) }))
 	}
-	a.ops.init(opts)
-	a.ops.ready = newProbe(a.schemaReady)
-	defer func() {
-		if !ok {
-			if a.metricsSrv != nil { // started before a later step failed
-				_ = a.metricsSrv.Close()
-				a.serveWG.Wait()
-			}
-			a.closeConns()
-		}
-	}()
+	return a, nil
+}
+
+// startRoles connects to the database and the broker and starts what opts asks for: the relay,
+// the API's fast path, the rate gates, the drainer, the status reader and the servers.
+func (a *App) startRoles(ctx context.Context) error {
+	opts := a.opts
 	js, err := a.connect(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	installID, err := publisher.InstallationID(ctx, a.db)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	relayMetrics := publisher.NewRelayMetrics(a.registry)
 	a.registry.MustRegister(publisher.NewOutboxCollector(a.db, nil, a.log))
 	if opts.Relay {
 		if err := a.startRelay(js, installID, relayMetrics); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if opts.API {
 		if a.fast, err = publisher.NewFastPath(publisher.FastPathConfig{DB: a.db, NC: a.nc, JS: js, InstallID: installID,
 			Log: a.log, Metrics: relayMetrics, Clock: a.clock}); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := a.startGates(); err != nil {
-		return nil, err
+		return err
 	}
 	if opts.API || opts.Drainer {
 		// Jobs end in both roles (the API's /complete, cancels and rejected admissions; the
 		// drainer's outcomes, recoveries and expiries), and a registry takes a name once.
 		if a.jobs, err = store.NewMetrics(a.registry); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if opts.Drainer {
 		if err := a.startDrainer(); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := a.startStatus(); err != nil {
-		return nil, err
+		return err
 	}
 	if opts.MetricsListen != "" {
 		if err := a.startMetricsServer(ctx); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if opts.API {
 		if err := a.startAPI(ctx); err != nil {
-			return nil, err
+			return err
 		}
 	} else if err := a.startOpsServer(ctx); err != nil {
-		return nil, err
+		return err
 	}
-	a.runLoops()
-	ok = true
-	a.warnOpenMetrics()
-	a.log.Info("sluice started", "api", opts.API, "relay", opts.Relay, "drainer", opts.Drainer, "listen", a.Addr(), "version", opts.Version)
-	return a, nil
+	return nil
 }
 
 // warnOpenMetrics says once, at start, that /metrics answers anyone who reaches the listener:
