@@ -280,7 +280,7 @@ func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg limits.Con
 // whose heads were all gated, and whether each tenant may have more eligible jobs than returned.
 func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, cfg limits.Config, us limits.Usage, ws []want) (map[string][]candidate, map[string]bool, error) {
 	cands, full, err := cl.firstHeads(ctx, now, cfg, us, ws)
-	if err != nil || cl.cfg.Gates == nil {
+	if err != nil || cl.cfg.RateGates == nil {
 		return cands, full, err
 	}
 	looked := map[string]bool{}
@@ -302,7 +302,7 @@ func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, cfg limit
 			}
 		}
 		if len(keys) > 0 {
-			nb, err := cl.cfg.Gates.NotBefore(ctx, keys)
+			nb, err := cl.cfg.RateGates.NotBefore(ctx, keys)
 			if err != nil && cl.cfg.Metrics != nil {
 				cl.cfg.Metrics.GateUnavailable.Inc()
 			}

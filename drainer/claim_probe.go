@@ -77,7 +77,7 @@ func (cl *claimer) probeAndClaim(ctx context.Context, now time.Time, poked bool)
 		return nil, false, nil
 	}
 	j := found[0]
-	if (j.notBefore.Valid && j.notBefore.Time.After(now)) || (j.rateKey.Valid && cl.cfg.Gates != nil) {
+	if (j.notBefore.Valid && j.notBefore.Time.After(now)) || (j.rateKey.Valid && cl.cfg.RateGates != nil) {
 		return nil, false, nil
 	}
 	if !poked {

@@ -194,11 +194,11 @@ func (s *dispatcher) leaseToWall(ctx context.Context, c claimed) error {
 // and logged at debug level only: the store warns of the outage itself, at most once per 15 s
 // (SPEC §5), where a line per 429 would flood the log while memcached is down.
 func (s *dispatcher) gate(ctx context.Context, r store.Row, retryAfter int) bool {
-	if s.cfg.Gates == nil || r.RateKeySHA256 == nil {
+	if s.cfg.RateGates == nil || r.RateKeySHA256 == nil {
 		return false
 	}
 	retryAfter = min(max(retryAfter, rategate.MinRetryAfter), rategate.MaxRetryAfter)
-	if _, err := s.cfg.Gates.Extend(ctx, *r.RateKeySHA256, retryAfter); err != nil {
+	if _, err := s.cfg.RateGates.Extend(ctx, *r.RateKeySHA256, retryAfter); err != nil {
 		if s.cfg.Metrics != nil {
 			s.cfg.Metrics.GateUnavailable.Inc()
 		}

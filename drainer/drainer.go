@@ -23,9 +23,9 @@ type Sender interface {
 	Send(ctx context.Context, d executor.Dispatch) executor.Answer
 }
 
-// Gates is the rate-gate store as the drainer uses it (SPEC §5). Implementations fail open:
+// RateGates is the rate-gate store as the drainer uses it (SPEC §5). Implementations fail open:
 // NotBefore returns what it could read and an error the drainer only counts and logs.
-type Gates interface {
+type RateGates interface {
 	// NotBefore returns the gate instant of each gated key among hashes.
 	NotBefore(ctx context.Context, hashes []string) (map[string]time.Time, error)
 	// Extend gates hash for retryAfter seconds from now, never shortening a longer gate.
@@ -52,8 +52,8 @@ type Config struct {
 	// (SLUICE_EXECUTOR_CONFIRM_START=false): a dispatch whose outcome is unknown is then lost,
 	// never requeued. Default false (starts are confirmed).
 	UnconfirmedStarts bool
-	// Gates, if set, is consulted before claiming and written on an executor's 429.
-	Gates Gates
+	// RateGates, if set, is consulted before claiming and written on an executor's 429.
+	RateGates RateGates
 	// PollInterval is the backstop poll period. Default 1 s.
 	PollInterval time.Duration
 	// HeadAdvance is how often the tenants this drainer claimed from get their queue heads set

@@ -27,9 +27,9 @@ type RateLimiter interface {
 	Reserve(ctx context.Context, tenant string, n, limit int, now time.Time) (*admitrate.Reservation, error)
 }
 
-// GateLookup reads rate gates (SPEC §5), for queue=false admissions. Implementations fail open:
+// RateGateLookup reads rate gates (SPEC §5), for queue=false admissions. Implementations fail open:
 // an error makes admission treat the keys as not gated.
-type GateLookup interface {
+type RateGateLookup interface {
 	// NotBefore returns the gate instant of each gated key among hashes.
 	NotBefore(ctx context.Context, hashes []string) (map[string]time.Time, error)
 }
@@ -66,9 +66,9 @@ type Config struct {
 	// none). Default none: the limit is not enforced (and a warning is logged once when it is
 	// configured).
 	RateLimiter RateLimiter
-	// Gates lets queue=false admissions refuse a gated rate key (scope rate_key). Default none:
+	// RateGates lets queue=false admissions refuse a gated rate key (scope rate_key). Default none:
 	// keys are treated as not gated.
-	Gates GateLookup
+	RateGates RateGateLookup
 	// Clock is the admission's one clock besides the database's: it dates rate-limit windows
 	// and gate instants (both live in memcached, which has no clock of its own), the global
 	// depth estimate's refresh and the pacing of fail-open log lines. Job times are the

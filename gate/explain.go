@@ -143,7 +143,7 @@ func (a *Admitter) Explain(ctx context.Context, j *job.Job) error {
 	if f.now, err = a.cfg.Clock.Now(ctx); err != nil {
 		return unavailable(err)
 	}
-	if j.RateKeySHA256 != nil && a.cfg.Gates != nil {
+	if j.RateKeySHA256 != nil && a.cfg.RateGates != nil {
 		f.gatedUntil = a.gates(ctx, []string{*j.RateKeySHA256}, f.now)[*j.RateKeySHA256]
 	}
 	explainWait(j, f)

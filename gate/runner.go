@@ -59,7 +59,7 @@ const replaceRetry = 10 * time.Millisecond
 // memcached round trip must not be made while holding a tenant's lock. Its only error is the
 // clock's.
 func (a *Admitter) lookupGates(ctx context.Context, items []*item) error {
-	if a.cfg.Gates == nil {
+	if a.cfg.RateGates == nil {
 		return nil
 	}
 	var hashes []string
@@ -87,13 +87,13 @@ func (a *Admitter) lookupGates(ctx context.Context, items []*item) error {
 	return nil
 }
 
-// gates returns the gate instants of the gated keys among hashes (Config.Gates, which must be
+// gates returns the gate instants of the gated keys among hashes (Config.RateGates, which must be
 // set), asked with a 200 ms bound; a lookup that fails is counted and logged (failOpen, now) and
 // treats every key as not gated.
 func (a *Admitter) gates(ctx context.Context, hashes []string, now time.Time) map[string]time.Time {
 	gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	gated, err := a.cfg.Gates.NotBefore(gctx, hashes)
+	gated, err := a.cfg.RateGates.NotBefore(gctx, hashes)
 	if err != nil {
 		a.cfg.FailOpenMetrics.gateLookupFailed()
 		a.failOpen("rate gate lookup failed; treating keys as not gated", err, now)

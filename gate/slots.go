@@ -101,7 +101,7 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 	// gated holds the rate keys looked up, true if gated; nil until a lookup. Without a gate
 	// store nothing is ever gated, and nothing is looked up.
 	var gated map[string]bool
-	if a.cfg.Gates == nil {
+	if a.cfg.RateGates == nil {
 		gated = map[string]bool{}
 	}
 	take := func() (store.SlotState, *store.Slot, error) {
@@ -126,7 +126,7 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 		// the claim lock) and the slot is decided again, with those known. A gate store that
 		// fails leaves them not gated. A refusal that no gated key changes stands as it is.
 		gated = map[string]bool{}
-		nb, gerr := a.cfg.Gates.NotBefore(ctx, d.heldBy)
+		nb, gerr := a.cfg.RateGates.NotBefore(ctx, d.heldBy)
 		now, anyGated := a.now(), false
 		for _, k := range d.heldBy {
 			gated[k] = gerr == nil && nb[k].After(now)

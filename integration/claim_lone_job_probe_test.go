@@ -85,7 +85,7 @@ func testLoneJobClaim(t *testing.T, poked bool) {
 	recorded := make(chan int64, 16)
 	const gatedHash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: fake, ID: "lone",
-		Gates: gatedKeys{gatedHash: true}, Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
+		RateGates: gatedKeys{gatedHash: true}, Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	exec := func(q string, args ...any) int64 {
 		t.Helper()
 		r, err := db.ExecContext(ctx, q, args...)

@@ -66,7 +66,7 @@ type fdOptions struct {
 	// memcached is the rate limiter's server; "" runs without a rate limiter.
 	memcached string
 	faults    *gate.Faults
-	gates     gate.GateLookup
+	gates     gate.RateGateLookup
 	// admitDB, if set, is the database handle admission uses (a proxied one), for its
 	// transactions and its reads; it must take several statements in one round trip.
 	admitDB *sql.DB
@@ -163,7 +163,7 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 	// (store.Open), admission transactions on one that takes them (store.OpenMulti).
 	plain := f.db.Plain(t)
 	cfg := gate.Config{DB: plain, TxDB: f.db.DB, Limits: f.limits, Log: log, Metrics: gate.NewMetrics(f.reg),
-		FailOpenMetrics: failOpen, Faults: o.faults, Gates: o.gates, Clock: fakeClock{f.now}, Lanes: o.lanes,
+		FailOpenMetrics: failOpen, Faults: o.faults, RateGates: o.gates, Clock: fakeClock{f.now}, Lanes: o.lanes,
 		Audit: o.audit, AuditOff: o.auditOff}
 	if o.admitDB != nil {
 		cfg.DB, cfg.TxDB = o.admitDB, o.admitDB
@@ -200,7 +200,7 @@ func startFrontDoorOn(t testing.TB, base *frontDoor, o fdOptions) *frontDoor {
 		}
 	}
 	s, err := api.New(api.Config{DB: apiDB, TxDB: apiTxDB, Admitter: f.adm, Limits: f.limits, Tokens: tokens, Gatherer: f.reg, Log: log,
-		Gates: o.apiGates, Waiters: hub, MaxRequests: o.maxRequests, Simulate: app.Simulator(apiDB)})
+		RateGates: o.apiGates, Waiters: hub, MaxRequests: o.maxRequests, Simulate: app.Simulator(apiDB)})
 	if err != nil {
 		t.Fatal(err)
 	}

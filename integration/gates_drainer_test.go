@@ -45,7 +45,7 @@ func TestGateMemcachedOutage(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
-		Gates: store, Metrics: drainer.NewMetrics(reg), ID: "outage-test", PollInterval: poll}, 10*time.Second)
+		RateGates: store, Metrics: drainer.NewMetrics(reg), ID: "outage-test", PollInterval: poll}, 10*time.Second)
 	ctx := context.Background()
 	var slowest time.Duration
 	passes, timedOut := 0, 0
@@ -184,7 +184,7 @@ func TestGateDispatchAnswers(t *testing.T) {
 	t.Parallel()
 	addr := memcachedtest.Shared(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
-	store := env.App.Gates()
+	store := env.App.RateGates()
 	mc := memcache.New(addr)
 	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
 		"accepts":  {Kind: executor.Accepted, HTTPStatus: 202, Gate: &executor.Gate{RetryAfter: 120}},
@@ -192,7 +192,7 @@ func TestGateDispatchAnswers(t *testing.T) {
 		"keyless":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
 		"finishes": {Kind: executor.Done, HTTPStatus: 200, Status: "succeeded", Gate: &executor.Gate{RetryAfter: 60}},
 	}}
-	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "answers-test"}, 10*time.Second)
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, ID: "answers-test"}, 10*time.Second)
 	ctx := context.Background()
 	kA, hA := gateRateKey(t, mc)
 	kB, hB := gateRateKey(t, mc)
@@ -296,10 +296,10 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 			t.Parallel()
 			addr := memcachedtest.Shared(t)
 			env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
-			store := env.App.Gates()
+			store := env.App.RateGates()
 			mc := memcache.New(addr)
 			stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{}}
-			d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, ID: "heads-test",
+			d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, ID: "heads-test",
 				PollInterval: time.Minute}, 10*time.Second)
 			ctx := context.Background()
 			var gatedIDs []int64
@@ -396,7 +396,7 @@ func TestGateExpiresOnInjectedClock(t *testing.T) {
 	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
 		"hourly": {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60},
 	}}
-	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Gates: store, Clock: fake, ID: "clock-test"}, 10*time.Second)
+	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, Clock: fake, ID: "clock-test"}, 10*time.Second)
 	ctx := context.Background()
 	k, h := gateRateKey(t, mc)
 	id := gateAdmitKey(t, env, "hourly", k, nil)
@@ -453,7 +453,7 @@ func TestGateWriteFailuresLogOnce(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
-		Gates: store, Metrics: drainer.NewMetrics(reg), Log: log, ID: "gate-logs"}, 10*time.Second)
+		RateGates: store, Metrics: drainer.NewMetrics(reg), Log: log, ID: "gate-logs"}, 10*time.Second)
 	mc := memcache.New(mcs.Addr())
 	const jobs = 6
 	for i := range jobs {
@@ -509,7 +509,7 @@ func TestGateOnceForARetriedOutcome(t *testing.T) {
 	gates := &countingGates{}
 	sender := newHeldSender()
 	recorded := make(chan int64, 2)
-	d := newTestDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, Gates: gates, ID: "retried",
+	d := newTestDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, RateGates: gates, ID: "retried",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
 		t.Fatalf("pass: %+v, %v; want one claim", p, err)

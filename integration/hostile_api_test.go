@@ -1056,7 +1056,7 @@ func (h *hostile) pathSlot(q hostileReq) int64 {
 // doneGate reads the gate of doneKey: when it ends, and whether there is one.
 func (h *hostile) doneGate() (time.Time, bool) {
 	h.t.Helper()
-	nb, ok, err := h.env.App.Gates().Get(context.Background(), gate.RateKeyHash(doneKey))
+	nb, ok, err := h.env.App.RateGates().Get(context.Background(), gate.RateKeyHash(doneKey))
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func TestClaimReachesTenantsBehindGatedOnes(t *testing.T) {
 			late, _ := res.LastInsertId()
 			db.RecountQueues(t)
 
-			d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "behind", Gates: gatedKey{hash: key},
+			d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "behind", RateGates: gatedKey{hash: key},
 				Clock: clock.NewFake(time.Now())}, 10*time.Second)
 			for pass := 1; ; pass++ {
 				if _, err := d.RunOnce(ctx); err != nil {

@@ -59,9 +59,9 @@ type Config struct {
 	Published func([]outbox.Row)
 	// Log receives request errors. Default: discard.
 	Log *slog.Logger
-	// Gates is the rate-gate store behind /v1/gates and the gate field of /complete. Default:
+	// RateGates is the rate-gate store behind /v1/gates and the gate field of /complete. Default:
 	// none (those endpoints answer 503 unavailable, /complete ignores its gate).
-	Gates *rategate.Store
+	RateGates *rategate.Store
 	// FailedAuthPerMinute is how many failed authentications one source address (an IPv4
 	// address, an IPv6 /64) may make per minute; past it, its requests that fail to
 	// authenticate answer 429 rate_limited with Retry-After instead of 401. Requests with a

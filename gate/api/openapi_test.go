@@ -49,7 +49,7 @@ func testServer(t *testing.T) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{DB: db, Admitter: adm, Limits: lim, Tokens: toks, Gates: gates})
+	s, err := New(Config{DB: db, Admitter: adm, Limits: lim, Tokens: toks, RateGates: gates})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,9 +36,9 @@ const (
 	Stalled = "stalled"
 )
 
-// Gates reads rate gates; a gate store (memcached) implements it. NotBefore returns the gate
+// RateGates reads rate gates; a gate store (memcached) implements it. NotBefore returns the gate
 // instant of each gated key among hashes, and fails open: what it could read and an error.
-type Gates interface {
+type RateGates interface {
 	NotBefore(ctx context.Context, hashes []string) (map[string]time.Time, error)
 }
 
@@ -49,8 +49,8 @@ type Config struct {
 	// Limits is the process's runtime config cache, for config.version and config.stale.
 	// Default: the version is read from the database and stale is false.
 	Limits *limits.Cache
-	// Gates, if set, is asked which queued rate keys are gated. Nil: no gates.
-	Gates Gates
+	// RateGates, if set, is asked which queued rate keys are gated. Nil: no gates.
+	RateGates RateGates
 	// BrokerConnected reports whether this process's NATS connection is up. Nil: false.
 	BrokerConnected func() bool
 	// MemcachedReachable reports whether the gate store answers. Nil: false.
@@ -400,7 +400,7 @@ const maxRateKeys = 10000
 // gates fills s.Gates with the gated keys among the rate keys of queued jobs and returns them.
 func (r *Reader) gates(ctx context.Context, now time.Time, s *Status) (map[string]time.Time, error) {
 	s.Gates = []Gate{}
-	if r.cfg.Gates == nil {
+	if r.cfg.RateGates == nil {
 		return nil, nil
 	}
 	counts, err := store.QueuedRateKeys(ctx, r.cfg.DB, maxRateKeys)
@@ -415,7 +415,7 @@ func (r *Reader) gates(ctx context.Context, now time.Time, s *Status) (map[strin
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	nb, _ := r.cfg.Gates.NotBefore(ctx, keys) // fails open, like the drainer
+	nb, _ := r.cfg.RateGates.NotBefore(ctx, keys) // fails open, like the drainer
 	gated := map[string]time.Time{}
 	for k, t := range nb {
 		if t.After(now) {

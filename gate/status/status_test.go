@@ -70,9 +70,9 @@ func (f *fixture) job(tenant, status string, age time.Duration, rateKey any, not
 	}
 }
 
-func (f *fixture) read(gates status.Gates) status.Status {
+func (f *fixture) read(gates status.RateGates) status.Status {
 	f.t.Helper()
-	r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now), Gates: gates,
+	r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now), RateGates: gates,
 		BrokerConnected: func() bool { return true }})
 	if err != nil {
 		f.t.Fatal(err)
@@ -103,7 +103,7 @@ func TestDrainerStates(t *testing.T) {
 	cases := []struct {
 		name    string
 		arrange func(f *fixture)
-		gates   status.Gates
+		gates   status.RateGates
 		want    string
 		reason  string
 	}{
@@ -368,7 +368,7 @@ func TestTenantGatedKeys(t *testing.T) {
 	f.job("globex", "queued", 10*time.Second, keyA, nil)
 	f.job("initech", "queued", 10*time.Second, nil, nil)
 	f.job("idle", "succeeded", time.Minute, keyA, nil)
-	r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now), Gates: gates, HeadsPerTenant: 3, MaxTenants: 2})
+	r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now), RateGates: gates, HeadsPerTenant: 3, MaxTenants: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,7 +148,7 @@ func (r *Reader) ReadTenants(ctx context.Context, q TenantsQuery) (TenantPage, e
 // whatever the number of tenants or the depth of their queues, then asks the gate store once
 // about the keys it found (failing open: a key it cannot read is not gated).
 func (r *Reader) headGates(ctx context.Context, now time.Time, rows []Tenant) (map[string][]string, error) {
-	if r.cfg.Gates == nil {
+	if r.cfg.RateGates == nil {
 		return nil, nil
 	}
 	var names []string
@@ -185,7 +185,7 @@ func (r *Reader) headGates(ctx context.Context, now time.Time, rows []Tenant) (m
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	nb, _ := r.cfg.Gates.NotBefore(ctx, keys) // fails open, like the drainer
+	nb, _ := r.cfg.RateGates.NotBefore(ctx, keys) // fails open, like the drainer
 	out := map[string][]string{}
 	for t, ks := range keysOf {
 		for k := range ks {

@@ -552,7 +552,7 @@ func (a *App) startDrainer() error {
 	sender := executor.NewClient(opts.ExecutorURL, []byte(opts.ExecutorSecret))
 	sender.Audience = opts.ExecutorID
 	metrics := drainer.NewMetrics(a.registry)
-	if a.drainer, err = drainer.New(drainer.Config{DB: a.db, TxDB: a.txDB, Executor: sender, ID: opts.DrainerID, Gates: a.drainerGates(),
+	if a.drainer, err = drainer.New(drainer.Config{DB: a.db, TxDB: a.txDB, Executor: sender, ID: opts.DrainerID, RateGates: a.drainerGates(),
 		Prefix: opts.Prefix, UnconfirmedStarts: opts.UnconfirmedStarts, PollInterval: opts.PollInterval,
 		Log: a.log, Metrics: metrics, JobMetrics: a.jobs, BuildVersion: opts.Version, Clock: a.clock,
 		Ended: a.endedHook()}); err != nil {
@@ -617,7 +617,7 @@ func (a *App) startAPI(ctx context.Context) error {
 		}
 		limiter = l
 	}
-	var lookup gate.GateLookup
+	var lookup gate.RateGateLookup
 	if a.gates != nil {
 		lookup = a.gates
 	}
@@ -638,7 +638,7 @@ func (a *App) startAPI(ctx context.Context) error {
 		return err
 	}
 	adm, err := gate.New(gate.Config{DB: a.db, TxDB: a.txDB, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
-		Published: published, Metrics: gate.NewMetrics(a.registry), JobMetrics: a.jobs, RateLimiter: limiter, Gates: lookup,
+		Published: published, Metrics: gate.NewMetrics(a.registry), JobMetrics: a.jobs, RateLimiter: limiter, RateGates: lookup,
 		FailOpenMetrics: failOpen, Audit: a.audit})
 	if err != nil {
 		return err
@@ -663,7 +663,7 @@ func (a *App) startAPI(ctx context.Context) error {
 		return err
 	}
 	srv, err := api.New(api.Config{DB: a.db, Waiters: hub, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
-		Gatherer: a.registry, MetricsToken: a.opts.MetricsToken, MetricsElsewhere: a.MetricsAddr(), Log: a.log, Ready: a.ready, Gates: a.gates, Status: a.ops.status, Components: a.components,
+		Gatherer: a.registry, MetricsToken: a.opts.MetricsToken, MetricsElsewhere: a.MetricsAddr(), Log: a.log, Ready: a.ready, RateGates: a.gates, Status: a.ops.status, Components: a.components,
 		Clock: a.clock, MaxRequests: a.opts.MaxRequests, CORSOrigins: a.opts.CORSOrigins, MemoryBudget: a.opts.MemoryBudget,
 		Simulate: Simulator(a.db)})
 	if err != nil {

@@ -73,9 +73,9 @@ func (a *App) drainNATS() {
 // relay's outbox backlog) is left to it.
 func (a *App) startStatus() error {
 	var err error
-	// Gates: nil until a rate-gate store is wired here (drainer.Gates has the NotBefore that
+	// RateGates: nil until a rate-gate store is wired here (drainer.RateGates has the NotBefore that
 	// status needs); without it no key is listed as gated.
-	if a.ops.status, err = status.New(status.Config{DB: a.db, Limits: a.limits, Gates: a.drainerGates(),
+	if a.ops.status, err = status.New(status.Config{DB: a.db, Limits: a.limits, RateGates: a.drainerGates(),
 		BrokerConnected: a.nc.IsConnected, MemcachedReachable: a.ops.memcached.Reachable, Recent: a.jobs.Recent()}); err != nil {
 		return err
 	}

@@ -24,13 +24,13 @@ func (a *App) startGates() error {
 
 // drainerGates is the store as the drainer takes it: a nil interface, never an interface
 // holding a nil *rategate.Store, when no memcached is configured.
-func (a *App) drainerGates() drainer.Gates {
+func (a *App) drainerGates() drainer.RateGates {
 	if a.gates == nil {
 		return nil
 	}
 	return a.gates
 }
 
-// Gates returns the process's rate-gate store, or nil when no memcached is configured (for
+// RateGates returns the process's rate-gate store, or nil when no memcached is configured (for
 // /v1/status: rategate.Queued and Store.Reachable).
-func (a *App) Gates() *rategate.Store { return a.gates }
+func (a *App) RateGates() *rategate.Store { return a.gates }

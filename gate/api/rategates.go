@@ -41,7 +41,7 @@ func gateError(field string, err error) error {
 }
 
 func (s *Server) gatesConfigured(w http.ResponseWriter, r *http.Request) bool {
-	if s.cfg.Gates == nil {
+	if s.cfg.RateGates == nil {
 		s.fail(w, r, &job.Error{Code: job.CodeUnavailable, Message: "rate gates are not configured (SLUICE_MEMCACHED)",
 			Detail: map[string]any{"retryable": false}})
 		return false
@@ -108,7 +108,7 @@ func (s *Server) setGate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	nb, err := s.cfg.Gates.Extend(r.Context(), hash, *req.RetryAfter)
+	nb, err := s.cfg.RateGates.Extend(r.Context(), hash, *req.RetryAfter)
 	if err != nil {
 		s.fail(w, r, gateError("retry_after", err))
 		return
@@ -128,7 +128,7 @@ func (s *Server) listGates(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, gate.AsUnavailable(err))
 		return
 	}
-	gated, err := rategate.Queued(r.Context(), queued, s.cfg.Gates)
+	gated, err := rategate.Queued(r.Context(), queued, s.cfg.RateGates)
 	if err != nil {
 		// gateError goes first: memcached's outage is its own 503, which must not be reported as
 		// the database's.
@@ -148,7 +148,7 @@ func (s *Server) clearGate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, job.Invalid("rate_key_sha256", "rate_key_sha256 must be 64 hex digits"))
 		return
 	}
-	if err := s.cfg.Gates.Clear(r.Context(), hash); err != nil {
+	if err := s.cfg.RateGates.Clear(r.Context(), hash); err != nil {
 		s.fail(w, r, gateError("rate_key_sha256", err))
 		return
 	}
@@ -165,14 +165,14 @@ func (s *Server) clearGate(w http.ResponseWriter, r *http.Request) {
 // the executor cannot usefully retry a completion for it, and is logged at debug level only (the
 // store warns of the outage itself, at most once per 15 s).
 func (s *Server) gateFromCompletion(ctx context.Context, row store.Row, nonce string, retryAfter int) {
-	if s.cfg.Gates == nil || row.RateKeySHA256 == nil {
+	if s.cfg.RateGates == nil || row.RateKeySHA256 == nil {
 		return
 	}
 	if !row.SentNonce(nonce) {
 		s.cfg.Log.Info("ignored the gate of a completion whose nonce is not the job's dispatch's", "job_id", row.ID)
 		return
 	}
-	if _, err := s.cfg.Gates.Extend(ctx, *row.RateKeySHA256, retryAfter); err != nil {
+	if _, err := s.cfg.RateGates.Extend(ctx, *row.RateKeySHA256, retryAfter); err != nil {
 		s.cfg.Log.Debug("could not apply the gate of a completion", "job_id", row.ID, "rate_key_sha256", *row.RateKeySHA256, "error", err)
 	}
 }
