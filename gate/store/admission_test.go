@@ -19,7 +19,7 @@ import (
 
 // beginAdmission opens an admission transaction (a batch's, through stmts, if not nil), closed
 // when t ends.
-func (k *kit) beginAdmission(t *testing.T, stmts *store.StmtCache) *store.AdmissionTx {
+func (k *fixture) beginAdmission(t *testing.T, stmts *store.StmtCache) *store.AdmissionTx {
 	t.Helper()
 	tx, err := store.BeginAdmission(k.ctx, k.db.DB, stmts)
 	if err != nil {
@@ -34,7 +34,7 @@ func (k *kit) beginAdmission(t *testing.T, stmts *store.StmtCache) *store.Admiss
 // headers see the capacity a slot holds; an expired slot no longer counts, nor does one granted
 // past a limit (counted false, migration 0020).
 func TestReadAdmissionCountsLiveSlots(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	k.insert(jobSpec{tenant: "a", status: job.Running})
 	if _, err := k.db.ExecContext(k.ctx, `INSERT INTO slots (tenant, caller, lanes, interactive, lease_seconds, counted, expires_at, created_at) VALUES
 		('b', 'p', 'gpu', 1, 60, TRUE, NOW(6) + INTERVAL 1 HOUR, NOW(6)),
@@ -80,7 +80,7 @@ func TestReadAdmissionCountsLiveSlots(t *testing.T) {
 // counted up to its bound or the estimate given, the jobs of the idempotency keys and the first
 // job of each redrive. Asked not to wait, it fails at once on a tenant another transaction holds.
 func TestReadAdmission(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	key := "k1"
 	q1 := k.insert(jobSpec{tenant: "a"})
 	k.insert(jobSpec{tenant: "a", interactive: true})
@@ -182,7 +182,7 @@ func TestInsertJobs(t *testing.T) {
 }
 
 func testInsertJobs(t *testing.T, step int) {
-	k, step := newKitStep(t, step)
+	k, step := newFixtureStep(t, step)
 	key := "k1"
 	hash := "h1"
 	retryOf := k.insert(jobSpec{tenant: "a", status: job.Failed})
@@ -264,7 +264,7 @@ func testInsertJobs(t *testing.T, step int) {
 // (NoHeadAfterNow false), alone and among other tenants, so the insert takes the UPDATE that
 // looks the head up; a tenant whose head is older keeps it with the UPDATE that does not.
 func TestInsertJobsClockStepBack(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	k.insert(jobSpec{tenant: "c", queuedAt: k.now.Add(time.Hour)})
 	old := k.insert(jobSpec{tenant: "d", queuedAt: k.now.Add(-time.Hour)})
 	for _, tenants := range [][]string{{"c", "d"}, {"c"}} {
@@ -306,7 +306,7 @@ func TestInsertJobsClockStepBack(t *testing.T) {
 }
 
 // wantQueueState fails unless each tenant's queue state is what a recount gives.
-func wantQueueState(t *testing.T, k *kit, tenants ...string) {
+func wantQueueState(t *testing.T, k *fixture, tenants ...string) {
 	t.Helper()
 	for _, tenant := range tenants {
 		before := readQueueState(t, k.db.DB, tenant)
@@ -331,7 +331,7 @@ func TestInsertJobsAudit(t *testing.T) {
 }
 
 func testInsertJobsAudit(t *testing.T, step int) {
-	k, _ := newKitStep(t, step)
+	k, _ := newFixtureStep(t, step)
 	zero, none := int64(0), 0
 	admitted := func(tenant, actor, detail string) store.AuditEvent {
 		return store.AuditEvent{Event: store.EventAdmitted, Tenant: tenant, Actor: actor, To: "queued", Version: &zero,
@@ -438,7 +438,7 @@ func TestAuditAdmittedRanges(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			k := newKit(t)
+			k := newFixture(t)
 			var ids []int64
 			for range c.total {
 				ids = append(ids, k.insert(jobSpec{tenant: "a", status: "queued", queuedAt: time.Now()}))
@@ -483,7 +483,7 @@ func TestAuditAdmittedRanges(t *testing.T) {
 func TestInsertJobsIDStepChanged(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch %v", batch), func(t *testing.T) {
-			k, step := newKitStep(t, 1)
+			k, step := newFixtureStep(t, 1)
 			if step != 1 {
 				t.Skipf("the server overrides a session's auto_increment_increment (%d): a Galera cluster", step)
 			}

@@ -202,7 +202,7 @@ func TestAuditQueueFailures(t *testing.T) {
 func TestAuditOff(t *testing.T) {
 	t.Parallel()
 	for _, off := range []bool{false, true} {
-		k := newKit(t)
+		k := newFixture(t)
 		st := &store.Store{Actor: "d9", AuditOff: off}
 		queued := k.insert(jobSpec{})
 		old := k.insert(jobSpec{tenant: "b", queuedAt: k.now.Add(-time.Hour)})
@@ -272,7 +272,7 @@ func TestAuditOff(t *testing.T) {
 // (running and dispatched) audits each with the state it left, and a batch whose jobs all left
 // one state names it too.
 func TestAuditTransitionsFromEachState(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	st := &store.Store{Actor: "d9"}
 	running := dispatched(t, k.db, k.now, "acme", "n1")
 	plain := dispatched(t, k.db, k.now, "acme", "n2")

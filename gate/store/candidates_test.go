@@ -17,7 +17,7 @@ import (
 // or after a position) or by name (after a name, or wrapped up to one), at most a page's limit,
 // with the jobs in flight per tenant when asked; nothing is locked.
 func TestReadTenantPage(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	var jobs []int64
 	for i, tenant := range []string{"c", "a", "d", "b"} {
 		jobs = append(jobs, k.insert(jobSpec{tenant: tenant, queuedAt: k.now.Add(time.Duration(i) * time.Second)}))
@@ -78,7 +78,7 @@ func TestReadTenantPage(t *testing.T) {
 // reads of many tenants are split into statements of at most 48 KiB and still return every
 // tenant's heads; nothing is locked.
 func TestReadHeads(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	later := k.now.Add(time.Hour)
 	a1 := k.insert(jobSpec{tenant: "a", queuedAt: k.now.Add(-2 * time.Second)})
 	k.insert(jobSpec{tenant: "a", queuedAt: k.now.Add(-3 * time.Second), notBefore: &later})
@@ -133,7 +133,7 @@ func TestReadHeads(t *testing.T) {
 // order, each job once, even those beyond its oldest N; its heads number at least N exactly
 // when more may exist.
 func TestInteractiveHeads(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	testdb.SetLimits(t, k.db.DB, func(c *limits.Config) { c.Lanes = map[string]int{"gpu": 2} })
 	at := func(s int) time.Time { return k.now.Add(time.Duration(s) * time.Second) }
 	p1 := k.insert(jobSpec{tenant: "a", queuedAt: at(-5)})
@@ -207,7 +207,7 @@ func TestInteractiveHeads(t *testing.T) {
 // page flags the tenant; and when the age-ordered read is full, jobs below the default priority
 // are cut (more default jobs may lie beyond it) unless they are all that is left.
 func TestReadHeadsPriorities(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	p := func(n int) *int { return &n }
 	at := func(s int) time.Time { return k.now.Add(time.Duration(s-100) * time.Second) }
 	low := k.insert(jobSpec{tenant: "a", queuedAt: at(1), priority: p(2)})

@@ -15,7 +15,7 @@ import (
 // nothing is written. An answer's arrival (Outcome.EndedAt) ends the charge. TimeUsed reads the
 // charges decayed to now.
 func TestChargeTime(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	on := false
 	st := &store.Store{ChargeTime: func() bool { return on }}
 	running := func(tenant string, ran time.Duration) store.Row {

@@ -20,7 +20,7 @@ import (
 // by tenant, tier, lane and interactive, and with the probe the queue's first two jobs with
 // their payloads, lanes and interactive flags.
 func TestLockClaims(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	testdb.SetLimits(t, k.db.DB, func(c *limits.Config) {
 		c.Lanes = map[string]int{"gpu": 3, "search": 3}
 		c.TenantTiers = map[string]string{"b": "gold"}
@@ -70,7 +70,7 @@ func TestLockClaims(t *testing.T) {
 
 // TestProbeQueue: at most two queued jobs, read without a lock.
 func TestProbeQueue(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	if got, err := store.ProbeQueue(k.ctx, k.db); err != nil || len(got) != 0 {
 		t.Fatalf("an empty queue: %+v (%v)", got, err)
 	}
@@ -103,7 +103,7 @@ func headIDs(qs []store.QueuedJob) []int64 {
 // come back. Its round trip locks the job rows, in id order, before their tenants' rows: held up
 // by a tenant, it holds its jobs and waits.
 func TestClaimJobs(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	a := k.insert(jobSpec{tenant: "a", payload: `{"a":1}`})
 	b := k.insert(jobSpec{tenant: "b", version: 2})
 	k.exec("UPDATE jobs SET attempt = 3, dispatch_failures = 2 WHERE id = ?", b)
@@ -193,7 +193,7 @@ func TestClaimJobs(t *testing.T) {
 // and commits both. An outcome whose job moved (its fence fails) leaves that job as it is, and
 // the rest of the outcomes and the claim commit; a batch with a requeue cannot ride a claim.
 func TestClaimSettles(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	st := &store.Store{Actor: "d9"}
 	done := k.insert(jobSpec{tenant: "a", status: job.Dispatched, version: 1})
 	moved := k.insert(jobSpec{tenant: "a", status: job.Dispatched, version: 1})

@@ -13,7 +13,7 @@ import (
 // an audit event and a release poke each; a job held elsewhere, one still in time, one without a
 // deadline and one no longer queued are left alone, and so are the rows it did not select.
 func TestExpireStartDeadlines(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	past, future := k.now.Add(-time.Second), k.now.Add(time.Hour)
 	a := k.insert(jobSpec{tenant: "a", startBy: &past})
 	b := k.insert(jobSpec{tenant: "b", startBy: &past})
@@ -85,7 +85,7 @@ func TestExpireStartDeadlines(t *testing.T) {
 // sweep's limit and older, do not keep a queued job past its own from expiring, and alone they
 // are not "deadlines passed" (the sweep would find nothing to do).
 func TestExpireStartDeadlinesPastJobsInFlight(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	older, past := k.now.Add(-time.Minute), k.now.Add(-time.Second)
 	for range 3 {
 		k.insert(jobSpec{tenant: "busy", status: job.Running, startBy: &older})
@@ -109,7 +109,7 @@ func TestExpireStartDeadlinesPastJobsInFlight(t *testing.T) {
 // TestClaimSkipsPassedDeadlines: a job past its start_by is never a head a pass reads, and a claim
 // of one (its deadline passed between the read and the claim) does not take it.
 func TestClaimSkipsPassedDeadlines(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	past, future := k.now.Add(-time.Second), k.now.Add(time.Hour)
 	late := k.insert(jobSpec{tenant: "a", queuedAt: k.now.Add(-3 * time.Second), startBy: &past})
 	inTime := k.insert(jobSpec{tenant: "a", queuedAt: k.now.Add(-2 * time.Second), startBy: &future})
@@ -142,7 +142,7 @@ func TestClaimSkipsPassedDeadlines(t *testing.T) {
 // TestRecentServiceTime: the median start-to-outcome time of a tenant's last succeeded jobs
 // (started_at, else dispatched_at), failed ones left out, none for a tenant without one.
 func TestRecentServiceTime(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	for i, d := range []time.Duration{time.Second, 3 * time.Second, 2 * time.Second} {
 		id := k.insert(jobSpec{tenant: "a", status: job.Succeeded})
 		start := k.now.Add(time.Duration(i) * time.Minute)

@@ -17,7 +17,7 @@ import (
 // caller can tell a lost connection or a deadline from its own refusals (errors.Is), and reports
 // nothing as done.
 func TestOperationsReportDatabaseErrors(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	queued := k.insert(jobSpec{})
 	running := k.insert(jobSpec{status: job.Running, version: 1})
 	st := &store.Store{}
@@ -192,7 +192,7 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 // read-only transaction, after its reads went through) returns the error rather than report
 // the write done.
 func TestRefusedWritesFailTheOperation(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	st := &store.Store{}
 	queued := k.insert(jobSpec{queuedAt: k.now.Add(-time.Hour)})
 	k.insert(jobSpec{status: job.Succeeded, queuedAt: k.now.Add(-time.Hour)})

@@ -14,7 +14,7 @@ import (
 // that left flight; it never shortens a lease (a 202's, at the wall), and it locks the rows it
 // changes, no others.
 func TestRenewLeases(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	lease := k.now.Add(5 * time.Second)
 	old := k.now.Add(-time.Hour)
 	held := k.insert(jobSpec{status: job.Dispatched, version: 1, lease: at(lease)})
@@ -68,7 +68,7 @@ func TestRenewLeases(t *testing.T) {
 
 // TestReadLeases: the lease columns of the jobs that exist, unlocked.
 func TestReadLeases(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	a := k.insert(jobSpec{status: job.Running, version: 4, drainer: "d7"})
 	b := k.insert(jobSpec{status: job.Queued, version: 2})
 	tx := k.begin()
@@ -92,7 +92,7 @@ func TestReadLeases(t *testing.T) {
 // TestLeaseToWall: a 202 moves the lease of the job at its claimed version to its wall and locks
 // that row; a stale version, or a job no longer dispatched or running, is left as it is.
 func TestLeaseToWall(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	lease, wall := k.now.Add(5*time.Second), k.now.Add(time.Hour)
 	accepted := k.insert(jobSpec{status: job.Dispatched, version: 1, lease: at(lease)})
 	stale := k.insert(jobSpec{status: job.Dispatched, version: 2, lease: at(lease)})

@@ -15,7 +15,7 @@ import (
 // refuses ends the listing with its own error, so that the API can charge a page to its memory
 // budget before building it (issue 30).
 func TestListJobsReserve(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	k.insert(jobSpec{tenant: "a", status: job.Succeeded, result: `"` + strings.Repeat("x", 1000) + `"`})
 	failed := k.insert(jobSpec{tenant: "a", status: job.Failed})
 	if _, err := k.db.ExecContext(k.ctx, "UPDATE jobs SET error_message = ? WHERE id = ?", strings.Repeat("e", 300), failed); err != nil {

@@ -14,7 +14,7 @@ import (
 // by their cursor, ended early before the results pass their bound, with each queued job's
 // position in its tenant's queue; a listing locks nothing and never reads a payload.
 func TestListJobs(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	a1 := k.insert(jobSpec{tenant: "a", payload: "p"})
 	b1 := k.insert(jobSpec{tenant: "b"})
 	a2 := k.insert(jobSpec{tenant: "a", queuedAt: k.now.Add(-time.Second)})

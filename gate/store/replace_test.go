@@ -16,7 +16,7 @@ import (
 // wait timeout, never waiting. Replace moves the old job to replaced, pointing at its successor,
 // with an audit event and a release poke, and its tenant's queue state follows.
 func TestReplace(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	key := func(id int64, s string) {
 		tenant := k.row(id).Tenant
 		if err := store.RecordJobKeys(k.ctx, k.db, []store.JobKeys{{ID: id, Tenant: tenant, ReplaceKey: &s}}); err != nil {

@@ -13,7 +13,7 @@ import (
 // TestScanExpired: the in-flight jobs whose lease ran out, longest expired first, at most 100,
 // read without locking them; with a heartbeat, the heartbeat row is written in the same call.
 func TestScanExpired(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	var want []int64
 	for i := range 101 {
 		status := []job.Status{job.Claimed, job.Dispatched, job.Running}[i%3]
@@ -46,7 +46,7 @@ func TestScanExpired(t *testing.T) {
 // TestWriteHeartbeat: the first beat inserts the drainer's row, a later one of the same process
 // updates it and clears a stop, and a new process under the same id restarts started_at.
 func TestWriteHeartbeat(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	type row struct {
 		host      string
 		pid       int
@@ -99,7 +99,7 @@ func TestWriteHeartbeat(t *testing.T) {
 
 // TestLockJobs: the jobs named, as LockColumns, locked in the ConnTx it begins; others are not.
 func TestLockJobs(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	a := k.insert(jobSpec{status: job.Running, version: 3, payload: "big"})
 	b := k.insert(jobSpec{status: job.Dispatched, version: 1})
 	c := k.insert(jobSpec{status: job.Dispatched, version: 1})

@@ -19,7 +19,7 @@ import (
 func TestInsertScheduledJobs(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch %v", batch), func(t *testing.T) {
-			k := newKit(t)
+			k := newFixture(t)
 			var stmts *store.StmtCache
 			if batch {
 				stmts = store.NewStmtCache(k.db.DB)
@@ -116,7 +116,7 @@ func handlerReads(t *testing.T, ctx context.Context, conn *sql.Conn) int64 {
 // O(free slots) with jobs scheduled in the future).
 func TestClaimReadsSkipScheduledJobs(t *testing.T) {
 	t.Parallel()
-	k := newKit(t)
+	k := newFixture(t)
 	ctx := k.ctx
 	future := k.now.Add(24 * time.Hour)
 	k.exec("INSERT INTO tenants (tenant, created_at) VALUES ('busy', ?)", k.now)

@@ -22,13 +22,13 @@ func grantAll(seen *store.SlotState, counted bool) func(store.SlotState) store.S
 }
 
 // take grants a slot of tenant to caller that counts and returns it.
-func (k *kit) take(tenant, caller string, lease int, lanes ...string) store.Slot {
+func (k *fixture) take(tenant, caller string, lease int, lanes ...string) store.Slot {
 	k.t.Helper()
 	return k.takeCounted(true, tenant, caller, lease, lanes...)
 }
 
 // takeCounted grants a slot of tenant to caller, counted or not, and returns it.
-func (k *kit) takeCounted(counted bool, tenant, caller string, lease int, lanes ...string) store.Slot {
+func (k *fixture) takeCounted(counted bool, tenant, caller string, lease int, lanes ...string) store.Slot {
 	k.t.Helper()
 	var st store.SlotState
 	_, s, err := store.TakeSlot(k.ctx, k.db.DB, store.TakeSlotParams{Tenant: tenant, Caller: caller, Lanes: lanes,
@@ -40,7 +40,7 @@ func (k *kit) takeCounted(counted bool, tenant, caller string, lease int, lanes 
 }
 
 // expire moves slot id's lease into the past, as the database's clock would.
-func (k *kit) expire(id int64) {
+func (k *fixture) expire(id int64) {
 	k.t.Helper()
 	k.exec("UPDATE slots SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE id = ?", id)
 }
@@ -49,7 +49,7 @@ func (k *kit) expire(id int64) {
 // slots together, the tenants with queued work ahead (not the slot's own) and the tenant's depth;
 // it writes the slot with its audit row; a refusal writes nothing.
 func TestTakeSlot(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	k.insert(jobSpec{tenant: "a", status: job.Running})
 	k.insert(jobSpec{tenant: "a"})
 	k.insert(jobSpec{tenant: "b", queuedAt: k.now.Add(-time.Minute), rateKey: "kb"})
@@ -113,7 +113,7 @@ func TestTakeSlot(t *testing.T) {
 // and in total; an expired slot no longer counts, nor does a slot granted uncounted (past a
 // limit), however many. The tenant page's in-flight read and the status's do the same.
 func TestLockClaimsCountsSlots(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	k.insert(jobSpec{tenant: "a", status: job.Running})
 	k.take("a", "p", 60)
 	k.take("b", "p", 60, "search")
@@ -146,7 +146,7 @@ func TestLockClaimsCountsSlots(t *testing.T) {
 // TestRenewSlot: renewal extends by the slot's own lease, only for its caller or an admin;
 // an expired slot answers ErrSlotLost and stays expired.
 func TestRenewSlot(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	s := k.take("a", "p1", 30)
 	// A shorter lease configured later does not shorten a live slot: the slot's own is used.
 	got, err := store.RenewSlot(k.ctx, k.db.DB, s.ID, "p1", false)
@@ -183,7 +183,7 @@ func TestRenewSlot(t *testing.T) {
 // TestReleaseSlot: a release deletes the slot with its audit row and a release poke, in one
 // transaction; again it finds nothing and is no error; another caller's slot is not found.
 func TestReleaseSlot(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	st := &store.Store{}
 	s := k.take("a", "p1", 60)
 	if _, err := st.ReleaseSlot(k.ctx, k.db.DB, k.now, s.ID, "p2", false); !errors.Is(err, store.ErrSlotNotFound) {
@@ -233,7 +233,7 @@ func TestReleaseSlot(t *testing.T) {
 // deletes those still expired with a lost audit row each and a poke per tenant; a second sweep
 // of the same slots deletes nothing.
 func TestSweepSlots(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	st := &store.Store{}
 	live := k.take("a", "p", 60)
 	// c's slot did not count: it is swept like the others, and its tenant gets no poke.
@@ -278,7 +278,7 @@ func TestSweepSlots(t *testing.T) {
 
 // TestListSlots: newest first, by tenant, a page at a time.
 func TestListSlots(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	a1, b1, a2 := k.take("a", "p", 60), k.take("b", "p", 60), k.take("a", "p", 60)
 	page, err := store.ListSlots(k.ctx, k.db, store.SlotFilter{Limit: 2})
 	if err != nil || len(page) != 2 || page[0].ID != a2.ID || page[1].ID != b1.ID {

@@ -11,7 +11,7 @@ import (
 // leaves out an id that is no job.
 func TestStates(t *testing.T) {
 	t.Parallel()
-	k := newKit(t)
+	k := newFixture(t)
 	queued := k.insert(jobSpec{})
 	running := k.insert(jobSpec{status: job.Running, version: 2})
 	ended := k.insert(jobSpec{status: job.Succeeded, version: 3})

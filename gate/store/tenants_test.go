@@ -13,7 +13,7 @@ import (
 // TestTenantReads: the reads of the tenants' queue state for status and GET /v1/tenants return
 // what the jobs say, in each order's sequence, and lock nothing.
 func TestTenantReads(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	old := k.now.Add(-time.Minute)
 	var jobs []int64
 	add := func(tenant string, n int, at time.Time) {
@@ -101,7 +101,7 @@ func TestTenantReads(t *testing.T) {
 // TestHeadsRead: the first jobs of each tenant named, in queue order, from a statement of as
 // many slots as it was made with; empty slots read nothing.
 func TestHeadsRead(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	nb := k.now.Add(time.Hour)
 	first := k.insert(jobSpec{tenant: "a", queuedAt: k.now.Add(-time.Second), rateKey: "k1", notBefore: &nb})
 	k.insert(jobSpec{tenant: "a"})
@@ -131,7 +131,7 @@ func TestHeadsRead(t *testing.T) {
 // TestQueuedRateKeys: each rate key of queued jobs with its queued count, all or a bounded
 // number; jobs that are not queued do not count.
 func TestQueuedRateKeys(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	k.insert(jobSpec{rateKey: "k1"})
 	k.insert(jobSpec{rateKey: "k1"})
 	k.insert(jobSpec{rateKey: "k2"})
@@ -152,7 +152,7 @@ func TestQueuedRateKeys(t *testing.T) {
 // TestReadDrainers: the heartbeat rows of the drainers that beat since the time given and did
 // not stop, by id.
 func TestReadDrainers(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	for _, hb := range []store.Heartbeat{
 		{DrainerID: "d2", Host: "h2", PID: 2, Version: "v", Now: k.now, LastClaim: k.now, InFlight: 3, PollInterval: time.Second},
 		{DrainerID: "d1", Host: "h1", PID: 1, Version: "v", Now: k.now},

@@ -17,7 +17,7 @@ import (
 // TestGetAndPosition: a job read whole, locked only when asked; a queued job's position among
 // its tenant's queued jobs in (queued_at, id) order; a missing job is ErrNotFound.
 func TestGetAndPosition(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	second := k.insert(jobSpec{payload: `{"x":1}`})
 	first := k.insert(jobSpec{queuedAt: k.now.Add(-time.Second)})
 	running := k.insert(jobSpec{status: job.Running})
@@ -46,7 +46,7 @@ func TestGetAndPosition(t *testing.T) {
 // TestCancel: a queued job moves to canceled, fenced on its version, and stays locked; a job
 // already canceled is returned as it is, unmoved; one in flight is not cancelable.
 func TestCancel(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	var log bytes.Buffer
 	st := &store.Store{Log: slog.New(slog.NewTextHandler(&log, nil))}
 	queued := k.insert(jobSpec{version: 2})
@@ -79,7 +79,7 @@ func TestCancel(t *testing.T) {
 // stay locked with their tenants' rows; jobs another transaction holds are skipped, not waited
 // for.
 func TestExpire(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	old := k.now.Add(-time.Hour)
 	a := k.insert(jobSpec{tenant: "a", queuedAt: old})
 	b := k.insert(jobSpec{tenant: "b", queuedAt: old})
@@ -119,7 +119,7 @@ func TestExpire(t *testing.T) {
 // accepted, any other confirmation of the started dispatch is nonce_used (SPEC §4: a dispatch
 // starts at most once); a wrong or late nonce is refused with its code.
 func TestConfirmStart(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	st := &store.Store{}
 	r := dispatched(t, k.db, k.now, "acme", "n1")
 	tx := k.begin()
@@ -172,7 +172,7 @@ func TestConfirmStart(t *testing.T) {
 func TestConfirmStarts(t *testing.T) {
 	for _, form := range []string{"in a transaction", "committing"} {
 		t.Run(form, func(t *testing.T) {
-			k := newKit(t)
+			k := newFixture(t)
 			st := &store.Store{Actor: "drainer-x"}
 			confirm := func(group []*store.Start, skipLocked bool) {
 				t.Helper()
@@ -259,7 +259,7 @@ func TestConfirmStarts(t *testing.T) {
 // TestRelease: a capacity-release poke in the caller's transaction, naming the tenant, and no
 // job touched.
 func TestRelease(t *testing.T) {
-	k := newKit(t)
+	k := newFixture(t)
 	a := k.insert(jobSpec{status: job.Running})
 	tx := k.begin()
 	id, err := (&store.Store{Prefix: "px"}).Release(k.ctx, tx, k.now, "acme")

@@ -16,35 +16,35 @@ import (
 // The conformance tests of the store's operations (River's driver tests are the model): for
 // each operation, what it returns, what it fences (a stale version or state changes nothing)
 // and what it locks, seen from a second connection with FOR UPDATE NOWAIT (testdb.HeldElsewhere)
-// while the operation's transaction is still open. This file is their kit.
+// while the operation's transaction is still open. This file is their fixture.
 
-// kit is one test's database and clock.
-type kit struct {
+// fixture is one test's database and clock.
+type fixture struct {
 	t   *testing.T
 	ctx context.Context
 	db  *testdb.DB
-	now time.Time // the database's time when the kit was made, at the columns' precision
+	now time.Time // the database's time when the fixture was made, at the columns' precision
 }
 
-func newKit(t *testing.T) *kit {
+func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	db := testdb.New(t)
 	now, err := clock.DB{DB: db.DB}.Now(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &kit{t: t, ctx: context.Background(), db: db, now: clock.Trunc(now)}
+	return &fixture{t: t, ctx: context.Background(), db: db, now: clock.Trunc(now)}
 }
 
 // idSteps are the auto_increment_increment values the admission tests run under: one server's,
 // and a 3-node Galera cluster's (testdb.WithIDStep).
 var idSteps = []int{1, 3}
 
-// newKitStep is newKit whose pool's sessions ask for an auto_increment_increment of step,
+// newFixtureStep is newFixture whose pool's sessions ask for an auto_increment_increment of step,
 // whatever the server's default, and the step they have: on a Galera cluster
 // (wsrep_auto_increment_control) the cluster's size overrides what a session asks for.
-func newKitStep(t *testing.T, step int) (*kit, int) {
-	k := newKit(t)
+func newFixtureStep(t *testing.T, step int) (*fixture, int) {
+	k := newFixture(t)
 	k.db = k.db.WithIDStep(t, step)
 	if err := k.db.QueryRowContext(k.ctx, "SELECT @@SESSION.auto_increment_increment").Scan(&step); err != nil {
 		t.Fatal(err)
@@ -57,7 +57,7 @@ type jobSpec struct {
 	tenant      string     // default "acme"
 	status      job.Status // default queued
 	version     int64
-	queuedAt    time.Time // default kit.now
+	queuedAt    time.Time // default fixture.now
 	rateKey     string
 	notBefore   *time.Time
 	payload     string
@@ -76,7 +76,7 @@ type jobSpec struct {
 
 // insert writes spec as a job row (and its tenant's row if missing), recounts its tenant's
 // queue state, and returns the job's id.
-func (k *kit) insert(spec jobSpec) int64 {
+func (k *fixture) insert(spec jobSpec) int64 {
 	k.t.Helper()
 	if spec.tenant == "" {
 		spec.tenant = "acme"
@@ -148,7 +148,7 @@ func (k *kit) insert(spec jobSpec) int64 {
 	return id
 }
 
-func (k *kit) exec(q string, args ...any) sql.Result {
+func (k *fixture) exec(q string, args ...any) sql.Result {
 	k.t.Helper()
 	res, err := k.db.ExecContext(k.ctx, q, args...)
 	if err != nil {
@@ -158,7 +158,7 @@ func (k *kit) exec(q string, args ...any) sql.Result {
 }
 
 // count runs q, a SELECT of one integer.
-func (k *kit) count(q string, args ...any) int64 {
+func (k *fixture) count(q string, args ...any) int64 {
 	k.t.Helper()
 	var n int64
 	if err := k.db.QueryRowContext(k.ctx, q, args...).Scan(&n); err != nil {
@@ -168,7 +168,7 @@ func (k *kit) count(q string, args ...any) int64 {
 }
 
 // row reads job id.
-func (k *kit) row(id int64) store.Row {
+func (k *fixture) row(id int64) store.Row {
 	k.t.Helper()
 	r, err := store.Get(k.ctx, k.db, id, false)
 	if err != nil {
@@ -178,7 +178,7 @@ func (k *kit) row(id int64) store.Row {
 }
 
 // begin opens a database/sql transaction, rolled back when the test ends.
-func (k *kit) begin() *sql.Tx {
+func (k *fixture) begin() *sql.Tx {
 	k.t.Helper()
 	tx, err := k.db.BeginTx(k.ctx, nil)
 	if err != nil {
@@ -189,13 +189,13 @@ func (k *kit) begin() *sql.Tx {
 }
 
 // beginConn opens a ConnTx, closed when the test ends.
-func (k *kit) beginConn() *store.ConnTx {
+func (k *fixture) beginConn() *store.ConnTx {
 	k.t.Helper()
 	return beginConn(k.ctx, k.t, k.db)
 }
 
 // jobLocked reports whether another transaction holds job id's row.
-func (k *kit) jobLocked(id int64) bool {
+func (k *fixture) jobLocked(id int64) bool {
 	k.t.Helper()
 	held, err := k.db.HeldElsewhere(k.ctx, "SELECT 1 FROM jobs WHERE id = ?", id)
 	if err != nil {
@@ -205,7 +205,7 @@ func (k *kit) jobLocked(id int64) bool {
 }
 
 // tenantLocked reports whether another transaction holds tenant's row.
-func (k *kit) tenantLocked(tenant string) bool {
+func (k *fixture) tenantLocked(tenant string) bool {
 	k.t.Helper()
 	held, err := k.db.HeldElsewhere(k.ctx, "SELECT 1 FROM tenants WHERE tenant = ?", tenant)
 	if err != nil {
@@ -215,7 +215,7 @@ func (k *kit) tenantLocked(tenant string) bool {
 }
 
 // claimLockHeld reports whether another transaction holds the claim lock.
-func (k *kit) claimLockHeld() bool {
+func (k *fixture) claimLockHeld() bool {
 	k.t.Helper()
 	held, err := k.db.HeldElsewhere(k.ctx, "SELECT 1 FROM claim_lock WHERE id = 1")
 	if err != nil {
@@ -225,7 +225,7 @@ func (k *kit) claimLockHeld() bool {
 }
 
 // wantLocked fails unless exactly the jobs of want among ids are held by another transaction.
-func (k *kit) wantLocked(what string, ids []int64, want ...int64) {
+func (k *fixture) wantLocked(what string, ids []int64, want ...int64) {
 	k.t.Helper()
 	if got := heldAmong(ids, k.jobLocked); !slices.Equal(got, want) {
 		k.t.Errorf("%s: jobs locked %v, want %v (of %v)", what, got, want, ids)
@@ -233,7 +233,7 @@ func (k *kit) wantLocked(what string, ids []int64, want ...int64) {
 }
 
 // wantTenantsLocked fails unless exactly the tenants of want among tenants are held elsewhere.
-func (k *kit) wantTenantsLocked(what string, tenants []string, want ...string) {
+func (k *fixture) wantTenantsLocked(what string, tenants []string, want ...string) {
 	k.t.Helper()
 	if got := heldAmong(tenants, k.tenantLocked); !slices.Equal(got, want) {
 		k.t.Errorf("%s: tenants locked %v, want %v (of %v)", what, got, want, tenants)
