@@ -40,7 +40,7 @@
 //	shortcut              what it skips                 why the caps stay exact           test that pins it
 //	--------------------  ----------------------------  --------------------------------  -----------------------------------
 //	lone-job probe        the in-flight counts and      it claims only a lone job that    TestLoneJobClaim,
-//	(claim_probe.go:      tenants page (passState),     may start now with no rate key    TestPokedLoneClaimRoundTrips,
+//	(claim_probe.go:      tenants page (passState),     may start now with no rate key    TestPokedLoneClaimRoundTrips;
 //	probeAndClaim),       the heads read and the gate   to look up, after the same check  TestIdleDrainerRoundTrips
 //	while the last pass   lookup: it reads at most two  against the caps and counts read  (integration); TestLockClaims,
 //	left the queue empty  queued jobs, after a Poke in  under the claim lock, and by the  TestProbeQueue (gate/store)
@@ -49,9 +49,9 @@
 //	                                                    the full pass
 //
 //	carried read: the     passState's read (the         the carried counts (the claim's   TestChooseCapacity (the carried
-//	counts and tenants    in-flight counts, the first   own, plus what it claimed, less   usage counts every job chosen);
+//	counts and tenants    in-flight counts, the first   own, plus what it claimed, less   usage counts every job chosen),
 //	page a claim leaves   tenants page) for a pass      the outcomes brought) only shape  TestOutcomesRideTheNextClaim (peak
-//	the next pass         that brings the last claim's  the candidates: the claim counts  in flight within the cap),
+//	the next pass         that brings the last claim's  the candidates: the claim counts  in flight within the cap);
 //	(claim.go:            outcomes, with no poke since  again under the claim lock and    TestDrainerFairness (a poke means a
 //	claimer.nextRead,     and a page under pageReuse    checks each job against that      fresh read: a newcomer goes next)
 //	reuse)                old that held every tenant    count                             (integration)
@@ -68,11 +68,11 @@
 //	                                                    drops all, so the order holds
 //	                                                    too
 //
-//	outcomes riding a     the outcomes' own             their jobs are locked after the   TestOutcomeHandoff;
+//	outcomes riding a     the outcomes' own             their jobs are locked after the   TestOutcomeHandoff,
 //	claim (complete.go:   transaction: the next claim   claim lock, before the count      TestOutcomesRideTheNextClaim,
-//	outcomeHandoff;       writes them in its UPDATE's   (store.LockClaimsAndJobs), and    TestRiddenOutcomeOfAMovedJob
-//	claim.go:             round trip and commits them   only the outcomes of jobs still   (integration); TestClaimSettles
-//	claimCandidates)      with its jobs                 as claimed are taken out of that  (gate/store)
+//	outcomeHandoff;       writes them in its UPDATE's   (store.LockClaimsAndJobs), and    TestRiddenOutcomeOfAMovedJob;
+//	claim.go:             round trip and commits them   only the outcomes of jobs still   TestClaimSettles (gate/store)
+//	claimCandidates)      with its jobs                 as claimed are taken out of that
 //	                                                    count, in the COMMIT that writes
 //	                                                    them; a batch with a requeue is
 //	                                                    written on its own

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -49,8 +50,8 @@ const binariesCaps = 64
 func drainBinaries(b *testing.B, bin string, tenants, jobs int, confirm bool) (float64, map[string]any) {
 	ctx := context.Background()
 	db := testdb.New(b)
-	setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = binariesCaps, binariesCaps })
-	queueJobs(b, db, tenants, jobs)
+	testdb.SetLimits(b, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = binariesCaps, binariesCaps })
+	drainertest.QueueJobs(b, db, tenants, jobs)
 	ns := natstest.Start(b)
 	apiPort := natstest.FreePort(b)
 	apiURL := fmt.Sprintf("http://127.0.0.1:%d", apiPort)

@@ -16,90 +16,10 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
-
-// heldSender is an executor that hands each dispatch to the test and answers only what the test
-// tells it to (or Unknown when the drainer gives up).
-type heldSender struct {
-	got    chan executor.Dispatch
-	answer chan executor.Answer
-}
-
-func newHeldSender() *heldSender {
-	return &heldSender{got: make(chan executor.Dispatch, 16), answer: make(chan executor.Answer, 16)}
-}
-
-func (s *heldSender) Send(ctx context.Context, d executor.Dispatch) executor.Answer {
-	s.got <- d
-	select {
-	case a := <-s.answer:
-		return a
-	case <-ctx.Done():
-		return executor.Answer{Kind: executor.Unknown, Err: ctx.Err()}
-	}
-}
-
-func (s *heldSender) next(t *testing.T) executor.Dispatch {
-	t.Helper()
-	select {
-	case d := <-s.got:
-		return d
-	case <-time.After(10 * time.Second):
-		t.Fatal("no dispatch arrived")
-		return executor.Dispatch{}
-	}
-}
-
-// newTestDrainer returns a drainer of cfg that the test drives itself, stopped when the test
-// ends with grace for its dispatches still open.
-func newTestDrainer(t testing.TB, cfg drainer.Config, grace time.Duration) *drainer.Drainer {
-	t.Helper()
-	d, err := drainer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), grace)
-		defer cancel()
-		d.Stop(ctx)
-	})
-	return d
-}
-
-// runDrainer runs d's pass loop (Run) until stop is called or the test ends; stop waits for Run to
-// return, and may be called more than once.
-func runDrainer(tb testing.TB, d *drainer.Drainer) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		d.Run(ctx)
-	}()
-	stop = func() {
-		cancel()
-		<-ran
-	}
-	tb.Cleanup(stop)
-	return stop
-}
-
-// awaitRecorded waits for a drainer's Recorded callback n times, at most 10 s each, and returns
-// the jobs it named in order.
-func awaitRecorded(t *testing.T, recorded <-chan int64, n int) []int64 {
-	t.Helper()
-	ids := make([]int64, 0, n)
-	for range n {
-		select {
-		case id := <-recorded:
-			ids = append(ids, id)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%d of %d dispatch answers recorded within 10 s", len(ids), n)
-		}
-	}
-	return ids
-}
 
 // start confirms job id's start with nonce, as the start attempt named startID ("" for none).
 func (e *harnessEnv) start(t *testing.T, id int64, nonce, startID string) harness.Response {
@@ -137,13 +57,13 @@ func TestStartConfirmation(t *testing.T) {
 		t.Parallel()
 		env := newEnv(t)
 		fake := clock.NewFake(time.Now())
-		s := newHeldSender()
-		d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-used"}, 100*time.Millisecond)
+		s := drainertest.NewHeldSender()
+		d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-used"}, 100*time.Millisecond)
 		id := env.Admit(t, "used", nil)
 		if _, err := d.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
-		disp := s.next(t)
+		disp := s.Next(t)
 		if disp.JobID != id || disp.Attempt != 1 {
 			t.Fatalf("dispatched %+v, want job %d attempt 1", disp, id)
 		}
@@ -157,7 +77,7 @@ func TestStartConfirmation(t *testing.T) {
 		wantCode(t, "another start attempt while running", env.start(t, id, disp.Nonce, "attempt-2"), 409, "nonce_used")
 		wantCode(t, "an unnamed start attempt while running", env.start(t, id, disp.Nonce, ""), 409, "nonce_used")
 		wantCode(t, "foreign nonce while running", env.start(t, id, "not-the-nonce", "attempt-1"), 409, "nonce_invalid")
-		s.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		s.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 		harness.WaitFor(t, 10*time.Second, "the job to succeed", func() (bool, error) {
 			return readJob(t, env.DB.DB, id).status == "succeeded", nil
 		})
@@ -169,15 +89,15 @@ func TestStartConfirmation(t *testing.T) {
 		// transaction holds waits on its own, and the others' starts go on meanwhile.
 		t.Parallel()
 		env := newEnv(t)
-		s := newHeldSender()
-		d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: clock.NewFake(time.Now()), ID: "d-held"}, 100*time.Millisecond)
+		s := drainertest.NewHeldSender()
+		d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: clock.NewFake(time.Now()), ID: "d-held"}, 100*time.Millisecond)
 		held, free := env.Admit(t, "held", nil), env.Admit(t, "free", nil)
 		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
 			t.Fatalf("pass %+v (%v), want both jobs claimed", p, err)
 		}
 		disps := map[int64]executor.Dispatch{}
 		for range 2 {
-			disp := s.next(t)
+			disp := s.Next(t)
 			disps[disp.JobID] = disp
 		}
 		hold, err := env.DB.BeginTx(ctx, nil)
@@ -227,8 +147,8 @@ func TestStartConfirmation(t *testing.T) {
 		if st := readJob(t, env.DB.DB, held).status; st != "running" {
 			t.Errorf("the held job is %s, want running", st)
 		}
-		s.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
-		s.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		s.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		s.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	})
 
 	t.Run("expired", func(t *testing.T) {
@@ -237,13 +157,13 @@ func TestStartConfirmation(t *testing.T) {
 		// The drainer's clock is 301 s behind the database's, so the nonce it mints has already
 		// expired by the time the API (on the database clock) judges the confirmation.
 		fake := clock.NewFake(time.Now().Add(-301 * time.Second))
-		s := newHeldSender()
-		d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-expired"}, 100*time.Millisecond)
+		s := drainertest.NewHeldSender()
+		d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-expired"}, 100*time.Millisecond)
 		id := env.Admit(t, "expired", nil)
 		if _, err := d.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
-		disp := s.next(t)
+		disp := s.Next(t)
 		wantCode(t, "/start with an expired nonce", env.start(t, id, disp.Nonce, "attempt-1"), 409, "nonce_expired")
 		if st := readJob(t, env.DB.DB, id).status; st != "dispatched" {
 			t.Errorf("job is %s after a refused start, want dispatched", st)
@@ -254,18 +174,18 @@ func TestStartConfirmation(t *testing.T) {
 		t.Parallel()
 		env := newEnv(t)
 		fake := clock.NewFake(time.Now())
-		first := newHeldSender()
-		d1 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: first, Clock: fake, ID: "d-first"}, 100*time.Millisecond)
+		first := drainertest.NewHeldSender()
+		d1 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: first, Clock: fake, ID: "d-first"}, 100*time.Millisecond)
 		id := env.Admit(t, "voided", nil)
 		if _, err := d1.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
-		old := first.next(t)
+		old := first.Next(t)
 		// d1 stops renewing (it runs no more passes); past its lease another drainer recovers
 		// the job and dispatches it again in the same pass.
 		fake.Advance(11 * time.Second)
-		second := newHeldSender()
-		d2 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: second, Clock: fake, ID: "d-second"}, 100*time.Millisecond)
+		second := drainertest.NewHeldSender()
+		d2 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: second, Clock: fake, ID: "d-second"}, 100*time.Millisecond)
 		p, err := d2.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -273,7 +193,7 @@ func TestStartConfirmation(t *testing.T) {
 		if p.Recovered != 1 || p.Claimed != 1 {
 			t.Fatalf("rescuing pass %+v, want 1 recovered and 1 claimed", p)
 		}
-		redo := second.next(t)
+		redo := second.Next(t)
 		if redo.JobID != id || redo.Attempt != 2 || redo.Version <= old.Version || redo.Nonce == old.Nonce {
 			t.Fatalf("redispatch %+v after %+v: want the same job, attempt 2, a higher version, a new nonce", redo, old)
 		}
@@ -281,7 +201,7 @@ func TestStartConfirmation(t *testing.T) {
 		if r := env.start(t, id, redo.Nonce, "attempt-1"); r.Status != 200 {
 			t.Fatalf("/start with the current nonce: HTTP %d %s", r.Status, r.Raw)
 		}
-		second.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		second.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 		harness.WaitFor(t, 10*time.Second, "the job to succeed", func() (bool, error) {
 			return readJob(t, env.DB.DB, id).status == "succeeded", nil
 		})
@@ -307,8 +227,8 @@ func answerInTurn(t *testing.T, cfg drainer.Config, answers []executor.Answer,
 	clk := clock.NewFake(time.Now())
 	recorded := make(chan int64, len(answers))
 	cfg.DB, cfg.Clock, cfg.Observer = db.DB, clk, drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}
-	cfg.Executor = &scriptedSender{answer: func(n int) executor.Answer { return answers[n-1] }}
-	d := newTestDrainer(t, cfg, 10*time.Second)
+	cfg.Executor = &drainertest.ScriptedSender{Answer: func(n int) executor.Answer { return answers[n-1] }}
+	d := drainertest.NewDrainer(t, cfg, 10*time.Second)
 	t0, _ := clk.Now(ctx)
 	id := queueOneJob(t, db, t0)
 	for i := range answers {
@@ -316,7 +236,7 @@ func answerInTurn(t *testing.T, cfg drainer.Config, answers []executor.Answer,
 		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
 			t.Fatalf("pass %d: %+v, %v; want one claim", i+1, p, err)
 		}
-		awaitRecorded(t, recorded, 1)
+		drainertest.AwaitRecorded(t, recorded, 1)
 		check(i, db, id, passAt)
 		clk.Advance(time.Minute)
 	}
@@ -396,7 +316,7 @@ func TestExecutorErrorFieldsStored(t *testing.T) {
 		"later": {Kind: executor.Accepted, HTTPStatus: 202},
 	}}
 	recorded := make(chan int64, 4)
-	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, ID: "noisy",
+	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, ID: "noisy",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	ctx := context.Background()
 	noisy := env.Admit(t, "noisy", nil)
@@ -404,7 +324,7 @@ func TestExecutorErrorFieldsStored(t *testing.T) {
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
 		t.Fatalf("pass: %+v, %v; want 2 claimed", p, err)
 	}
-	awaitRecorded(t, recorded, 2)
+	drainertest.AwaitRecorded(t, recorded, 2)
 	var status, code, msg string
 	if err := env.DB.QueryRowContext(ctx, "SELECT status, error_code, error_message FROM jobs WHERE id = ?", noisy).Scan(&status, &code, &msg); err != nil {
 		t.Fatal(err)
@@ -456,7 +376,7 @@ func newNotStartedEnv(t *testing.T) *notStartedEnv {
 			"later": {Kind: executor.Accepted, HTTPStatus: 202},
 		}},
 		recorded: make(chan int64, 16)}
-	e.d = newTestDrainer(t, drainer.Config{DB: e.DB.DB, Executor: e.stub, ID: "not-started",
+	e.d = drainertest.NewDrainer(t, drainer.Config{DB: e.DB.DB, Executor: e.stub, ID: "not-started",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { e.recorded <- id }}}, 10*time.Second)
 	return e
 }
@@ -543,14 +463,14 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 		"later": {Kind: executor.Accepted, HTTPStatus: 202},
 	}}
 	recorded := make(chan int64, 4)
-	d1 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-gone",
+	d1 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-gone",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 100*time.Millisecond)
 	reported := env.Admit(t, "later", nil)
 	recovered := env.Admit(t, "later", nil)
 	if p, err := d1.RunOnce(ctx); err != nil || p.Claimed != 2 {
 		t.Fatalf("pass: %+v, %v; want 2 claimed", p, err)
 	}
-	awaitRecorded(t, recorded, 2)
+	drainertest.AwaitRecorded(t, recorded, 2)
 	complete := func(id int64) harness.Response {
 		t.Helper()
 		return env.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/complete", harness.ExecutorToken,
@@ -563,7 +483,7 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 	// recovers it. With dispatch paused both jobs stay queued.
 	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
 	fake.Advance(limits.Default().Wall() + time.Second)
-	d2 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-rescuer"}, 100*time.Millisecond)
+	d2 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-rescuer"}, 100*time.Millisecond)
 	if p, err := d2.RunOnce(ctx); err != nil || p.Recovered != 1 || p.Claimed != 0 {
 		t.Fatalf("rescuing pass %+v, %v; want 1 recovered, none claimed", p, err)
 	}
@@ -593,9 +513,9 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 	env := &harnessEnv{harness.Start(t, harness.Options{API: true})}
 	env.SetConfig(t, func(c *limits.Config) { c.DispatchAttempts = 1 }) // one unknown answer spends it
 	fake := clock.NewFake(time.Now())
-	s := newHeldSender()
+	s := drainertest.NewHeldSender()
 	recorded := make(chan int64, 8)
-	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-ends",
+	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-ends",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 100*time.Millisecond)
 	dispatch := func(tenant string, start bool) (int64, string) {
 		t.Helper()
@@ -603,7 +523,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
 			t.Fatalf("pass: %+v, %v; want job %d claimed", p, err, id)
 		}
-		disp := s.next(t)
+		disp := s.Next(t)
 		if start {
 			if r := env.start(t, id, disp.Nonce, "attempt-1"); r.Status != http.StatusOK {
 				t.Fatalf("/start: HTTP %d %s", r.Status, r.Raw)
@@ -613,8 +533,8 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 	}
 	answer := func(id int64, a executor.Answer) {
 		t.Helper()
-		s.answer <- a
-		if got := awaitRecorded(t, recorded, 1)[0]; got != id {
+		s.Answer <- a
+		if got := drainertest.AwaitRecorded(t, recorded, 1)[0]; got != id {
 			t.Fatalf("recorded job %d, want %d", got, id)
 		}
 	}
@@ -677,7 +597,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 	// job past the lease and it is lost.
 	id, nonce = dispatch("lost", true)
 	fake.Advance(11 * time.Second)
-	d2 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-rescuer"}, 100*time.Millisecond)
+	d2 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-rescuer"}, 100*time.Millisecond)
 	if p, err := d2.RunOnce(ctx); err != nil || p.Recovered != 1 {
 		t.Fatalf("rescuing pass: %+v, %v; want 1 recovered", p, err)
 	}

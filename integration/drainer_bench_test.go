@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -22,12 +23,6 @@ type noopSender struct{ n atomic.Int64 }
 func (s *noopSender) Send(context.Context, executor.Dispatch) executor.Answer {
 	s.n.Add(1)
 	return executor.Answer{Kind: executor.Done, Status: "succeeded"}
-}
-
-func setLimits(tb testing.TB, db *testdb.DB, edit func(*limits.Config)) {
-	tb.Helper()
-	env := &harness.Env{DB: db}
-	env.SetConfig(tb, edit)
 }
 
 // rawTx times the same kind of work without sluice: a two-statement transaction (an UPDATE of
@@ -72,7 +67,7 @@ func rawDrain(tb testing.TB, tenants, jobs int) float64 {
 	tb.Helper()
 	ctx := context.Background()
 	db := testdb.New(tb)
-	queueJobs(tb, db, tenants, jobs)
+	drainertest.QueueJobs(tb, db, tenants, jobs)
 	// The jobs by id, read before the clock starts: ids are on the server's
 	// auto_increment_increment (the cluster's size on Galera), not 1 apart.
 	all := queryIDs(tb, db.DB, "SELECT id FROM jobs WHERE status = 'queued' ORDER BY id")
@@ -244,7 +239,7 @@ const drainJobs = 20000
 
 type drained struct {
 	el   time.Duration
-	peak int64          // the most jobs in flight at once (peakInFlight)
+	peak int64          // the most jobs in flight at once (drainertest.PeakInFlight)
 	work map[string]any // per job, during the drain
 }
 
@@ -257,8 +252,8 @@ type drained struct {
 func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (drained, []time.Duration) {
 	ctx := context.Background()
 	db := testdb.New(b)
-	setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
-	queueJobs(b, db, tenants, jobs)
+	testdb.SetLimits(b, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
+	drainertest.QueueJobs(b, db, tenants, jobs)
 	for range slots {
 		if _, err := db.ExecContext(ctx, `INSERT INTO slots (tenant, caller, lease_seconds, expires_at, created_at)
 			VALUES ('holder', 'bench', 900, NOW(6) + INTERVAL 1 HOUR, NOW(6))`); err != nil {
@@ -273,7 +268,7 @@ func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (dra
 	}
 	before := snapshotWork(b, db.DB)
 	start := time.Now()
-	stop := runDrainer(b, d)
+	stop := drainertest.Run(b, d)
 	// Wait on the executor's own count (in memory) so that the wait itself does not load the
 	// database, then for the last outcomes to commit.
 	harness.WaitFor(b, 10*time.Minute, "every job to be dispatched", func() (bool, error) {
@@ -290,50 +285,9 @@ func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (dra
 	d.Stop(ctx)
 	peak := int64(-1)
 	if !auditOff {
-		if peak = peakInFlight(b, db); peak > int64(64-slots) {
+		if peak = drainertest.PeakInFlight(b, db); peak > int64(64-slots) {
 			b.Errorf("the database held %d jobs in flight at once beside %d slots; cap 64", peak, slots)
 		}
 	}
 	return drained{el: el, peak: peak, work: w}, raw
-}
-
-// peakInFlight replays the audit trail's transitions (SPEC §10) in the order they were written
-// and returns the most jobs it ever had in flight: every claim and every outcome is counted,
-// after the drain, so the check is exact and costs the drain nothing. (A sampler that counted
-// the jobs in flight every 5 ms during the drain read about 50 pages per drained job, a quarter
-// of the server's page reads, walking the claim index entries that the drain delete-marks.) Each
-// row is stamped with its statement's time on the database clock: a claim that counted a slot
-// freed by an outcome read the counts after that outcome committed, so its rows come after the
-// outcome's, and a replay can only count too few in flight when it errs, never too many.
-func peakInFlight(tb testing.TB, db *testdb.DB) int64 {
-	tb.Helper()
-	var peak int64
-	if err := db.QueryRowContext(context.Background(), `SELECT COALESCE(MAX(n), 0) FROM (
-		SELECT SUM(CASE WHEN from_status = 'queued' AND to_status IN ('claimed','dispatched','running') THEN 1
-			WHEN from_status IN ('claimed','dispatched','running') AND to_status NOT IN ('claimed','dispatched','running') THEN -1
-			ELSE 0 END) OVER (ORDER BY at, id) AS n
-		FROM audit_events WHERE event = 'transition') replay`).Scan(&peak); err != nil {
-		tb.Fatal(err)
-	}
-	return peak
-}
-
-// queueJobs creates tenants tenants (t0, t1, ...) and jobs queued jobs spread evenly over them,
-// in multi-row INSERTs of at most 100,000 rows, the oldest job first in each tenant.
-func queueJobs(tb testing.TB, db *testdb.DB, tenants, jobs int) {
-	tb.Helper()
-	ctx := context.Background()
-	for off := 0; off < tenants; off += 100_000 {
-		if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO tenants (tenant, created_at)
-			SELECT CONCAT('t', seq), UTC_TIMESTAMP(6) FROM seq_%d_to_%d`, off, min(off+100_000, tenants)-1)); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	for off := 0; off < jobs; off += 100_000 {
-		if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO jobs (tenant, status, queued_at)
-			SELECT CONCAT('t', seq %% %d), 'queued', UTC_TIMESTAMP(6) FROM seq_%d_to_%d`, tenants, off, min(off+100_000, jobs)-1)); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	db.RecountQueues(tb)
 }

@@ -9,8 +9,8 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
-	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -23,9 +23,9 @@ import (
 func TestStopKeepsLeases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainerTestDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
 	queueOneJob(t, db, t0)
-	sender := newHeldSender()
+	sender := drainertest.NewHeldSender()
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "stopping",
 		PollInterval: 10 * time.Millisecond})
 	if err != nil {
@@ -34,7 +34,7 @@ func TestStopKeepsLeases(t *testing.T) {
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dispatch := sender.next(t)
+	dispatch := sender.Next(t)
 
 	stopped := make(chan struct{})
 	go func() {
@@ -48,7 +48,7 @@ func TestStopKeepsLeases(t *testing.T) {
 	harness.WaitFor(t, 10*time.Second, "the stopping drainer to renew the lease", func() (bool, error) {
 		return leaseUntil(t, db, dispatch.JobID).Equal(want), nil
 	})
-	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	<-stopped
 	if s := readJob(t, db.DB, dispatch.JobID).status; s != "succeeded" {
 		t.Fatalf("job %s after the answer in the grace period, want succeeded", s)
@@ -63,10 +63,10 @@ func TestStopKeepsLeases(t *testing.T) {
 func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainerTestDB(t, func(c *limits.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
+	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
 	id := queueOneJob(t, db, t0)
 	recorded := make(chan int64, 1)
-	sender := &scriptedSender{answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Accepted, HTTPStatus: 202} }}
+	sender := &drainertest.ScriptedSender{Answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Accepted, HTTPStatus: 202} }}
 	first, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "sender",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}})
 	if err != nil {
@@ -75,7 +75,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	if p, err := first.RunOnce(ctx); err != nil || p.Claimed != 1 {
 		t.Fatalf("first pass: %+v, %v", p, err)
 	}
-	awaitRecorded(t, recorded, 1)
+	drainertest.AwaitRecorded(t, recorded, 1)
 	if lease, want := leaseUntil(t, db, id), t0.Add(time.Minute); !lease.Equal(want) {
 		t.Errorf("lease after the 202 ends %s, want the wall %s", lease, want)
 	}
@@ -86,7 +86,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	first.Stop(stopCtx)
 	cancel()
 
-	resender := &scriptedSender{}
+	resender := &drainertest.ScriptedSender{}
 	second, err := drainer.New(drainer.Config{DB: db.DB, Executor: resender, Clock: clk, ID: "survivor"})
 	if err != nil {
 		t.Fatal(err)
@@ -94,11 +94,11 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	defer second.Stop(ctx)
 	status := func() string { return readJob(t, db.DB, id).status }
 	clk.Advance(30 * time.Second) // ten leases later, within the wall
-	if p, err := second.RunOnce(ctx); err != nil || p.Recovered != 0 || len(resender.dispatches()) != 0 || status() != "dispatched" {
+	if p, err := second.RunOnce(ctx); err != nil || p.Recovered != 0 || len(resender.Dispatches()) != 0 || status() != "dispatched" {
 		t.Fatalf("within the wall: pass %+v, %v; job %s; want it left dispatched", p, err, status())
 	}
 	// Past the wall, with dispatch paused so that the recovered job is not sent again.
-	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight = 0 })
+	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight = 0 })
 	clk.Advance(31 * time.Second)
 	if p, err := second.RunOnce(ctx); err != nil || p.Recovered != 1 || status() != "queued" {
 		t.Fatalf("past the wall: pass %+v, %v; job %s, want it recovered to queued (its start was never confirmed)", p, err, status())
@@ -113,14 +113,14 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 func TestRenewalNeverShortensALease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainerTestDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
 	queueOneJob(t, db, t0)
-	sender := newHeldSender()
-	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "renewer"}, 10*time.Second)
+	sender := drainertest.NewHeldSender()
+	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "renewer"}, 10*time.Second)
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dispatch := sender.next(t)
+	dispatch := sender.Next(t)
 	wall := t0.Add(time.Minute)
 	if _, err := db.ExecContext(ctx, "UPDATE jobs SET lease_until = ? WHERE id = ?", wall, dispatch.JobID); err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestRenewalNeverShortensALease(t *testing.T) {
 	if lease := leaseUntil(t, db, dispatch.JobID); !lease.Equal(wall) {
 		t.Errorf("renewal left the lease at %s, want the later %s kept", lease, wall)
 	}
-	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 }
 
 // TestLeasesRenewedDuringAStuckClaim: a pass whose claim waits for the claim lock (another
@@ -142,15 +142,15 @@ func TestRenewalNeverShortensALease(t *testing.T) {
 func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainerTestDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
 	running := queueOneJob(t, db, t0)
-	sender := newHeldSender()
-	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "patient",
+	sender := drainertest.NewHeldSender()
+	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "patient",
 		PollInterval: 20 * time.Millisecond}, 10*time.Second)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
 		t.Fatalf("first pass: %+v, %v", p, err)
 	}
-	sender.next(t)
+	sender.Next(t)
 	queueOneJob(t, db, t0) // something for the next pass to claim, so that it takes the claim lock
 
 	holder, err := db.BeginTx(ctx, nil)
@@ -183,19 +183,8 @@ func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the pass did not end once the claim lock was free")
 	}
-	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
-	sender.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
-}
-
-// drainerTestDB is a test database whose runtime config edit changed, and a fake clock with
-// its time.
-func drainerTestDB(t *testing.T, edit func(*limits.Config)) (*testdb.DB, *clock.Fake, time.Time) {
-	t.Helper()
-	db := testdb.New(t)
-	clk := clock.NewFake(time.Now())
-	now, _ := clk.Now(context.Background())
-	setLimits(t, db, edit)
-	return db, clk, now
+	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 }
 
 // queueOneJob writes one queued job of tenant acme, queued at, as admission would, and returns
@@ -245,10 +234,10 @@ func TestStopHandsBackClaimedJobs(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			db, clk, t0 := drainerTestDB(t, func(*limits.Config) {})
-			counted, log := countedPool(t, db)
-			sender := &scriptedSender{}
-			d := newTestDrainer(t, drainer.Config{DB: counted, Executor: sender, Clock: clk, ID: "stopping"}, 10*time.Second)
+			db, clk, t0 := drainertest.NewDB(t, func(*limits.Config) {})
+			counted, log := drainertest.CountedPool(t, db)
+			sender := &drainertest.ScriptedSender{}
+			d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: sender, Clock: clk, ID: "stopping"}, 10*time.Second)
 			if c.poked {
 				if _, err := d.RunOnce(context.Background()); err != nil {
 					t.Fatal(err)
@@ -261,7 +250,7 @@ func TestStopHandsBackClaimedJobs(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var claimSent atomic.Bool
-			log.beforeSending(func(q string) {
+			log.BeforeSending(func(q string) {
 				isClaim := strings.Contains(q, "UPDATE jobs SET status = 'dispatched'") && strings.HasSuffix(q, "COMMIT")
 				if isClaim {
 					claimSent.Store(true)
@@ -272,11 +261,11 @@ func TestStopHandsBackClaimedJobs(t *testing.T) {
 				d.Poke()
 			}
 			p, _ := d.RunOnce(ctx)
-			log.beforeSending(nil)
+			log.BeforeSending(nil)
 			if !claimSent.Load() {
-				t.Fatalf("the pass sent no claim (pass %+v); statements:\n%s", p, strings.Join(log.take(), "\n---\n"))
+				t.Fatalf("the pass sent no claim (pass %+v); statements:\n%s", p, strings.Join(log.Take(), "\n---\n"))
 			}
-			if n := len(sender.dispatches()); n != 0 || p.Claimed != 0 {
+			if n := len(sender.Dispatches()); n != 0 || p.Claimed != 0 {
 				t.Errorf("the cancelled pass sent %d dispatches and reports %d claimed, want none", n, p.Claimed)
 			}
 			for _, id := range ids {

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/outbox"
 )
 
@@ -100,7 +101,7 @@ func TestAdmissionRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	counted, log := countedPool(t, probe.db)
+	counted, log := drainertest.CountedPool(t, probe.db)
 	f := startFrontDoorOn(t, probe, fdOptions{admitDB: counted, memcached: "127.0.0.1:11211"})
 	limited := uniqueTenant("limited")
 	for _, c := range []struct {
@@ -114,11 +115,11 @@ func TestAdmissionRoundTrips(t *testing.T) {
 		if c.tenant == limited {
 			f.setConfig(t, map[string]any{"admission_rate_per_minute": 100})
 		}
-		log.reset()
+		log.Reset()
 		if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: c.tenant}); err != nil {
 			t.Fatal(err)
 		}
-		trips := log.take()
+		trips := log.Take()
 		if len(trips) != c.trips || !strings.HasSuffix(trips[len(trips)-1], c.last) ||
 			!strings.Contains(trips[len(trips)-1-(c.trips-2)], "INSERT INTO jobs") {
 			t.Errorf("admission for %s: %d round trips, want %d ending with the inserts' and then COMMIT:\n%s",
@@ -139,7 +140,7 @@ func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	counted, log := countedPool(t, probe.db)
+	counted, log := drainertest.CountedPool(t, probe.db)
 	var fault atomic.Value
 	fault.Store("")
 	var afterInsert atomic.Int32
@@ -165,10 +166,10 @@ func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
 	} {
 		fault.Store(c.fault)
 		tenant := uniqueTenant("faulted")
-		log.reset()
+		log.Reset()
 		afterInsert.Store(0)
 		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": tenant})
-		trips := log.take()
+		trips := log.Take()
 		fault.Store("")
 		if r.Status != c.status || (c.status == 503 && (r.Body["error_code"] != "outcome_unknown" || r.Body["retryable"] != false)) {
 			t.Errorf("fault %q: HTTP %d %s, want %d (outcome_unknown, not retryable, on 503)", c.fault, r.Status, r.Raw, c.status)

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
@@ -44,7 +45,7 @@ func TestGateMemcachedOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
+	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
 		RateGates: store, Metrics: drainer.NewMetrics(reg), ID: "outage-test", PollInterval: poll}, 10*time.Second)
 	ctx := context.Background()
 	var slowest time.Duration
@@ -192,7 +193,7 @@ func TestGateDispatchAnswers(t *testing.T) {
 		"keyless":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
 		"finishes": {Kind: executor.Done, HTTPStatus: 200, Status: "succeeded", Gate: &executor.Gate{RetryAfter: 60}},
 	}}
-	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, ID: "answers-test"}, 10*time.Second)
+	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, ID: "answers-test"}, 10*time.Second)
 	ctx := context.Background()
 	kA, hA := gateRateKey(t, mc)
 	kB, hB := gateRateKey(t, mc)
@@ -299,7 +300,7 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 			store := env.App.RateGates()
 			mc := memcache.New(addr)
 			stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{}}
-			d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, ID: "heads-test",
+			d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, ID: "heads-test",
 				PollInterval: time.Minute}, 10*time.Second)
 			ctx := context.Background()
 			var gatedIDs []int64
@@ -396,7 +397,7 @@ func TestGateExpiresOnInjectedClock(t *testing.T) {
 	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
 		"hourly": {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60},
 	}}
-	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, Clock: fake, ID: "clock-test"}, 10*time.Second)
+	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, Clock: fake, ID: "clock-test"}, 10*time.Second)
 	ctx := context.Background()
 	k, h := gateRateKey(t, mc)
 	id := gateAdmitKey(t, env, "hourly", k, nil)
@@ -452,7 +453,7 @@ func TestGateWriteFailuresLogOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
+	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: executor.NewClient(env.ExecURL, []byte(harness.Secret)),
 		RateGates: store, Metrics: drainer.NewMetrics(reg), Log: log, ID: "gate-logs"}, 10*time.Second)
 	mc := memcache.New(mcs.Addr())
 	const jobs = 6
@@ -500,24 +501,24 @@ func (g *countingGates) Extend(_ context.Context, _ string, retryAfter int) (tim
 func TestGateOnceForARetriedOutcome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainerTestDB(t, func(*limits.Config) {})
+	db, clk, t0 := drainertest.NewDB(t, func(*limits.Config) {})
 	proxy, viaProxy := dbThroughCutter(t, db)
 	id := queueOneJob(t, db, t0)
 	if _, err := db.ExecContext(ctx, "UPDATE jobs SET rate_key_sha256 = ? WHERE id = ?", gate.RateKeyHash("k"), id); err != nil {
 		t.Fatal(err)
 	}
 	gates := &countingGates{}
-	sender := newHeldSender()
+	sender := drainertest.NewHeldSender()
 	recorded := make(chan int64, 2)
-	d := newTestDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, RateGates: gates, ID: "retried",
+	d := drainertest.NewDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, RateGates: gates, ID: "retried",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
 		t.Fatalf("pass: %+v, %v; want one claim", p, err)
 	}
-	sender.next(t)
+	sender.Next(t)
 	proxy.armed.Store(true) // the outcome's COMMIT is cut: its write is retried
-	sender.answer <- executor.Answer{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60}
-	awaitRecorded(t, recorded, 1)
+	sender.Answer <- executor.Answer{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60}
+	drainertest.AwaitRecorded(t, recorded, 1)
 	if proxy.cuts.Load() != 1 {
 		t.Fatalf("the proxy cut %d connections, want the outcome's", proxy.cuts.Load())
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -34,7 +35,7 @@ func TestDrainerSetsHeadsForward(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := testdb.New(t)
-			setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
+			testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
 			for i := range tc.tenants {
 				tenant := fmt.Sprintf("t%d", i)
 				if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES (?, UTC_TIMESTAMP(6))`, tenant); err != nil {
@@ -49,7 +50,7 @@ func TestDrainerSetsHeadsForward(t *testing.T) {
 			ids := queryIDs(t, db.DB, "SELECT id FROM jobs WHERE tenant = 't0' ORDER BY queued_at, id")
 			release := make(chan struct{})
 			defer close(release)
-			sender := &scriptedSender{answer: func(n int) executor.Answer {
+			sender := &drainertest.ScriptedSender{Answer: func(n int) executor.Answer {
 				if n > 1 {
 					<-release
 				}
@@ -58,7 +59,7 @@ func TestDrainerSetsHeadsForward(t *testing.T) {
 			recorded := make(chan int64, 1)
 			clk := clock.NewFake(time.Now())
 			// One job a claim, so that a pass leaves room (an unanswered cap skips the pass).
-			d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "heads", Clock: clk,
+			d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "heads", Clock: clk,
 				PollInterval: time.Minute, HeadAdvance: time.Second, ClaimBatch: 1,
 				Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) {
 					select {
@@ -69,7 +70,7 @@ func TestDrainerSetsHeadsForward(t *testing.T) {
 			if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
 				t.Fatalf("first pass: %+v, %v", p, err)
 			}
-			awaitRecorded(t, recorded, 1)
+			drainertest.AwaitRecorded(t, recorded, 1)
 			wantHead(t, db.DB, "t0", ids[1], "after the first pass")
 			if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
 				t.Fatalf("second pass: %+v, %v", p, err)

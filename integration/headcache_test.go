@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -22,13 +23,13 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
+	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)
 	}
 	// The first dispatch's answer is lost (the job goes back to the queue, never started); every
 	// later one finishes.
-	sender := &scriptedSender{answer: func(n int) executor.Answer {
+	sender := &drainertest.ScriptedSender{Answer: func(n int) executor.Answer {
 		if n == 1 {
 			return executor.Answer{Kind: executor.Unknown, Err: errors.New("connection reset")}
 		}
@@ -37,7 +38,7 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 	recorded := make(chan int64, 4)
 	// The clock stands still, so only the first pass runs the upkeep, which drops the cache: that
 	// pass runs on the empty queue, and the two that follow keep what they read.
-	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "cache", Clock: clock.NewFake(time.Now()),
+	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "cache", Clock: clock.NewFake(time.Now()),
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
 		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
@@ -61,10 +62,10 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 		if p.Claimed != 1 {
 			t.Fatalf("pass %d claimed %d jobs, want 1 (tenant cap 1)", pass, p.Claimed)
 		}
-		awaitRecorded(t, recorded, 1)
+		drainertest.AwaitRecorded(t, recorded, 1)
 	}
 	var sent []int64
-	for _, d := range sender.dispatches() {
+	for _, d := range sender.Dispatches() {
 		sent = append(sent, d.JobID)
 	}
 	if len(sent) != 2 || sent[0] != first || sent[1] != first {
@@ -79,13 +80,13 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
+	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)
 	}
-	sender := &scriptedSender{answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Done, Status: "succeeded"} }}
+	sender := &drainertest.ScriptedSender{Answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Done, Status: "succeeded"} }}
 	recorded := make(chan int64, 8)
-	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "taken", Clock: clock.NewFake(time.Now()),
+	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "taken", Clock: clock.NewFake(time.Now()),
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 { // the upkeep's pass, on the empty queue
 		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
@@ -105,7 +106,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	}
 	wait := func(n int) {
 		t.Helper()
-		awaitRecorded(t, recorded, n)
+		drainertest.AwaitRecorded(t, recorded, n)
 	}
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
 		t.Fatalf("first pass: %+v, %v; want 2 claimed (tenant cap 2)", p, err)
@@ -121,7 +122,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	}
 	wait(1)
 	var sent []int64
-	for _, d := range sender.dispatches() {
+	for _, d := range sender.Dispatches() {
 		sent = append(sent, d.JobID)
 		if want := fmt.Sprintf(`"job %d"`, seq[d.JobID]); string(d.Payload) != want {
 			t.Errorf("job %d dispatched with payload %s, want %s", d.JobID, d.Payload, want)

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -21,7 +22,7 @@ func TestListBounds(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	counted, log := countedPool(t, db)
+	counted, log := drainertest.CountedPool(t, db)
 	adm, err := gate.New(gate.Config{DB: counted, Limits: limits.NewCache(counted, nil)})
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +40,7 @@ func TestListBounds(t *testing.T) {
 			t.Fatalf("insert %d: %v", i, err)
 		}
 	}
-	log.reset()
+	log.Reset()
 	page, next, err := adm.List(ctx, gate.ListFilter{Tenants: []string{"big"}, Limit: n})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +53,7 @@ func TestListBounds(t *testing.T) {
 			t.Fatalf("job %d: result of %d bytes, want it whole", j.ID, len(j.Result))
 		}
 	}
-	stmts := log.take()
+	stmts := log.Take()
 	if len(stmts) == 0 {
 		t.Fatal("no statement logged")
 	}

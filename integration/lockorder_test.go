@@ -9,6 +9,7 @@ import (
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -23,7 +24,7 @@ import (
 func TestClaimAndRequeueTakeTenantsInOrder(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.New(t)
-	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
+	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
 	exec := func(q string, args ...any) int64 {
 		t.Helper()
 		r, err := db.ExecContext(ctx, q, args...)
@@ -81,7 +82,7 @@ func TestClaimAndRequeueTakeTenantsInOrder(t *testing.T) {
 	harness.WaitFor(t, 10*time.Second, "the requeue to lock job d", func() (bool, error) {
 		return held("SELECT 1 FROM jobs WHERE id = ?", d)()
 	})
-	dr := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "claimer"}, 10*time.Second)
+	dr := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "claimer"}, 10*time.Second)
 	claimed := make(chan drainer.Pass, 1)
 	claimErr := make(chan error, 1)
 	go func() {

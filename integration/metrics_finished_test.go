@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -53,11 +54,11 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	ctx := context.Background()
 	env := &harnessEnv{harness.Start(t, harness.Options{API: true})}
 	fake := clock.NewFake(time.Now())
-	s := newHeldSender()
+	s := drainertest.NewHeldSender()
 	recorded := make(chan int64, 16)
 	// The test's drainer registers its own collectors on the App's registry and shares the
 	// App's job collectors, as the App's drainer role does.
-	d := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "metrics",
+	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "metrics",
 		Metrics: drainer.NewMetrics(env.App.Registry()), JobMetrics: env.App.JobMetrics(),
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 100*time.Millisecond)
 
@@ -84,12 +85,12 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	}
 	answer := func(id int64, a executor.Answer) executor.Dispatch {
 		t.Helper()
-		disp := s.next(t)
+		disp := s.Next(t)
 		if disp.JobID != id {
 			t.Fatalf("dispatched job %d, want %d", disp.JobID, id)
 		}
-		s.answer <- a
-		if got := awaitRecorded(t, recorded, 1)[0]; got != id {
+		s.Answer <- a
+		if got := drainertest.AwaitRecorded(t, recorded, 1)[0]; got != id {
 			t.Fatalf("recorded job %d, want %d", got, id)
 		}
 		return disp
@@ -172,13 +173,13 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	// Recovery to lost: another drainer dispatches a job whose start the executor confirms, then
 	// stops renewing (it runs no more passes); past the lease, this drainer's upkeep finds it.
 	lost := env.Admit(t, "lost", nil)
-	s2 := newHeldSender()
-	d2 := newTestDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s2, Clock: fake, ID: "metrics-dying",
+	s2 := drainertest.NewHeldSender()
+	d2 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s2, Clock: fake, ID: "metrics-dying",
 		JobMetrics: env.App.JobMetrics()}, 100*time.Millisecond)
 	if p, err := d2.RunOnce(ctx); err != nil || p.Claimed != 1 {
 		t.Fatalf("dying drainer's pass: %+v, %v; want 1 claimed", p, err)
 	}
-	if r := env.start(t, lost, s2.next(t).Nonce, "attempt-1"); r.Status != http.StatusOK {
+	if r := env.start(t, lost, s2.Next(t).Nonce, "attempt-1"); r.Status != http.StatusOK {
 		t.Fatalf("/start: HTTP %d %s", r.Status, r.Raw)
 	}
 	check("after the lost job's dispatch", 8, 3)

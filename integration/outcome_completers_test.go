@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 )
 
 // TestOutcomeCompleters records the same answers through both completers, the batched one (the
@@ -21,7 +22,7 @@ func TestOutcomeCompleters(t *testing.T) {
 		t.Run(fmt.Sprintf("OutcomeBatch=%d", batch), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			db, clk, now := drainerTestDB(t, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 8, 8 })
+			db, clk, now := drainertest.NewDB(t, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 8, 8 })
 			var ids []int64
 			for range 6 {
 				ids = append(ids, queueOneJob(t, db, now))
@@ -34,7 +35,7 @@ func TestOutcomeCompleters(t *testing.T) {
 			var claimed []int64
 			recorded := make(chan int64, len(ids))
 			s := &answerByJob{status: want}
-			d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: s, Clock: clk, ID: "completers",
+			d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: s, Clock: clk, ID: "completers",
 				OutcomeBatch: batch, Observer: drainer.ObserverFuncs{
 					OnClaimed: func(got []int64) {
 						mu.Lock()
@@ -54,7 +55,7 @@ func TestOutcomeCompleters(t *testing.T) {
 			if p, err := d.RunOnce(ctx); err != nil || p.Claimed != len(ids) {
 				t.Fatalf("pass: %+v, %v; want %d claimed", p, err, len(ids))
 			}
-			awaitRecorded(t, recorded, len(ids))
+			drainertest.AwaitRecorded(t, recorded, len(ids))
 			for _, id := range ids {
 				if got := readJob(t, db.DB, id).status; got != want[id] {
 					t.Errorf("job %d is %s, want %s", id, got, want[id])

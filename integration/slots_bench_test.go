@@ -20,7 +20,7 @@ func BenchmarkSlotTakeRelease(b *testing.B) {
 	ctx := context.Background()
 	for range b.N {
 		db := testdb.New(b)
-		setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
+		testdb.SetLimits(b, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
 		lim := limits.NewCache(db.DB, nil)
 		if err := lim.Reload(ctx); err != nil {
 			b.Fatal(err)

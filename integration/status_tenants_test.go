@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/gate/opsmetrics"
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -166,15 +167,15 @@ func TestStatusStatementSize(t *testing.T) {
 	t.Parallel()
 	tdb := testdb.New(t)
 	ctx := context.Background()
-	db, log := countedPool(t, tdb)
-	log.onlyLongest = true
+	db, log := drainertest.CountedPool(t, tdb)
+	log.OnlyLongest = true
 	r, err := status.New(status.Config{DB: db})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reads := func(tenants int) (maxText int) {
 		t.Helper()
-		log.sizes()
+		log.Sizes()
 		s, err := r.Read(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -188,7 +189,7 @@ func TestStatusStatementSize(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		n, maxText, maxSent := log.sizes()
+		n, maxText, maxSent := log.Sizes()
 		if n < 8 || maxText == 0 {
 			t.Fatalf("%d statements logged (longest %d bytes): the log does not see the reads", n, maxText)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -50,7 +51,7 @@ func BenchmarkTenantCount(b *testing.B) {
 // the unweighted one of the same tenant count (target: within 2x at 100,000 tenants).
 func BenchmarkWeightedPass(b *testing.B) {
 	weigh := func(db *testdb.DB) {
-		setLimits(b, db, func(c *limits.Config) {
+		testdb.SetLimits(b, db.DB, func(c *limits.Config) {
 			for i := range 1_000 {
 				c.TenantWeights["t"+strconv.Itoa(i*97)] = float64(1 + i%8)
 				c.TenantTiers["t"+strconv.Itoa(i*97+1)] = "gold"
@@ -106,8 +107,8 @@ func passTimesWith(b *testing.B, tenants, jobs int, setup func(*testdb.DB)) ([]t
 	const passes = 50
 	ctx := context.Background()
 	db := testdb.New(b)
-	setLimits(b, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
-	queueJobs(b, db, tenants, jobs)
+	testdb.SetLimits(b, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
+	drainertest.QueueJobs(b, db, tenants, jobs)
 	if setup != nil {
 		setup(db)
 	}
@@ -186,8 +187,8 @@ func BenchmarkScheduledJobs(b *testing.B) {
 }
 
 // scheduleJobs writes n jobs queued a day ahead (as run_at writes them: queued_at and not_before
-// at their due time): half over the due tenants t0..t<due-1> of queueJobs, half over 1,000
-// tenants of their own, in statements of 100,000 rows.
+// at their due time): half over the due tenants t0..t<due-1> of drainertest.QueueJobs, half over
+// 1,000 tenants of their own, in statements of 100,000 rows.
 func scheduleJobs(tb testing.TB, db *testdb.DB, due, n int) {
 	tb.Helper()
 	ctx := context.Background()

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -38,7 +39,7 @@ func TestClaimReachesTenantsBehindGatedOnes(t *testing.T) {
 		t.Run(string(ordering), func(t *testing.T) {
 			ctx := context.Background()
 			db := testdb.New(t)
-			setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight, c.Ordering = 4, 2, ordering })
+			testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight, c.Ordering = 4, 2, ordering })
 			key := strings.Repeat("ab", 32)
 			tenants, jobs := "INSERT INTO tenants (tenant, created_at) VALUES ('z-late', UTC_TIMESTAMP(6))", "INSERT INTO jobs (tenant, rate_key_sha256, status, queued_at) VALUES "
 			var targs, jargs []any
@@ -65,7 +66,7 @@ func TestClaimReachesTenantsBehindGatedOnes(t *testing.T) {
 			late, _ := res.LastInsertId()
 			db.RecountQueues(t)
 
-			d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "behind", RateGates: gatedKey{hash: key},
+			d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "behind", RateGates: gatedKey{hash: key},
 				Clock: clock.NewFake(time.Now())}, 10*time.Second)
 			for pass := 1; ; pass++ {
 				if _, err := d.RunOnce(ctx); err != nil {

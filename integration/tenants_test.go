@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -84,15 +85,15 @@ func TestFiftyThousandTenants(t *testing.T) {
 		t.Fatalf("%d tenants have queued work after admission, want %d", withWork, tenants)
 	}
 
-	pool, stmts := countedPool(t, env.DB)
-	stmts.onlyLongest = true
+	pool, stmts := drainertest.CountedPool(t, env.DB)
+	stmts.OnlyLongest = true
 	exec := &startsPerJob{}
 	d, err := drainer.New(drainer.Config{DB: pool, Executor: exec, ID: "fifty-thousand"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Stop(ctx) }) // after Run has returned: cleanups run last first
-	runDrainer(t, d)
+	drainertest.Run(t, d)
 
 	harness.WaitFor(t, 10*time.Minute, "every tenant's job to succeed", func() (bool, error) {
 		var left int
@@ -103,7 +104,7 @@ func TestFiftyThousandTenants(t *testing.T) {
 	if jobs != tenants || twice != 0 {
 		t.Fatalf("the executor saw %d jobs (want %d), %d of them more than once", jobs, tenants, twice)
 	}
-	if longest := stmts.longestSent(); len(longest) > 64<<10 {
+	if longest := stmts.LongestSent(); len(longest) > 64<<10 {
 		t.Fatalf("the drainer sent a statement of %d bytes (limit 64 KiB): %.300s", len(longest), longest)
 	}
 	checkTenantQueueState(t, ctx, env.DB.DB, "after the drain")

@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
@@ -10,8 +10,9 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
-	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // TestFullDrainerSkipsItsClaim: a pass of a drainer whose unanswered dispatches fill the global
@@ -22,7 +23,7 @@ func TestFullDrainerSkipsItsClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 2, 3 })
+	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 2, 3 })
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('t', UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)
 	}
@@ -31,27 +32,27 @@ func TestFullDrainerSkipsItsClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.RecountQueues(t, "t")
-	counted, log := countedPool(t, db)
+	counted, log := drainertest.CountedPool(t, db)
 	clk := clock.NewFake(time.Now())
-	exec := newHeldSender()
-	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clk, ID: "full"}, 10*time.Second)
+	exec := drainertest.NewHeldSender()
+	d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clk, ID: "full"}, 10*time.Second)
 
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
 		t.Fatalf("first pass: claimed %d (%v), want the global cap of 2", p.Claimed, err)
 	}
-	exec.next(t)
-	exec.next(t)
+	exec.Next(t)
+	exec.Next(t)
 
-	log.reset()
+	log.Reset()
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
 		t.Fatalf("full pass: claimed %d (%v), want none", p.Claimed, err)
 	}
-	if got := log.take(); len(got) != 0 {
+	if got := log.Take(); len(got) != 0 {
 		t.Errorf("a pass with the cap filled by unanswered dispatches sent %d round trips, want none:\n%s",
 			len(got), strings.Join(got, "\n---\n"))
 	}
 
-	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 3, 3 })
+	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 3, 3 })
 	clk.Advance(time.Second) // the upkeep's turn: it re-reads the config while jobs are held
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)
@@ -59,11 +60,11 @@ func TestFullDrainerSkipsItsClaim(t *testing.T) {
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
 		t.Fatalf("pass after the cap was raised to 3: claimed %d (%v), want the third job", p.Claimed, err)
 	}
-	exec.next(t)
+	exec.Next(t)
 	for range 3 {
-		exec.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		exec.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	}
-	harness.WaitFor(t, 10*time.Second, "the three outcomes to be recorded", func() (bool, error) {
+	wait.For(t, 10*time.Second, "the three outcomes to be recorded", func() (bool, error) {
 		var n int
 		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
 		return n == 3, err

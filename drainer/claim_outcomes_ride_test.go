@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
@@ -10,8 +10,9 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/limits"
-	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // TestOutcomesRideTheNextClaim drains a backlog through a running drainer whose executor answers
@@ -23,23 +24,23 @@ func TestOutcomesRideTheNextClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 4 })
-	queueJobs(t, db, 3, 60)
-	counted, log := countedPool(t, db)
-	sender := &scriptedSender{answer: func(n int) executor.Answer {
+	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 4 })
+	drainertest.QueueJobs(t, db, 3, 60)
+	counted, log := drainertest.CountedPool(t, db)
+	sender := &drainertest.ScriptedSender{Answer: func(n int) executor.Answer {
 		if n == 9 {
 			return executor.Answer{Kind: executor.Refused, RetryAfter: 1}
 		}
 		return executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	}}
-	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: sender, ID: "rider", PollInterval: 100 * time.Millisecond}, 10*time.Second)
-	runDrainer(t, d)
-	harness.WaitFor(t, time.Minute, "every job to succeed", func() (bool, error) {
+	d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: sender, ID: "rider", PollInterval: 100 * time.Millisecond}, 10*time.Second)
+	drainertest.Run(t, d)
+	wait.For(t, time.Minute, "every job to succeed", func() (bool, error) {
 		var left int
 		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status <> 'succeeded'").Scan(&left)
 		return left == 0, err
 	})
-	if peak := peakInFlight(t, db); peak > 4 {
+	if peak := drainertest.PeakInFlight(t, db); peak > 4 {
 		t.Errorf("the audit trail had %d jobs in flight at once; cap 4", peak)
 	}
 	var refused int
@@ -49,7 +50,7 @@ func TestOutcomesRideTheNextClaim(t *testing.T) {
 	const outcome, claim, requeue = "UPDATE jobs SET version = version + 1, started_at = COALESCE",
 		"UPDATE jobs SET status = 'dispatched'", "UPDATE jobs SET status = 'queued'"
 	rode, requeued := 0, 0
-	for _, q := range log.take() {
+	for _, q := range log.Take() {
 		if strings.Contains(q, requeue) {
 			requeued++
 			if strings.Contains(q, claim) {
@@ -72,13 +73,13 @@ func TestRiddenOutcomeOfAMovedJob(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 1, 1 })
-	queueJobs(t, db, 1, 3)
-	sender := &scriptedSender{}
+	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 1, 1 })
+	drainertest.QueueJobs(t, db, 1, 3)
+	sender := &drainertest.ScriptedSender{}
 	var moved atomic.Int64
-	sender.answer = func(n int) executor.Answer {
+	sender.Answer = func(n int) executor.Answer {
 		if n == 1 {
-			id := sender.sent[0].JobID
+			id := sender.Sent[0].JobID
 			if _, err := db.ExecContext(ctx, "UPDATE jobs SET status = 'lost', version = version + 1, lease_until = NULL WHERE id = ?", id); err != nil {
 				t.Error(err)
 			}
@@ -86,9 +87,9 @@ func TestRiddenOutcomeOfAMovedJob(t *testing.T) {
 		}
 		return executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	}
-	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "rider", PollInterval: 100 * time.Millisecond}, 10*time.Second)
-	runDrainer(t, d)
-	harness.WaitFor(t, time.Minute, "the other jobs to succeed", func() (bool, error) {
+	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "rider", PollInterval: 100 * time.Millisecond}, 10*time.Second)
+	drainertest.Run(t, d)
+	wait.For(t, time.Minute, "the other jobs to succeed", func() (bool, error) {
 		var done int
 		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&done)
 		return done == 2, err

@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 )
 
 // TestPageGivesTenantsOnlyJobs: a pass takes the one queued job of a tenant that has one from
@@ -16,7 +17,7 @@ import (
 func TestPageGivesTenantsOnlyJobs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainerTestDB(t, func(*limits.Config) {})
+	db, clk, t0 := drainertest.NewDB(t, func(*limits.Config) {})
 	later := t0.Add(time.Hour)
 	insert := func(tenant string, at time.Time, notBefore *time.Time) int64 {
 		t.Helper()
@@ -38,21 +39,21 @@ func TestPageGivesTenantsOnlyJobs(t *testing.T) {
 	first := insert("z", t0.Add(2*time.Millisecond), nil)
 	second := insert("z", t0.Add(3*time.Millisecond), nil)
 	db.RecountQueues(t, "x", "y", "z")
-	counted, log := countedPool(t, db)
-	sender := &scriptedSender{}
-	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: sender, Clock: clk, ID: "pager"}, 10*time.Second)
+	counted, log := drainertest.CountedPool(t, db)
+	sender := &drainertest.ScriptedSender{}
+	d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: sender, Clock: clk, ID: "pager"}, 10*time.Second)
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	sent := map[int64]bool{}
-	for _, s := range sender.dispatches() {
+	for _, s := range sender.Dispatches() {
 		sent[s.JobID] = true
 	}
 	if len(sent) != 3 || !sent[only] || !sent[first] || !sent[second] || sent[deferred] {
 		t.Errorf("dispatched %v; want y's only job and z's two (cap 2), not x's deferred one", sent)
 	}
 	reads := 0
-	for _, q := range log.take() {
+	for _, q := range log.Take() {
 		n := strings.Count(q, "FORCE INDEX (claim) WHERE status = 'queued' AND tenant = ?")
 		if n > 1 {
 			t.Errorf("a heads read of %d tenants; only z needs one: %.200s", n, q)

@@ -1,9 +1,8 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,33 +10,10 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
-	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/integration/wait"
 )
-
-// scriptedSender keeps every dispatch it is sent and answers the nth (from 1) with answer(n);
-// a nil answer finishes every job "succeeded" at once.
-type scriptedSender struct {
-	answer func(n int) executor.Answer
-	mu     sync.Mutex
-	sent   []executor.Dispatch
-}
-
-func (s *scriptedSender) Send(_ context.Context, d executor.Dispatch) executor.Answer {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.sent = append(s.sent, d)
-	if s.answer != nil {
-		return s.answer(len(s.sent))
-	}
-	return executor.Answer{Kind: executor.Done, Status: "succeeded"}
-}
-
-func (s *scriptedSender) dispatches() []executor.Dispatch {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]executor.Dispatch(nil), s.sent...)
-}
 
 // gatedKeys is a gate store in which every key of its set is gated for an hour.
 type gatedKeys map[string]bool
@@ -79,12 +55,12 @@ func TestLoneJobClaim(t *testing.T) {
 func testLoneJobClaim(t *testing.T, poked bool) {
 	ctx := context.Background()
 	db := testdb.New(t)
-	setLimits(t, db, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
+	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
 	fake := clock.NewFake(time.Now())
-	sender := &scriptedSender{}
+	sender := &drainertest.ScriptedSender{}
 	recorded := make(chan int64, 16)
 	const gatedHash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
-	d := newTestDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: fake, ID: "lone",
+	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: fake, ID: "lone",
 		RateGates: gatedKeys{gatedHash: true}, Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	exec := func(q string, args ...any) int64 {
 		t.Helper()
@@ -110,7 +86,7 @@ func testLoneJobClaim(t *testing.T, poked bool) {
 		if p.Claimed != want {
 			t.Fatalf("pass claimed %d job(s), want %d", p.Claimed, want)
 		}
-		awaitRecorded(t, recorded, want)
+		drainertest.AwaitRecorded(t, recorded, want)
 	}
 	status := func(id int64) string {
 		t.Helper()
@@ -135,7 +111,7 @@ func testLoneJobClaim(t *testing.T, poked bool) {
 	// The slot frees: the job is dispatched with its payload, as attempt 3 (two before it).
 	exec("UPDATE jobs SET status = 'succeeded', version = version + 1 WHERE id = ?", busy)
 	pass(1)
-	got := sender.dispatches()
+	got := sender.Dispatches()
 	if len(got) != 1 || got[0].JobID != job || string(got[0].Payload) != `{"n":7}` || got[0].Attempt != 3 {
 		t.Fatalf("dispatches %+v, want job %d with payload {\"n\":7} as attempt 3", got, job)
 	}
@@ -159,7 +135,7 @@ func testLoneJobClaim(t *testing.T, poked bool) {
 	if s := status(deferred); s != "succeeded" {
 		t.Fatalf("deferred job is %s after its time came, want succeeded", s)
 	}
-	if n := len(sender.dispatches()); n != 2 {
+	if n := len(sender.Dispatches()); n != 2 {
 		t.Fatalf("%d dispatches, want 2", n)
 	}
 }
@@ -171,9 +147,9 @@ func TestPokedLoneClaimRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	counted, log := countedPool(t, db)
-	exec := newHeldSender() // holds each dispatch, so that no outcome write joins the log
-	d := newTestDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clock.NewFake(time.Now()), ID: "poked"}, 10*time.Second)
+	counted, log := drainertest.CountedPool(t, db)
+	exec := drainertest.NewHeldSender() // holds each dispatch, so that no outcome write joins the log
+	d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clock.NewFake(time.Now()), ID: "poked"}, 10*time.Second)
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +161,7 @@ func TestPokedLoneClaimRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 		db.RecountQueues(t, "a")
-		log.reset()
+		log.Reset()
 		if poked {
 			d.Poke()
 		}
@@ -193,7 +169,7 @@ func TestPokedLoneClaimRoundTrips(t *testing.T) {
 			t.Fatalf("poked %v: claimed %d (%v), want the lone job", poked, p.Claimed, err)
 		}
 		var trips []string
-		for _, q := range log.take() {
+		for _, q := range log.Take() {
 			if !strings.HasPrefix(q, "INSERT INTO drainers") { // a heartbeat falling due
 				trips = append(trips, q)
 			}
@@ -206,9 +182,9 @@ func TestPokedLoneClaimRoundTrips(t *testing.T) {
 			t.Errorf("poked %v: %d round trips, want %d (the probe inside the first only when poked):\n%s",
 				poked, len(trips), want, strings.Join(trips, "\n---\n"))
 		}
-		exec.next(t)
-		exec.answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
-		harness.WaitFor(t, 10*time.Second, "the outcome to be recorded", func() (bool, error) {
+		exec.Next(t)
+		exec.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		wait.For(t, 10*time.Second, "the outcome to be recorded", func() (bool, error) {
 			var n int
 			err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
 			return n >= 1 && d.InFlight() == 0, err
