@@ -35,14 +35,15 @@
 // on each job's id, version and queued state, and commits (claimer.RunOnce). Four shortcuts
 // skip parts of that. None skips the lock or the fence: a shortcut only decides which jobs a
 // claim tries, and every claim checks each job against the caps and the counts read under the
-// lock in its own transaction, so no claim puts more in flight than the caps allow.
+// lock in its own transaction, so no claim puts more in flight than the caps allow. The tests
+// named are in drainer/ unless marked (integration) or (gate/store).
 //
 //	shortcut              what it skips                 why the caps stay exact           test that pins it
 //	--------------------  ----------------------------  --------------------------------  -----------------------------------
 //	lone-job probe        the in-flight counts and      it claims only a lone job that    TestLoneJobClaim,
-//	(claim_probe.go:      tenants page (passState),     may start now with no rate key    TestPokedLoneClaimRoundTrips;
-//	probeAndClaim),       the heads read and the gate   to look up, after the same check  TestIdleDrainerRoundTrips
-//	while the last pass   lookup: it reads at most two  against the caps and counts read  (integration); TestLockClaims,
+//	(claim_probe.go:      tenants page (passState),     may start now with no rate key    TestPokedLoneClaimRoundTrips,
+//	probeAndClaim),       the heads read and the gate   to look up, after the same check  TestIdleDrainerRoundTrips;
+//	while the last pass   lookup: it reads at most two  against the caps and counts read  TestLockClaims,
 //	left the queue empty  queued jobs, after a Poke in  under the claim lock, and by the  TestProbeQueue (gate/store)
 //	(claimer.probe)       the claim lock's round trip   same fenced UPDATE, as every
 //	                                                    claim; anything else is left to
@@ -57,10 +58,10 @@
 //	reuse)                old that held every tenant    count                             (integration)
 //	                      with work
 //
-//	head cache            the heads read (a subquery    cached heads are only             TestHeadCache;
+//	head cache            the heads read (a subquery    cached heads are only             TestHeadCache,
 //	(claim_headcache.go:  per tenant) of a tenant       candidates: the caps are checked  TestHeadCacheKeepsRequeuedJobFirst,
 //	headCache)            whose cached heads outnumber  under the claim lock and the      TestClaimSkipsJobTakenMeanwhile
-//	                      its share of the pass         fenced UPDATE skips a head        (integration)
+//	                      its share of the pass         fenced UPDATE skips a head
 //	                                                    claimed or canceled elsewhere
 //	                                                    (its tenant's entry goes); only
 //	                                                    full reads are cached, a requeue

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
@@ -324,12 +325,12 @@ func TestAuditStoryAfterSIGKILL(t *testing.T) {
 	victim := env.StartDrainer(t, bin, "victim")
 	running := env.Admit(t, "t", map[string]any{"sleep_ms": 6000})
 	harness.WaitFor(t, 10*time.Second, "the job to run", func() (bool, error) {
-		return readJob(t, env.DB.DB, running).status == "running", nil
+		return drainertest.ReadJob(t, env.DB.DB, running).Status == "running", nil
 	})
 	victim.Kill()
 	env.StartDrainer(t, bin, "rescuer")
 	harness.WaitFor(t, 30*time.Second, "recovery to mark the job lost", func() (bool, error) {
-		return readJob(t, env.DB.DB, running).status == "lost", nil
+		return drainertest.ReadJob(t, env.DB.DB, running).Status == "lost", nil
 	})
 	want := []auditRow{
 		{event: "admitted", actor: "producer", to: "queued", job: running},

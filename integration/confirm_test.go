@@ -79,7 +79,7 @@ func TestStartConfirmation(t *testing.T) {
 		wantCode(t, "foreign nonce while running", env.start(t, id, "not-the-nonce", "attempt-1"), 409, "nonce_invalid")
 		s.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 		harness.WaitFor(t, 10*time.Second, "the job to succeed", func() (bool, error) {
-			return readJob(t, env.DB.DB, id).status == "succeeded", nil
+			return drainertest.ReadJob(t, env.DB.DB, id).Status == "succeeded", nil
 		})
 		wantCode(t, "/start after the dispatch finished", env.start(t, id, disp.Nonce, "attempt-1"), 409, "nonce_used")
 	})
@@ -144,7 +144,7 @@ func TestStartConfirmation(t *testing.T) {
 		if got := <-waited; got != 200 {
 			t.Fatalf("the held job's start once its row was free: HTTP %d, want 200", got)
 		}
-		if st := readJob(t, env.DB.DB, held).status; st != "running" {
+		if st := drainertest.ReadJob(t, env.DB.DB, held).Status; st != "running" {
 			t.Errorf("the held job is %s, want running", st)
 		}
 		s.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
@@ -165,7 +165,7 @@ func TestStartConfirmation(t *testing.T) {
 		}
 		disp := s.Next(t)
 		wantCode(t, "/start with an expired nonce", env.start(t, id, disp.Nonce, "attempt-1"), 409, "nonce_expired")
-		if st := readJob(t, env.DB.DB, id).status; st != "dispatched" {
+		if st := drainertest.ReadJob(t, env.DB.DB, id).Status; st != "dispatched" {
 			t.Errorf("job is %s after a refused start, want dispatched", st)
 		}
 	})
@@ -203,14 +203,14 @@ func TestStartConfirmation(t *testing.T) {
 		}
 		second.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 		harness.WaitFor(t, 10*time.Second, "the job to succeed", func() (bool, error) {
-			return readJob(t, env.DB.DB, id).status == "succeeded", nil
+			return drainertest.ReadJob(t, env.DB.DB, id).Status == "succeeded", nil
 		})
 		// The first drainer's dispatch now ends as unknown; its fenced write must change nothing.
 		stopCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 		d1.Stop(stopCtx)
 		cancel()
-		if j := readJob(t, env.DB.DB, id); j.status != "succeeded" {
-			t.Errorf("after the first drainer gave up, the job is %s, want succeeded", j.status)
+		if j := drainertest.ReadJob(t, env.DB.DB, id); j.Status != "succeeded" {
+			t.Errorf("after the first drainer gave up, the job is %s, want succeeded", j.Status)
 		}
 	})
 }
@@ -230,7 +230,7 @@ func answerInTurn(t *testing.T, cfg drainer.Config, answers []executor.Answer,
 	cfg.Executor = &drainertest.ScriptedSender{Answer: func(n int) executor.Answer { return answers[n-1] }}
 	d := drainertest.NewDrainer(t, cfg, 10*time.Second)
 	t0, _ := clk.Now(ctx)
-	id := queueOneJob(t, db, t0)
+	id := drainertest.QueueOneJob(t, db, t0)
 	for i := range answers {
 		passAt, _ := clk.Now(ctx)
 		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
@@ -445,8 +445,8 @@ func TestCompleteNotStarted(t *testing.T) {
 		t.Errorf("not_started repeated: HTTP %d %s, want 200 with the job unchanged, at position 1", again.Status, again.Raw)
 	}
 	wantCode(t, "succeeded after not_started", e.complete(t, first, nonce, "succeeded"), 409, "outcome_conflict")
-	if j := readJob(t, e.DB.DB, first); j.status != "queued" {
-		t.Errorf("after the repeats the job is %s, want queued", j.status)
+	if j := drainertest.ReadJob(t, e.DB.DB, first); j.Status != "queued" {
+		t.Errorf("after the repeats the job is %s, want queued", j.Status)
 	}
 }
 
@@ -487,7 +487,7 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 	if p, err := d2.RunOnce(ctx); err != nil || p.Recovered != 1 || p.Claimed != 0 {
 		t.Fatalf("rescuing pass %+v, %v; want 1 recovered, none claimed", p, err)
 	}
-	if a, b := readJob(t, env.DB.DB, reported).status, readJob(t, env.DB.DB, recovered).status; a != "queued" || b != "queued" {
+	if a, b := drainertest.ReadJob(t, env.DB.DB, reported).Status, drainertest.ReadJob(t, env.DB.DB, recovered).Status; a != "queued" || b != "queued" {
 		t.Fatalf("jobs are %s and %s, want both queued", a, b)
 	}
 	if r := complete(reported); r.Status != http.StatusOK || r.Body["status"] != "queued" {

@@ -5,25 +5,15 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/drainer"
-	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
-
-// noopSender is an executor that finishes every job at once, so a benchmark measures sluice.
-type noopSender struct{ n atomic.Int64 }
-
-func (s *noopSender) Send(context.Context, executor.Dispatch) executor.Answer {
-	s.n.Add(1)
-	return executor.Answer{Kind: executor.Done, Status: "succeeded"}
-}
 
 // rawTx times the same kind of work without sluice: a two-statement transaction (an UPDATE of
 // one job row and an outbox INSERT) on the same database, as the reference for this run.
@@ -70,7 +60,7 @@ func rawDrain(tb testing.TB, tenants, jobs int) float64 {
 	drainertest.QueueJobs(tb, db, tenants, jobs)
 	// The jobs by id, read before the clock starts: ids are on the server's
 	// auto_increment_increment (the cluster's size on Galera), not 1 apart.
-	all := queryIDs(tb, db.DB, "SELECT id FROM jobs WHERE status = 'queued' ORDER BY id")
+	all := drainertest.QueryIDs(tb, db.DB, "SELECT id FROM jobs WHERE status = 'queued' ORDER BY id")
 	if len(all) != jobs {
 		tb.Fatalf("%d jobs queued, want %d", len(all), jobs)
 	}
@@ -129,7 +119,7 @@ func rawDrain(tb testing.TB, tenants, jobs int) float64 {
 func claimLatency(b *testing.B, db *testdb.DB, n int) []time.Duration {
 	ctx := context.Background()
 	recorded := make(chan int64, 1)
-	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "bench",
+	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &drainertest.NoopSender{}, ID: "bench",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}})
 	if err != nil {
 		b.Fatal(err)
@@ -261,7 +251,7 @@ func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (dra
 		}
 	}
 	raw := rawTx(b, db, 300)
-	s := &noopSender{}
+	s := &drainertest.NoopSender{}
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: s, ID: "bench", AuditOff: auditOff})
 	if err != nil {
 		b.Fatal(err)
@@ -272,7 +262,7 @@ func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (dra
 	// Wait on the executor's own count (in memory) so that the wait itself does not load the
 	// database, then for the last outcomes to commit.
 	harness.WaitFor(b, 10*time.Minute, "every job to be dispatched", func() (bool, error) {
-		return s.n.Load() >= int64(jobs), nil
+		return s.Answered() >= int64(jobs), nil
 	})
 	harness.WaitFor(b, time.Minute, "the last outcomes to commit", func() (bool, error) {
 		var left int

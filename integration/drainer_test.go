@@ -2,7 +2,6 @@ package integration_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"math/rand"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -32,45 +32,6 @@ func admitMany(t testing.TB, env *harness.Env, c int, tenantOf func(i int) strin
 	}
 	wg.Wait()
 	return ids
-}
-
-// queryIDs returns the ids that q (a SELECT of one integer column) reads, in its order.
-func queryIDs(tb testing.TB, db *sql.DB, q string, args ...any) []int64 {
-	tb.Helper()
-	rows, err := db.QueryContext(context.Background(), q, args...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			tb.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		tb.Fatal(err)
-	}
-	return ids
-}
-
-type jobTimes struct {
-	status     string
-	queued     time.Time
-	dispatched sql.NullTime
-	started    sql.NullTime
-}
-
-func readJob(t *testing.T, db *sql.DB, id int64) jobTimes {
-	t.Helper()
-	var j jobTimes
-	if err := db.QueryRow("SELECT status, queued_at, dispatched_at, started_at FROM jobs WHERE id = ?", id).
-		Scan(&j.status, &j.queued, &j.dispatched, &j.started); err != nil {
-		t.Fatal(err)
-	}
-	return j
 }
 
 func assertCapsHeld(t *testing.T, env *harness.Env, global, tenant int) {
@@ -111,7 +72,7 @@ func TestDrainerFairness(t *testing.T) {
 	b1 := env.Admit(t, "B", payload(0))
 	answered := time.Now()
 	harness.WaitFor(t, 10*time.Second, "B's job to be dispatched", func() (bool, error) {
-		return readJob(t, env.DB.DB, b1).dispatched.Valid, nil
+		return drainertest.ReadJob(t, env.DB.DB, b1).Dispatched.Valid, nil
 	})
 	assertNextAfter(t, env, b1, answered)
 
@@ -128,7 +89,7 @@ func TestDrainerFairness(t *testing.T) {
 	b2 := env.Admit(t, "B", payload(0))
 	answered = time.Now()
 	harness.WaitFor(t, 10*time.Second, "B's second job to be dispatched", func() (bool, error) {
-		return readJob(t, env.DB.DB, b2).dispatched.Valid, nil
+		return drainertest.ReadJob(t, env.DB.DB, b2).Dispatched.Valid, nil
 	})
 	assertNextAfter(t, env, b2, answered)
 	assertCapsHeld(t, env, 4, 2)
@@ -151,10 +112,10 @@ func TestDrainerFairness(t *testing.T) {
 // after queued_at explains: neither claim could see B.
 func assertNextAfter(t *testing.T, env *harness.Env, id int64, answered time.Time) {
 	t.Helper()
-	j := readJob(t, env.DB.DB, id)
+	j := drainertest.ReadJob(t, env.DB.DB, id)
 	ahead := func(from time.Time) (jobs, claims int, list []string) {
 		rows, err := env.DB.QueryContext(context.Background(), `SELECT id, tenant, drainer_id, dispatched_at FROM jobs
-			WHERE tenant <> 'B' AND dispatched_at > ? AND dispatched_at < ? ORDER BY dispatched_at, id`, from.UTC(), j.dispatched.Time)
+			WHERE tenant <> 'B' AND dispatched_at > ? AND dispatched_at < ? ORDER BY dispatched_at, id`, from.UTC(), j.Dispatched.Time)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -179,11 +140,11 @@ func assertNextAfter(t *testing.T, env *harness.Env, id int64, answered time.Tim
 	jobs, claims, list := ahead(answered)
 	if claims > 1 {
 		t.Errorf("%d claims (%d jobs) of the backlogged tenants were dispatched after B's job %d was admitted (answered %s) and before it (%s): %v",
-			claims, jobs, id, answered.UTC().Format("15:04:05.000000"), j.dispatched.Time.Format("15:04:05.000000"), list)
+			claims, jobs, id, answered.UTC().Format("15:04:05.000000"), j.Dispatched.Time.Format("15:04:05.000000"), list)
 	}
-	_, _, before := ahead(j.queued)
+	_, _, before := ahead(j.Queued)
 	t.Logf("B's job %d waited %s from admission (queued_at %s, answered %s) to dispatch, behind %d job(s) of the backlogged tenants after the answer; after queued_at: %v",
-		id, j.dispatched.Time.Sub(j.queued), j.queued.Format("15:04:05.000000"), answered.UTC().Format("15:04:05.000000"), jobs, before)
+		id, j.Dispatched.Time.Sub(j.Queued), j.Queued.Format("15:04:05.000000"), answered.UTC().Format("15:04:05.000000"), jobs, before)
 }
 
 // TestThreeDrainerProcesses runs three drainer processes (the built binary) on one queue of
@@ -255,19 +216,19 @@ func TestDrainerSIGKILL(t *testing.T) {
 	st := env.Exec.Stats()
 	started := 0
 	for _, id := range ids {
-		j := readJob(t, env.DB.DB, id)
+		j := drainertest.ReadJob(t, env.DB.DB, id)
 		starts := st.Starts[strconv.FormatInt(id, 10)]
 		switch {
 		case starts > 1:
 			t.Errorf("job %d started %d times", id, starts)
-		case j.status == "succeeded" && starts != 1:
+		case j.Status == "succeeded" && starts != 1:
 			t.Errorf("job %d succeeded with %d starts at the executor", id, starts)
-		case j.status == "lost" && !j.started.Valid:
+		case j.Status == "lost" && !j.Started.Valid:
 			t.Errorf("job %d is lost although its start was never confirmed (it should have been requeued)", id)
-		case j.status == "failed":
+		case j.Status == "failed":
 			t.Errorf("job %d failed; a kill must never fail a job", id)
 		}
-		if j.started.Valid {
+		if j.Started.Valid {
 			started++
 		}
 	}
@@ -298,7 +259,7 @@ func TestDrainerFrozenPastLease(t *testing.T) {
 	d1 := env.StartDrainer(t, bin, "frozen")
 	running := env.Admit(t, "t", map[string]any{"sleep_ms": 6000})
 	harness.WaitFor(t, 10*time.Second, "the first job to run", func() (bool, error) {
-		return readJob(t, env.DB.DB, running).status == "running", nil
+		return drainertest.ReadJob(t, env.DB.DB, running).Status == "running", nil
 	})
 	slow := env.Admit(t, "t", map[string]any{"confirm_delay_ms": 5000, "sleep_ms": 10})
 	// Freeze only once the executor holds the dispatch: "dispatched" commits before the send.
@@ -311,10 +272,10 @@ func TestDrainerFrozenPastLease(t *testing.T) {
 	env.StartDrainer(t, bin, "rescuer")
 
 	harness.WaitFor(t, 20*time.Second, "recovery to mark the running job lost", func() (bool, error) {
-		return readJob(t, env.DB.DB, running).status == "lost", nil
+		return drainertest.ReadJob(t, env.DB.DB, running).Status == "lost", nil
 	})
 	harness.WaitFor(t, 30*time.Second, "the unconfirmed job to succeed on the rescuer", func() (bool, error) {
-		return readJob(t, env.DB.DB, slow).status == "succeeded", nil
+		return drainertest.ReadJob(t, env.DB.DB, slow).Status == "succeeded", nil
 	})
 	d1.Signal(syscall.SIGCONT)
 	// The frozen drainer now hears the executor's late answer for the running job and must find
@@ -323,8 +284,8 @@ func TestDrainerFrozenPastLease(t *testing.T) {
 		return strings.Contains(d1.Output(), fmt.Sprintf(`"job_id":%d`, running)) &&
 			strings.Contains(d1.Output(), "moved on"), nil
 	})
-	if j := readJob(t, env.DB.DB, running); j.status != "lost" || !j.started.Valid {
-		t.Errorf("running job is %s (started %v); want lost with its start kept", j.status, j.started.Valid)
+	if j := drainertest.ReadJob(t, env.DB.DB, running); j.Status != "lost" || !j.Started.Valid {
+		t.Errorf("running job is %s (started %v); want lost with its start kept", j.Status, j.Started.Valid)
 	}
 	var version, attempt int
 	var drainer string

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -134,5 +135,5 @@ func TestFrontDoorIDStep(t *testing.T) {
 			t.Errorf("%s: no enqueue poke names job %d", a.idem, a.id)
 		}
 	}
-	checkTenantQueueState(t, ctx, f.db.DB, "after the admissions")
+	drainertest.CheckTenantQueueState(t, ctx, f.db.DB, "after the admissions")
 }

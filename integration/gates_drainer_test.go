@@ -503,7 +503,7 @@ func TestGateOnceForARetriedOutcome(t *testing.T) {
 	ctx := context.Background()
 	db, clk, t0 := drainertest.NewDB(t, func(*limits.Config) {})
 	proxy, viaProxy := dbThroughCutter(t, db)
-	id := queueOneJob(t, db, t0)
+	id := drainertest.QueueOneJob(t, db, t0)
 	if _, err := db.ExecContext(ctx, "UPDATE jobs SET rate_key_sha256 = ? WHERE id = ?", gate.RateKeyHash("k"), id); err != nil {
 		t.Fatal(err)
 	}

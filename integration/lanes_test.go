@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -109,10 +110,10 @@ func TestClaimSkipsFullLane(t *testing.T) {
 	h.hold(a3)
 	patchConfig(t, env, map[string]any{"global_in_flight": 4})
 	harness.WaitFor(t, 15*time.Second, "A's first gpu job and its plain job to start", func() (bool, error) {
-		return inFlightStatus(jobStatus(t, env.DB, a1)) && inFlightStatus(jobStatus(t, env.DB, a3)), nil
+		return inFlightStatus(drainertest.JobStatus(t, env.DB, a1)) && inFlightStatus(drainertest.JobStatus(t, env.DB, a3)), nil
 	})
 	// a1 holds the lane until let: a2 cannot have gone, whatever the timing.
-	if s := jobStatus(t, env.DB, a2); s != "queued" {
+	if s := drainertest.JobStatus(t, env.DB, a2); s != "queued" {
 		t.Errorf("A's second gpu job is %s while the lane is full; want queued", s)
 	}
 	h.let()
@@ -169,7 +170,7 @@ func TestClaimTiersAndReserve(t *testing.T) {
 	}
 	// Plain jobs are held at the executor until the interactive job is in, so the reserve is the
 	// only room it can take.
-	for _, id := range queryIDs(t, env.DB.DB, "SELECT id FROM jobs WHERE interactive = 0") {
+	for _, id := range drainertest.QueryIDs(t, env.DB.DB, "SELECT id FROM jobs WHERE interactive = 0") {
 		h.hold(id)
 	}
 	patchConfig(t, env, map[string]any{"global_in_flight": 4})
@@ -180,7 +181,7 @@ func TestClaimTiersAndReserve(t *testing.T) {
 	})
 	i := admitLaneJob(t, env, laneJob{tenant: "I", interactive: true})
 	harness.WaitFor(t, 15*time.Second, "the interactive job to start in the reserve", func() (bool, error) {
-		s := jobStatus(t, env.DB, i)
+		s := drainertest.JobStatus(t, env.DB, i)
 		return inFlightStatus(s) || s == "succeeded", nil
 	})
 	h.let()
@@ -278,7 +279,7 @@ func TestLoneJobHonoursLanes(t *testing.T) {
 	h.hold(first)
 	patchConfig(t, env, map[string]any{"global_in_flight": 4})
 	harness.WaitFor(t, 15*time.Second, "the first gpu job to start", func() (bool, error) {
-		return inFlightStatus(jobStatus(t, env.DB, first)), nil
+		return inFlightStatus(drainertest.JobStatus(t, env.DB, first)), nil
 	})
 	// The queue is empty again: the next pass probes for a lone job, and finds this one; the
 	// first holds the lane until the second has been seen in the queue for two poll periods.
@@ -292,12 +293,12 @@ func TestLoneJobHonoursLanes(t *testing.T) {
 		err := env.DB.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM drainers WHERE heartbeat_at >= ?", polls).Scan(&n)
 		return n > 0, err
 	})
-	if s := jobStatus(t, env.DB, second); s != "queued" {
+	if s := drainertest.JobStatus(t, env.DB, second); s != "queued" {
 		t.Errorf("the second gpu job is %s while the first holds the lane; want queued", s)
 	}
 	h.let()
 	harness.WaitFor(t, 30*time.Second, "both to succeed", func() (bool, error) {
-		return jobStatus(t, env.DB, first) == "succeeded" && jobStatus(t, env.DB, second) == "succeeded", nil
+		return drainertest.JobStatus(t, env.DB, first) == "succeeded" && drainertest.JobStatus(t, env.DB, second) == "succeeded", nil
 	})
 	var firstDone, secondDispatched time.Time
 	if err := env.DB.QueryRowContext(context.Background(), "SELECT (SELECT finished_at FROM jobs WHERE id = ?), (SELECT dispatched_at FROM jobs WHERE id = ?)",

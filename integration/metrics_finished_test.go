@@ -97,7 +97,7 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	}
 	status := func(id int64, want string) {
 		t.Helper()
-		if got := readJob(t, env.DB.DB, id).status; got != want {
+		if got := drainertest.ReadJob(t, env.DB.DB, id).Status; got != want {
 			t.Fatalf("job %d is %s, want %s", id, got, want)
 		}
 	}

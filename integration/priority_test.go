@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -70,7 +71,7 @@ func TestPriorities(t *testing.T) {
 		c, err := env.CountJobs(ctx)
 		return c["succeeded"] == len(all), err
 	})
-	got := queryIDs(t, env.DB.DB, "SELECT id FROM jobs ORDER BY dispatched_at, id")
+	got := drainertest.QueryIDs(t, env.DB.DB, "SELECT id FROM jobs ORDER BY dispatched_at, id")
 	want := []int64{inter, aged, top, high, def, def2, low}
 	if !slices.Equal(got, want) {
 		t.Errorf("dispatch order %v, want %v (interactive, aged, 9, 7, 5, 5, 1)", got, want)

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -193,7 +194,7 @@ func head(s []string) string {
 
 func allOutboxIDs(t testing.TB, db *testdb.DB) []int64 {
 	t.Helper()
-	return queryIDs(t, db.DB, "SELECT id FROM outbox ORDER BY id")
+	return drainertest.QueryIDs(t, db.DB, "SELECT id FROM outbox ORDER BY id")
 }
 
 // registryMetrics is a relay's collectors on a registry of the test's own.

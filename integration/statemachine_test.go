@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -297,64 +298,8 @@ func checkInvariants(t *testing.T, ctx context.Context, db *sql.DB, step int, st
 	}
 	if step%2 == 1 {
 		// Heads left behind by claims stay so into the next step.
-		checkQueueState(t, ctx, db, fmt.Sprintf("step %d", step), false)
+		drainertest.CheckQueueState(t, ctx, db, fmt.Sprintf("step %d", step), false)
 		return
 	}
-	checkTenantQueueState(t, ctx, db, fmt.Sprintf("step %d", step))
-}
-
-// checkTenantQueueState fails unless every tenant's queue state (migrations/0010: queued count
-// and oldest queued job, kept by triggers) agrees with what its jobs say: the head no later
-// than the oldest queued job, and that job itself once the heads are set forward, which it does.
-func checkTenantQueueState(t *testing.T, ctx context.Context, db *sql.DB, when string) {
-	t.Helper()
-	tenants := checkQueueState(t, ctx, db, when, false)
-	// Claims leave their tenants' heads behind (migration 0018) until an advance sets them
-	// forward: then they are exact.
-	if skipped, err := store.AdvanceHeads(ctx, db, tenants); err != nil || len(skipped) > 0 {
-		t.Fatalf("%s: advance: skipped %v, %v", when, skipped, err)
-	}
-	checkQueueState(t, ctx, db, when+", heads set forward", true)
-}
-
-// checkQueueState checks every tenant's queue state against its jobs: the count exact, listed
-// exactly when it has queued jobs, its head NULL exactly then, and otherwise no later than its
-// oldest queued job in (queued_at, id) order, or that job itself when exact. It returns the
-// tenants.
-func checkQueueState(t *testing.T, ctx context.Context, db *sql.DB, when string, exact bool) []string {
-	t.Helper()
-	rows, err := db.QueryContext(ctx, `SELECT t.tenant, t.queued, COALESCE(t.head_id, 0), COALESCE(t.head_at, ''),
-		(SELECT COUNT(*) FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued'),
-		COALESCE((SELECT j.id FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued' ORDER BY j.queued_at, j.id LIMIT 1), 0),
-		COALESCE((SELECT j.queued_at FROM jobs j WHERE j.tenant = t.tenant AND j.status = 'queued' ORDER BY j.queued_at, j.id LIMIT 1), ''),
-		COALESCE(t.work_tenant = t.tenant, 0)
-		FROM tenants t`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var tenants []string
-	for rows.Next() {
-		var tenant, headAt, wantAt string
-		var queued, want, headID, wantID int64
-		var listed bool
-		if err := rows.Scan(&tenant, &queued, &headID, &headAt, &want, &wantID, &wantAt, &listed); err != nil {
-			t.Fatal(err)
-		}
-		tenants = append(tenants, tenant)
-		// DATETIME(6) as text: fixed width, so its order is the time's.
-		behind := headAt < wantAt || (headAt == wantAt && headID <= wantID)
-		ok := (headID == 0) == (want == 0) && (headAt == "") == (want == 0) && behind
-		if exact {
-			ok = headID == wantID && headAt == wantAt
-		}
-		if !ok || queued != want || listed != (want > 0) {
-			t.Fatalf("%s: tenant %q's queue state is queued=%d head=%d@%s listed=%v; its jobs say queued=%d head=%d@%s",
-				when, tenant, queued, headID, headAt, listed, want, wantID, wantAt)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return tenants
+	drainertest.CheckTenantQueueState(t, ctx, db, fmt.Sprintf("step %d", step))
 }

@@ -107,7 +107,7 @@ func TestFiftyThousandTenants(t *testing.T) {
 	if longest := stmts.LongestSent(); len(longest) > 64<<10 {
 		t.Fatalf("the drainer sent a statement of %d bytes (limit 64 KiB): %.300s", len(longest), longest)
 	}
-	checkTenantQueueState(t, ctx, env.DB.DB, "after the drain")
+	drainertest.CheckTenantQueueState(t, ctx, env.DB.DB, "after the drain")
 	if rssBefore > 0 {
 		grew := mariadbRSS(t) - rssBefore
 		t.Logf("MariaDB resident memory grew by %d MiB", grew>>20)

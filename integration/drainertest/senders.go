@@ -3,6 +3,7 @@ package drainertest
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,3 +78,17 @@ func (s *ScriptedSender) Dispatches() []executor.Dispatch {
 	defer s.mu.Unlock()
 	return append([]executor.Dispatch(nil), s.Sent...)
 }
+
+// NoopSender is an executor that finishes every job at once ("succeeded") and counts them: a
+// benchmark measures sluice, not the executor, and a test that needs no answers of its own
+// keeps its drainer moving.
+type NoopSender struct{ n atomic.Int64 }
+
+// Send counts d and finishes it.
+func (s *NoopSender) Send(context.Context, executor.Dispatch) executor.Answer {
+	s.n.Add(1)
+	return executor.Answer{Kind: executor.Done, Status: "succeeded"}
+}
+
+// Answered returns how many dispatches the sender has answered.
+func (s *NoopSender) Answered() int64 { return s.n.Load() }

@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
@@ -66,13 +66,13 @@ func TestClaimReachesTenantsBehindGatedOnes(t *testing.T) {
 			late, _ := res.LastInsertId()
 			db.RecountQueues(t)
 
-			d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "behind", RateGates: gatedKey{hash: key},
+			d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &drainertest.NoopSender{}, ID: "behind", RateGates: gatedKey{hash: key},
 				Clock: clock.NewFake(time.Now())}, 10*time.Second)
 			for pass := 1; ; pass++ {
 				if _, err := d.RunOnce(ctx); err != nil {
 					t.Fatal(err)
 				}
-				if status := jobStatus(t, db, late); status != "queued" {
+				if status := drainertest.JobStatus(t, db, late); status != "queued" {
 					t.Logf("the eligible job left the queue (%s) in pass %d", status, pass)
 					break
 				}
@@ -89,13 +89,4 @@ func TestClaimReachesTenantsBehindGatedOnes(t *testing.T) {
 			}
 		})
 	}
-}
-
-func jobStatus(t *testing.T, db *testdb.DB, id int64) string {
-	t.Helper()
-	var s string
-	if err := db.QueryRowContext(context.Background(), "SELECT status FROM jobs WHERE id = ?", id).Scan(&s); err != nil {
-		t.Fatal(err)
-	}
-	return s
 }

@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
@@ -47,7 +47,7 @@ func TestDrainerSetsHeadsForward(t *testing.T) {
 				}
 				db.RecountQueues(t, tenant)
 			}
-			ids := queryIDs(t, db.DB, "SELECT id FROM jobs WHERE tenant = 't0' ORDER BY queued_at, id")
+			ids := drainertest.QueryIDs(t, db.DB, "SELECT id FROM jobs WHERE tenant = 't0' ORDER BY queued_at, id")
 			release := make(chan struct{})
 			defer close(release)
 			sender := &drainertest.ScriptedSender{Answer: func(n int) executor.Answer {
@@ -86,7 +86,7 @@ func TestDrainerSetsHeadsForward(t *testing.T) {
 				t.Fatal(err)
 			}
 			wantHead(t, db.DB, "t0", ids[2], "once the advance is due")
-			checkQueueState(t, ctx, db.DB, "at the end", false)
+			drainertest.CheckQueueState(t, ctx, db.DB, "at the end", false)
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/drainertest"
-	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // TestClaimAndRequeueTakeTenantsInOrder: a claim and a batch of requeues that move jobs of the
@@ -79,10 +79,10 @@ func TestClaimAndRequeueTakeTenantsInOrder(t *testing.T) {
 		}
 		requeued <- tx.Commit()
 	}()
-	harness.WaitFor(t, 10*time.Second, "the requeue to lock job d", func() (bool, error) {
+	wait.For(t, 10*time.Second, "the requeue to lock job d", func() (bool, error) {
 		return held("SELECT 1 FROM jobs WHERE id = ?", d)()
 	})
-	dr := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &noopSender{}, ID: "claimer"}, 10*time.Second)
+	dr := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &drainertest.NoopSender{}, ID: "claimer"}, 10*time.Second)
 	claimed := make(chan drainer.Pass, 1)
 	claimErr := make(chan error, 1)
 	go func() {
@@ -90,7 +90,7 @@ func TestClaimAndRequeueTakeTenantsInOrder(t *testing.T) {
 		claimed <- p
 		claimErr <- err
 	}()
-	harness.WaitFor(t, 10*time.Second, "the claim to lock jobs a and b", func() (bool, error) {
+	wait.For(t, 10*time.Second, "the claim to lock jobs a and b", func() (bool, error) {
 		ha, err := held("SELECT 1 FROM jobs WHERE id = ?", a)()
 		if err != nil || !ha {
 			return false, err
@@ -111,5 +111,5 @@ func TestClaimAndRequeueTakeTenantsInOrder(t *testing.T) {
 	if p.Claimed != 2 {
 		t.Errorf("the pass claimed %d jobs, want a and b", p.Claimed)
 	}
-	checkTenantQueueState(t, ctx, db.DB, "after the claim and the requeue")
+	drainertest.CheckTenantQueueState(t, ctx, db.DB, "after the claim and the requeue")
 }

@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/drainertest"
-	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/integration/wait"
 )
 
 // TestStopKeepsLeases proves that a stopping drainer renews the leases of the dispatches it
@@ -24,7 +24,7 @@ func TestStopKeepsLeases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
-	queueOneJob(t, db, t0)
+	drainertest.QueueOneJob(t, db, t0)
 	sender := drainertest.NewHeldSender()
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "stopping",
 		PollInterval: 10 * time.Millisecond})
@@ -45,12 +45,12 @@ func TestStopKeepsLeases(t *testing.T) {
 	}()
 	clk.Advance(2 * time.Second)
 	want := t0.Add(2*time.Second + 3*time.Second)
-	harness.WaitFor(t, 10*time.Second, "the stopping drainer to renew the lease", func() (bool, error) {
+	wait.For(t, 10*time.Second, "the stopping drainer to renew the lease", func() (bool, error) {
 		return leaseUntil(t, db, dispatch.JobID).Equal(want), nil
 	})
 	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	<-stopped
-	if s := readJob(t, db.DB, dispatch.JobID).status; s != "succeeded" {
+	if s := drainertest.ReadJob(t, db.DB, dispatch.JobID).Status; s != "succeeded" {
 		t.Fatalf("job %s after the answer in the grace period, want succeeded", s)
 	}
 }
@@ -64,7 +64,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
-	id := queueOneJob(t, db, t0)
+	id := drainertest.QueueOneJob(t, db, t0)
 	recorded := make(chan int64, 1)
 	sender := &drainertest.ScriptedSender{Answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Accepted, HTTPStatus: 202} }}
 	first, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "sender",
@@ -92,7 +92,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer second.Stop(ctx)
-	status := func() string { return readJob(t, db.DB, id).status }
+	status := func() string { return drainertest.ReadJob(t, db.DB, id).Status }
 	clk.Advance(30 * time.Second) // ten leases later, within the wall
 	if p, err := second.RunOnce(ctx); err != nil || p.Recovered != 0 || len(resender.Dispatches()) != 0 || status() != "dispatched" {
 		t.Fatalf("within the wall: pass %+v, %v; job %s; want it left dispatched", p, err, status())
@@ -114,7 +114,7 @@ func TestRenewalNeverShortensALease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
-	queueOneJob(t, db, t0)
+	drainertest.QueueOneJob(t, db, t0)
 	sender := drainertest.NewHeldSender()
 	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "renewer"}, 10*time.Second)
 	if _, err := d.RunOnce(ctx); err != nil {
@@ -143,7 +143,7 @@ func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
-	running := queueOneJob(t, db, t0)
+	running := drainertest.QueueOneJob(t, db, t0)
 	sender := drainertest.NewHeldSender()
 	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "patient",
 		PollInterval: 20 * time.Millisecond}, 10*time.Second)
@@ -151,7 +151,7 @@ func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 		t.Fatalf("first pass: %+v, %v", p, err)
 	}
 	sender.Next(t)
-	queueOneJob(t, db, t0) // something for the next pass to claim, so that it takes the claim lock
+	drainertest.QueueOneJob(t, db, t0) // something for the next pass to claim, so that it takes the claim lock
 
 	holder, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -167,7 +167,7 @@ func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 		passed <- err
 	}()
 	want := t0.Add(2*time.Second + 3*time.Second)
-	harness.WaitFor(t, 5*time.Second, "the lease renewed while the claim waits for the lock", func() (bool, error) {
+	wait.For(t, 5*time.Second, "the lease renewed while the claim waits for the lock", func() (bool, error) {
 		return leaseUntil(t, db, running).Equal(want), nil
 	})
 	select {
@@ -185,26 +185,6 @@ func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	}
 	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
-}
-
-// queueOneJob writes one queued job of tenant acme, queued at, as admission would, and returns
-// its id.
-func queueOneJob(t *testing.T, db *testdb.DB, at time.Time) int64 {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO tenants (tenant, created_at) VALUES ('acme', ?)", at); err != nil {
-		t.Fatal(err)
-	}
-	res, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('acme', 'queued', ?)", at)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.RecountQueues(t, "acme")
-	id, err := res.LastInsertId()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
 }
 
 // leaseUntil reads job id's lease.
@@ -245,7 +225,7 @@ func TestStopHandsBackClaimedJobs(t *testing.T) {
 			}
 			var ids []int64
 			for range c.jobs {
-				ids = append(ids, queueOneJob(t, db, t0))
+				ids = append(ids, drainertest.QueueOneJob(t, db, t0))
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()

@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
@@ -25,7 +25,7 @@ func TestOutcomeCompleters(t *testing.T) {
 			db, clk, now := drainertest.NewDB(t, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 8, 8 })
 			var ids []int64
 			for range 6 {
-				ids = append(ids, queueOneJob(t, db, now))
+				ids = append(ids, drainertest.QueueOneJob(t, db, now))
 			}
 			want := map[int64]string{}
 			for i, id := range ids {
@@ -57,7 +57,7 @@ func TestOutcomeCompleters(t *testing.T) {
 			}
 			drainertest.AwaitRecorded(t, recorded, len(ids))
 			for _, id := range ids {
-				if got := readJob(t, db.DB, id).status; got != want[id] {
+				if got := drainertest.ReadJob(t, db.DB, id).Status; got != want[id] {
 					t.Errorf("job %d is %s, want %s", id, got, want[id])
 				}
 			}

@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
@@ -99,7 +99,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	}
 	db.RecountQueues(t, "a")
 	// The jobs in queue order: ids on the server's auto_increment_increment, not always 1 apart.
-	ids := queryIDs(t, db.DB, "SELECT id FROM jobs ORDER BY id")
+	ids := drainertest.QueryIDs(t, db.DB, "SELECT id FROM jobs ORDER BY id")
 	seq := map[int64]int{} // job id → the seq in its payload
 	for i, id := range ids {
 		seq[id] = i + 1

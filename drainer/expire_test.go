@@ -1,4 +1,4 @@
-package integration_test
+package drainer_test
 
 import (
 	"context"
