@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/publishertest"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -290,7 +291,7 @@ func TestOpsNATSRestart(t *testing.T) {
 	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
-	if msgs := streamMessages(t, ns.URL()); msgs != rows {
+	if msgs := publishertest.StreamMessages(t, ns.URL()); msgs != rows {
 		t.Errorf("stream holds %d messages, want one per outbox row (%d)", msgs, rows)
 	}
 	if st := env.Exec.Stats(); st.DuplicateStarts != 0 || st.TotalStarts != 35 {

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/publishertest"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
@@ -60,7 +61,7 @@ func TestBrokerOutageScenario9(t *testing.T) {
 	if ns.Running() {
 		t.Fatal("the broker came back during the drain; the test proves nothing")
 	}
-	if n := countOutbox(t, env.DB, "published_at > "+outbox.Unpublished); n != 0 {
+	if n := publishertest.CountOutbox(t, env.DB, "published_at > "+outbox.Unpublished); n != 0 {
 		t.Fatalf("%d outbox rows marked published while the broker was down", n)
 	}
 
@@ -90,18 +91,18 @@ func TestBrokerOutageScenario9(t *testing.T) {
 
 	ns.Restart(t)
 	harness.WaitFor(t, 60*time.Second, "the outbox to be published after the outage", func() (bool, error) {
-		return countOutbox(t, env.DB, "published_at = "+outbox.Unpublished) == 0, nil
+		return publishertest.CountOutbox(t, env.DB, "published_at = "+outbox.Unpublished) == 0, nil
 	})
 	js := natstest.JetStreamAt(t, ns.URL())
 	installID, err := publisher.InstallationID(ctx, env.DB.DB)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := allOutboxIDs(t, env.DB)
+	ids := publishertest.AllOutboxIDs(t, env.DB)
 	if len(ids) < 2*jobs { // an enqueue and a release poke per job at least
 		t.Fatalf("only %d outbox rows for %d jobs", len(ids), jobs)
 	}
-	assertExactlyOnce(t, installID, ids, consumeAll(t, js))
+	publishertest.AssertExactlyOnce(t, installID, ids, publishertest.ConsumeAll(t, js))
 }
 
 // raiseCaps writes a runtime configuration version with the given global and per-tenant caps,

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/publishertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/outbox"
@@ -86,7 +87,7 @@ func TestProducerEventsCommitWithTheProducersTransaction(t *testing.T) {
 		if err := db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&status); err != nil {
 			t.Fatal(err)
 		}
-		return sandbox, status, countOutbox(t, db, "subject = '"+outbox.Subject("sluice", outbox.Release, "acme")+"'")
+		return sandbox, status, publishertest.CountOutbox(t, db, "subject = '"+outbox.Subject("sluice", outbox.Release, "acme")+"'")
 	}
 
 	tx, err := db.BeginTx(ctx, nil)
@@ -159,7 +160,7 @@ func TestReleaseOverHTTP(t *testing.T) {
 	if r := env.Do(t, http.MethodPost, "/v1/releases", harness.ProducerToken, map[string]any{"tenant": "acme"}); r.Status != http.StatusForbidden {
 		t.Errorf("a producer token got HTTP %d, want 403", r.Status)
 	}
-	if n := countOutbox(t, env.DB, "1"); n != 1 {
+	if n := publishertest.CountOutbox(t, env.DB, "1"); n != 1 {
 		t.Fatalf("%d outbox rows, want only the one valid release", n)
 	}
 	// The relay counts a publication just after its commit, so the counter may trail the row.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/publishertest"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
@@ -26,14 +27,14 @@ func BenchmarkRelayBacklog(b *testing.B) {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				ns := natstest.Start(b)
-				e := newRelayEnv(b, ns.URL(), 1)
-				insertRows(b, e.db, rows)
+				e := publishertest.NewEnv(b, ns.URL(), 1)
+				publishertest.InsertRows(b, e.DB, rows)
 				payload := outbox.PokeMessage("sluice", outbox.Enqueue, "tenant-1", 12345).Payload
 
-				raw := rawPublish(b, e.js, rows, payload)
+				raw := rawPublish(b, e.JS, rows, payload)
 
-				reg := newRegistryMetrics()
-				r := e.relay(b, publisher.RelayConfig{Batch: batch, Metrics: reg.m})
+				reg := publishertest.NewRegistryMetrics()
+				r := e.Relay(b, publisher.RelayConfig{Batch: batch, Metrics: reg.Metrics})
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan struct{})
 				start := time.Now()
@@ -42,12 +43,12 @@ func BenchmarkRelayBacklog(b *testing.B) {
 					r.Run(ctx)
 				}()
 				harness.WaitFor(b, 60*time.Second, "the backlog to be published", func() (bool, error) {
-					return reg.counter(b, "sluice_relay_published_total", "") >= rows, nil
+					return reg.Counter(b, "sluice_relay_published_total", "") >= rows, nil
 				})
 				took := time.Since(start)
 				cancel()
 				<-done
-				if left := countOutbox(b, e.db, "published_at = "+outbox.Unpublished); left != 0 {
+				if left := publishertest.CountOutbox(b, e.DB, "published_at = "+outbox.Unpublished); left != 0 {
 					b.Fatalf("%d rows left unpublished", left)
 				}
 				rate := rows / took.Seconds()

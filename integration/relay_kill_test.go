@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/publishertest"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
@@ -26,12 +27,12 @@ import (
 func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	t.Parallel()
 	ns := natstest.Start(t)
-	e := newRelayEnv(t, ns.URL(), 1)
-	ids := insertRows(t, e.db, 2000)
+	e := publishertest.NewEnv(t, ns.URL(), 1)
+	ids := publishertest.InsertRows(t, e.DB, 2000)
 	for i := 0; i < 20; i++ {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestRelayChildProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(),
-			"SLUICE_RELAY_CHILD_DSN="+e.db.DSN,
+			"SLUICE_RELAY_CHILD_DSN="+e.DB.DSN,
 			"SLUICE_RELAY_CHILD_NATS="+ns.URL(),
 			"SLUICE_RELAY_CHILD_KILL_AT="+strconv.Itoa(i%4+1)) // marks i%4 batches, dies in the next
 		out, err := cmd.CombinedOutput()
@@ -44,11 +45,11 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 			t.Fatalf("child %d ended with %v, want SIGKILL between publish and mark: %s", i, err, out)
 		}
 	}
-	unpublished := countOutbox(t, e.db, "published_at = "+outbox.Unpublished)
+	unpublished := publishertest.CountOutbox(t, e.DB, "published_at = "+outbox.Unpublished)
 	if unpublished == 0 || unpublished == int64(len(ids)) {
 		t.Fatalf("%d rows unpublished after the kills; want the children to have marked some, not all", unpublished)
 	}
-	r := e.relay(t, publisher.RelayConfig{Batch: 25})
+	r := e.Relay(t, publisher.RelayConfig{Batch: 25})
 	for {
 		n, err := r.RunOnce(context.Background())
 		if err != nil {
@@ -58,10 +59,10 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 			break
 		}
 	}
-	if n := countOutbox(t, e.db, "published_at = "+outbox.Unpublished); n != 0 {
+	if n := publishertest.CountOutbox(t, e.DB, "published_at = "+outbox.Unpublished); n != 0 {
 		t.Fatalf("%d rows unpublished at the end", n)
 	}
-	assertExactlyOnce(t, e.installID, ids, consumeAll(t, e.js))
+	publishertest.AssertExactlyOnce(t, e.InstallID, ids, publishertest.ConsumeAll(t, e.JS))
 }
 
 // TestRelayChildProcess is the relay process of TestRelayKilledBetweenPublishAndMark; it does

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/publishertest"
 	"github.com/sluicehq/sluice/outbox"
 )
 
@@ -99,7 +100,7 @@ func TestWalkingSkeleton(t *testing.T) {
 	if rows != 200 {
 		t.Errorf("outbox has %d rows, want 200 (an enqueue and a release poke per job)", rows)
 	}
-	if msgs := streamMessages(t, env.NATS.URL()); msgs != uint64(rows) {
+	if msgs := publishertest.StreamMessages(t, env.NATS.URL()); msgs != uint64(rows) {
 		t.Errorf("stream holds %d messages, want one per outbox row (%d)", msgs, rows)
 	}
 

@@ -1,4 +1,4 @@
-package integration_test
+package publisher_test
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/wait"
 	"github.com/sluicehq/sluice/publisher"
 )
 
@@ -43,7 +43,7 @@ func TestEnsureStreamRetriesUntilTheClusterCan(t *testing.T) {
 	}()
 	// The lone node answers that JetStream is not available: the call is still asking when it
 	// has heard that answer itself.
-	harness.WaitFor(t, 30*time.Second, "the lone node to refuse JetStream requests", func() (bool, error) {
+	wait.For(t, 30*time.Second, "the lone node to refuse JetStream requests", func() (bool, error) {
 		actx, acancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer acancel()
 		_, err := js.AccountInfo(actx)

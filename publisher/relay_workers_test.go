@@ -1,12 +1,13 @@
-package integration_test
+package publisher_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/publishertest"
+	"github.com/sluicehq/sluice/integration/wait"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
@@ -18,23 +19,23 @@ func TestRelayWorkersPublishEachRowOnce(t *testing.T) {
 	t.Parallel()
 	const rows = 10000
 	ns := natstest.Start(t)
-	e := newRelayEnv(t, ns.URL(), 1)
-	ids := insertRows(t, e.db, rows)
-	reg := newRegistryMetrics()
-	r := e.relay(t, publisher.RelayConfig{Workers: 4, Batch: 500, Metrics: reg.m})
+	e := publishertest.NewEnv(t, ns.URL(), 1)
+	ids := publishertest.InsertRows(t, e.DB, rows)
+	reg := publishertest.NewRegistryMetrics()
+	r := e.Relay(t, publisher.RelayConfig{Workers: 4, Batch: 500, Metrics: reg.Metrics})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		r.Run(ctx)
 	}()
-	harness.WaitFor(t, 60*time.Second, "the backlog to be marked published", func() (bool, error) {
-		return countOutbox(t, e.db, "published_at = "+outbox.Unpublished) == 0, nil
+	wait.For(t, 60*time.Second, "the backlog to be marked published", func() (bool, error) {
+		return publishertest.CountOutbox(t, e.DB, "published_at = "+outbox.Unpublished) == 0, nil
 	})
 	cancel()
 	<-done
-	if n := reg.counter(t, "sluice_relay_published_total", ""); n != rows {
+	if n := reg.Counter(t, "sluice_relay_published_total", ""); n != rows {
 		t.Fatalf("%v publications acknowledged for %d rows: some row was published twice", n, rows)
 	}
-	assertExactlyOnce(t, e.installID, ids, consumeAll(t, e.js))
+	publishertest.AssertExactlyOnce(t, e.InstallID, ids, publishertest.ConsumeAll(t, e.JS))
 }

@@ -1,4 +1,4 @@
-package integration_test
+package publisher_test
 
 import (
 	"context"
@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/publishertest"
+	"github.com/sluicehq/sluice/integration/wait"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
@@ -19,10 +20,10 @@ import (
 func TestRelayThroughClusterNodeLoss(t *testing.T) {
 	t.Parallel()
 	cl := natstest.StartCluster(t, 3)
-	e := newRelayEnv(t, cl.URLs(), 3)
-	ids := insertRows(t, e.db, 10000)
-	reg := newRegistryMetrics()
-	r := e.relay(t, publisher.RelayConfig{Batch: 250, AckTimeout: 2 * time.Second, MaxBackoff: time.Second, Metrics: reg.m})
+	e := publishertest.NewEnv(t, cl.URLs(), 3)
+	ids := publishertest.InsertRows(t, e.DB, 10000)
+	reg := publishertest.NewRegistryMetrics()
+	r := e.Relay(t, publisher.RelayConfig{Batch: 250, AckTimeout: 2 * time.Second, MaxBackoff: time.Second, Metrics: reg.Metrics})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -32,10 +33,10 @@ func TestRelayThroughClusterNodeLoss(t *testing.T) {
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	harness.WaitFor(t, 60*time.Second, "a first share of the rows to be published", func() (bool, error) {
-		return countOutbox(t, e.db, "published_at > "+outbox.Unpublished) >= 1000, nil
+	wait.For(t, 60*time.Second, "a first share of the rows to be published", func() (bool, error) {
+		return publishertest.CountOutbox(t, e.DB, "published_at > "+outbox.Unpublished) >= 1000, nil
 	})
-	info, err := e.js.Stream(context.Background(), "SLUICE")
+	info, err := e.JS.Stream(context.Background(), "SLUICE")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,17 +51,17 @@ func TestRelayThroughClusterNodeLoss(t *testing.T) {
 	if !killed {
 		t.Fatalf("stream leader %q is none of the nodes", leader)
 	}
-	if done := countOutbox(t, e.db, "published_at > "+outbox.Unpublished); done == int64(len(ids)) {
+	if done := publishertest.CountOutbox(t, e.DB, "published_at > "+outbox.Unpublished); done == int64(len(ids)) {
 		t.Fatal("the relay finished before the node was killed; the test proves nothing")
 	}
-	harness.WaitFor(t, 90*time.Second, "every row to be published after losing a node", func() (bool, error) {
-		return countOutbox(t, e.db, "published_at = "+outbox.Unpublished) == 0, nil
+	wait.For(t, 90*time.Second, "every row to be published after losing a node", func() (bool, error) {
+		return publishertest.CountOutbox(t, e.DB, "published_at = "+outbox.Unpublished) == 0, nil
 	})
 	cancel()
 	wg.Wait()
 	t.Logf("stream leader %s killed; relay errors: timeout %v, broker_down %v, other %v", leader,
-		reg.counter(t, "sluice_relay_publish_errors_total", "timeout"),
-		reg.counter(t, "sluice_relay_publish_errors_total", "broker_down"),
-		reg.counter(t, "sluice_relay_publish_errors_total", "other"))
-	assertExactlyOnce(t, e.installID, ids, consumeAll(t, e.js))
+		reg.Counter(t, "sluice_relay_publish_errors_total", "timeout"),
+		reg.Counter(t, "sluice_relay_publish_errors_total", "broker_down"),
+		reg.Counter(t, "sluice_relay_publish_errors_total", "other"))
+	publishertest.AssertExactlyOnce(t, e.InstallID, ids, publishertest.ConsumeAll(t, e.JS))
 }

@@ -1,4 +1,4 @@
-package integration_test
+package publisher_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/publishertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
@@ -21,12 +22,12 @@ import (
 func TestRelayOutOfOrderCommits(t *testing.T) {
 	t.Parallel()
 	ns := natstest.Start(t)
-	e := newRelayEnv(t, ns.URL(), 1)
-	r := e.relay(t, publisher.RelayConfig{})
+	e := publishertest.NewEnv(t, ns.URL(), 1)
+	r := e.Relay(t, publisher.RelayConfig{})
 	ctx := context.Background()
 	now := clock.Trunc(time.Now())
 
-	slow, err := e.db.BeginTx(ctx, nil)
+	slow, err := e.DB.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func TestRelayOutOfOrderCommits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fast, err := e.db.BeginTx(ctx, nil)
+	fast, err := e.DB.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,10 +60,10 @@ func TestRelayOutOfOrderCommits(t *testing.T) {
 	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("second pass published %d (err %v), want the late-committing lower id", n, err)
 	}
-	if n := countOutbox(t, e.db, "published_at = "+outbox.Unpublished); n != 0 {
+	if n := publishertest.CountOutbox(t, e.DB, "published_at = "+outbox.Unpublished); n != 0 {
 		t.Fatalf("%d rows unpublished", n)
 	}
-	assertExactlyOnce(t, e.installID, []int64{low[0], high[0]}, consumeAll(t, e.js))
+	publishertest.AssertExactlyOnce(t, e.InstallID, []int64{low[0], high[0]}, publishertest.ConsumeAll(t, e.JS))
 }
 
 // TestRelaySetsAsidePoisonRows: a row larger than the stream accepts is moved to outbox_failed
@@ -70,49 +71,49 @@ func TestRelayOutOfOrderCommits(t *testing.T) {
 func TestRelaySetsAsidePoisonRows(t *testing.T) {
 	t.Parallel()
 	ns := natstest.Start(t)
-	e := newRelayEnv(t, ns.URL(), 1)
+	e := publishertest.NewEnv(t, ns.URL(), 1)
 	ctx := context.Background()
 	// A stream limit below the poison row's size: the broker refuses it with a permanent error.
-	if _, err := e.js.UpdateStream(ctx, jetstream.StreamConfig{Name: "SLUICE", Subjects: []string{"sluice.>"},
+	if _, err := e.JS.UpdateStream(ctx, jetstream.StreamConfig{Name: "SLUICE", Subjects: []string{"sluice.>"},
 		Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, MaxAge: 24 * time.Hour, MaxMsgSize: 4096}); err != nil {
 		t.Fatal(err)
 	}
 	now := clock.Trunc(time.Now())
-	before := insertRows(t, e.db, 5)
-	poison, err := outbox.Write(ctx, e.db, now, outbox.Message{Subject: "sluice.enqueue.cG9pc29u",
+	before := publishertest.InsertRows(t, e.DB, 5)
+	poison, err := outbox.Write(ctx, e.DB, now, outbox.Message{Subject: "sluice.enqueue.cG9pc29u",
 		Payload: []byte(strings.Repeat("x", 10000))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	after := insertRows(t, e.db, 5)
-	reg := newRegistryMetrics()
-	r := e.relay(t, publisher.RelayConfig{Metrics: reg.m})
+	after := publishertest.InsertRows(t, e.DB, 5)
+	reg := publishertest.NewRegistryMetrics()
+	r := e.Relay(t, publisher.RelayConfig{Metrics: reg.Metrics})
 
 	n, err := r.RunOnce(ctx)
 	if err != nil || n != 10 {
 		t.Fatalf("pass published %d (err %v), want the 10 good rows", n, err)
 	}
-	if got := countOutbox(t, e.db, "published_at = "+outbox.Unpublished); got != 0 {
+	if got := publishertest.CountOutbox(t, e.DB, "published_at = "+outbox.Unpublished); got != 0 {
 		t.Fatalf("%d rows still unpublished; the poison row must not stay in the queue", got)
 	}
-	total, failed, err := outbox.ReadFailed(ctx, e.db, 10)
+	total, failed, err := outbox.ReadFailed(ctx, e.DB, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if total != 1 || failed[0].ID != poison[0] || !strings.Contains(failed[0].Error, "maximum") {
 		t.Fatalf("set aside %d rows %+v; want row %d with the broker's size error", total, failed, poison[0])
 	}
-	if got := reg.counter(t, "sluice_relay_publish_errors_total", "refused"); got != 1 {
+	if got := reg.Counter(t, "sluice_relay_publish_errors_total", "refused"); got != 1 {
 		t.Fatalf("refused counter = %v, want 1", got)
 	}
-	assertExactlyOnce(t, e.installID, append(before, after...), consumeAll(t, e.js))
+	publishertest.AssertExactlyOnce(t, e.InstallID, append(before, after...), publishertest.ConsumeAll(t, e.JS))
 
 	// An operator who raised the limit moves it back; the relay publishes it.
-	if _, err := e.js.UpdateStream(ctx, jetstream.StreamConfig{Name: "SLUICE", Subjects: []string{"sluice.>"},
+	if _, err := e.JS.UpdateStream(ctx, jetstream.StreamConfig{Name: "SLUICE", Subjects: []string{"sluice.>"},
 		Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, MaxAge: 24 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	if moved, err := outbox.Restore(ctx, e.db.DB, poison[0], poison[0]); err != nil || moved != 1 {
+	if moved, err := outbox.Restore(ctx, e.DB.DB, poison[0], poison[0]); err != nil || moved != 1 {
 		t.Fatalf("restore moved %d (err %v)", moved, err)
 	}
 	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
@@ -127,10 +128,10 @@ func TestRelaySetsAsidePoisonRows(t *testing.T) {
 func TestReplayRepublishesExactlyTheRange(t *testing.T) {
 	t.Parallel()
 	ns := natstest.Start(t)
-	e := newRelayEnv(t, ns.URL(), 1)
+	e := publishertest.NewEnv(t, ns.URL(), 1)
 	ctx := context.Background()
-	ids := insertRows(t, e.db, 100)
-	r := e.relay(t, publisher.RelayConfig{Batch: 30})
+	ids := publishertest.InsertRows(t, e.DB, 100)
+	r := e.Relay(t, publisher.RelayConfig{Batch: 30})
 	for {
 		n, err := r.RunOnce(ctx)
 		if err != nil {
@@ -140,8 +141,8 @@ func TestReplayRepublishesExactlyTheRange(t *testing.T) {
 			break
 		}
 	}
-	late := insertRows(t, e.db, 3) // committed, not yet published: the relay's, not the replay's
-	cfg := publisher.ReplayConfig{DB: e.db.DB, NC: e.nc, JS: e.js, InstallID: e.installID, Batch: 7,
+	late := publishertest.InsertRows(t, e.DB, 3) // committed, not yet published: the relay's, not the replay's
+	cfg := publisher.ReplayConfig{DB: e.DB.DB, NC: e.NC, JS: e.JS, InstallID: e.InstallID, Batch: 7,
 		Selection: outbox.Selection{FromID: ids[40]}}
 
 	dry := cfg
@@ -164,7 +165,7 @@ func TestReplayRepublishesExactlyTheRange(t *testing.T) {
 	}
 
 	// By publication time: mark the first 10 rows as published long ago; --since selects the rest.
-	if _, err := e.db.ExecContext(ctx, "UPDATE outbox SET published_at = '2020-01-01' WHERE id <= ?", ids[9]); err != nil {
+	if _, err := e.DB.ExecContext(ctx, "UPDATE outbox SET published_at = '2020-01-01' WHERE id <= ?", ids[9]); err != nil {
 		t.Fatal(err)
 	}
 	since := time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -175,27 +176,27 @@ func TestReplayRepublishesExactlyTheRange(t *testing.T) {
 	}
 	second := p.Replay
 
-	seen := consumeAll(t, e.js)
+	seen := publishertest.ConsumeAll(t, e.JS)
 	want := map[string]string{} // replay message id → original
 	for _, id := range ids[40:] {
-		want[publisher.ReplayMsgID(e.installID, id, first)] = publisher.MsgID(e.installID, id)
+		want[publisher.ReplayMsgID(e.InstallID, id, first)] = publisher.MsgID(e.InstallID, id)
 	}
 	for _, id := range ids[10:] {
-		want[publisher.ReplayMsgID(e.installID, id, second)] = publisher.MsgID(e.installID, id)
+		want[publisher.ReplayMsgID(e.InstallID, id, second)] = publisher.MsgID(e.InstallID, id)
 	}
-	var originals []streamMsg
+	var originals []publishertest.StreamMsg
 	got := map[string]int{}
 	for _, m := range seen {
-		if m.replayOf == "" {
+		if m.ReplayOf == "" {
 			originals = append(originals, m)
 			continue
 		}
-		got[m.msgID]++
-		if want[m.msgID] != m.replayOf {
-			t.Errorf("replayed message %s names %q as its original, want %q", m.msgID, m.replayOf, want[m.msgID])
+		got[m.MsgID]++
+		if want[m.MsgID] != m.ReplayOf {
+			t.Errorf("replayed message %s names %q as its original, want %q", m.MsgID, m.ReplayOf, want[m.MsgID])
 		}
-		if id, _ := strconv.ParseInt(m.outboxID, 10, 64); publisher.MsgID(e.installID, id) != m.replayOf {
-			t.Errorf("replayed message %s has Sluice-Outbox-Id %s", m.msgID, m.outboxID)
+		if id, _ := strconv.ParseInt(m.OutboxID, 10, 64); publisher.MsgID(e.InstallID, id) != m.ReplayOf {
+			t.Errorf("replayed message %s has Sluice-Outbox-Id %s", m.MsgID, m.OutboxID)
 		}
 	}
 	for id := range want {
@@ -206,8 +207,8 @@ func TestReplayRepublishesExactlyTheRange(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("saw %d distinct replayed messages, want %d", len(got), len(want))
 	}
-	assertExactlyOnce(t, e.installID, ids, originals) // the late rows were not published by anyone
-	if n := countOutbox(t, e.db, "published_at = "+outbox.Unpublished); n != int64(len(late)) {
+	publishertest.AssertExactlyOnce(t, e.InstallID, ids, originals) // the late rows were not published by anyone
+	if n := publishertest.CountOutbox(t, e.DB, "published_at = "+outbox.Unpublished); n != int64(len(late)) {
 		t.Fatalf("%d rows unpublished, want the %d late ones left to the relay", n, len(late))
 	}
 }
@@ -218,7 +219,7 @@ func TestPurgeKeepsUnpublishedAndRecentRows(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	ctx := context.Background()
-	ids := insertRows(t, db, 30)
+	ids := publishertest.InsertRows(t, db, 30)
 	now := clock.NewFake(time.Date(2030, 6, 1, 0, 0, 0, 0, time.UTC))
 	// 0-9 published 8 days ago, 10-19 published 6 days ago, 20-29 unpublished.
 	if _, err := db.ExecContext(ctx, "UPDATE outbox SET published_at = '2030-05-24' WHERE id <= ?", ids[9]); err != nil {
@@ -236,17 +237,17 @@ func TestPurgeKeepsUnpublishedAndRecentRows(t *testing.T) {
 	if err != nil || n != 10 {
 		t.Fatalf("purged %d (err %v), want the 10 rows published 8 days ago", n, err)
 	}
-	if got := countOutbox(t, db, "1"); got != 20 {
+	if got := publishertest.CountOutbox(t, db, "1"); got != 20 {
 		t.Fatalf("%d rows left, want 20", got)
 	}
-	if got := countOutbox(t, db, "id <= "+strconv.FormatInt(ids[9], 10)); got != 0 {
+	if got := publishertest.CountOutbox(t, db, "id <= "+strconv.FormatInt(ids[9], 10)); got != 0 {
 		t.Fatalf("%d old published rows left", got)
 	}
 	now.Advance(365 * 24 * time.Hour)
 	if n, err := p.RunOnce(ctx); err != nil || n != 10 {
 		t.Fatalf("purged %d (err %v) a year later, want the other 10 published rows", n, err)
 	}
-	if got := countOutbox(t, db, "published_at = "+outbox.Unpublished); got != 10 {
+	if got := publishertest.CountOutbox(t, db, "published_at = "+outbox.Unpublished); got != 10 {
 		t.Fatalf("%d unpublished rows left, want all 10: unpublished rows are never purged", got)
 	}
 }

@@ -1,4 +1,4 @@
-package integration_test
+package gate_test
 
 import (
 	"context"

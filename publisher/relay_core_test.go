@@ -1,4 +1,4 @@
-package integration_test
+package publisher_test
 
 import (
 	"context"
@@ -12,9 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
+	"github.com/sluicehq/sluice/integration/publishertest"
 	"github.com/sluicehq/sluice/integration/testdb"
+	"github.com/sluicehq/sluice/integration/wait"
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
@@ -50,13 +51,13 @@ func TestRelayCoreNATSMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := insertRows(t, db, 50)
+	ids := publishertest.InsertRows(t, db, 50)
 	big, err := outbox.Write(ctx, db, clock.Trunc(time.Now()), outbox.Message{Subject: "sluice.release.Yg",
 		Payload: []byte(strings.Repeat("y", 8000))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids = append(ids, insertRows(t, db, 50)...)
+	ids = append(ids, publishertest.InsertRows(t, db, 50)...)
 	r, err := publisher.NewRelay(publisher.RelayConfig{DB: db.DB, NC: nc, InstallID: installID})
 	if err != nil {
 		t.Fatal(err)
@@ -64,14 +65,14 @@ func TestRelayCoreNATSMode(t *testing.T) {
 	if n, err := r.RunOnce(ctx); err != nil || n != 100 {
 		t.Fatalf("core pass published %d (err %v), want 100", n, err)
 	}
-	if n := countOutbox(t, db, "published_at = "+outbox.Unpublished); n != 0 {
+	if n := publishertest.CountOutbox(t, db, "published_at = "+outbox.Unpublished); n != 0 {
 		t.Fatalf("%d rows unpublished", n)
 	}
 	total, failed, err := outbox.ReadFailed(ctx, db, 1)
 	if err != nil || total != 1 || failed[0].ID != big[0] {
 		t.Fatalf("set aside %d %+v (err %v), want row %d", total, failed, err, big[0])
 	}
-	harness.WaitFor(t, 5*time.Second, "the subscriber to receive the 100 rows", func() (bool, error) {
+	wait.For(t, 5*time.Second, "the subscriber to receive the 100 rows", func() (bool, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(seen) == 100, nil
