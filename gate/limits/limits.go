@@ -241,6 +241,24 @@ func (c Config) AuditRetention() time.Duration { return days(c.AuditRetentionDay
 
 // Validate returns a *FieldError naming the first invalid key and why.
 func (c Config) Validate() error {
+	if err := c.validateNumbers(); err != nil {
+		return err
+	}
+	if err := c.validateMaps(); err != nil {
+		return err
+	}
+	if err := c.validateChoices(); err != nil {
+		return err
+	}
+	if c.MaxPayloadBytes > MaxPayloadCap {
+		return invalidf("max_payload_bytes", "at most %d (what one statement to the database can carry), got %d", MaxPayloadCap, c.MaxPayloadBytes)
+	}
+	return nil
+}
+
+// validateNumbers checks the plain numbers: those that may be 0, those that may not, and those
+// bounded by a year or a century.
+func (c Config) validateNumbers() error {
 	nonNeg := []struct {
 		key string
 		v   int
@@ -297,6 +315,11 @@ func (c Config) Validate() error {
 			return invalidf(f.key, "at most %d %s, got %d", f.max, f.unit, f.v)
 		}
 	}
+	return nil
+}
+
+// validateMaps checks the per-tenant, per-lane and per-tier maps: their names and their values.
+func (c Config) validateMaps() error {
 	for t, n := range c.TenantInFlightOverrides {
 		if n < 0 {
 			return invalidf("tenant_in_flight_overrides", "tenant %q: must be 0 or more, got %d", t, n)
@@ -335,6 +358,11 @@ func (c Config) Validate() error {
 			return invalidf("tenant_tiers", "tenant %q: tier %q: %s", t, tier, err)
 		}
 	}
+	return nil
+}
+
+// validateChoices checks the keys that take one of a few words.
+func (c Config) validateChoices() error {
 	switch c.EnforceFor {
 	case EnforceAll, EnforceAware:
 	default:
@@ -349,9 +377,6 @@ func (c Config) Validate() error {
 	case Fair, FIFO, RoundRobin, FairTime:
 	default:
 		return invalidf("ordering", "must be fair, fair_time, fifo or round_robin, got %q", c.Ordering)
-	}
-	if c.MaxPayloadBytes > MaxPayloadCap {
-		return invalidf("max_payload_bytes", "at most %d (what one statement to the database can carry), got %d", MaxPayloadCap, c.MaxPayloadBytes)
 	}
 	return nil
 }
