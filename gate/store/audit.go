@@ -275,10 +275,11 @@ func InsertAudit(ctx context.Context, db sqldb.DB, events []AuditEvent) error {
 	if len(events) == 0 {
 		return nil
 	}
-	q, args := auditInsertSQL(events)
+	build := auditInsertSQL
 	if slices.ContainsFunc(events, func(e AuditEvent) bool { return !e.At.IsZero() }) {
-		q, args = auditStampedSQL(events)
+		build = auditStampedSQL
 	}
+	q, args := build(events)
 	if _, err := db.ExecContext(ctx, q, args...); err != nil {
 		return fmt.Errorf("write %d audit event(s): %w", len(events), err)
 	}
