@@ -10,7 +10,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"time"
 
@@ -354,12 +353,14 @@ func listTenants(cfg limits.Config, deepest, inFlight []Tenant, slots map[string
 // withSlots is each tenant's units in use: its jobs in flight and its live slots.
 func withSlots(inFlight []Tenant, slots map[string]int) []Tenant {
 	units := make([]Tenant, 0, len(inFlight)+len(slots))
+	seen := make(map[string]bool, len(inFlight))
 	for _, t := range inFlight {
 		t.InFlight += slots[t.Tenant]
 		units = append(units, t)
+		seen[t.Tenant] = true
 	}
 	for name, n := range slots {
-		if !slices.ContainsFunc(inFlight, func(t Tenant) bool { return t.Tenant == name }) {
+		if !seen[name] {
 			units = append(units, Tenant{Tenant: name, InFlight: n})
 		}
 	}
