@@ -61,9 +61,8 @@ type Engine struct {
 	claimAt              time.Time // the last claim pass scheduled
 	// Admitted jobs not yet visible to a claim, in the order they become visible: an admission's
 	// rows are committed, and seen by a claim, some time after its clock reading.
-	committing    []*qjob
-	committingOff int
-	nextID        int64
+	committing fifo
+	nextID     int64
 
 	tenants map[string]*tenantQueue // every tenant with jobs queued or in flight
 	active  map[string]*tenantQueue // the tenants with jobs due
@@ -318,21 +317,13 @@ func (e *Engine) queue(a Arrival, o gate.Outcome) {
 		return
 	}
 	j.visible = e.now.Add(e.opts.ArrivalPickup)
-	e.committing = append(e.committing, j)
+	e.committing.js = append(e.committing.js, j) // in the order they become visible, whatever their queued_at
 }
 
 // committed queues the jobs admitted whose rows a claim now sees.
 func (e *Engine) committed() {
-	for e.committingOff < len(e.committing) && !e.committing[e.committingOff].visible.After(e.now) {
-		e.enqueue(e.committing[e.committingOff])
-		e.committing[e.committingOff] = nil
-		e.committingOff++
-	}
-	// Kept bounded by the jobs committing, not by those that ever were.
-	if n := len(e.committing) - e.committingOff; e.committingOff > 0 && (n == 0 || e.committingOff >= 1024 && e.committingOff > n) {
-		copy(e.committing, e.committing[e.committingOff:])
-		clear(e.committing[n:])
-		e.committing, e.committingOff = e.committing[:n], 0
+	for !e.committing.empty() && !e.committing.at(0).visible.After(e.now) {
+		e.enqueue(e.committing.pop())
 	}
 }
 

@@ -353,9 +353,9 @@ func TestMemoryBoundedByJobsInTheSystem(t *testing.T) {
 			Service: time.Duration(rng.ExpFloat64() * float64(200*time.Millisecond))})
 		inSystem := e.depth + e.us.Total
 		peak = max(peak, inSystem)
-		if len(e.events) > inSystem+1 || len(e.tenants) > 50 || cap(e.committing) > 2*peak+2048 {
+		if len(e.events) > inSystem+1 || len(e.tenants) > 50 || cap(e.committing.js) > 2*peak+2048 {
 			t.Fatalf("after %d arrivals: %d events, %d tenants and room for %d committing jobs kept for %d jobs in the system",
-				i, len(e.events), len(e.tenants), cap(e.committing), inSystem)
+				i, len(e.events), len(e.tenants), cap(e.committing.js), inSystem)
 		}
 		for _, q := range e.tenants {
 			for p := range q.fifos[0] {

@@ -123,22 +123,26 @@ func (f *fifo) remove(id int64) *qjob {
 		if j.head.ID != id {
 			continue
 		}
-		if i == f.off {
-			f.js[i] = nil
-			f.off++
-		} else {
+		if i != f.off {
 			copy(f.js[f.off+1:i+1], f.js[f.off:i])
-			f.js[f.off] = nil
-			f.off++
+			f.js[f.off] = j
 		}
-		if f.empty() {
-			f.js, f.off = f.js[:0], 0
-		} else if f.compactable() {
-			n := copy(f.js, f.js[f.off:])
-			clear(f.js[n:])
-			f.js, f.off = f.js[:n], 0
-		}
-		return j
+		return f.pop()
 	}
 	return nil
+}
+
+// pop takes out the front job, keeping the array bounded by the jobs left, not by those gone.
+func (f *fifo) pop() *qjob {
+	j := f.js[f.off]
+	f.js[f.off] = nil
+	f.off++
+	if f.empty() {
+		f.js, f.off = f.js[:0], 0
+	} else if f.compactable() {
+		n := copy(f.js, f.js[f.off:])
+		clear(f.js[n:])
+		f.js, f.off = f.js[:n], 0
+	}
+	return j
 }
