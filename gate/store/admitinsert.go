@@ -217,92 +217,10 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 	}
 	for start := 0; start < len(p.Jobs); start += insertChunk {
 		end := min(len(p.Jobs), start+insertChunk)
-		// Only a chunk with a scheduled job names not_before, one with a deadline start_by, one
-		// with a replace key replace_key, and one with a priority other than the default
-		// priority: the others keep the statement every admission sends.
-		scheduled := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.scheduled(p.Now) })
-		deadlines := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.StartBy != nil && j.Rejected == "" })
-		keyed := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.ReplaceKey != nil && j.Rejected == "" })
-		prioritized := slices.ContainsFunc(p.Jobs[start:end], func(j NewJob) bool { return j.priority() != job.DefaultPriority })
-		var q strings.Builder
-		q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
-			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, lanes, interactive`)
-		row := "(?,?,?,?,?,?,?,?,?,?,?,?,?,?"
-		if scheduled {
-			q.WriteString(", not_before")
-			row += ",?"
-		}
-		if deadlines {
-			q.WriteString(", start_by")
-			row += ",?"
-		}
-		if keyed {
-			q.WriteString(", replace_key")
-			row += ",?"
-		}
-		if prioritized {
-			q.WriteString(", priority")
-			row += ",?"
-		}
-		row += ")"
-		q.WriteString(") VALUES ")
-		c := written{stmt: len(w.stmts)}
-		var pokes []outbox.NewPoke
-		rowArgs := make([]any, 0, 17*(end-start))
-		for i := start; i < end; i++ {
-			if i > start {
-				q.WriteString(",")
-			}
-			q.WriteString(row)
-			j := p.Jobs[i]
-			rowArgs = appendJobRow(rowArgs, j, p.Now)
-			if scheduled {
-				var notBefore any
-				if j.scheduled(p.Now) {
-					notBefore = j.Due
-				}
-				rowArgs = append(rowArgs, notBefore)
-			}
-			if deadlines {
-				var startBy any
-				if j.StartBy != nil && j.Rejected == "" {
-					startBy = *j.StartBy
-				}
-				rowArgs = append(rowArgs, startBy)
-			}
-			if keyed {
-				var key any
-				if j.ReplaceKey != nil && j.Rejected == "" {
-					key = *j.ReplaceKey
-				}
-				rowArgs = append(rowArgs, key)
-			}
-			if prioritized {
-				rowArgs = append(rowArgs, j.priority())
-			}
-			c.jobs = append(c.jobs, i)
-			if j.Rejected == "" && j.Poke {
-				pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: j.Tenant, Offset: int64(i-start) * step})
-				c.pokes = append(c.pokes, i)
-			}
-		}
-		w.stmts = append(w.stmts, q.String())
-		w.args = append(w.args, rowArgs)
-		if withAudit || firstKnown {
-			// The chunk's first job id is kept for its audit rows and the queue state's UPDATE,
-			// which follow the pokes whose INSERT moves LAST_INSERT_ID() on.
-			w.stmts = append(w.stmts, firstJobSQL)
-			w.args = append(w.args, nil)
-		}
-		if len(pokes) > 0 {
-			pq, pargs := outbox.InsertPokes(p.Prefix, p.Now, pokes)
-			w.stmts = append(w.stmts, pq)
-			w.args = append(w.args, pargs)
-		}
+		w.insertChunk(p, start, end, step, withAudit || firstKnown)
 		if withAudit {
 			w.auditChunk(p, start, end, step)
 		}
-		w.chunks = append(w.chunks, c)
 	}
 	// A scheduled job may sort anywhere in its tenant's queue, and a batch's first job of a
 	// tenant need not be its oldest: the queue state then looks its heads up.
@@ -319,6 +237,123 @@ func insertStatements(p NewJobs, oneTrip bool, step int64) writes {
 		w.args = append(w.args, []any{step})
 	}
 	return w
+}
+
+// insertChunk adds the INSERT of p.Jobs[start:end], then, with keepFirst, firstJobSQL, then,
+// if any of them pokes, the outbox INSERT of their pokes.
+func (w *writes) insertChunk(p NewJobs, start, end int, step int64, keepFirst bool) {
+	jobs := p.Jobs[start:end]
+	opt := optionalColumnsOf(jobs, p.Now)
+	var q strings.Builder
+	q.WriteString(`INSERT INTO jobs (tenant, rate_key_sha256, payload, status, caller, idempotency_key,
+			request_sha256, queued_at, finished_at, error_code, error_message, retry_of, lanes, interactive`)
+	q.WriteString(opt.names())
+	q.WriteString(") VALUES ")
+	row := "(?,?,?,?,?,?,?,?,?,?,?,?,?,?" + strings.Repeat(",?", opt.count()) + ")"
+	c := written{stmt: len(w.stmts)}
+	var pokes []outbox.NewPoke
+	rowArgs := make([]any, 0, 17*len(jobs))
+	for i, j := range jobs {
+		if i > 0 {
+			q.WriteString(",")
+		}
+		q.WriteString(row)
+		rowArgs = opt.appendValues(appendJobRow(rowArgs, j, p.Now), j, p.Now)
+		c.jobs = append(c.jobs, start+i)
+		if j.Rejected == "" && j.Poke {
+			pokes = append(pokes, outbox.NewPoke{Kind: outbox.Enqueue, Tenant: j.Tenant, Offset: int64(i) * step})
+			c.pokes = append(c.pokes, start+i)
+		}
+	}
+	w.stmts = append(w.stmts, q.String())
+	w.args = append(w.args, rowArgs)
+	if keepFirst {
+		// The chunk's first job id is kept for its audit rows and the queue state's UPDATE,
+		// which follow the pokes whose INSERT moves LAST_INSERT_ID() on.
+		w.stmts = append(w.stmts, firstJobSQL)
+		w.args = append(w.args, nil)
+	}
+	if len(pokes) > 0 {
+		pq, pargs := outbox.InsertPokes(p.Prefix, p.Now, pokes)
+		w.stmts = append(w.stmts, pq)
+		w.args = append(w.args, pargs)
+	}
+	w.chunks = append(w.chunks, c)
+}
+
+// optionalColumns are the columns a jobs INSERT names only when one of its rows sets them: a
+// chunk with a scheduled job names not_before, one with a deadline start_by, one with a replace
+// key replace_key, and one with a priority other than the default priority. The others keep the
+// statement every admission sends.
+type optionalColumns struct {
+	scheduled, deadlines, keyed, prioritized bool
+}
+
+func optionalColumnsOf(jobs []NewJob, now time.Time) optionalColumns {
+	return optionalColumns{
+		scheduled:   slices.ContainsFunc(jobs, func(j NewJob) bool { return j.scheduled(now) }),
+		deadlines:   slices.ContainsFunc(jobs, func(j NewJob) bool { return j.StartBy != nil && j.Rejected == "" }),
+		keyed:       slices.ContainsFunc(jobs, func(j NewJob) bool { return j.ReplaceKey != nil && j.Rejected == "" }),
+		prioritized: slices.ContainsFunc(jobs, func(j NewJob) bool { return j.priority() != job.DefaultPriority }),
+	}
+}
+
+// names is the column list's tail, in appendValues' order.
+func (o optionalColumns) names() string {
+	var s string
+	if o.scheduled {
+		s += ", not_before"
+	}
+	if o.deadlines {
+		s += ", start_by"
+	}
+	if o.keyed {
+		s += ", replace_key"
+	}
+	if o.prioritized {
+		s += ", priority"
+	}
+	return s
+}
+
+func (o optionalColumns) count() int {
+	n := 0
+	for _, b := range []bool{o.scheduled, o.deadlines, o.keyed, o.prioritized} {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// appendValues appends j's values of the columns named, NULL where j does not set one (a
+// rejected job keeps no deadline or replace key).
+func (o optionalColumns) appendValues(args []any, j NewJob, now time.Time) []any {
+	if o.scheduled {
+		var notBefore any
+		if j.scheduled(now) {
+			notBefore = j.Due
+		}
+		args = append(args, notBefore)
+	}
+	if o.deadlines {
+		var startBy any
+		if j.StartBy != nil && j.Rejected == "" {
+			startBy = *j.StartBy
+		}
+		args = append(args, startBy)
+	}
+	if o.keyed {
+		var key any
+		if j.ReplaceKey != nil && j.Rejected == "" {
+			key = *j.ReplaceKey
+		}
+		args = append(args, key)
+	}
+	if o.prioritized {
+		args = append(args, j.priority())
+	}
+	return args
 }
 
 // derivedAuditMin is the fewest audit rows their job rows imply that admissionAudit derives
