@@ -225,106 +225,145 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 		}
 	}
 	limitRate(items, cfg, st)
-	off := cfg.AdmissionMode == limits.ModeOff
-	enforce := cfg.AdmissionMode == limits.ModeEnforce
-	giveBack := func(it *item) {
-		if it.reserved {
-			it.reserved = false
-			if refund == nil {
-				refund = map[string]int{}
-			}
-			refund[it.req.Tenant]++
-		}
-	}
-	refuse := func(it *item) {
-		it.res.Decision = Refused
-		giveBack(it)
-	}
+	d := decider{cfg: cfg, st: st, off: cfg.AdmissionMode == limits.ModeOff, enforce: cfg.AdmissionMode == limits.ModeEnforce}
 	for _, it := range items {
-		if !it.pending() {
-			continue
-		}
-		t := it.req.Tenant
-		it.res.Limit, it.res.InFlight = cfg.TenantCap(t), st.tenantInFlight[t]
-		if !off {
-			it.res.Verdict = cfg.Check(st.usage, it.req.unit())
-		}
-		shadow := it.res.Decision == ShadowRefused
-		// A replacement takes its predecessor's place in the queue: the depth it adds is none.
-		var target replaceable
-		if it.req.ReplaceKey != nil {
-			target = st.replaceable[keyOf(t, *it.req.ReplaceKey)]
-		}
-		leave := func(n int) {
-			if target.some() {
-				st.tenantDepth[t] -= n
-				st.globalDepth -= n
-			}
-		}
-		leave(1)
-		if scope := depthScope(cfg, t, st); scope != "" && !off {
-			if enforce {
-				leave(-1)
-				it.scope, it.insert = scope, true
-				refuse(it)
-				continue
-			}
-			shadow, it.shadow.scope = true, scope
-		}
-		if !off && it.req.Queue != nil && !*it.req.Queue {
-			if scope, err := immediate(it.res.Verdict, it.req.unit(), st, it.gatedFor); err != nil {
-				it.res.Verdict.Scope = scope
-				if scope == limits.ScopeTenant {
-					it.res.Verdict.Limit, it.res.Verdict.InFlight = cfg.TenantCap(t), st.usage.Tenant[t]
-				}
-				if enforce && (cfg.EnforceFor != limits.EnforceAware || it.req.Aware) {
-					it.err = err
-					refuse(it)
-					continue
-				}
-				shadow, it.shadow.immediate = true, true
-			}
-			st.usage.Add(cfg, it.req.unit(), 1)
-		}
-		if it.req.refuseIfLate() {
-			if err := lateError(it, cfg, st); err != nil {
-				it.err = err // not a capacity decision: the headers stay the verdict's
-				leave(-1)
-				giveBack(it)
-				continue
-			}
-		}
-		switch {
-		case off:
-			it.res.Decision = ""
-		case shadow:
-			it.res.Decision = ShadowRefused
-		default:
-			it.res.Decision = Admitted
-		}
-		it.insert = true
-		if target.some() {
-			it.replaces = target
-			if target.item != nil {
-				target.item.replacedBy = it
-			}
-		}
-		if it.req.ReplaceKey != nil {
-			st.replaceable[keyOf(t, *it.req.ReplaceKey)] = replaceable{item: it}
-		}
-		st.tenantDepth[t]++
-		if it.req.interactive() {
-			st.tenantInteractive[t]++
-		}
-		st.globalDepth++
-		if it.req.due(st.now).IsZero() {
-			// A scheduled job's place is among the jobs due before it: GET /v1/jobs/{id} reads
-			// it. This one counts the tenant's scheduled jobs as ahead of it.
-			pos := int64(st.tenantDepth[t])
-			it.res.Job.Position = &pos
+		if it.pending() {
+			d.decideItem(it)
 		}
 	}
-	return refund
+	return d.refund
+}
+
+// decider is one decide call: the configuration and the state its items change in turn.
+type decider struct {
+	cfg          limits.Config
+	st           *state
+	off, enforce bool
+	refund       map[string]int
+}
+
+// decideItem decides one pending item: its capacity verdict, the depth caps, immediate-or-refuse
+// and refuse_if_late, and, if it is inserted, its effect on the depths the next items see.
+func (d *decider) decideItem(it *item) {
+	cfg, st, t := d.cfg, d.st, it.req.Tenant
+	it.res.Limit, it.res.InFlight = cfg.TenantCap(t), st.tenantInFlight[t]
+	if !d.off {
+		it.res.Verdict = cfg.Check(st.usage, it.req.unit())
+	}
+	shadow := it.res.Decision == ShadowRefused
+	// A replacement takes its predecessor's place in the queue: the depth it adds is none.
+	var target replaceable
+	if it.req.ReplaceKey != nil {
+		target = st.replaceable[keyOf(t, *it.req.ReplaceKey)]
+	}
+	d.leave(target, t, 1)
+	if scope := depthScope(cfg, t, st); scope != "" && !d.off {
+		if d.enforce {
+			d.leave(target, t, -1)
+			it.scope, it.insert = scope, true
+			d.refuse(it)
+			return
+		}
+		shadow, it.shadow.scope = true, scope
+	}
+	if !d.off && it.req.Queue != nil && !*it.req.Queue {
+		refused, shadowed := d.immediateOrRefuse(it)
+		if refused {
+			return
+		}
+		shadow = shadow || shadowed
+	}
+	if it.req.refuseIfLate() {
+		if err := lateError(it, cfg, st); err != nil {
+			it.err = err // not a capacity decision: the headers stay the verdict's
+			d.leave(target, t, -1)
+			d.giveBack(it)
+			return
+		}
+	}
+	d.admit(it, shadow, target)
+}
+
+// immediateOrRefuse applies immediate-or-refuse to a queue=false item: it refuses the item (refused)
+// when a limit that applies has no free unit and the refusal is enforced; otherwise the item
+// takes its unit of what is in flight, shadowed if it would have been refused.
+func (d *decider) immediateOrRefuse(it *item) (refused, shadowed bool) {
+	cfg, st, t := d.cfg, d.st, it.req.Tenant
+	if scope, err := immediate(it.res.Verdict, it.req.unit(), st, it.gatedFor); err != nil {
+		it.res.Verdict.Scope = scope
+		if scope == limits.ScopeTenant {
+			it.res.Verdict.Limit, it.res.Verdict.InFlight = cfg.TenantCap(t), st.usage.Tenant[t]
+		}
+		if d.enforce && (cfg.EnforceFor != limits.EnforceAware || it.req.Aware) {
+			it.err = err
+			d.refuse(it)
+			return true, false
+		}
+		shadowed, it.shadow.immediate = true, true
+	}
+	st.usage.Add(cfg, it.req.unit(), 1)
+	return false, shadowed
+}
+
+// admit inserts the item, queued, with its decision, in its replace target's place if it has
+// one, and counts it in the depths.
+func (d *decider) admit(it *item, shadow bool, target replaceable) {
+	st, t := d.st, it.req.Tenant
+	switch {
+	case d.off:
+		it.res.Decision = ""
+	case shadow:
+		it.res.Decision = ShadowRefused
+	default:
+		it.res.Decision = Admitted
+	}
+	it.insert = true
+	if target.some() {
+		it.replaces = target
+		if target.item != nil {
+			target.item.replacedBy = it
+		}
+	}
+	if it.req.ReplaceKey != nil {
+		st.replaceable[keyOf(t, *it.req.ReplaceKey)] = replaceable{item: it}
+	}
+	st.tenantDepth[t]++
+	if it.req.interactive() {
+		st.tenantInteractive[t]++
+	}
+	st.globalDepth++
+	if it.req.due(st.now).IsZero() {
+		// A scheduled job's place is among the jobs due before it: GET /v1/jobs/{id} reads
+		// it. This one counts the tenant's scheduled jobs as ahead of it.
+		pos := int64(st.tenantDepth[t])
+		it.res.Job.Position = &pos
+	}
+}
+
+// leave takes n from the tenant's and the global depth when the item replaces a queued job
+// (n = -1 puts it back): the replacement adds no depth.
+func (d *decider) leave(target replaceable, tenant string, n int) {
+	if target.some() {
+		d.st.tenantDepth[tenant] -= n
+		d.st.globalDepth -= n
+	}
+}
+
+// refuse refuses the item and gives back its rate reservation.
+func (d *decider) refuse(it *item) {
+	it.res.Decision = Refused
+	d.giveBack(it)
+}
+
+// giveBack returns the unit of its tenant's rate reservation the item holds, if any.
+func (d *decider) giveBack(it *item) {
+	if it.reserved {
+		it.reserved = false
+		if d.refund == nil {
+			d.refund = map[string]int{}
+		}
+		d.refund[it.req.Tenant]++
+	}
 }
 
 // lateError is deadline_unreachable when it's start_by cannot be met: it is at or before the
