@@ -171,44 +171,15 @@ func (s *Spec) validate(sc *schema, v any, at string) error {
 		}
 		return s.validate(ref, v, at)
 	}
-	if sc.Type != nil {
-		var types []string
-		switch t := sc.Type.(type) {
-		case string:
-			types = []string{t}
-		case []any:
-			for _, x := range t {
-				types = append(types, fmt.Sprint(x))
-			}
-		}
-		got := jsonType(v)
-		if !slices.Contains(types, got) && !(got == "integer" && slices.Contains(types, "number")) {
-			return fmt.Errorf("%s: %s, want %v", at, got, types)
-		}
+	if err := checkType(sc, v, at); err != nil {
+		return err
 	}
 	if len(sc.Enum) > 0 && !slices.ContainsFunc(sc.Enum, func(e any) bool { return fmt.Sprint(e) == fmt.Sprint(v) && jsonType(e) == jsonType(v) }) {
 		return fmt.Errorf("%s: %v is not one of %v", at, v, sc.Enum)
 	}
 	switch x := v.(type) {
 	case string:
-		n := utf8.RuneCountInString(x)
-		if sc.MinLength != nil && n < *sc.MinLength || sc.MaxLength != nil && n > *sc.MaxLength {
-			return fmt.Errorf("%s: length %d out of bounds", at, n)
-		}
-		if sc.Pattern != "" {
-			re, err := regexp.Compile(sc.Pattern)
-			if err != nil {
-				return fmt.Errorf("%s: bad pattern %q: %w", at, sc.Pattern, err)
-			}
-			if !re.MatchString(x) {
-				return fmt.Errorf("%s: %q does not match %s", at, x, sc.Pattern)
-			}
-		}
-		if sc.Format == "date-time" {
-			if _, err := time.Parse(time.RFC3339Nano, x); err != nil {
-				return fmt.Errorf("%s: %q is not a date-time", at, x)
-			}
-		}
+		return checkString(sc, x, at)
 	case float64:
 		if sc.Minimum != nil && x < *sc.Minimum || sc.Maximum != nil && x > *sc.Maximum {
 			return fmt.Errorf("%s: %v out of bounds", at, x)
@@ -225,37 +196,90 @@ func (s *Spec) validate(sc *schema, v any, at string) error {
 			}
 		}
 	case map[string]any:
-		for _, r := range sc.Required {
-			if _, ok := x[r]; !ok {
-				return fmt.Errorf("%s: required property %q is missing", at, r)
-			}
+		return s.validateObject(sc, x, at)
+	}
+	return nil
+}
+
+// checkType checks v's JSON type against the schema's type or types, an integer passing as a
+// number.
+func checkType(sc *schema, v any, at string) error {
+	if sc.Type == nil {
+		return nil
+	}
+	var types []string
+	switch t := sc.Type.(type) {
+	case string:
+		types = []string{t}
+	case []any:
+		for _, x := range t {
+			types = append(types, fmt.Sprint(x))
 		}
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
+	}
+	got := jsonType(v)
+	if !slices.Contains(types, got) && !(got == "integer" && slices.Contains(types, "number")) {
+		return fmt.Errorf("%s: %s, want %v", at, got, types)
+	}
+	return nil
+}
+
+// checkString checks a string's length in runes, its pattern and its date-time format.
+func checkString(sc *schema, x, at string) error {
+	n := utf8.RuneCountInString(x)
+	if sc.MinLength != nil && n < *sc.MinLength || sc.MaxLength != nil && n > *sc.MaxLength {
+		return fmt.Errorf("%s: length %d out of bounds", at, n)
+	}
+	if sc.Pattern != "" {
+		re, err := regexp.Compile(sc.Pattern)
+		if err != nil {
+			return fmt.Errorf("%s: bad pattern %q: %w", at, sc.Pattern, err)
 		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			if p, ok := sc.Properties[k]; ok {
-				if err := s.validate(p, x[k], at+"."+k); err != nil {
-					return err
-				}
-				continue
+		if !re.MatchString(x) {
+			return fmt.Errorf("%s: %q does not match %s", at, x, sc.Pattern)
+		}
+	}
+	if sc.Format == "date-time" {
+		if _, err := time.Parse(time.RFC3339Nano, x); err != nil {
+			return fmt.Errorf("%s: %q is not a date-time", at, x)
+		}
+	}
+	return nil
+}
+
+// validateObject checks an object's required properties, then each property in key order
+// against its own schema or additionalProperties, so that the first error found is the same
+// every run.
+func (s *Spec) validateObject(sc *schema, x map[string]any, at string) error {
+	for _, r := range sc.Required {
+		if _, ok := x[r]; !ok {
+			return fmt.Errorf("%s: required property %q is missing", at, r)
+		}
+	}
+	keys := make([]string, 0, len(x))
+	for k := range x {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if p, ok := sc.Properties[k]; ok {
+			if err := s.validate(p, x[k], at+"."+k); err != nil {
+				return err
 			}
-			switch ap := sc.AdditionalProperties.(type) {
-			case bool:
-				if !ap {
-					return fmt.Errorf("%s: unexpected property %q", at, k)
-				}
-			case map[string]any:
-				raw, _ := json.Marshal(ap)
-				var sub schema
-				if err := json.Unmarshal(raw, &sub); err != nil {
-					return fmt.Errorf("%s: additionalProperties: %w", at, err)
-				}
-				if err := s.validate(&sub, x[k], at+"."+k); err != nil {
-					return err
-				}
+			continue
+		}
+		switch ap := sc.AdditionalProperties.(type) {
+		case bool:
+			if !ap {
+				return fmt.Errorf("%s: unexpected property %q", at, k)
+			}
+		case map[string]any:
+			raw, _ := json.Marshal(ap)
+			var sub schema
+			if err := json.Unmarshal(raw, &sub); err != nil {
+				return fmt.Errorf("%s: additionalProperties: %w", at, err)
+			}
+			if err := s.validate(&sub, x[k], at+"."+k); err != nil {
+				return err
 			}
 		}
 	}
