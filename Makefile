@@ -51,8 +51,8 @@ test-galera: services
 	bash deploy/galera/cluster.sh down
 	bash deploy/galera/cluster.sh up
 	SLUICE_TEST_MYSQL_DSN='$(GALERA_DSN)' SLUICE_TEST_GALERA=1 $(GO) test -count=1 -p 1 -timeout 20m ./gate/store ./outbox \
-		&& SLUICE_TEST_MYSQL_DSN='$(GALERA_DSN)' SLUICE_TEST_GALERA=1 $(GO) test -count=1 -timeout 20m \
-			-run '$(GALERA_TESTS)' ./integration/; \
+		&& SLUICE_TEST_MYSQL_DSN='$(GALERA_DSN)' SLUICE_TEST_GALERA=1 $(GO) test -count=1 -p 1 -timeout 20m \
+			-run '$(GALERA_TESTS)' ./gate/api ./integration/; \
 	status=$$?; bash deploy/galera/cluster.sh status; bash deploy/galera/cluster.sh down; exit $$status
 
 # A short run of every fuzz target (the seed corpora also run as plain tests in `unit`). The

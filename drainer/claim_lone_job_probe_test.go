@@ -57,7 +57,7 @@ func testLoneJobClaim(t *testing.T, poked bool) {
 	db := testdb.New(t)
 	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
 	fake := clock.NewFake(time.Now())
-	sender := &drainertest.ScriptedSender{}
+	sender := &drainertest.Executor{Record: true}
 	recorded := make(chan int64, 16)
 	const gatedHash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: fake, ID: "lone",
@@ -148,7 +148,7 @@ func TestPokedLoneClaimRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.New(t)
 	counted, log := drainertest.CountedPool(t, db)
-	exec := drainertest.NewHeldSender() // holds each dispatch, so that no outcome write joins the log
+	exec := drainertest.NewHeld() // holds each dispatch, so that no outcome write joins the log
 	d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clock.NewFake(time.Now()), ID: "poked"}, 10*time.Second)
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)
@@ -183,7 +183,7 @@ func TestPokedLoneClaimRoundTrips(t *testing.T) {
 				poked, len(trips), want, strings.Join(trips, "\n---\n"))
 		}
 		exec.Next(t)
-		exec.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		exec.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 		wait.For(t, 10*time.Second, "the outcome to be recorded", func() (bool, error) {
 			var n int
 			err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)

@@ -27,7 +27,7 @@ func TestOutcomesRideTheNextClaim(t *testing.T) {
 	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 4 })
 	drainertest.QueueJobs(t, db, 3, 60)
 	counted, log := drainertest.CountedPool(t, db)
-	sender := &drainertest.ScriptedSender{Answer: func(n int) executor.Answer {
+	sender := &drainertest.Executor{Answer: func(_ context.Context, n int, _ executor.Dispatch) executor.Answer {
 		if n == 9 {
 			return executor.Answer{Kind: executor.Refused, RetryAfter: 1}
 		}
@@ -75,18 +75,16 @@ func TestRiddenOutcomeOfAMovedJob(t *testing.T) {
 	db := testdb.New(t)
 	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 1, 1 })
 	drainertest.QueueJobs(t, db, 1, 3)
-	sender := &drainertest.ScriptedSender{}
 	var moved atomic.Int64
-	sender.Answer = func(n int) executor.Answer {
+	sender := &drainertest.Executor{Answer: func(_ context.Context, n int, d executor.Dispatch) executor.Answer {
 		if n == 1 {
-			id := sender.Sent[0].JobID
-			if _, err := db.ExecContext(ctx, "UPDATE jobs SET status = 'lost', version = version + 1, lease_until = NULL WHERE id = ?", id); err != nil {
+			if _, err := db.ExecContext(ctx, "UPDATE jobs SET status = 'lost', version = version + 1, lease_until = NULL WHERE id = ?", d.JobID); err != nil {
 				t.Error(err)
 			}
-			moved.Store(id)
+			moved.Store(d.JobID)
 		}
 		return executor.Answer{Kind: executor.Done, Status: "succeeded"}
-	}
+	}}
 	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "rider", PollInterval: 100 * time.Millisecond}, 10*time.Second)
 	drainertest.Run(t, d)
 	wait.For(t, time.Minute, "the other jobs to succeed", func() (bool, error) {

@@ -34,7 +34,7 @@ func TestFullDrainerSkipsItsClaim(t *testing.T) {
 	db.RecountQueues(t, "t")
 	counted, log := drainertest.CountedPool(t, db)
 	clk := clock.NewFake(time.Now())
-	exec := drainertest.NewHeldSender()
+	exec := drainertest.NewHeld()
 	d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: exec, Clock: clk, ID: "full"}, 10*time.Second)
 
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
@@ -62,7 +62,7 @@ func TestFullDrainerSkipsItsClaim(t *testing.T) {
 	}
 	exec.Next(t)
 	for range 3 {
-		exec.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		exec.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	}
 	wait.For(t, 10*time.Second, "the three outcomes to be recorded", func() (bool, error) {
 		var n int

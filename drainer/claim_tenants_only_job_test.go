@@ -40,7 +40,7 @@ func TestPageGivesTenantsOnlyJobs(t *testing.T) {
 	second := insert("z", t0.Add(3*time.Millisecond), nil)
 	db.RecountQueues(t, "x", "y", "z")
 	counted, log := drainertest.CountedPool(t, db)
-	sender := &drainertest.ScriptedSender{}
+	sender := &drainertest.Executor{Record: true}
 	d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: sender, Clock: clk, ID: "pager"}, 10*time.Second)
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)

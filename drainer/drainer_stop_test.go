@@ -25,7 +25,7 @@ func TestStopKeepsLeases(t *testing.T) {
 	ctx := context.Background()
 	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
 	drainertest.QueueOneJob(t, db, t0)
-	sender := drainertest.NewHeldSender()
+	sender := drainertest.NewHeld()
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "stopping",
 		PollInterval: 10 * time.Millisecond})
 	if err != nil {
@@ -48,7 +48,7 @@ func TestStopKeepsLeases(t *testing.T) {
 	wait.For(t, 10*time.Second, "the stopping drainer to renew the lease", func() (bool, error) {
 		return leaseUntil(t, db, dispatch.JobID).Equal(want), nil
 	})
-	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	sender.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	<-stopped
 	if s := drainertest.ReadJob(t, db.DB, dispatch.JobID).Status; s != "succeeded" {
 		t.Fatalf("job %s after the answer in the grace period, want succeeded", s)
@@ -66,7 +66,9 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
 	id := drainertest.QueueOneJob(t, db, t0)
 	recorded := make(chan int64, 1)
-	sender := &drainertest.ScriptedSender{Answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Accepted, HTTPStatus: 202} }}
+	sender := &drainertest.Executor{Answer: func(context.Context, int, executor.Dispatch) executor.Answer {
+		return executor.Answer{Kind: executor.Accepted, HTTPStatus: 202}
+	}}
 	first, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "sender",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}})
 	if err != nil {
@@ -86,7 +88,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	first.Stop(stopCtx)
 	cancel()
 
-	resender := &drainertest.ScriptedSender{}
+	resender := &drainertest.Executor{Record: true}
 	second, err := drainer.New(drainer.Config{DB: db.DB, Executor: resender, Clock: clk, ID: "survivor"})
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +117,7 @@ func TestRenewalNeverShortensALease(t *testing.T) {
 	ctx := context.Background()
 	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
 	drainertest.QueueOneJob(t, db, t0)
-	sender := drainertest.NewHeldSender()
+	sender := drainertest.NewHeld()
 	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "renewer"}, 10*time.Second)
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)
@@ -132,7 +134,7 @@ func TestRenewalNeverShortensALease(t *testing.T) {
 	if lease := leaseUntil(t, db, dispatch.JobID); !lease.Equal(wall) {
 		t.Errorf("renewal left the lease at %s, want the later %s kept", lease, wall)
 	}
-	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	sender.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 }
 
 // TestLeasesRenewedDuringAStuckClaim: a pass whose claim waits for the claim lock (another
@@ -144,7 +146,7 @@ func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	ctx := context.Background()
 	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
 	running := drainertest.QueueOneJob(t, db, t0)
-	sender := drainertest.NewHeldSender()
+	sender := drainertest.NewHeld()
 	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "patient",
 		PollInterval: 20 * time.Millisecond}, 10*time.Second)
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
@@ -183,8 +185,8 @@ func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the pass did not end once the claim lock was free")
 	}
-	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
-	sender.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	sender.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	sender.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 }
 
 // leaseUntil reads job id's lease.
@@ -216,7 +218,7 @@ func TestStopHandsBackClaimedJobs(t *testing.T) {
 			t.Parallel()
 			db, clk, t0 := drainertest.NewDB(t, func(*limits.Config) {})
 			counted, log := drainertest.CountedPool(t, db)
-			sender := &drainertest.ScriptedSender{}
+			sender := &drainertest.Executor{Record: true}
 			d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: sender, Clock: clk, ID: "stopping"}, 10*time.Second)
 			if c.poked {
 				if _, err := d.RunOnce(context.Background()); err != nil {

@@ -74,7 +74,7 @@ func TestQueuedJobsExpire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: refusingSender{}, Clock: clk, ID: "expiry",
+	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: refusing(), Clock: clk, ID: "expiry",
 		Metrics: drainer.NewMetrics(reg), JobMetrics: jobMetrics})
 	if err != nil {
 		t.Fatal(err)

@@ -50,7 +50,7 @@ func TestDrainerSetsHeadsForward(t *testing.T) {
 			ids := drainertest.QueryIDs(t, db.DB, "SELECT id FROM jobs WHERE tenant = 't0' ORDER BY queued_at, id")
 			release := make(chan struct{})
 			defer close(release)
-			sender := &drainertest.ScriptedSender{Answer: func(n int) executor.Answer {
+			sender := &drainertest.Executor{Answer: func(_ context.Context, n int, _ executor.Dispatch) executor.Answer {
 				if n > 1 {
 					<-release
 				}

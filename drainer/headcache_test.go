@@ -29,7 +29,7 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 	}
 	// The first dispatch's answer is lost (the job goes back to the queue, never started); every
 	// later one finishes.
-	sender := &drainertest.ScriptedSender{Answer: func(n int) executor.Answer {
+	sender := &drainertest.Executor{Record: true, Answer: func(_ context.Context, n int, _ executor.Dispatch) executor.Answer {
 		if n == 1 {
 			return executor.Answer{Kind: executor.Unknown, Err: errors.New("connection reset")}
 		}
@@ -84,7 +84,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)
 	}
-	sender := &drainertest.ScriptedSender{Answer: func(int) executor.Answer { return executor.Answer{Kind: executor.Done, Status: "succeeded"} }}
+	sender := &drainertest.Executor{Record: true}
 	recorded := make(chan int64, 8)
 	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "taken", Clock: clock.NewFake(time.Now()),
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)

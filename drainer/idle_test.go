@@ -23,7 +23,7 @@ func TestIdleDrainerRoundTrips(t *testing.T) {
 	db := testdb.New(t)
 	counted, log := drainertest.CountedPool(t, db)
 	clk := clock.NewFake(time.Now())
-	d, err := drainer.New(drainer.Config{DB: counted, Executor: refusingSender{}, Clock: clk, ID: "idle"})
+	d, err := drainer.New(drainer.Config{DB: counted, Executor: refusing(), Clock: clk, ID: "idle"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,9 +55,9 @@ func TestIdleDrainerRoundTrips(t *testing.T) {
 	}
 }
 
-// refusingSender fails the test if anything is dispatched.
-type refusingSender struct{}
-
-func (refusingSender) Send(context.Context, executor.Dispatch) executor.Answer {
-	panic("an idle drainer dispatched a job")
+// refusing returns an executor that fails the test if anything is dispatched.
+func refusing() *drainertest.Executor {
+	return &drainertest.Executor{Answer: func(context.Context, int, executor.Dispatch) executor.Answer {
+		panic("an idle drainer dispatched a job")
+	}}
 }

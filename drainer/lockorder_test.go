@@ -82,7 +82,7 @@ func TestClaimAndRequeueTakeTenantsInOrder(t *testing.T) {
 	wait.For(t, 10*time.Second, "the requeue to lock job d", func() (bool, error) {
 		return held("SELECT 1 FROM jobs WHERE id = ?", d)()
 	})
-	dr := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &drainertest.NoopSender{}, ID: "claimer"}, 10*time.Second)
+	dr := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &drainertest.Executor{}, ID: "claimer"}, 10*time.Second)
 	claimed := make(chan drainer.Pass, 1)
 	claimErr := make(chan error, 1)
 	go func() {

@@ -66,7 +66,7 @@ func TestClaimReachesTenantsBehindGatedOnes(t *testing.T) {
 			late, _ := res.LastInsertId()
 			db.RecountQueues(t)
 
-			d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &drainertest.NoopSender{}, ID: "behind", RateGates: gatedKey{hash: key},
+			d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: &drainertest.Executor{}, ID: "behind", RateGates: gatedKey{hash: key},
 				Clock: clock.NewFake(time.Now())}, 10*time.Second)
 			for pass := 1; ; pass++ {
 				if _, err := d.RunOnce(ctx); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -43,12 +44,12 @@ const benchTenants = 16
 // SLUICE_BENCH_SERVER_WORK=1 each line also gives what the server did per job, with the audit
 // and without (serverWork: on a private server only).
 func BenchmarkAdmission(b *testing.B) {
-	f := startFrontDoor(b, fdOptions{})
-	noAudit := startFrontDoorOn(b, f, fdOptions{auditOff: true})
+	f := apitest.Setup(b, apitest.Options{})
+	noAudit := apitest.SetupOn(b, f, apitest.Options{AuditOff: true})
 	ctx := context.Background()
 	// The raw transactions write jobs of these tenants too; every job's tenant has a row.
 	for i := range benchTenants {
-		f.fillQueued(b, fmt.Sprintf("tenant-%02d", i), 0, "queued")
+		f.FillQueued(b, fmt.Sprintf("tenant-%02d", i), 0, "queued")
 	}
 	overHTTP := rawOverHTTP(b, f)
 	for range b.N {
@@ -82,8 +83,8 @@ func BenchmarkAdmission(b *testing.B) {
 				for c := 0; c < chunks; c++ {
 					raw += admissionTimed(conc, chunk, func(g, n int) error { return rawAdmit(ctx, f, tenant(g, n)) })
 					floor += admissionTimed(conc, chunk, admitOn(overHTTP))
-					work.measure(b, f.db.DB, func() { api += admissionTimed(conc, chunk, admitOn(f.star)) })
-					workOff.measure(b, f.db.DB, func() { apiOff += admissionTimed(conc, chunk, admitOn(noAudit.star)) })
+					work.measure(b, f.DB.DB, func() { api += admissionTimed(conc, chunk, admitOn(f.Star)) })
+					workOff.measure(b, f.DB.DB, func() { apiOff += admissionTimed(conc, chunk, admitOn(noAudit.Star)) })
 				}
 			}
 			total := float64(passes * chunks * chunk)
@@ -111,8 +112,8 @@ func BenchmarkAdmission(b *testing.B) {
 		// work on the machine can move one round's ratio by a third: audit_ratio is the median of
 		// the rounds' ratios, and audit_ratio_of_totals the ratio of the summed times beside it.
 		const rounds, perRound, size, conc = 10, 7, 1000, 2
-		f.setConfig(b, map[string]any{"global_queue_depth": perRound * size})
-		if err := noAudit.limits.Reload(ctx); err != nil {
+		f.SetConfig(b, map[string]any{"global_queue_depth": perRound * size})
+		if err := noAudit.Limits.Reload(ctx); err != nil {
 			b.Fatal(err)
 		}
 		reqs := make([]client.AdmitRequest, size)
@@ -137,11 +138,11 @@ func BenchmarkAdmission(b *testing.B) {
 			var on, off time.Duration
 			withAudit := func() {
 				truncateAdmissions(b, f)
-				work.measure(b, f.db.DB, func() { on = admissionTimed(conc, perRound, admitBatch(f.star)) })
+				work.measure(b, f.DB.DB, func() { on = admissionTimed(conc, perRound, admitBatch(f.Star)) })
 			}
 			withoutAudit := func() {
 				truncateAdmissions(b, f)
-				workOff.measure(b, f.db.DB, func() { off = admissionTimed(conc, perRound, admitBatch(noAudit.star)) })
+				workOff.measure(b, f.DB.DB, func() { off = admissionTimed(conc, perRound, admitBatch(noAudit.Star)) })
 			}
 			if r%2 == 0 {
 				withAudit()
@@ -200,14 +201,14 @@ func admissionTimed(conc, total int, fn func(g, n int) error) time.Duration {
 // rawAdmit is the floor admission is compared with: the same two rows in one transaction,
 // nothing else. The job row is written as succeeded so that it does not count against the
 // depth caps of the admissions measured alongside.
-func rawAdmit(ctx context.Context, f *frontDoor, tenant string) error {
+func rawAdmit(ctx context.Context, f *apitest.Env, tenant string) error {
 	_, err := rawAdmitJob(ctx, f, tenant, []byte(`{"n":1}`))
 	return err
 }
 
 // rawAdmitJob runs rawAdmit's transaction and returns the job it wrote.
-func rawAdmitJob(ctx context.Context, f *frontDoor, tenant string, payload []byte) (job.Job, error) {
-	tx, err := f.db.BeginTx(ctx, nil)
+func rawAdmitJob(ctx context.Context, f *apitest.Env, tenant string, payload []byte) (job.Job, error) {
+	tx, err := f.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return job.Job{}, err
 	}
@@ -230,7 +231,7 @@ func rawAdmitJob(ctx context.Context, f *frontDoor, tenant string, payload []byt
 
 // rawOverHTTP serves rawAdmitJob behind the least an HTTP admission does (decode the request,
 // answer the job as JSON) and returns a client of it.
-func rawOverHTTP(tb testing.TB, f *frontDoor) *client.Client {
+func rawOverHTTP(tb testing.TB, f *apitest.Env) *client.Client {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Tenant  string          `json:"tenant"`
@@ -258,8 +259,8 @@ func rawOverHTTP(tb testing.TB, f *frontDoor) *client.Client {
 // It first locks its tenants' rows in key order, as admission does: a queued job's insert
 // takes its tenant's row shared (the foreign key) and then exclusive (migration 0010's trigger),
 // so two transactions inserting for one tenant without that lock deadlock on the upgrade.
-func rawBatchInsert(ctx context.Context, f *frontDoor, size int) error {
-	tx, err := f.db.BeginTx(ctx, nil)
+func rawBatchInsert(ctx context.Context, f *apitest.Env, size int) error {
+	tx, err := f.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -308,14 +309,14 @@ func rawBatchInsert(ctx context.Context, f *frontDoor, size int) error {
 // truncateAdmissions empties the queue between rounds. TRUNCATE fires no trigger, so the
 // tenants' queue state (migration 0010), which admission reads for the depth caps, is recounted
 // after it.
-func truncateAdmissions(tb testing.TB, f *frontDoor) {
+func truncateAdmissions(tb testing.TB, f *apitest.Env) {
 	tb.Helper()
 	for _, q := range []string{"TRUNCATE TABLE jobs", "TRUNCATE TABLE outbox"} {
-		if _, err := f.db.ExecContext(context.Background(), q); err != nil {
+		if _, err := f.DB.ExecContext(context.Background(), q); err != nil {
 			tb.Fatal(err)
 		}
 	}
-	f.db.RecountQueues(tb)
+	f.DB.RecountQueues(tb)
 }
 
 // medianOf returns the median of vs (not empty).

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
@@ -78,24 +79,24 @@ func TestAuditAdmissionCommitsWithItsJob(t *testing.T) {
 	t.Parallel()
 	var fault atomic.Value
 	fault.Store("")
-	f := startFrontDoor(t, fdOptions{faults: &gate.Faults{Commit: func(_ context.Context, tx gate.Tx) error {
+	f := apitest.Setup(t, apitest.Options{Faults: &gate.Faults{Commit: func(_ context.Context, tx gate.Tx) error {
 		name, _ := fault.Load().(string)
-		return commitWithFault(tx, name)
+		return apitest.CommitWithFault(tx, name)
 	}}})
 	for _, c := range []struct {
 		fault string
 		jobs  int
 	}{{"", 1}, {"commit-rolled-back", 0}, {"commit-lost", 1}} {
-		tenant := uniqueTenant("audited")
+		tenant := apitest.UniqueTenant("audited")
 		fault.Store(c.fault)
-		f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": tenant})
+		f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": tenant})
 		fault.Store("")
 		var id int64
-		err := f.db.QueryRowContext(context.Background(), "SELECT id FROM jobs WHERE tenant = ?", tenant).Scan(&id)
+		err := f.DB.QueryRowContext(context.Background(), "SELECT id FROM jobs WHERE tenant = ?", tenant).Scan(&id)
 		if (err == nil) != (c.jobs == 1) {
 			t.Fatalf("fault %q: job read: %v, want %d job(s)", c.fault, err, c.jobs)
 		}
-		got := readAudit(t, f.db.DB, "tenant = ?", tenant)
+		got := readAudit(t, f.DB.DB, "tenant = ?", tenant)
 		var want []auditRow
 		if c.jobs == 1 {
 			want = []auditRow{{event: "admitted", actor: "star", to: "queued", job: id}}
@@ -110,14 +111,14 @@ func TestAuditAdmissionCommitsWithItsJob(t *testing.T) {
 // pokes, each get one admitted event naming that job.
 func TestAuditBatchNamesEachJob(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
-	a, b := uniqueTenant("batch-a"), uniqueTenant("batch-b")
-	r := f.do(t, http.MethodPost, "/v1/jobs:batch", fdStarToken, map[string]any{"jobs": []map[string]any{
+	f := apitest.Setup(t, apitest.Options{})
+	a, b := apitest.UniqueTenant("batch-a"), apitest.UniqueTenant("batch-b")
+	r := f.Do(t, http.MethodPost, "/v1/jobs:batch", apitest.StarToken, map[string]any{"jobs": []map[string]any{
 		{"tenant": a}, {"tenant": b}, {"tenant": a}, {"tenant": b, "idempotency_key": "k"}}})
 	if r.Status != 200 {
 		t.Fatalf("batch: HTTP %d %s", r.Status, r.Raw)
 	}
-	rows, err := f.db.QueryContext(context.Background(), `SELECT j.id, COUNT(e.id), MIN(e.tenant = j.tenant)
+	rows, err := f.DB.QueryContext(context.Background(), `SELECT j.id, COUNT(e.id), MIN(e.tenant = j.tenant)
 		FROM jobs j LEFT JOIN audit_events e ON e.job_id = j.id AND e.event = 'admitted'
 		WHERE j.tenant IN (?, ?) GROUP BY j.id`, a, b)
 	if err != nil {
@@ -148,44 +149,44 @@ func TestAuditBatchNamesEachJob(t *testing.T) {
 func TestAuditRefusals(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	probe := startFrontDoor(t, fdOptions{})
-	q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: probe.db.DB})
+	probe := apitest.Setup(t, apitest.Options{})
+	q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: probe.DB.DB})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := startFrontDoorOn(t, probe, fdOptions{memcached: memcachedtest.Shared(t), audit: q})
-	f.setConfig(t, map[string]any{"admission_rate_per_minute": 1, "tenant_queue_depth": 2, "global_in_flight": 0})
-	tenant := uniqueTenant("refused")
+	f := apitest.SetupOn(t, probe, apitest.Options{Memcached: memcachedtest.Shared(t), Audit: q})
+	f.SetConfig(t, map[string]any{"admission_rate_per_minute": 1, "tenant_queue_depth": 2, "global_in_flight": 0})
+	tenant := apitest.UniqueTenant("refused")
 	admit := func(body map[string]any, status int, code string) harness.Response {
 		t.Helper()
 		body["tenant"] = tenant
-		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, body)
+		r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, body)
 		if r.Status != status || (code != "" && r.Body["error_code"] != code) {
 			t.Fatalf("admit %v: HTTP %d %s, want %d %s", body, r.Status, r.Raw, status, code)
 		}
 		return r
 	}
-	first := jobID(t, admit(map[string]any{"idempotency_key": "k1"}, 202, "").Body)
+	first := apitest.JobID(t, admit(map[string]any{"idempotency_key": "k1"}, 202, "").Body)
 	admit(map[string]any{"idempotency_key": "k1"}, 200, "")                                                // replayed
 	admit(map[string]any{}, 429, "rate_limited")                                                           // the minute's one unit is spent
 	admit(map[string]any{"rate_key": strings.Repeat("k", gate.MaxRateKeyBytes+1)}, 400, "invalid_request") // not audited
-	f.setConfig(t, map[string]any{"admission_rate_per_minute": 0})
+	f.SetConfig(t, map[string]any{"admission_rate_per_minute": 0})
 	admit(map[string]any{"queue": false}, 429, "capacity_exceeded") // global_in_flight 0: paused
 	admit(map[string]any{}, 202, "")
 	rejected := admit(map[string]any{}, 429, "queue_full")
-	f.setConfig(t, map[string]any{"admission_mode": "shadow"})
-	shadowed := jobID(t, admit(map[string]any{}, 202, "").Body)
+	f.SetConfig(t, map[string]any{"admission_mode": "shadow"})
+	shadowed := apitest.JobID(t, admit(map[string]any{}, 202, "").Body)
 
 	// The queue holds the refusals until flushed.
 	if n, err := q.RunOnce(ctx); err != nil || n != 3 {
 		t.Fatalf("flush: %d events, %v; want the 3 queued (replay, rate_limited, capacity_exceeded)", n, err)
 	}
 	var second int64
-	if err := f.db.QueryRowContext(ctx, "SELECT MAX(id) FROM jobs WHERE tenant = ? AND status = 'queued' AND id < ?", tenant, shadowed).Scan(&second); err != nil {
+	if err := f.DB.QueryRowContext(ctx, "SELECT MAX(id) FROM jobs WHERE tenant = ? AND status = 'queued' AND id < ?", tenant, shadowed).Scan(&second); err != nil {
 		t.Fatal(err)
 	}
 	rejectedID := int64(rejected.Body["id"].(float64))
-	got := readAudit(t, f.db.DB, "tenant = ?", tenant)
+	got := readAudit(t, f.DB.DB, "tenant = ?", tenant)
 	// The flushed events come after the admissions' own rows; compare the two kinds apart.
 	var inTx, queued []auditRow
 	for _, r := range got {
@@ -215,9 +216,9 @@ func TestAuditRefusals(t *testing.T) {
 // in sluice_audit_dropped_total.
 func TestAuditQueueFullDrops(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	reg := prometheus.NewRegistry()
-	q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: f.db.DB, Size: 2, Registerer: reg})
+	q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: f.DB.DB, Size: 2, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,12 +233,12 @@ func TestAuditQueueFullDrops(t *testing.T) {
 	done := make(chan struct{})
 	go func() { q.Run(ctx); close(done) }()
 	harness.WaitFor(t, 10*time.Second, "the queue's events to be written", func() (bool, error) {
-		return len(readAudit(t, f.db.DB, "tenant = 'full'")) == 2, nil
+		return len(readAudit(t, f.DB.DB, "tenant = 'full'")) == 2, nil
 	})
 	q.Add(store.AuditEvent{Event: store.EventRefused, Tenant: "full", ErrorCode: "capacity_exceeded"})
 	cancel()
 	<-done
-	if n := len(readAudit(t, f.db.DB, "tenant = 'full'")); n != 3 {
+	if n := len(readAudit(t, f.DB.DB, "tenant = 'full'")); n != 3 {
 		t.Errorf("%d events written after Run stopped, want 3", n)
 	}
 }
@@ -247,17 +248,17 @@ func TestAuditQueueFullDrops(t *testing.T) {
 // GET /v1/audit is admin only, newest first, and pages with its cursor.
 func TestAuditJobEventsScope(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	var ids []int64
 	for i := 0; i < 3; i++ {
-		ids = append(ids, jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdAlphaToken, map[string]any{"tenant": "acme"}).Body))
+		ids = append(ids, apitest.JobID(t, f.Do(t, http.MethodPost, "/v1/jobs", apitest.AlphaToken, map[string]any{"tenant": "acme"}).Body))
 	}
 	path := "/v1/jobs/" + strconv.FormatInt(ids[0], 10) + "/events"
 	for _, c := range []struct {
 		token  string
 		status int
-	}{{fdAlphaToken, 200}, {fdAdminToken, 200}, {fdBetaToken, 404}, {fdExecToken, 403}} {
-		r := f.do(t, http.MethodGet, path, c.token, nil)
+	}{{apitest.AlphaToken, 200}, {apitest.AdminToken, 200}, {apitest.BetaToken, 404}, {apitest.ExecToken, 403}} {
+		r := f.Do(t, http.MethodGet, path, c.token, nil)
 		if r.Status != c.status {
 			t.Errorf("GET %s: HTTP %d %s, want %d", path, r.Status, r.Raw, c.status)
 			continue
@@ -269,26 +270,26 @@ func TestAuditJobEventsScope(t *testing.T) {
 			}
 		}
 	}
-	if r := f.do(t, http.MethodGet, "/v1/jobs/999999/events", fdAlphaToken, nil); r.Status != 404 {
+	if r := f.Do(t, http.MethodGet, "/v1/jobs/999999/events", apitest.AlphaToken, nil); r.Status != 404 {
 		t.Errorf("events of a missing job: HTTP %d, want 404", r.Status)
 	}
-	if r := f.do(t, http.MethodGet, "/v1/audit", fdAlphaToken, nil); r.Status != 403 {
+	if r := f.Do(t, http.MethodGet, "/v1/audit", apitest.AlphaToken, nil); r.Status != 403 {
 		t.Errorf("GET /v1/audit as a producer: HTTP %d, want 403", r.Status)
 	}
 	for _, bad := range []string{"event=nope", "since=yesterday", "limit=0", "cursor=zz"} {
-		if r := f.do(t, http.MethodGet, "/v1/audit?"+bad, fdAdminToken, nil); r.Status != 400 {
+		if r := f.Do(t, http.MethodGet, "/v1/audit?"+bad, apitest.AdminToken, nil); r.Status != 400 {
 			t.Errorf("GET /v1/audit?%s: HTTP %d, want 400", bad, r.Status)
 		}
 	}
 	// A redrive's admission names the operator who redrove, and the job it retries.
-	if _, err := f.db.ExecContext(context.Background(), "UPDATE jobs SET status = 'failed', version = version + 2 WHERE id = ?", ids[0]); err != nil {
+	if _, err := f.DB.ExecContext(context.Background(), "UPDATE jobs SET status = 'failed', version = version + 2 WHERE id = ?", ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	n, _, err := f.admin.Redrive(context.Background(), ids[0])
+	n, _, err := f.Admin.Redrive(context.Background(), ids[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs, err := f.admin.JobEvents(context.Background(), n.ID)
+	evs, err := f.Admin.JobEvents(context.Background(), n.ID)
 	if err != nil || len(evs) != 1 || evs[0].Actor != "admin" || evs[0].Event != "admitted" ||
 		string(evs[0].Detail) == "" || !strings.Contains(string(evs[0].Detail), fmt.Sprintf(`"retry_of":%d`, ids[0])) {
 		t.Errorf("the redriven job's events: %+v, %v; want one admitted by admin with retry_of %d", evs, err, ids[0])
@@ -296,7 +297,7 @@ func TestAuditJobEventsScope(t *testing.T) {
 	var seen []int64
 	next := "/v1/audit?tenant=acme&event=admitted&since=2000-01-01T00:00:00Z&limit=2"
 	for page := 0; next != "" && page < 5; page++ {
-		r := f.do(t, http.MethodGet, next, fdAdminToken, nil)
+		r := f.Do(t, http.MethodGet, next, apitest.AdminToken, nil)
 		if r.Status != 200 {
 			t.Fatalf("GET %s: HTTP %d %s", next, r.Status, r.Raw)
 		}
@@ -390,14 +391,15 @@ func TestAuditStoryRequeuedAfterSIGKILL(t *testing.T) {
 	}
 }
 
-// startingSender confirms each dispatch's start through the API, then answers it done.
-type startingSender struct{ exec *client.Client }
-
-func (s startingSender) Send(ctx context.Context, d executor.Dispatch) executor.Answer {
-	if _, err := s.exec.Start(ctx, d.JobID, d.Nonce, ""); err != nil {
-		return executor.Answer{Kind: executor.Done, Status: "failed", ErrorMessage: err.Error()}
-	}
-	return executor.Answer{Kind: executor.Done, Status: "succeeded"}
+// starting is an executor that confirms each dispatch's start through the API, then answers it
+// done.
+func starting(exec *client.Client) *drainertest.Executor {
+	return &drainertest.Executor{Answer: func(ctx context.Context, _ int, d executor.Dispatch) executor.Answer {
+		if _, err := exec.Start(ctx, d.JobID, d.Nonce, ""); err != nil {
+			return executor.Answer{Kind: executor.Done, Status: "failed", ErrorMessage: err.Error()}
+		}
+		return executor.Answer{Kind: executor.Done, Status: "succeeded"}
+	}}
 }
 
 // TestAuditOff: the same admissions (single, replayed, batch, refused by a depth cap), a cancel
@@ -408,32 +410,32 @@ func TestAuditOff(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, off := range []bool{false, true} {
-		probe := startFrontDoor(t, fdOptions{})
-		q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: probe.db.DB})
+		probe := apitest.Setup(t, apitest.Options{})
+		q, err := store.NewAuditQueue(store.AuditQueueConfig{DB: probe.DB.DB})
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := startFrontDoorOn(t, probe, fdOptions{audit: q, auditOff: off})
-		f.setConfig(t, map[string]any{"tenant_queue_depth": 3})
-		first := jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme", "idempotency_key": "k1"}).Body)
-		if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme", "idempotency_key": "k1"}); r.Status != 200 {
+		f := apitest.SetupOn(t, probe, apitest.Options{Audit: q, AuditOff: off})
+		f.SetConfig(t, map[string]any{"tenant_queue_depth": 3})
+		first := apitest.JobID(t, f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme", "idempotency_key": "k1"}).Body)
+		if r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme", "idempotency_key": "k1"}); r.Status != 200 {
 			t.Fatalf("replay: HTTP %d %s", r.Status, r.Raw)
 		}
-		batch, err := f.star.AdmitBatch(ctx, []client.AdmitRequest{{Tenant: "acme"}, {Tenant: "acme"}})
+		batch, err := f.Star.AdmitBatch(ctx, []client.AdmitRequest{{Tenant: "acme"}, {Tenant: "acme"}})
 		if err != nil || batch[0].Status != 202 || batch[1].Status != 202 {
 			t.Fatalf("batch: %+v, %v", batch, err)
 		}
-		if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme"}); r.Body["error_code"] != "queue_full" {
+		if r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme"}); r.Body["error_code"] != "queue_full" {
 			t.Fatalf("over the depth cap: HTTP %d %s, want queue_full", r.Status, r.Raw)
 		}
 		canceled := *batch[0].Job
-		if _, err := f.star.Cancel(ctx, canceled.ID); err != nil {
+		if _, err := f.Star.Cancel(ctx, canceled.ID); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := q.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
-		d, err := drainer.New(drainer.Config{DB: f.db.DB, Executor: startingSender{f.exec}, ID: "d-audit", AuditOff: off})
+		d, err := drainer.New(drainer.Config{DB: f.DB.DB, Executor: starting(f.Exec), ID: "d-audit", AuditOff: off})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -442,19 +444,19 @@ func TestAuditOff(t *testing.T) {
 		}
 		harness.WaitFor(t, 30*time.Second, "the drained jobs' outcomes", func() (bool, error) {
 			var n int
-			err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
+			err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
 			return n == 2, err
 		})
 		d.Stop(ctx)
 
 		var states string
-		if err := f.db.QueryRowContext(ctx, "SELECT GROUP_CONCAT(status ORDER BY id) FROM jobs").Scan(&states); err != nil {
+		if err := f.DB.QueryRowContext(ctx, "SELECT GROUP_CONCAT(status ORDER BY id) FROM jobs").Scan(&states); err != nil {
 			t.Fatal(err)
 		}
 		if states != "succeeded,canceled,succeeded,rejected" {
 			t.Errorf("audit off %v: jobs %s", off, states)
 		}
-		got := readAudit(t, f.db.DB, "1")
+		got := readAudit(t, f.DB.DB, "1")
 		if off {
 			if len(got) != 0 {
 				t.Errorf("audit off: %d audit rows: %v", len(got), got)
@@ -471,7 +473,7 @@ func TestAuditOff(t *testing.T) {
 		if fmt.Sprint(count) != fmt.Sprint(want) {
 			t.Errorf("audit on: rows %v, want %v", count, want)
 		}
-		if evs := readAudit(t, f.db.DB, "job_id = ?", first); len(evs) != 5 {
+		if evs := readAudit(t, f.DB.DB, "job_id = ?", first); len(evs) != 5 {
 			t.Errorf("audit on: job %d's story %v, want admitted, replayed, dispatched, running, succeeded", first, evs)
 		}
 	}
@@ -482,20 +484,20 @@ func TestAuditOff(t *testing.T) {
 // page finds it and ends.
 func TestAuditListingBounded(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
-	if err := store.InsertAudit(context.Background(), f.db.DB, []store.AuditEvent{{Event: store.EventRefused, Tenant: "acme"}}); err != nil {
+	f := apitest.Setup(t, apitest.Options{})
+	if err := store.InsertAudit(context.Background(), f.DB.DB, []store.AuditEvent{{Event: store.EventRefused, Tenant: "acme"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.db.ExecContext(context.Background(), fmt.Sprintf(`INSERT INTO audit_events (event, tenant)
+	if _, err := f.DB.ExecContext(context.Background(), fmt.Sprintf(`INSERT INTO audit_events (event, tenant)
 		SELECT 'admitted', 'acme' FROM seq_1_to_%d`, store.AuditScanRows)); err != nil {
 		t.Fatal(err)
 	}
-	r := f.do(t, http.MethodGet, "/v1/audit?event=refused&limit=5", fdAdminToken, nil)
+	r := f.Do(t, http.MethodGet, "/v1/audit?event=refused&limit=5", apitest.AdminToken, nil)
 	c, _ := r.Body["next_cursor"].(string)
 	if r.Status != 200 || len(r.Body["events"].([]any)) != 0 || c == "" {
 		t.Fatalf("first page: HTTP %d %s, want no events and a cursor", r.Status, r.Raw)
 	}
-	r = f.do(t, http.MethodGet, "/v1/audit?event=refused&limit=5&cursor="+c, fdAdminToken, nil)
+	r = f.Do(t, http.MethodGet, "/v1/audit?event=refused&limit=5&cursor="+c, apitest.AdminToken, nil)
 	if evs, _ := r.Body["events"].([]any); r.Status != 200 || len(evs) != 1 || r.Body["next_cursor"] != nil {
 		t.Errorf("second page: HTTP %d %s, want the refusal and no cursor", r.Status, r.Raw)
 	}
@@ -509,27 +511,27 @@ func TestAuditListingBounded(t *testing.T) {
 func TestAuditJobEventsActorsForProducers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	// Admitted by an admin, canceled by alpha.
-	byAdmin := jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdAdminToken, map[string]any{"tenant": "acme"}).Body)
-	if r := f.do(t, http.MethodDelete, "/v1/jobs/"+strconv.FormatInt(byAdmin, 10), fdAlphaToken, nil); r.Status != 200 {
+	byAdmin := apitest.JobID(t, f.Do(t, http.MethodPost, "/v1/jobs", apitest.AdminToken, map[string]any{"tenant": "acme"}).Body)
+	if r := f.Do(t, http.MethodDelete, "/v1/jobs/"+strconv.FormatInt(byAdmin, 10), apitest.AlphaToken, nil); r.Status != 200 {
 		t.Fatalf("cancel: HTTP %d %s", r.Status, r.Raw)
 	}
 	// Reported by the executor.
-	byExec, err := dispatchedJob(ctx, f.db.DB, "acme", "n-exec")
+	byExec, err := dispatchedJob(ctx, f.DB.DB, "acme", "n-exec")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := f.do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(byExec, 10)+"/complete", fdExecToken,
+	if r := f.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(byExec, 10)+"/complete", apitest.ExecToken,
 		map[string]any{"nonce": "n-exec", "status": "succeeded"}); r.Status != 200 {
 		t.Fatalf("complete: HTTP %d %s", r.Status, r.Raw)
 	}
 	// Ended by a drainer, which names itself by its id.
-	byDrainer, err := dispatchedJob(ctx, f.db.DB, "acme", "n-drainer")
+	byDrainer, err := dispatchedJob(ctx, f.DB.DB, "acme", "n-drainer")
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := f.db.BeginTx(ctx, nil)
+	tx, err := f.DB.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,7 +547,7 @@ func TestAuditJobEventsActorsForProducers(t *testing.T) {
 
 	actors := func(token string, id int64) []string {
 		t.Helper()
-		r := f.do(t, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/events", token, nil)
+		r := f.Do(t, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/events", token, nil)
 		if r.Status != 200 {
 			t.Fatalf("events of job %d: HTTP %d %s", id, r.Status, r.Raw)
 		}
@@ -561,13 +563,13 @@ func TestAuditJobEventsActorsForProducers(t *testing.T) {
 		id         int64
 		want       []string
 	}{
-		{"alpha", fdAlphaToken, byAdmin, []string{"admin", "alpha"}},
-		{"star", fdStarToken, byAdmin, []string{"admin", "producer"}},
-		{"admin", fdAdminToken, byAdmin, []string{"admin", "alpha"}},
-		{"alpha", fdAlphaToken, byExec, []string{"executor"}},
-		{"admin", fdAdminToken, byExec, []string{"exec"}},
-		{"alpha", fdAlphaToken, byDrainer, []string{"drainer"}},
-		{"admin", fdAdminToken, byDrainer, []string{"web-7.example.net-4242"}},
+		{"alpha", apitest.AlphaToken, byAdmin, []string{"admin", "alpha"}},
+		{"star", apitest.StarToken, byAdmin, []string{"admin", "producer"}},
+		{"admin", apitest.AdminToken, byAdmin, []string{"admin", "alpha"}},
+		{"alpha", apitest.AlphaToken, byExec, []string{"executor"}},
+		{"admin", apitest.AdminToken, byExec, []string{"exec"}},
+		{"alpha", apitest.AlphaToken, byDrainer, []string{"drainer"}},
+		{"admin", apitest.AdminToken, byDrainer, []string{"web-7.example.net-4242"}},
 	} {
 		if got := actors(c.token, c.id); strings.Join(got, ",") != strings.Join(c.want, ",") {
 			t.Errorf("%s reads job %d's actors as %q, want %q", c.who, c.id, got, c.want)

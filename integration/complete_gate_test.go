@@ -10,6 +10,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
 
@@ -29,7 +30,7 @@ func TestCompleteGateNeedsTheDispatchNonce(t *testing.T) {
 		t.Fatal(err)
 	}
 	mc := memcache.New(addr)
-	f := startFrontDoor(t, fdOptions{apiGates: gates})
+	f := apitest.Setup(t, apitest.Options{APIGates: gates})
 
 	// keyed inserts a job of tenant acme under a fresh rate key, dispatched with nonce (queued
 	// when nonce is ""), and returns its id and the key's hash.
@@ -38,22 +39,22 @@ func TestCompleteGateNeedsTheDispatchNonce(t *testing.T) {
 		_, hash := gateRateKey(t, mc)
 		var id int64
 		if nonce == "" {
-			r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme"})
+			r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme"})
 			if r.Status != http.StatusAccepted {
 				t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
 			}
-			id = jobID(t, r.Body)
-		} else if id, err = dispatchedJob(ctx, f.db.DB, "acme", nonce); err != nil {
+			id = apitest.JobID(t, r.Body)
+		} else if id, err = dispatchedJob(ctx, f.DB.DB, "acme", nonce); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := f.db.ExecContext(ctx, "UPDATE jobs SET rate_key_sha256 = ? WHERE id = ?", hash, id); err != nil {
+		if _, err := f.DB.ExecContext(ctx, "UPDATE jobs SET rate_key_sha256 = ? WHERE id = ?", hash, id); err != nil {
 			t.Fatal(err)
 		}
 		return id, hash
 	}
 	complete := func(id int64, nonce, status string, retryAfter int) (int, string) {
 		t.Helper()
-		r := f.do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/complete", fdExecToken,
+		r := f.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/complete", apitest.ExecToken,
 			map[string]any{"nonce": nonce, "status": status, "gate": map[string]any{"retry_after": retryAfter}})
 		code, _ := r.Body["error_code"].(string)
 		return r.Status, code
@@ -141,12 +142,12 @@ func TestCompleteGateNeedsTheDispatchNonce(t *testing.T) {
 	t.Run("a late report on a voided dispatch gates", func(t *testing.T) {
 		id, hash := keyed("n-late")
 		// As recovery leaves a dispatch whose lease ran out: queued again, its nonce voided.
-		if _, err := f.db.ExecContext(ctx, `UPDATE jobs SET status = 'queued', version = version + 1,
+		if _, err := f.DB.ExecContext(ctx, `UPDATE jobs SET status = 'queued', version = version + 1,
 			voided_nonce_sha256 = nonce_sha256, nonce_sha256 = NULL, nonce_expires_at = NULL, error_code = 'lease_expired'
 			WHERE id = ?`, id); err != nil {
 			t.Fatal(err)
 		}
-		f.db.RecountQueues(t, "acme")
+		f.DB.RecountQueues(t, "acme")
 		if st, code := complete(id, "n-late", "failed", 120); st != http.StatusConflict || code != "dispatch_void" {
 			t.Fatalf("late report: HTTP %d %s, want 409 dispatch_void", st, code)
 		}

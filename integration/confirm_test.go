@@ -57,7 +57,7 @@ func TestStartConfirmation(t *testing.T) {
 		t.Parallel()
 		env := newEnv(t)
 		fake := clock.NewFake(time.Now())
-		s := drainertest.NewHeldSender()
+		s := drainertest.NewHeld()
 		d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-used"}, 100*time.Millisecond)
 		id := env.Admit(t, "used", nil)
 		if _, err := d.RunOnce(ctx); err != nil {
@@ -77,7 +77,7 @@ func TestStartConfirmation(t *testing.T) {
 		wantCode(t, "another start attempt while running", env.start(t, id, disp.Nonce, "attempt-2"), 409, "nonce_used")
 		wantCode(t, "an unnamed start attempt while running", env.start(t, id, disp.Nonce, ""), 409, "nonce_used")
 		wantCode(t, "foreign nonce while running", env.start(t, id, "not-the-nonce", "attempt-1"), 409, "nonce_invalid")
-		s.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		s.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 		harness.WaitFor(t, 10*time.Second, "the job to succeed", func() (bool, error) {
 			return drainertest.ReadJob(t, env.DB.DB, id).Status == "succeeded", nil
 		})
@@ -89,7 +89,7 @@ func TestStartConfirmation(t *testing.T) {
 		// transaction holds waits on its own, and the others' starts go on meanwhile.
 		t.Parallel()
 		env := newEnv(t)
-		s := drainertest.NewHeldSender()
+		s := drainertest.NewHeld()
 		d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: clock.NewFake(time.Now()), ID: "d-held"}, 100*time.Millisecond)
 		held, free := env.Admit(t, "held", nil), env.Admit(t, "free", nil)
 		if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 2 {
@@ -97,7 +97,7 @@ func TestStartConfirmation(t *testing.T) {
 		}
 		disps := map[int64]executor.Dispatch{}
 		for range 2 {
-			disp := s.Next(t)
+			disp := s.Next(t).Dispatch
 			disps[disp.JobID] = disp
 		}
 		hold, err := env.DB.BeginTx(ctx, nil)
@@ -147,8 +147,8 @@ func TestStartConfirmation(t *testing.T) {
 		if st := drainertest.ReadJob(t, env.DB.DB, held).Status; st != "running" {
 			t.Errorf("the held job is %s, want running", st)
 		}
-		s.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
-		s.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		s.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		s.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	})
 
 	t.Run("expired", func(t *testing.T) {
@@ -157,7 +157,7 @@ func TestStartConfirmation(t *testing.T) {
 		// The drainer's clock is 301 s behind the database's, so the nonce it mints has already
 		// expired by the time the API (on the database clock) judges the confirmation.
 		fake := clock.NewFake(time.Now().Add(-301 * time.Second))
-		s := drainertest.NewHeldSender()
+		s := drainertest.NewHeld()
 		d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-expired"}, 100*time.Millisecond)
 		id := env.Admit(t, "expired", nil)
 		if _, err := d.RunOnce(ctx); err != nil {
@@ -174,7 +174,7 @@ func TestStartConfirmation(t *testing.T) {
 		t.Parallel()
 		env := newEnv(t)
 		fake := clock.NewFake(time.Now())
-		first := drainertest.NewHeldSender()
+		first := drainertest.NewHeld()
 		d1 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: first, Clock: fake, ID: "d-first"}, 100*time.Millisecond)
 		id := env.Admit(t, "voided", nil)
 		if _, err := d1.RunOnce(ctx); err != nil {
@@ -184,7 +184,7 @@ func TestStartConfirmation(t *testing.T) {
 		// d1 stops renewing (it runs no more passes); past its lease another drainer recovers
 		// the job and dispatches it again in the same pass.
 		fake.Advance(11 * time.Second)
-		second := drainertest.NewHeldSender()
+		second := drainertest.NewHeld()
 		d2 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: second, Clock: fake, ID: "d-second"}, 100*time.Millisecond)
 		p, err := d2.RunOnce(ctx)
 		if err != nil {
@@ -201,7 +201,7 @@ func TestStartConfirmation(t *testing.T) {
 		if r := env.start(t, id, redo.Nonce, "attempt-1"); r.Status != 200 {
 			t.Fatalf("/start with the current nonce: HTTP %d %s", r.Status, r.Raw)
 		}
-		second.Answer <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
+		second.Replies <- executor.Answer{Kind: executor.Done, Status: "succeeded"}
 		harness.WaitFor(t, 10*time.Second, "the job to succeed", func() (bool, error) {
 			return drainertest.ReadJob(t, env.DB.DB, id).Status == "succeeded", nil
 		})
@@ -227,7 +227,7 @@ func answerInTurn(t *testing.T, cfg drainer.Config, answers []executor.Answer,
 	clk := clock.NewFake(time.Now())
 	recorded := make(chan int64, len(answers))
 	cfg.DB, cfg.Clock, cfg.Observer = db.DB, clk, drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}
-	cfg.Executor = &drainertest.ScriptedSender{Answer: func(n int) executor.Answer { return answers[n-1] }}
+	cfg.Executor = &drainertest.Executor{Answer: func(_ context.Context, n int, _ executor.Dispatch) executor.Answer { return answers[n-1] }}
 	d := drainertest.NewDrainer(t, cfg, 10*time.Second)
 	t0, _ := clk.Now(ctx)
 	id := drainertest.QueueOneJob(t, db, t0)
@@ -311,10 +311,10 @@ func TestExecutorErrorFieldsStored(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{API: true})
 	long := strings.Repeat("x", 65534) + "é and more" // the cut falls inside the é
-	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+	stub, _ := byTenant(map[string]executor.Answer{
 		"noisy": {Kind: executor.Done, HTTPStatus: 200, Status: "failed", ErrorCode: "délai_" + strings.Repeat("z", 80), ErrorMessage: long},
 		"later": {Kind: executor.Accepted, HTTPStatus: 202},
-	}}
+	})
 	recorded := make(chan int64, 4)
 	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, ID: "noisy",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
@@ -335,7 +335,7 @@ func TestExecutorErrorFieldsStored(t *testing.T) {
 			status, code, len(msg), msg)
 	}
 
-	nonce := stub.sent(later)[0].Nonce
+	nonce := stub.Sent(later)[0].Nonce
 	path := "/v1/jobs/" + strconv.FormatInt(later, 10) + "/complete"
 	for _, bad := range []struct {
 		field string
@@ -364,7 +364,7 @@ func TestExecutorErrorFieldsStored(t *testing.T) {
 // test reports their outcome through /complete.
 type notStartedEnv struct {
 	*harnessEnv
-	stub     *gateStubExecutor
+	stub     *drainertest.Executor
 	d        *drainer.Drainer
 	recorded chan int64
 }
@@ -372,10 +372,10 @@ type notStartedEnv struct {
 func newNotStartedEnv(t *testing.T) *notStartedEnv {
 	t.Helper()
 	e := &notStartedEnv{harnessEnv: &harnessEnv{harness.Start(t, harness.Options{API: true})},
-		stub: &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
-			"later": {Kind: executor.Accepted, HTTPStatus: 202},
-		}},
 		recorded: make(chan int64, 16)}
+	e.stub, _ = byTenant(map[string]executor.Answer{
+		"later": {Kind: executor.Accepted, HTTPStatus: 202},
+	})
 	e.d = drainertest.NewDrainer(t, drainer.Config{DB: e.DB.DB, Executor: e.stub, ID: "not-started",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { e.recorded <- id }}}, 10*time.Second)
 	return e
@@ -384,7 +384,7 @@ func newNotStartedEnv(t *testing.T) *notStartedEnv {
 // dispatch runs one drainer pass that must send job id, and returns the nonce it was sent.
 func (e *notStartedEnv) dispatch(t *testing.T, id int64) string {
 	t.Helper()
-	n := len(e.stub.sent(id))
+	n := len(e.stub.Sent(id))
 	if p, err := e.d.RunOnce(context.Background()); err != nil || p.Claimed != 1 {
 		t.Fatalf("pass: %+v, %v; want job %d claimed", p, err, id)
 	}
@@ -396,7 +396,7 @@ func (e *notStartedEnv) dispatch(t *testing.T, id int64) string {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the executor's 202 was not recorded")
 	}
-	sent := e.stub.sent(id)
+	sent := e.stub.Sent(id)
 	if len(sent) != n+1 {
 		t.Fatalf("job %d sent %d times, want %d", id, len(sent), n+1)
 	}
@@ -459,9 +459,9 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 	ctx := context.Background()
 	env := &harnessEnv{harness.Start(t, harness.Options{API: true})}
 	fake := clock.NewFake(time.Now())
-	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+	stub, _ := byTenant(map[string]executor.Answer{
 		"later": {Kind: executor.Accepted, HTTPStatus: 202},
-	}}
+	})
 	recorded := make(chan int64, 4)
 	d1 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-gone",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 100*time.Millisecond)
@@ -474,7 +474,7 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 	complete := func(id int64) harness.Response {
 		t.Helper()
 		return env.Do(t, http.MethodPost, "/v1/jobs/"+strconv.FormatInt(id, 10)+"/complete", harness.ExecutorToken,
-			map[string]any{"nonce": stub.sent(id)[0].Nonce, "status": "not_started"})
+			map[string]any{"nonce": stub.Sent(id)[0].Nonce, "status": "not_started"})
 	}
 	if r := complete(reported); r.Status != http.StatusOK || r.Body["status"] != "queued" {
 		t.Fatalf("not_started: HTTP %d %s, want 200 queued", r.Status, r.Raw)
@@ -513,7 +513,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 	env := &harnessEnv{harness.Start(t, harness.Options{API: true})}
 	env.SetConfig(t, func(c *limits.Config) { c.DispatchAttempts = 1 }) // one unknown answer spends it
 	fake := clock.NewFake(time.Now())
-	s := drainertest.NewHeldSender()
+	s := drainertest.NewHeld()
 	recorded := make(chan int64, 8)
 	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s, Clock: fake, ID: "d-ends",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 100*time.Millisecond)
@@ -533,7 +533,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 	}
 	answer := func(id int64, a executor.Answer) {
 		t.Helper()
-		s.Answer <- a
+		s.Replies <- a
 		if got := drainertest.AwaitRecorded(t, recorded, 1)[0]; got != id {
 			t.Fatalf("recorded job %d, want %d", got, id)
 		}

@@ -119,7 +119,7 @@ func rawDrain(tb testing.TB, tenants, jobs int) float64 {
 func claimLatency(b *testing.B, db *testdb.DB, n int) []time.Duration {
 	ctx := context.Background()
 	recorded := make(chan int64, 1)
-	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &drainertest.NoopSender{}, ID: "bench",
+	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &drainertest.Executor{}, ID: "bench",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}})
 	if err != nil {
 		b.Fatal(err)
@@ -251,7 +251,7 @@ func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (dra
 		}
 	}
 	raw := rawTx(b, db, 300)
-	s := &drainertest.NoopSender{}
+	s := &drainertest.Executor{}
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: s, ID: "bench", AuditOff: auditOff})
 	if err != nil {
 		b.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
@@ -152,29 +153,25 @@ func TestGateMemcachedOutage(t *testing.T) {
 		"bound_ms": (timeout + poll).Milliseconds()})
 }
 
-// gateStubExecutor answers each dispatch as the test arranged for the job's tenant, and keeps what
-// it was sent. It stands in for an executor whose answers the simulated one cannot give (a 202
-// or a 2xx carrying a gate).
-type gateStubExecutor struct {
-	mu      sync.Mutex
-	answers map[string]executor.Answer // by tenant
-	got     map[int64][]executor.Dispatch
-}
-
-func (s *gateStubExecutor) Send(_ context.Context, d executor.Dispatch) executor.Answer {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.got[d.JobID] = append(s.got[d.JobID], d)
-	if a, ok := s.answers[d.Tenant]; ok {
-		return a
+// byTenant returns an executor for the answers the simulated one cannot give (a 202 or a 2xx
+// carrying a gate): it answers each dispatch as answers says for the job's tenant, finishes the
+// jobs of other tenants "succeeded", and records what it was sent. forget drops a tenant's
+// answer while the drainer runs (answers is byTenant's from then on).
+func byTenant(answers map[string]executor.Answer) (stub *drainertest.Executor, forget func(tenant string)) {
+	var mu sync.Mutex
+	stub = &drainertest.Executor{Record: true, Answer: func(_ context.Context, _ int, d executor.Dispatch) executor.Answer {
+		mu.Lock()
+		defer mu.Unlock()
+		if a, ok := answers[d.Tenant]; ok {
+			return a
+		}
+		return executor.Answer{Kind: executor.Done, HTTPStatus: 200, Status: "succeeded"}
+	}}
+	return stub, func(tenant string) {
+		mu.Lock()
+		defer mu.Unlock()
+		delete(answers, tenant)
 	}
-	return executor.Answer{Kind: executor.Done, HTTPStatus: 200, Status: "succeeded"}
-}
-
-func (s *gateStubExecutor) sent(id int64) []executor.Dispatch {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]executor.Dispatch(nil), s.got[id]...)
 }
 
 // TestGateDispatchAnswers covers the other gate writers of SPEC §6 and §8: the gate field of a
@@ -187,12 +184,12 @@ func TestGateDispatchAnswers(t *testing.T) {
 	env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
 	store := env.App.RateGates()
 	mc := memcache.New(addr)
-	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+	stub, forget := byTenant(map[string]executor.Answer{
 		"accepts":  {Kind: executor.Accepted, HTTPStatus: 202, Gate: &executor.Gate{RetryAfter: 120}},
 		"limited":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
 		"keyless":  {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 30},
 		"finishes": {Kind: executor.Done, HTTPStatus: 200, Status: "succeeded", Gate: &executor.Gate{RetryAfter: 60}},
-	}}
+	})
 	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, ID: "answers-test"}, 10*time.Second)
 	ctx := context.Background()
 	kA, hA := gateRateKey(t, mc)
@@ -249,16 +246,14 @@ func TestGateDispatchAnswers(t *testing.T) {
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n, m := len(stub.sent(b)), len(stub.sent(c)); n != 1 || m != 1 {
+	if n, m := len(stub.Sent(b)), len(stub.Sent(c)); n != 1 || m != 1 {
 		t.Errorf("after a second pass the 429'd jobs were dispatched %d and %d times, want once each", n, m)
 	}
 	// Clearing the gate releases the 429'd job.
 	if err := store.Clear(ctx, hB); err != nil {
 		t.Fatal(err)
 	}
-	stub.mu.Lock()
-	delete(stub.answers, "limited") // its upstream quota is back
-	stub.mu.Unlock()
+	forget("limited") // its upstream quota is back
 	harness.WaitFor(t, 10*time.Second, "the 429'd job to run once its gate was cleared", func() (bool, error) {
 		if _, err := d.RunOnce(ctx); err != nil {
 			return false, err
@@ -268,7 +263,7 @@ func TestGateDispatchAnswers(t *testing.T) {
 	})
 
 	// /complete with a gate: validated before anything is written, then applied.
-	nonce := stub.sent(a)[0].Nonce
+	nonce := stub.Sent(a)[0].Nonce
 	path := "/v1/jobs/" + strconv.FormatInt(a, 10) + "/complete"
 	r := env.Do(t, http.MethodPost, path, harness.ExecutorToken, map[string]any{"nonce": nonce, "status": "succeeded", "gate": map[string]any{"retry_after": 0}})
 	if r.Status != http.StatusBadRequest || r.Body["field"] != "gate.retry_after" {
@@ -299,7 +294,7 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 			env := harness.Start(t, harness.Options{API: true, Relay: true, Memcached: []string{addr}, GateTimeout: time.Second})
 			store := env.App.RateGates()
 			mc := memcache.New(addr)
-			stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{}}
+			stub, _ := byTenant(map[string]executor.Answer{})
 			d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, ID: "heads-test",
 				PollInterval: time.Minute}, 10*time.Second)
 			ctx := context.Background()
@@ -334,7 +329,7 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 				return s == "succeeded", err
 			})
 			for _, id := range gatedIDs {
-				if n := len(stub.sent(id)); n != 0 {
+				if n := len(stub.Sent(id)); n != 0 {
 					t.Errorf("gated job %d was dispatched %d times", id, n)
 				}
 			}
@@ -394,9 +389,9 @@ func TestGateExpiresOnInjectedClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stub := &gateStubExecutor{got: map[int64][]executor.Dispatch{}, answers: map[string]executor.Answer{
+	stub, forget := byTenant(map[string]executor.Answer{
 		"hourly": {Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60},
-	}}
+	})
 	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, Clock: fake, ID: "clock-test"}, 10*time.Second)
 	ctx := context.Background()
 	k, h := gateRateKey(t, mc)
@@ -413,9 +408,7 @@ func TestGateExpiresOnInjectedClock(t *testing.T) {
 		s, err := status()
 		return s == "queued", err
 	})
-	stub.mu.Lock()
-	delete(stub.answers, "hourly") // the next dispatch succeeds
-	stub.mu.Unlock()
+	forget("hourly") // the next dispatch succeeds
 	start, _ := fake.Now(ctx)
 	nb, ok, err := store.Get(ctx, h)
 	if err != nil || !ok || !nb.Equal(start.Add(65*time.Second).Truncate(time.Millisecond)) {
@@ -433,7 +426,7 @@ func TestGateExpiresOnInjectedClock(t *testing.T) {
 		s, err := status()
 		return s == "succeeded", err
 	})
-	if n := len(stub.sent(id)); n != 2 {
+	if n := len(stub.Sent(id)); n != 2 {
 		t.Errorf("the job was dispatched %d times, want 2 (the 429, then the run)", n)
 	}
 }
@@ -502,13 +495,13 @@ func TestGateOnceForARetriedOutcome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, clk, t0 := drainertest.NewDB(t, func(*limits.Config) {})
-	proxy, viaProxy := dbThroughCutter(t, db)
+	proxy, viaProxy := apitest.DBThroughCutter(t, db)
 	id := drainertest.QueueOneJob(t, db, t0)
 	if _, err := db.ExecContext(ctx, "UPDATE jobs SET rate_key_sha256 = ? WHERE id = ?", gate.RateKeyHash("k"), id); err != nil {
 		t.Fatal(err)
 	}
 	gates := &countingGates{}
-	sender := drainertest.NewHeldSender()
+	sender := drainertest.NewHeld()
 	recorded := make(chan int64, 2)
 	d := drainertest.NewDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, RateGates: gates, ID: "retried",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
@@ -516,11 +509,11 @@ func TestGateOnceForARetriedOutcome(t *testing.T) {
 		t.Fatalf("pass: %+v, %v; want one claim", p, err)
 	}
 	sender.Next(t)
-	proxy.armed.Store(true) // the outcome's COMMIT is cut: its write is retried
-	sender.Answer <- executor.Answer{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60}
+	proxy.Armed.Store(true) // the outcome's COMMIT is cut: its write is retried
+	sender.Replies <- executor.Answer{Kind: executor.RateLimited, HTTPStatus: 429, RetryAfter: 60}
 	drainertest.AwaitRecorded(t, recorded, 1)
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("the proxy cut %d connections, want the outcome's", proxy.cuts.Load())
+	if proxy.Cuts.Load() != 1 {
+		t.Fatalf("the proxy cut %d connections, want the outcome's", proxy.Cuts.Load())
 	}
 	var status, code string
 	if err := db.QueryRowContext(ctx, "SELECT status, error_code FROM jobs WHERE id = ?", id).Scan(&status, &code); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/waiters"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/wait"
 )
@@ -120,10 +121,10 @@ func TestWaitWokenByReleasePoke(t *testing.T) {
 // backstop's read, driven here one tick at a time.
 func TestWaitBackstop(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
-	hub := f.api.Waiters()
-	id := jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdAlphaToken, map[string]any{"tenant": "acme"}).Body)
-	answer := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=60", f.url, id), fdAlphaToken, nil)
+	f := apitest.Setup(t, apitest.Options{})
+	hub := f.API.Waiters()
+	id := apitest.JobID(t, f.Do(t, http.MethodPost, "/v1/jobs", apitest.AlphaToken, map[string]any{"tenant": "acme"}).Body)
+	answer := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=60", f.URL, id), apitest.AlphaToken, nil)
 	wait.Until(t, 10*time.Second, "the GET to wait", func() bool { return hub.Len() == 1 })
 	if err := hub.Tick(context.Background()); err != nil { // the job has not changed: no wake
 		t.Fatal(err)
@@ -131,7 +132,7 @@ func TestWaitBackstop(t *testing.T) {
 	if _, backstop := hub.Wakes(); backstop != 0 {
 		t.Fatalf("the backstop woke a waiter of a job that had not changed (%d)", backstop)
 	}
-	if r := f.do(t, http.MethodDelete, fmt.Sprintf("/v1/jobs/%d", id), fdAlphaToken, nil); r.Status != http.StatusOK {
+	if r := f.Do(t, http.MethodDelete, fmt.Sprintf("/v1/jobs/%d", id), apitest.AlphaToken, nil); r.Status != http.StatusOK {
 		t.Fatalf("cancel: %d %s", r.Status, r.Raw)
 	}
 	var a waitAnswer
@@ -158,29 +159,29 @@ func TestWaitBackstop(t *testing.T) {
 // 200 for GET, 202 for POST. A terminal job answers at once.
 func TestWaitEnds(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
-	id := jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdAlphaToken, map[string]any{"tenant": "acme"}).Body)
-	a := <-goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=0.3", f.url, id), fdAlphaToken, nil)
+	f := apitest.Setup(t, apitest.Options{})
+	id := apitest.JobID(t, f.Do(t, http.MethodPost, "/v1/jobs", apitest.AlphaToken, map[string]any{"tenant": "acme"}).Body)
+	a := <-goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=0.3", f.URL, id), apitest.AlphaToken, nil)
 	if a.err != nil || a.status != http.StatusOK || a.body["status"] != "queued" || a.took < 300*time.Millisecond {
 		t.Fatalf("GET ?wait=0.3 of a queued job: %d %v in %v (%v); want 200 queued after 0.3 s", a.status, a.body, a.took, a.err)
 	}
-	a = <-goWait(http.MethodPost, f.url+"/v1/jobs?wait=0.2", fdAlphaToken, map[string]any{"tenant": "acme"})
+	a = <-goWait(http.MethodPost, f.URL+"/v1/jobs?wait=0.2", apitest.AlphaToken, map[string]any{"tenant": "acme"})
 	if a.err != nil || a.status != http.StatusAccepted || a.body["status"] != "queued" || a.took < 200*time.Millisecond {
 		t.Fatalf("POST ?wait=0.2: %d %v in %v (%v); want 202 queued after 0.2 s", a.status, a.body, a.took, a.err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if j, err := f.alpha.Wait(ctx, id); !errors.Is(err, context.DeadlineExceeded) || j.Status != job.Queued {
+	if j, err := f.Alpha.Wait(ctx, id); !errors.Is(err, context.DeadlineExceeded) || j.Status != job.Queued {
 		t.Fatalf("client Wait past its context's deadline: %+v, %v; want the queued job and DeadlineExceeded", j, err)
 	}
-	if r := f.do(t, http.MethodDelete, fmt.Sprintf("/v1/jobs/%d", id), fdAlphaToken, nil); r.Status != http.StatusOK {
+	if r := f.Do(t, http.MethodDelete, fmt.Sprintf("/v1/jobs/%d", id), apitest.AlphaToken, nil); r.Status != http.StatusOK {
 		t.Fatalf("cancel: %d %s", r.Status, r.Raw)
 	}
-	a = <-goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=60", f.url, id), fdAlphaToken, nil)
+	a = <-goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=60", f.URL, id), apitest.AlphaToken, nil)
 	if a.status != http.StatusOK || a.body["status"] != "canceled" || a.took > 30*time.Second {
 		t.Fatalf("GET ?wait=60 of a canceled job: %d %v in %v; want 200 canceled at once", a.status, a.body, a.took)
 	}
-	if n := f.api.Waiters().Len(); n != 0 {
+	if n := f.API.Waiters().Len(); n != 0 {
 		t.Fatalf("%d waiters left", n)
 	}
 }
@@ -189,30 +190,30 @@ func TestWaitEnds(t *testing.T) {
 // and an admission with one writes nothing.
 func TestWaitBadInput(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
-	id := jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdAlphaToken, map[string]any{"tenant": "acme"}).Body)
-	before := f.rowCounts(t)
+	f := apitest.Setup(t, apitest.Options{})
+	id := apitest.JobID(t, f.Do(t, http.MethodPost, "/v1/jobs", apitest.AlphaToken, map[string]any{"tenant": "acme"}).Body)
+	before := f.RowCounts(t)
 	for _, bad := range []string{"abc", "-1", "61", "NaN", "1e9", "0x10"} {
-		r := f.do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d?wait=%s", id, bad), fdAlphaToken, nil)
+		r := f.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d?wait=%s", id, bad), apitest.AlphaToken, nil)
 		if r.Status != http.StatusBadRequest || r.Body["error_code"] != "invalid_request" || r.Body["field"] != "wait" {
 			t.Errorf("GET ?wait=%s: %d %s; want 400 invalid_request on wait", bad, r.Status, r.Raw)
 		}
-		r = f.do(t, http.MethodPost, "/v1/jobs?wait="+bad, fdAlphaToken, map[string]any{"tenant": "acme"})
+		r = f.Do(t, http.MethodPost, "/v1/jobs?wait="+bad, apitest.AlphaToken, map[string]any{"tenant": "acme"})
 		if r.Status != http.StatusBadRequest || r.Body["field"] != "wait" {
 			t.Errorf("POST ?wait=%s: %d %s; want 400 on wait", bad, r.Status, r.Raw)
 		}
 	}
 	for _, body := range []string{`{"tenant":"acme","wait":"soon"}`, `{"tenant":"acme","wait":120}`, `{"tenant":"acme","wait":-3}`} {
-		r := f.do(t, http.MethodPost, "/v1/jobs", fdAlphaToken, []byte(body))
+		r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.AlphaToken, []byte(body))
 		if r.Status != http.StatusBadRequest || r.Body["field"] != "wait" {
 			t.Errorf("POST %s: %d %s; want 400 on wait", body, r.Status, r.Raw)
 		}
 	}
-	if after := f.rowCounts(t); after != before {
+	if after := f.RowCounts(t); after != before {
 		t.Fatalf("rows (jobs, outbox, tenants) %v before the bad waits, %v after", before, after)
 	}
 	// A "wait" inside the payload is the payload's.
-	r := f.do(t, http.MethodPost, "/v1/jobs", fdAlphaToken, []byte(`{"tenant":"acme","payload":{"wait":"soon"}}`))
+	r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.AlphaToken, []byte(`{"tenant":"acme","payload":{"wait":"soon"}}`))
 	if r.Status != http.StatusAccepted {
 		t.Fatalf("a payload with a wait field: %d %s; want 202", r.Status, r.Raw)
 	}
@@ -224,34 +225,34 @@ func TestWaitBadInput(t *testing.T) {
 func TestWaitBusy(t *testing.T) {
 	t.Parallel()
 	// One request slot: the waiters must have given theirs back for any other request to pass.
-	f := startFrontDoor(t, fdOptions{waiters: &waiters.Config{MaxPerCaller: 1, Max: 2}, maxRequests: 1})
-	hub := f.api.Waiters()
-	id := jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdAlphaToken, map[string]any{"tenant": "acme"}).Body)
+	f := apitest.Setup(t, apitest.Options{Waiters: &waiters.Config{MaxPerCaller: 1, Max: 2}, MaxRequests: 1})
+	hub := f.API.Waiters()
+	id := apitest.JobID(t, f.Do(t, http.MethodPost, "/v1/jobs", apitest.AlphaToken, map[string]any{"tenant": "acme"}).Body)
 	path := fmt.Sprintf("/v1/jobs/%d?wait=60", id)
-	first := goWait(http.MethodGet, f.url+path, fdAlphaToken, nil)
+	first := goWait(http.MethodGet, f.URL+path, apitest.AlphaToken, nil)
 	wait.Until(t, 10*time.Second, "the first GET to wait", func() bool { return hub.Len() == 1 })
-	r := f.do(t, http.MethodGet, path, fdAlphaToken, nil)
+	r := f.Do(t, http.MethodGet, path, apitest.AlphaToken, nil)
 	if r.Status != http.StatusServiceUnavailable || r.Body["error_code"] != "busy" || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("a second wait of the same caller: %d %s; want 503 busy with Retry-After", r.Status, r.Raw)
 	}
-	second := goWait(http.MethodGet, f.url+path, fdStarToken, nil)
+	second := goWait(http.MethodGet, f.URL+path, apitest.StarToken, nil)
 	wait.Until(t, 10*time.Second, "another caller's GET to wait", func() bool { return hub.Len() == 2 })
-	r = f.do(t, http.MethodGet, path, fdAdminToken, nil)
+	r = f.Do(t, http.MethodGet, path, apitest.AdminToken, nil)
 	if r.Status != http.StatusServiceUnavailable || !strings.Contains(fmt.Sprint(r.Body["message"]), "waiting") {
 		t.Fatalf("a wait past the process's bound: %d %s; want 503 busy", r.Status, r.Raw)
 	}
 	// An admission whose wait is refused is still an admission: 202, never an error to retry.
-	r = f.do(t, http.MethodPost, "/v1/jobs?wait=60", fdAlphaToken, map[string]any{"tenant": "acme"})
+	r = f.Do(t, http.MethodPost, "/v1/jobs?wait=60", apitest.AlphaToken, map[string]any{"tenant": "acme"})
 	if r.Status != http.StatusAccepted || r.Body["status"] != "queued" {
 		t.Fatalf("POST ?wait=60 with the waiters full: %d %s; want 202 queued at once", r.Status, r.Raw)
 	}
-	if r := f.do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d", id), fdAlphaToken, nil); r.Status != http.StatusOK {
+	if r := f.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d", id), apitest.AlphaToken, nil); r.Status != http.StatusOK {
 		t.Fatalf("a GET without wait while the waiters are full: %d %s", r.Status, r.Raw)
 	}
 	// The client retries a busy wait after Retry-After, until its context ends.
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
-	if _, err := f.alpha.Wait(ctx, id); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := f.Alpha.Wait(ctx, id); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("client Wait while its caller's waiters are full: %v; want DeadlineExceeded after retrying", err)
 	}
 	hub.Wake(id) // the job has not changed: each waiter reads it again and goes on waiting
@@ -416,19 +417,19 @@ func TestFollowEvents(t *testing.T) {
 // names jobs that a connection of its own reads as ended.
 func TestEndedAfterOutcomes(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	ctx := context.Background()
 	var admitted []int64
 	for range 2 {
-		admitted = append(admitted, jobID(t, f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme"}).Body))
+		admitted = append(admitted, apitest.JobID(t, f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme"}).Body))
 	}
 	var mu sync.Mutex
 	var announced []int64
-	d, err := drainer.New(drainer.Config{DB: f.db.DB, Executor: startingSender{f.exec}, ID: "d-announce",
+	d, err := drainer.New(drainer.Config{DB: f.DB.DB, Executor: starting(f.Exec), ID: "d-announce",
 		Ended: func(ids []int64) {
 			for _, id := range ids {
 				var status string
-				if err := f.db.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&status); err != nil || status != "succeeded" {
+				if err := f.DB.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", id).Scan(&status); err != nil || status != "succeeded" {
 					t.Errorf("Ended named job %d while another connection reads it %q (%v)", id, status, err)
 				}
 			}
@@ -444,7 +445,7 @@ func TestEndedAfterOutcomes(t *testing.T) {
 	}
 	harness.WaitFor(t, 30*time.Second, "the drained jobs' outcomes", func() (bool, error) {
 		var n int
-		err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
+		err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").Scan(&n)
 		return n == 2, err
 	})
 	d.Stop(ctx)

@@ -54,7 +54,7 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	ctx := context.Background()
 	env := &harnessEnv{harness.Start(t, harness.Options{API: true})}
 	fake := clock.NewFake(time.Now())
-	s := drainertest.NewHeldSender()
+	s := drainertest.NewHeld()
 	recorded := make(chan int64, 16)
 	// The test's drainer registers its own collectors on the App's registry and shares the
 	// App's job collectors, as the App's drainer role does.
@@ -85,11 +85,11 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	}
 	answer := func(id int64, a executor.Answer) executor.Dispatch {
 		t.Helper()
-		disp := s.Next(t)
+		disp := s.Next(t).Dispatch
 		if disp.JobID != id {
 			t.Fatalf("dispatched job %d, want %d", disp.JobID, id)
 		}
-		s.Answer <- a
+		s.Replies <- a
 		if got := drainertest.AwaitRecorded(t, recorded, 1)[0]; got != id {
 			t.Fatalf("recorded job %d, want %d", got, id)
 		}
@@ -173,7 +173,7 @@ func TestFinishedJobsMetrics(t *testing.T) {
 	// Recovery to lost: another drainer dispatches a job whose start the executor confirms, then
 	// stops renewing (it runs no more passes); past the lease, this drainer's upkeep finds it.
 	lost := env.Admit(t, "lost", nil)
-	s2 := drainertest.NewHeldSender()
+	s2 := drainertest.NewHeld()
 	d2 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: s2, Clock: fake, ID: "metrics-dying",
 		JobMetrics: env.App.JobMetrics()}, 100*time.Millisecond)
 	if p, err := d2.RunOnce(ctx); err != nil || p.Claimed != 1 {

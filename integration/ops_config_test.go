@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -254,14 +255,14 @@ func limitsPatchDirect(ctx context.Context, env *opsEnv, changes map[string]any)
 // request). A limit out of range or a cursor it never gave is a 400 naming the parameter.
 func TestOpsConfigHistoryPages(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	const changes = 130
 	for i := 1; i <= changes; i++ {
-		f.setConfig(t, map[string]any{"tenant_queue_depth": 1000 + i})
+		f.SetConfig(t, map[string]any{"tenant_queue_depth": 1000 + i})
 	}
 	page := func(query string) ([]any, string) {
 		t.Helper()
-		r := f.do(t, http.MethodGet, "/v1/config/history"+query, fdAdminToken, nil)
+		r := f.Do(t, http.MethodGet, "/v1/config/history"+query, apitest.AdminToken, nil)
 		if r.Status != http.StatusOK {
 			t.Fatalf("history%s: HTTP %d %s", query, r.Status, r.Raw)
 		}
@@ -306,7 +307,7 @@ func TestOpsConfigHistoryPages(t *testing.T) {
 		{"?limit=0", "limit"}, {"?limit=1001", "limit"}, {"?limit=x", "limit"},
 		{"?cursor=zz", "cursor"}, {"?cursor=" + base64.RawURLEncoding.EncodeToString([]byte("before:0")), "cursor"},
 	} {
-		if r := f.do(t, http.MethodGet, "/v1/config/history"+bad.query, fdAdminToken, nil); r.Status != 400 || r.Body["field"] != bad.field {
+		if r := f.Do(t, http.MethodGet, "/v1/config/history"+bad.query, apitest.AdminToken, nil); r.Status != 400 || r.Body["field"] != bad.field {
 			t.Errorf("history%s: HTTP %d %s, want 400 naming %s", bad.query, r.Status, r.Raw, bad.field)
 		}
 	}

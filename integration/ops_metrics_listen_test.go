@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -53,7 +54,7 @@ func TestMetricsOwnListener(t *testing.T) {
 // depths and the deepest tenants' names. A metrics token, or a listener of its own, silences it.
 func TestMetricsOpenWarns(t *testing.T) {
 	t.Parallel()
-	logs := &logBuffer{}
+	logs := &apitest.LogBuffer{}
 	env := harness.Start(t, harness.Options{API: true, Log: slog.New(slog.NewJSONHandler(logs, nil))})
 	// warned counts the warn lines that tell the operator how to close /metrics.
 	warned := func() int {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
@@ -99,7 +100,7 @@ func TestPriorityRowOfALongJobGoes(t *testing.T) {
 	if r.Status != http.StatusAccepted {
 		t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
 	}
-	h.hold(jobID(t, r.Body))
+	h.hold(apitest.JobID(t, r.Body))
 	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 1 })
 	harness.WaitFor(t, time.Minute, "an upkeep after the held job's dispatch", func() (bool, error) {
 		var after bool

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -24,13 +25,13 @@ func TestRunLater(t *testing.T) {
 		r.Body["not_before"] != r.Body["queued_at"] || r.Body["position"] != nil || r.Header.Get("Sluice-Queue-Position") != "" {
 		t.Fatalf("admit with delay_seconds: %d %s; want 202 queued, not_before = queued_at, no position", r.Status, r.Raw)
 	}
-	delayed := jobID(t, r.Body)
+	delayed := apitest.JobID(t, r.Body)
 	far := time.Now().UTC().Add(time.Hour).Format(time.RFC3339)
 	r = env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "run_at": far})
 	if r.Status != http.StatusAccepted {
 		t.Fatalf("admit with run_at: %d %s", r.Status, r.Raw)
 	}
-	later := jobID(t, r.Body)
+	later := apitest.JobID(t, r.Body)
 	now := env.Admit(t, "acme", map[string]any{})
 
 	// The job due now runs; the delayed one runs once due, never before; the one an hour away
@@ -99,7 +100,7 @@ func TestStartBy(t *testing.T) {
 	if r.Status != http.StatusAccepted || r.Body["start_by"] == nil {
 		t.Fatalf("admit with start_by: %d %s", r.Status, r.Raw)
 	}
-	id := jobID(t, r.Body)
+	id := apitest.JobID(t, r.Body)
 	// A waiter first, then the deadline moved into the past: with the backstop an hour away,
 	// only the job's end can answer it before the wait's 30 s.
 	expiry := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=30", env.URL, id), harness.ProducerToken, nil)
@@ -178,11 +179,11 @@ func TestReplaceKey(t *testing.T) {
 		t.Helper()
 		return env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d", id), harness.ProducerToken, nil).Body
 	}
-	a := jobID(t, admit(map[string]any{"tenant": "acme", "replace_key": "repo"}))
+	a := apitest.JobID(t, admit(map[string]any{"tenant": "acme", "replace_key": "repo"}))
 	waiter := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=30", env.URL, a), harness.ProducerToken, nil)
 	untilWaiting(t, env.URL, 1) // so that the replacement's release poke is what answers it
-	b := jobID(t, admit(map[string]any{"tenant": "acme", "replace_key": "repo"}))
-	other := jobID(t, admit(map[string]any{"tenant": "globex", "replace_key": "repo"})) // another tenant's key
+	b := apitest.JobID(t, admit(map[string]any{"tenant": "acme", "replace_key": "repo"}))
+	other := apitest.JobID(t, admit(map[string]any{"tenant": "globex", "replace_key": "repo"})) // another tenant's key
 	if w := <-waiter; w.body["status"] != "replaced" || w.body["replaced_by"] != float64(b) {
 		t.Fatalf("the waiter on the replaced job: %v; want replaced by %d", w.body, b)
 	}
@@ -232,20 +233,20 @@ func TestReplaceKey(t *testing.T) {
 
 	// An idempotent replay returns its job and replaces nothing.
 	keyed := map[string]any{"tenant": "acme", "replace_key": "repo", "idempotency_key": "i1"}
-	g := jobID(t, admit(keyed))
-	if again := admit(keyed); jobID(t, again) != g || get(g)["status"] != "queued" {
+	g := apitest.JobID(t, admit(keyed))
+	if again := admit(keyed); apitest.JobID(t, again) != g || get(g)["status"] != "queued" {
 		t.Fatalf("replay: %v; want job %d, still queued", again, g)
 	}
 
 	// A job already dispatched is not touched.
 	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 4 })
-	h := jobID(t, admit(map[string]any{"tenant": "slow", "replace_key": "s", "payload": map[string]any{"sleep_ms": 1500}}))
+	h := apitest.JobID(t, admit(map[string]any{"tenant": "slow", "replace_key": "s", "payload": map[string]any{"sleep_ms": 1500}}))
 	harness.WaitFor(t, 30*time.Second, "the slow job to run", func() (bool, error) {
 		var status string
 		err := env.DB.QueryRow("SELECT status FROM jobs WHERE id = ?", h).Scan(&status)
 		return status == "running" || status == "dispatched", err
 	})
-	i := jobID(t, admit(map[string]any{"tenant": "slow", "replace_key": "s"}))
+	i := apitest.JobID(t, admit(map[string]any{"tenant": "slow", "replace_key": "s"}))
 	for _, id := range []int64{h, i} {
 		if j := env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d?wait=30", id), harness.ProducerToken, nil).Body; j["status"] != "succeeded" {
 			t.Fatalf("job %d: %v; want succeeded (a dispatched job is not replaced)", id, j)
@@ -269,7 +270,7 @@ func TestStartByPassedWithRoom(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{})
 	past := time.Now().UTC().Add(-time.Second).Format(time.RFC3339Nano)
-	id := jobID(t, env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "start_by": past}).Body)
+	id := apitest.JobID(t, env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "start_by": past}).Body)
 	r := env.Do(t, http.MethodGet, fmt.Sprintf("/v1/jobs/%d?wait=30", id), harness.ProducerToken, nil)
 	if r.Body["status"] != "expired" || r.Body["error_code"] != "start_deadline" || r.Body["dispatched_at"] != nil {
 		t.Fatalf("a job admitted past its start_by: %s; want expired, start_deadline, never dispatched", r.Raw)

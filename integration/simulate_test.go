@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drainer/simulate"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 	"github.com/sluicehq/sluice/integration/wait"
@@ -145,7 +146,7 @@ func TestSimulateFidelity(t *testing.T) {
 	env := harness.Start(t, harness.Options{Memcached: []string{memcachedtest.Shared(t)}})
 	// The admission rate limit counts in the shared memcached, per tenant and minute: names of
 	// this run only.
-	a, b, c, d, e := uniqueTenant("sim-a"), uniqueTenant("sim-b"), uniqueTenant("sim-c"), uniqueTenant("sim-d"), uniqueTenant("sim-e")
+	a, b, c, d, e := apitest.UniqueTenant("sim-a"), apitest.UniqueTenant("sim-b"), apitest.UniqueTenant("sim-c"), apitest.UniqueTenant("sim-d"), apitest.UniqueTenant("sim-e")
 	tenants := []string{a, b, c, d, e}
 	name := map[string]string{a: "A", b: "B", c: "C", d: "D", e: "E"}
 	patchConfig(t, env, map[string]any{
@@ -389,13 +390,13 @@ func TestSimulateRecordedReadsTheAuditTrail(t *testing.T) {
 	sleep := func(ms int) map[string]any { return map[string]any{"sleep_ms": ms} }
 
 	r := admit(map[string]any{"tenant": "x", "lanes": []string{"gpu"}, "priority": 7, "payload": sleep(40)}, http.StatusAccepted)
-	want = append(want, simExpected{what: "a job with a lane and a priority", tenant: "x", job: jobID(t, r.Body), lanes: []string{"gpu"}, priority: 7})
+	want = append(want, simExpected{what: "a job with a lane and a priority", tenant: "x", job: apitest.JobID(t, r.Body), lanes: []string{"gpu"}, priority: 7})
 	x1 := want[len(want)-1].job
 	r = admit(map[string]any{"tenant": "x", "interactive": true, "payload": sleep(10)}, http.StatusAccepted)
-	want = append(want, simExpected{what: "an interactive job", tenant: "x", job: jobID(t, r.Body), interactive: true, priority: 5})
+	want = append(want, simExpected{what: "an interactive job", tenant: "x", job: apitest.JobID(t, r.Body), interactive: true, priority: 5})
 	x2 := want[len(want)-1].job
 	r = admit(map[string]any{"tenant": "y", "lanes": []string{"beta", "alpha"}, "payload": sleep(20)}, http.StatusAccepted)
-	want = append(want, simExpected{what: "a job with two lanes", tenant: "y", job: jobID(t, r.Body), lanes: []string{"alpha", "beta"}, priority: 5})
+	want = append(want, simExpected{what: "a job with two lanes", tenant: "y", job: apitest.JobID(t, r.Body), lanes: []string{"alpha", "beta"}, priority: 5})
 	y1 := want[len(want)-1].job
 
 	// A batch of three into z's empty queue of depth 2: the third is refused queue_full, a
@@ -439,7 +440,7 @@ func TestSimulateRecordedReadsTheAuditTrail(t *testing.T) {
 		immediate: true, priority: 5, serviceOf: []int64{x1, x2, y1, z[0], z[1]}})
 
 	r = admit(map[string]any{"tenant": "x", "delay_seconds": 0.2, "payload": sleep(5)}, http.StatusAccepted)
-	want = append(want, simExpected{what: "a scheduled job", tenant: "x", job: jobID(t, r.Body), priority: 5, scheduled: true})
+	want = append(want, simExpected{what: "a scheduled job", tenant: "x", job: apitest.JobID(t, r.Body), priority: 5, scheduled: true})
 
 	wait.For(t, 30*time.Second, "every admitted job to end", func() (bool, error) {
 		c, err := env.CountJobs(ctx)

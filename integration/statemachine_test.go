@@ -22,27 +22,9 @@ import (
 
 // pending is a dispatch the executor holds, waiting for the test to answer it.
 type pending struct {
-	d         executor.Dispatch
-	drainer   int
-	reply     chan executor.Answer
+	*drainertest.Held
 	confirmed bool
 	startID   string // the start attempt the API let through, once confirmed
-}
-
-type propSender struct {
-	idx int
-	out chan *pending
-}
-
-func (s *propSender) Send(ctx context.Context, d executor.Dispatch) executor.Answer {
-	p := &pending{d: d, drainer: s.idx, reply: make(chan executor.Answer, 1)}
-	s.out <- p
-	select {
-	case a := <-p.reply:
-		return a
-	case <-ctx.Done():
-		return executor.Answer{Kind: executor.Unknown, Err: ctx.Err()}
-	}
 }
 
 // TestStateMachineProperties runs random interleavings of admit, claim passes of three drainers,
@@ -74,11 +56,11 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 		t.Fatal(err)
 	}
 	st := &store.Store{}
-	out := make(chan *pending, 64)
+	out := make(chan *drainertest.Held, 64)
 	recorded := make(chan int64, 64)
 	var drainers []*drainer.Drainer
 	for i := 0; i < 3; i++ {
-		d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &propSender{idx: i, out: out}, Clock: fake,
+		d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &drainertest.Executor{Hold: out}, Clock: fake,
 			ID: fmt.Sprintf("d%d", i), Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}})
 		if err != nil {
 			t.Fatal(err)
@@ -89,7 +71,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 	var accepted []*pending // answered 202: their completion comes through the API
 	t.Cleanup(func() {
 		for _, p := range held {
-			p.reply <- executor.Answer{Kind: executor.Unknown, Err: errors.New("test over")}
+			p.Reply(executor.Answer{Kind: executor.Unknown, Err: errors.New("test over")})
 		}
 		go func() { // the drainers' last records, during Stop
 			for range recorded {
@@ -143,8 +125,8 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 			}
 			for k := 0; k < p.Claimed; k++ {
 				select {
-				case pd := <-out:
-					held = append(held, pd)
+				case h := <-out:
+					held = append(held, &pending{Held: h})
 				case <-time.After(10 * time.Second):
 					t.Fatalf("step %d: claimed %d but only %d dispatches arrived", step, p.Claimed, k)
 				}
@@ -162,7 +144,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 			}
 			// As the API confirms it: store.ConfirmStartsCommit, the start's own transaction.
 			now, _ := fake.Now(ctx)
-			start := &store.Start{ID: p.d.JobID, Nonce: p.d.Nonce, StartID: startID}
+			start := &store.Start{ID: p.JobID, Nonce: p.Nonce, StartID: startID}
 			err := st.ConfirmStartsCommit(ctx, db.DB, now, []*store.Start{start}, false)
 			if err == nil {
 				err = start.Err
@@ -171,13 +153,13 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 			switch {
 			case err == nil:
 				p.confirmed, p.startID = true, startID
-				if starts[p.d.JobID] == nil {
-					starts[p.d.JobID] = map[string]bool{}
+				if starts[p.JobID] == nil {
+					starts[p.JobID] = map[string]bool{}
 				}
-				starts[p.d.JobID][p.d.Nonce+"/"+startID] = true
+				starts[p.JobID][p.Nonce+"/"+startID] = true
 			case errors.As(err, &je):
 				if retry && je.Detail["status"] == job.Running {
-					t.Fatalf("step %d: the start attempt that started job %d was refused on its retry: %v", step, p.d.JobID, err)
+					t.Fatalf("step %d: the start attempt that started job %d was refused on its retry: %v", step, p.JobID, err)
 				}
 			default:
 				t.Fatalf("step %d confirm: %v", step, err)
@@ -202,8 +184,8 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 			default: // an executor that did not run it, or a lost connection
 				a = executor.Answer{Kind: executor.Unknown, Err: errors.New("connection lost")}
 			}
-			p.reply <- a
-			waitRecorded(p.d.JobID)
+			p.Reply(a)
+			waitRecorded(p.JobID)
 			if a.Kind == executor.Accepted {
 				accepted = append(accepted, p)
 			}
@@ -215,7 +197,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 			p := accepted[k]
 			accepted = append(accepted[:k], accepted[k+1:]...)
 			err := inTx(func(tx *sql.Tx, now time.Time) error {
-				_, _, err := st.Complete(ctx, tx, now, p.d.JobID, store.Completion{Nonce: p.d.Nonce, Status: "succeeded"})
+				_, _, err := st.Complete(ctx, tx, now, p.JobID, store.Completion{Nonce: p.Nonce, Status: "succeeded"})
 				return err
 			})
 			var je *job.Error

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/gate/opsmetrics"
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -81,15 +82,15 @@ func gatherStatus(tb testing.TB, r opsmetrics.Reader) map[string]float64 {
 // /metrics scrape's per-tenant series (20 and "other") add up to the queue depth.
 func TestStatusManyTenants(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	ctx := context.Background()
-	addTenants(t, f.db.DB, "m", 0, 3000)
-	f.fillQueued(t, "deep-a", 5, "queued")
-	f.fillQueued(t, "deep-b", 3, "queued")
-	f.fillQueued(t, "m000007", 1, "running")
+	addTenants(t, f.DB.DB, "m", 0, 3000)
+	f.FillQueued(t, "deep-a", 5, "queued")
+	f.FillQueued(t, "deep-b", 3, "queued")
+	f.FillQueued(t, "m000007", 1, "running")
 	const depth, withWork = 3008, 3002
 
-	st, err := f.admin.Status(ctx)
+	st, err := f.Admin.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestStatusManyTenants(t *testing.T) {
 		sum, pages := 0, 0
 		var first string
 		for {
-			p, err := f.admin.Tenants(ctx, o)
+			p, err := f.Admin.Tenants(ctx, o)
 			if err != nil {
 				t.Fatalf("%+v: %v", o, err)
 			}
@@ -142,7 +143,7 @@ func TestStatusManyTenants(t *testing.T) {
 		}
 	}
 
-	r, err := status.New(status.Config{DB: f.db.DB})
+	r, err := status.New(status.Config{DB: f.DB.DB})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -132,7 +132,7 @@ func passTimesWith(b *testing.B, tenants, jobs int, setup func(*testdb.DB)) ([]t
 		return sum
 	}
 	var recorded atomic.Int64
-	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &drainertest.NoopSender{}, ID: "bench",
+	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: &drainertest.Executor{}, ID: "bench",
 		Observer: drainer.ObserverFuncs{OnRecorded: func(int64) { recorded.Add(1) }}})
 	if err != nil {
 		b.Fatal(err)

@@ -1,4 +1,4 @@
-package integration_test
+package api_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/integration/apitest"
 )
 
 // TestFrontDoorListAndCancel: newest first, default 50, bounded limit, a cursor that stays
@@ -15,7 +16,7 @@ import (
 // cancel: 200 canceled, again 200, 409 not_cancelable for a job in flight.
 func TestFrontDoorListAndCancel(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	ctx := context.Background()
 	var ids []int64
 	for i := range 60 {
@@ -23,13 +24,13 @@ func TestFrontDoorListAndCancel(t *testing.T) {
 		if i%3 == 2 {
 			tenant = "globex"
 		}
-		j, _, err := f.alpha.Admit(ctx, client.AdmitRequest{Tenant: tenant, Payload: i})
+		j, _, err := f.Alpha.Admit(ctx, client.AdmitRequest{Tenant: tenant, Payload: i})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, j.ID)
 	}
-	p, err := f.alpha.List(ctx, client.ListOptions{})
+	p, err := f.Alpha.List(ctx, client.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func TestFrontDoorListAndCancel(t *testing.T) {
 	cursor := ""
 	last := int64(1 << 62)
 	for pages := 0; ; pages++ {
-		p, err := f.alpha.List(ctx, client.ListOptions{Limit: 10, Cursor: cursor})
+		p, err := f.Alpha.List(ctx, client.ListOptions{Limit: 10, Cursor: cursor})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +54,7 @@ func TestFrontDoorListAndCancel(t *testing.T) {
 			last = j.ID
 			seen[j.ID] = true
 		}
-		if _, _, err := f.alpha.Admit(ctx, client.AdmitRequest{Tenant: "acme"}); err != nil {
+		if _, _, err := f.Alpha.Admit(ctx, client.AdmitRequest{Tenant: "acme"}); err != nil {
 			t.Fatal(err)
 		}
 		if p.NextCursor == "" {
@@ -68,7 +69,7 @@ func TestFrontDoorListAndCancel(t *testing.T) {
 		t.Errorf("paging saw %d jobs, want the 60 that existed", len(seen))
 	}
 	// Filters and positions: globex's queued jobs are at 1..20 in claim order.
-	p, err = f.alpha.List(ctx, client.ListOptions{Tenant: "globex", Status: "queued", Limit: 1000})
+	p, err = f.Alpha.List(ctx, client.ListOptions{Tenant: "globex", Status: "queued", Limit: 1000})
 	if err != nil || len(p.Jobs) != 20 {
 		t.Fatalf("globex queued: %d jobs %v", len(p.Jobs), err)
 	}
@@ -77,41 +78,41 @@ func TestFrontDoorListAndCancel(t *testing.T) {
 			t.Errorf("globex job %d: %+v, want queued at position %d", j.ID, j, 20-i)
 		}
 		if i == 3 {
-			g, err := f.alpha.Job(ctx, j.ID)
+			g, err := f.Alpha.Job(ctx, j.ID)
 			if err != nil || g.Position == nil || *g.Position != *j.Position {
 				t.Errorf("GET position %v differs from the listing's %d", g.Position, *j.Position)
 			}
 		}
 	}
 	for _, q := range []string{"limit=0", "limit=1001", "limit=x", "status=bogus", "cursor=garbage", "tenant="} {
-		if r := f.do(t, http.MethodGet, "/v1/jobs?"+q, fdAlphaToken, nil); r.Status != 400 || r.Body["error_code"] != "invalid_request" {
+		if r := f.Do(t, http.MethodGet, "/v1/jobs?"+q, apitest.AlphaToken, nil); r.Status != 400 || r.Body["error_code"] != "invalid_request" {
 			t.Errorf("?%s: %d %s, want 400 invalid_request", q, r.Status, r.Raw)
 		}
 	}
-	if r := f.do(t, http.MethodGet, "/v1/jobs?limit=1000", fdAlphaToken, nil); r.Status != 200 {
+	if r := f.Do(t, http.MethodGet, "/v1/jobs?limit=1000", apitest.AlphaToken, nil); r.Status != 200 {
 		t.Errorf("limit=1000: %d", r.Status)
 	}
 
 	// Cancel: the first globex job; positions behind it move up.
 	first := p.Jobs[len(p.Jobs)-1]
-	c, err := f.alpha.Cancel(ctx, first.ID)
+	c, err := f.Alpha.Cancel(ctx, first.ID)
 	if err != nil || c.Status != "canceled" || c.FinishedAt == nil {
 		t.Fatalf("cancel: %+v %v", c, err)
 	}
-	if c, err := f.alpha.Cancel(ctx, first.ID); err != nil || c.Status != "canceled" {
+	if c, err := f.Alpha.Cancel(ctx, first.ID); err != nil || c.Status != "canceled" {
 		t.Errorf("cancel again: %+v %v, want 200 canceled", c, err)
 	}
 	second := p.Jobs[len(p.Jobs)-2]
-	if g, _ := f.alpha.Job(ctx, second.ID); g.Position == nil || *g.Position != 1 {
+	if g, _ := f.Alpha.Job(ctx, second.ID); g.Position == nil || *g.Position != 1 {
 		t.Errorf("after the cancel the next job's position is %v, want 1", g.Position)
 	}
-	if _, err := f.db.ExecContext(ctx, "UPDATE jobs SET status = 'running', version = version + 1 WHERE id = ?", second.ID); err != nil {
+	if _, err := f.DB.ExecContext(ctx, "UPDATE jobs SET status = 'running', version = version + 1 WHERE id = ?", second.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.alpha.Cancel(ctx, second.ID); client.Code(err) != "not_cancelable" {
+	if _, err := f.Alpha.Cancel(ctx, second.ID); client.Code(err) != "not_cancelable" {
 		t.Errorf("cancel of a running job: %v, want not_cancelable", err)
 	}
-	if g, _ := f.alpha.Job(ctx, second.ID); g.Status != "running" || g.Position != nil {
+	if g, _ := f.Alpha.Job(ctx, second.ID); g.Status != "running" || g.Position != nil {
 		t.Errorf("running job after a refused cancel: %+v", g)
 	}
 }
@@ -120,13 +121,13 @@ func TestFrontDoorListAndCancel(t *testing.T) {
 // under the same rules: validation, scope, idempotency (also within the batch), depth caps.
 func TestFrontDoorBatch(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	ctx := context.Background()
 	reqs := make([]client.AdmitRequest, 1000)
 	for i := range reqs {
 		reqs[i] = client.AdmitRequest{Tenant: "t" + string(rune('a'+i%16)), Payload: map[string]int{"i": i}}
 	}
-	res, err := f.star.AdmitBatch(ctx, reqs)
+	res, err := f.Star.AdmitBatch(ctx, reqs)
 	if err != nil || len(res) != 1000 {
 		t.Fatalf("batch of 1000: %d results, %v", len(res), err)
 	}
@@ -137,20 +138,20 @@ func TestFrontDoorBatch(t *testing.T) {
 		}
 	}
 	var n, ob int
-	_ = f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs").Scan(&n)
-	_ = f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&ob)
+	_ = f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs").Scan(&n)
+	_ = f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&ob)
 	if n != 1000 || ob != 16 {
 		t.Errorf("%d jobs and %d outbox rows, want 1000 and one enqueue poke per tenant", n, ob)
 	}
-	if _, err := f.star.AdmitBatch(ctx, make([]client.AdmitRequest, 1001)); client.Code(err) != "invalid_request" {
+	if _, err := f.Star.AdmitBatch(ctx, make([]client.AdmitRequest, 1001)); client.Code(err) != "invalid_request" {
 		t.Errorf("batch of 1001: %v, want invalid_request", err)
 	}
-	if r := f.do(t, http.MethodPost, "/v1/jobs:batch", fdStarToken, map[string]any{"jobs": []any{}}); r.Status != 400 {
+	if r := f.Do(t, http.MethodPost, "/v1/jobs:batch", apitest.StarToken, map[string]any{"jobs": []any{}}); r.Status != 400 {
 		t.Errorf("empty batch: %d", r.Status)
 	}
 
 	// Mixed: rules apply per item, in order.
-	f.setConfig(t, map[string]any{"tenant_queue_depth": 2})
+	f.SetConfig(t, map[string]any{"tenant_queue_depth": 2})
 	mixed := []client.AdmitRequest{
 		{Tenant: "acme", IdempotencyKey: "k"},             // 0: admitted
 		{Tenant: "initech"},                               // 1: forbidden for alpha
@@ -160,7 +161,7 @@ func TestFrontDoorBatch(t *testing.T) {
 		{Tenant: "acme", IdempotencyKey: "k2"},            // 5: depth cap: rejected row, key not consumed
 		{Tenant: "globex"},                                // 6: admitted
 	}
-	res, err = f.alpha.AdmitBatch(ctx, mixed)
+	res, err = f.Alpha.AdmitBatch(ctx, mixed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +178,7 @@ func TestFrontDoorBatch(t *testing.T) {
 		t.Errorf("depth refusal: %+v", res[5].Error)
 	}
 	var key any
-	if err := f.db.QueryRowContext(ctx, "SELECT idempotency_key FROM jobs WHERE id = ?", int64(res[5].Error["id"].(float64))).Scan(&key); err != nil || key != nil {
+	if err := f.DB.QueryRowContext(ctx, "SELECT idempotency_key FROM jobs WHERE id = ?", int64(res[5].Error["id"].(float64))).Scan(&key); err != nil || key != nil {
 		t.Errorf("rejected row: key %v (%v), want NULL", key, err)
 	}
 }
@@ -187,49 +188,49 @@ func TestFrontDoorBatch(t *testing.T) {
 // job; other states are 409, producers 403, missing ids 404.
 func TestFrontDoorRedrive(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	ctx := context.Background()
 	var olds []int64
 	for _, st := range []string{"lost", "failed", "queued", "succeeded"} {
-		j, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: "acme", RateKey: "key-1", Payload: map[string]string{"run": st}})
+		j, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: "acme", RateKey: "key-1", Payload: map[string]string{"run": st}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := f.db.ExecContext(ctx, "UPDATE jobs SET status = ?, version = version + 2 WHERE id = ?", st, j.ID); err != nil {
+		if _, err := f.DB.ExecContext(ctx, "UPDATE jobs SET status = ?, version = version + 2 WHERE id = ?", st, j.ID); err != nil {
 			t.Fatal(err)
 		}
 		olds = append(olds, j.ID)
 	}
 	for _, old := range olds[:2] {
-		n, r, err := f.admin.Redrive(ctx, old)
+		n, r, err := f.Admin.Redrive(ctx, old)
 		if err != nil || r.HTTPStatus != 201 {
 			t.Fatalf("redrive %d: %v %v", old, r.HTTPStatus, err)
 		}
-		o, _ := f.admin.Job(ctx, old)
+		o, _ := f.Admin.Job(ctx, old)
 		if n.RetryOf == nil || *n.RetryOf != old || n.Status != "queued" || n.Tenant != "acme" ||
 			n.RateKeySHA256 == nil || *n.RateKeySHA256 != *o.RateKeySHA256 || r.Header.Get("Location") == "" {
 			t.Errorf("redriven job: %+v", n)
 		}
 		var p1, p2 []byte
-		_ = f.db.QueryRowContext(ctx, "SELECT payload FROM jobs WHERE id = ?", old).Scan(&p1)
-		_ = f.db.QueryRowContext(ctx, "SELECT payload FROM jobs WHERE id = ?", n.ID).Scan(&p2)
+		_ = f.DB.QueryRowContext(ctx, "SELECT payload FROM jobs WHERE id = ?", old).Scan(&p1)
+		_ = f.DB.QueryRowContext(ctx, "SELECT payload FROM jobs WHERE id = ?", n.ID).Scan(&p2)
 		if string(p1) != string(p2) || len(p1) == 0 {
 			t.Errorf("payload %q, want the original %q", p2, p1)
 		}
-		again, r, err := f.admin.Redrive(ctx, old)
+		again, r, err := f.Admin.Redrive(ctx, old)
 		if err != nil || r.HTTPStatus != 200 || again.ID != n.ID || r.Header.Get("Idempotent-Replayed") != "true" {
 			t.Errorf("second redrive: %v %+v %v, want 200 with job %d", r.HTTPStatus, again, err, n.ID)
 		}
 	}
 	for _, old := range olds[2:] {
-		if _, _, err := f.admin.Redrive(ctx, old); client.Code(err) != "not_redrivable" {
+		if _, _, err := f.Admin.Redrive(ctx, old); client.Code(err) != "not_redrivable" {
 			t.Errorf("redrive of a %d: %v, want not_redrivable", old, err)
 		}
 	}
-	if _, _, err := f.star.Redrive(ctx, olds[0]); client.Code(err) != "forbidden" {
+	if _, _, err := f.Star.Redrive(ctx, olds[0]); client.Code(err) != "forbidden" {
 		t.Errorf("producer redrive: %v, want forbidden", err)
 	}
-	if _, _, err := f.admin.Redrive(ctx, 987654); client.Code(err) != "not_found" {
+	if _, _, err := f.Admin.Redrive(ctx, 987654); client.Code(err) != "not_found" {
 		t.Errorf("redrive of a missing id: %v, want not_found", err)
 	}
 }
@@ -239,14 +240,14 @@ func TestFrontDoorRedrive(t *testing.T) {
 // queued and in-flight states, the settled ones for final states; migration 0009).
 func TestFrontDoorListByState(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	ctx := context.Background()
 	states := []job.Status{job.Queued, job.Running, job.Succeeded, job.Canceled, job.Lost}
 	want := map[job.Status]map[string][]int64{} // state -> tenant ("" for all) -> ids, newest first
 	var admitted []job.Job
 	for i := range 30 {
 		tenant := []string{"acme", "globex"}[i%2]
-		j, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: tenant})
+		j, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: tenant})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,11 +258,11 @@ func TestFrontDoorListByState(t *testing.T) {
 		switch state {
 		case job.Queued:
 		case job.Canceled:
-			if _, err := f.star.Cancel(ctx, j.ID); err != nil {
+			if _, err := f.Star.Cancel(ctx, j.ID); err != nil {
 				t.Fatal(err)
 			}
 		default:
-			if _, err := f.db.ExecContext(ctx, "UPDATE jobs SET status = ?, version = version + 1 WHERE id = ?", string(state), j.ID); err != nil {
+			if _, err := f.DB.ExecContext(ctx, "UPDATE jobs SET status = ?, version = version + 1 WHERE id = ?", string(state), j.ID); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -276,7 +277,7 @@ func TestFrontDoorListByState(t *testing.T) {
 			var got []int64
 			cursor := ""
 			for pages := 0; ; pages++ {
-				p, err := f.star.List(ctx, client.ListOptions{Tenant: tenant, Status: state, Limit: 2, Cursor: cursor})
+				p, err := f.Star.List(ctx, client.ListOptions{Tenant: tenant, Status: state, Limit: 2, Cursor: cursor})
 				if err != nil {
 					t.Fatalf("%s, tenant %q: %v", state, tenant, err)
 				}

@@ -1,4 +1,4 @@
-package integration_test
+package api_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/integration/apitest"
 )
 
 // TestFrontDoorValidation: every kind of bad input gets a clear 4xx naming the field and writes
@@ -14,7 +16,7 @@ import (
 // and logged only as its SHA-256.
 func TestFrontDoorValidation(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	big := strings.Repeat("x", 262144)
 	cases := []struct {
 		name   string
@@ -43,9 +45,9 @@ func TestFrontDoorValidation(t *testing.T) {
 		{"payload too large", []byte(`{"tenant": "acme", "payload": "` + big + `"}`), 413, "payload_too_large", "payload"},
 		{"body far too large", []byte(`{"tenant": "acme", "payload": "` + big + big + `"}`), 413, "payload_too_large", ""},
 	}
-	before := f.rowCounts(t)
+	before := f.RowCounts(t)
 	for _, c := range cases {
-		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, c.body)
+		r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, c.body)
 		if r.Status != c.status || r.Body["error_code"] != c.code {
 			t.Errorf("%s: HTTP %d %s, want %d %s", c.name, r.Status, r.Raw, c.status, c.code)
 			continue
@@ -61,7 +63,7 @@ func TestFrontDoorValidation(t *testing.T) {
 		}
 	}
 	// The same rules in a batch: each bad item refused with its field, the good one admitted.
-	r := f.do(t, http.MethodPost, "/v1/jobs:batch", fdStarToken, []byte("{\"jobs\": [{\"tenant\": 42}, {\"tenant\": \"a\xffb\"}, {\"queue\": 1, \"tenant\": \"acme\"}]}"))
+	r := f.Do(t, http.MethodPost, "/v1/jobs:batch", apitest.StarToken, []byte("{\"jobs\": [{\"tenant\": 42}, {\"tenant\": \"a\xffb\"}, {\"queue\": 1, \"tenant\": \"acme\"}]}"))
 	if r.Status != 200 {
 		t.Fatalf("batch: HTTP %d %s", r.Status, r.Raw)
 	}
@@ -72,19 +74,19 @@ func TestFrontDoorValidation(t *testing.T) {
 			t.Errorf("batch item %d: %v, want 400 naming %s", i, item, want)
 		}
 	}
-	if after := f.rowCounts(t); after != before {
+	if after := f.RowCounts(t); after != before {
 		t.Fatalf("refused requests wrote rows: %v → %v", before, after)
 	}
 
 	// The payload limit is runtime config.
-	f.setConfig(t, map[string]any{"max_payload_bytes": 100})
-	if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme", "payload": strings.Repeat("p", 99)}); r.Status != 413 {
+	f.SetConfig(t, map[string]any{"max_payload_bytes": 100})
+	if r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme", "payload": strings.Repeat("p", 99)}); r.Status != 413 {
 		t.Errorf("101-byte payload with max_payload_bytes 100: HTTP %d, want 413", r.Status)
 	}
-	if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme", "payload": strings.Repeat("p", 98)}); r.Status != 202 {
+	if r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme", "payload": strings.Repeat("p", 98)}); r.Status != 202 {
 		t.Errorf("100-byte payload with max_payload_bytes 100: HTTP %d %s, want 202", r.Status, r.Raw)
 	}
-	f.setConfig(t, map[string]any{"max_payload_bytes": 262144})
+	f.SetConfig(t, map[string]any{"max_payload_bytes": 262144})
 
 	// Accepted shapes: unknown fields ignored, any JSON value as payload, hostile tenant names.
 	for _, body := range []string{
@@ -97,14 +99,14 @@ func TestFrontDoorValidation(t *testing.T) {
 		`{"tenant": "a.b*c > d ü 日本"}`,
 		`{"tenant": "` + strings.Repeat("é", 95) + `"}`, // 190 bytes
 	} {
-		if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, []byte(body)); r.Status != 202 {
+		if r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, []byte(body)); r.Status != 202 {
 			t.Errorf("%s: HTTP %d %s, want 202", body, r.Status, r.Raw)
 		}
 	}
 
 	// The rate key: stored as its SHA-256 hex, never raw, and never logged.
 	raw := "sk_live_very-secret-api-key"
-	r = f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme", "rate_key": raw})
+	r = f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme", "rate_key": raw})
 	if r.Status != 202 {
 		t.Fatalf("admit with rate key: %d %s", r.Status, r.Raw)
 	}
@@ -113,11 +115,11 @@ func TestFrontDoorValidation(t *testing.T) {
 		t.Errorf("rate_key_sha256 = %v, want %s", r.Body["rate_key_sha256"], hex.EncodeToString(sum[:]))
 	}
 	var n int
-	if err := f.db.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM jobs WHERE
+	if err := f.DB.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM jobs WHERE
 		LOCATE(?, CONCAT_WS('|', tenant, rate_key_sha256, COALESCE(payload, ''), caller, COALESCE(idempotency_key, ''))) > 0`, raw).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	if n != 0 || strings.Contains(string(r.Raw), raw) || strings.Contains(f.logs.String(), raw) {
+	if n != 0 || strings.Contains(string(r.Raw), raw) || strings.Contains(f.Logs.String(), raw) {
 		t.Errorf("the raw rate key is stored (%d rows), answered or logged", n)
 	}
 }

@@ -1,4 +1,4 @@
-package integration_test
+package api_test
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -23,13 +24,13 @@ import (
 // job falls among the insert chunks and the rejected rows between queued ones.
 func TestAdmissionPokeBodies(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
+	f := apitest.Setup(t, apitest.Options{})
 	ctx := context.Background()
-	f.setConfig(t, map[string]any{"tenant_queue_depth": 450})
-	full, open := uniqueTenant("full"), uniqueTenant(`open "q" ü`)
-	early, middle := uniqueTenant("early"), uniqueTenant("middle")
-	f.fillQueued(t, full, 450, "queued")
-	single, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: open})
+	f.SetConfig(t, map[string]any{"tenant_queue_depth": 450})
+	full, open := apitest.UniqueTenant("full"), apitest.UniqueTenant(`open "q" ü`)
+	early, middle := apitest.UniqueTenant("early"), apitest.UniqueTenant("middle")
+	f.FillQueued(t, full, 450, "queued")
+	single, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: open})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func TestAdmissionPokeBodies(t *testing.T) {
 			reqs[i].Tenant = open
 		}
 	}
-	res, err := f.star.AdmitBatch(ctx, reqs)
+	res, err := f.Star.AdmitBatch(ctx, reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestAdmissionPokeBodies(t *testing.T) {
 	if len(lastJob) != 3 {
 		t.Fatalf("batch queued jobs of %d tenants, want 3: %v", len(lastJob), lastJob)
 	}
-	rows, err := f.db.QueryContext(ctx, `SELECT o.subject, o.payload, j.id, j.tenant FROM outbox o
+	rows, err := f.DB.QueryContext(ctx, `SELECT o.subject, o.payload, j.id, j.tenant FROM outbox o
 		JOIN jobs j ON j.id = CAST(JSON_VALUE(o.payload, '$.job_id') AS UNSIGNED) ORDER BY o.id`)
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +86,7 @@ func TestAdmissionPokeBodies(t *testing.T) {
 	// The single admission's poke, then the batch's: early, middle and open, in insert order.
 	want := []int64{single.ID, lastJob[early], lastJob[middle], lastJob[open]}
 	var boxed int
-	if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&boxed); err != nil {
+	if err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox").Scan(&boxed); err != nil {
 		t.Fatal(err)
 	}
 	if fmt.Sprint(poked) != fmt.Sprint(want) || boxed != len(want) {
@@ -100,23 +101,23 @@ func TestAdmissionPokeBodies(t *testing.T) {
 func TestAdmissionRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	counted, log := drainertest.CountedPool(t, probe.db)
-	f := startFrontDoorOn(t, probe, fdOptions{admitDB: counted, memcached: "127.0.0.1:11211"})
-	limited := uniqueTenant("limited")
+	probe := apitest.Setup(t, apitest.Options{}) // only for its database
+	counted, log := drainertest.CountedPool(t, probe.DB)
+	f := apitest.SetupOn(t, probe, apitest.Options{AdmitDB: counted, Memcached: "127.0.0.1:11211"})
+	limited := apitest.UniqueTenant("limited")
 	for _, c := range []struct {
 		tenant string
 		trips  int
 		last   string
 	}{
-		{uniqueTenant("free"), 2, "COMMIT"}, // the inserts and COMMIT in one
-		{limited, 3, "COMMIT"},              // COMMIT alone
+		{apitest.UniqueTenant("free"), 2, "COMMIT"}, // the inserts and COMMIT in one
+		{limited, 3, "COMMIT"},                      // COMMIT alone
 	} {
 		if c.tenant == limited {
-			f.setConfig(t, map[string]any{"admission_rate_per_minute": 100})
+			f.SetConfig(t, map[string]any{"admission_rate_per_minute": 100})
 		}
 		log.Reset()
-		if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: c.tenant}); err != nil {
+		if _, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: c.tenant}); err != nil {
 			t.Fatal(err)
 		}
 		trips := log.Take()
@@ -126,7 +127,7 @@ func TestAdmissionRoundTrips(t *testing.T) {
 				c.tenant, len(trips), c.trips, strings.Join(trips, "\n---\n"))
 		}
 	}
-	if n, err := f.limiter.Count(limited, f.now.Now()); err != nil || n != 1 {
+	if n, err := f.Limiter.Count(limited, f.Now.Now()); err != nil || n != 1 {
 		t.Errorf("the limited tenant's admission was charged %d times (%v), want 1", n, err)
 	}
 }
@@ -139,8 +140,8 @@ func TestAdmissionRoundTrips(t *testing.T) {
 func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	counted, log := drainertest.CountedPool(t, probe.db)
+	probe := apitest.Setup(t, apitest.Options{}) // only for its database
+	counted, log := drainertest.CountedPool(t, probe.DB)
 	var fault atomic.Value
 	fault.Store("")
 	var afterInsert atomic.Int32
@@ -151,10 +152,10 @@ func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
 		},
 		Commit: func(_ context.Context, tx gate.Tx) error {
 			name, _ := fault.Load().(string)
-			return commitWithFault(tx, name)
+			return apitest.CommitWithFault(tx, name)
 		},
 	}
-	f := startFrontDoorOn(t, probe, fdOptions{admitDB: counted, faults: faults})
+	f := apitest.SetupOn(t, probe, apitest.Options{AdmitDB: counted, Faults: faults})
 	for _, c := range []struct {
 		fault  string
 		status int
@@ -165,10 +166,10 @@ func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
 		{"commit-rolled-back", 503, 0},
 	} {
 		fault.Store(c.fault)
-		tenant := uniqueTenant("faulted")
+		tenant := apitest.UniqueTenant("faulted")
 		log.Reset()
 		afterInsert.Store(0)
-		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": tenant})
+		r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": tenant})
 		trips := log.Take()
 		fault.Store("")
 		if r.Status != c.status || (c.status == 503 && (r.Body["error_code"] != "outcome_unknown" || r.Body["retryable"] != false)) {
@@ -188,7 +189,7 @@ func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
 				c.fault, len(trips), what, strings.Join(trips, "\n---\n"))
 		}
 		var jobs int
-		if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE tenant = ?", tenant).Scan(&jobs); err != nil {
+		if err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE tenant = ?", tenant).Scan(&jobs); err != nil {
 			t.Fatal(err)
 		}
 		if jobs != c.jobs {
@@ -204,8 +205,8 @@ func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
 func TestAdmissionLeavesNoOpenTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	probe := startFrontDoor(t, fdOptions{})
-	one, err := store.OpenMulti(ctx, probe.db.DSN)
+	probe := apitest.Setup(t, apitest.Options{})
+	one, err := store.OpenMulti(ctx, probe.DB.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,22 +229,22 @@ func TestAdmissionLeavesNoOpenTransaction(t *testing.T) {
 			return nil
 		},
 	}
-	f := startFrontDoorOn(t, probe, fdOptions{admitDB: one, faults: faults})
-	tenant := uniqueTenant("tx")
+	f := apitest.SetupOn(t, probe, apitest.Options{AdmitDB: one, Faults: faults})
+	tenant := apitest.UniqueTenant("tx")
 	for _, at := range []string{"reserve", "insert", "conflict"} {
 		failAt.Store(at)
 		body := map[string]any{"tenant": tenant, "idempotency_key": "k"}
 		if at == "conflict" { // fails in the replay step, after the first round trip
 			body["payload"] = "other"
 		}
-		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, body)
+		r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, body)
 		failAt.Store("")
 		if r.Status < 400 {
 			t.Fatalf("%s: admission answered %d, want a failure", at, r.Status)
 		}
 		if at == "insert" {
 			// The key is free again: nothing of the failed admission was committed.
-			if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": tenant, "idempotency_key": "k"}); r.Status != 202 {
+			if r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": tenant, "idempotency_key": "k"}); r.Status != 202 {
 				t.Fatalf("after the failed insert: %d %s", r.Status, r.Raw)
 			}
 		}
@@ -255,7 +256,7 @@ func TestAdmissionLeavesNoOpenTransaction(t *testing.T) {
 			t.Errorf("%s: the pooled connection is still in a transaction", at)
 		}
 		// Another connection takes the tenant's lock at once (the wait would time out in 1 s).
-		conn, err := probe.db.Conn(ctx)
+		conn, err := probe.DB.Conn(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package integration_test
+package api_test
 
 import (
 	"context"
@@ -12,13 +12,14 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
 // oneLaneFrontDoor is a front door with one admission lane whose first transaction waits in
 // AfterReserve, holding the lane, until release is called; txs counts the transactions.
 type oneLaneFrontDoor struct {
-	*frontDoor
+	*apitest.Env
 	entered chan struct{} // closed when the first transaction holds the lane
 	release func()
 	txs     *atomic.Int32
@@ -35,7 +36,7 @@ func startOneLaneFrontDoor(t *testing.T) *oneLaneFrontDoor {
 		}
 		return nil
 	}}
-	o.frontDoor = startFrontDoor(t, fdOptions{faults: faults, lanes: 1})
+	o.Env = apitest.Setup(t, apitest.Options{Faults: faults, Lanes: 1})
 	o.release = sync.OnceFunc(func() { close(release) })
 	t.Cleanup(o.release) // a failed wait must not leave the first admission blocked
 	return o
@@ -45,7 +46,7 @@ func startOneLaneFrontDoor(t *testing.T) *oneLaneFrontDoor {
 func (o *oneLaneFrontDoor) waitWaiting(t *testing.T, n int) {
 	t.Helper()
 	harness.WaitFor(t, 10*time.Second, fmt.Sprintf("%d admissions waiting for the lane", n), func() (bool, error) {
-		return o.adm.Waiting() == n, nil
+		return o.Admitter.Waiting() == n, nil
 	})
 }
 
@@ -58,15 +59,15 @@ func (o *oneLaneFrontDoor) waitWaiting(t *testing.T, n int) {
 func TestAdmissionGroupCommit(t *testing.T) {
 	t.Parallel()
 	f := startOneLaneFrontDoor(t)
-	f.setConfig(t, map[string]any{"tenant_queue_depth": 10})
-	capped, keyed, plain := uniqueTenant("capped"), uniqueTenant("keyed"), uniqueTenant("plain")
+	f.SetConfig(t, map[string]any{"tenant_queue_depth": 10})
+	capped, keyed, plain := apitest.UniqueTenant("capped"), apitest.UniqueTenant("keyed"), apitest.UniqueTenant("plain")
 
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	got := map[string][]harness.Response{}
 	post := func(name string, body map[string]any) {
 		defer wg.Done()
-		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, body)
+		r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, body)
 		mu.Lock()
 		got[name] = append(got[name], r)
 		mu.Unlock()
@@ -146,15 +147,17 @@ func TestAdmissionGroupCommit(t *testing.T) {
 func TestAdmissionWaiterGone(t *testing.T) {
 	t.Parallel()
 	f := startOneLaneFrontDoor(t)
-	holder, gone := uniqueTenant("holder"), uniqueTenant("gone")
+	holder, gone := apitest.UniqueTenant("holder"), apitest.UniqueTenant("gone")
 	done := make(chan harness.Response, 1)
-	go func() { done <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": holder}) }()
+	go func() {
+		done <- f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": holder})
+	}()
 	<-f.entered
 
 	ctx, cancel := context.WithCancel(context.Background())
 	failed := make(chan error, 1)
 	go func() {
-		_, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: gone})
+		_, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: gone})
 		failed <- err
 	}()
 	f.waitWaiting(t, 1)
@@ -168,7 +171,7 @@ func TestAdmissionWaiterGone(t *testing.T) {
 		t.Fatalf("the admission holding the lane: %d %s", r.Status, r.Raw)
 	}
 	var n int
-	if err := f.db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM jobs WHERE tenant = ?", gone).Scan(&n); err != nil {
+	if err := f.DB.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM jobs WHERE tenant = ?", gone).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {
@@ -187,9 +190,9 @@ func TestAdmissionGroupDoesNotWaitForOneTenant(t *testing.T) {
 	// The locked tenant sorts before every other: an admission waiting for its row lock also
 	// waits for the gap before it (a duplicate-key check), which would hold up new tenants'
 	// rows inserted into that gap, grouped or not.
-	wedged := uniqueTenant("a-wedged")
-	f.fillQueued(t, wedged, 0, "queued") // its tenants row
-	locker, err := f.db.BeginTx(ctx, nil)
+	wedged := apitest.UniqueTenant("a-wedged")
+	f.FillQueued(t, wedged, 0, "queued") // its tenants row
+	locker, err := f.DB.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,17 +203,17 @@ func TestAdmissionGroupDoesNotWaitForOneTenant(t *testing.T) {
 
 	holder := make(chan harness.Response, 1)
 	go func() {
-		holder <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": uniqueTenant("z-first")})
+		holder <- f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": apitest.UniqueTenant("z-first")})
 	}()
 	<-f.entered
 	wedgedDone := make(chan harness.Response, 1)
 	go func() {
-		wedgedDone <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": wedged})
+		wedgedDone <- f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": wedged})
 	}()
 	others := make(chan harness.Response, 10)
 	for range 10 {
 		go func() {
-			others <- f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": uniqueTenant("z-other")})
+			others <- f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": apitest.UniqueTenant("z-other")})
 		}()
 	}
 	f.waitWaiting(t, 11)

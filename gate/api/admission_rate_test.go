@@ -1,4 +1,4 @@
-package integration_test
+package api_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
 
@@ -16,44 +17,42 @@ import (
 // 429 rate_limited and Retry-After, writing nothing; replays are not charged.
 func TestFrontDoorRateLimit(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{memcached: "127.0.0.1:11211"})
+	f := apitest.Setup(t, apitest.Options{Memcached: "127.0.0.1:11211"})
 	ctx := context.Background()
-	f.setConfig(t, map[string]any{"admission_rate_per_minute": 3})
-	tenant := uniqueTenant("rl")
+	f.SetConfig(t, map[string]any{"admission_rate_per_minute": 3})
+	tenant := apitest.UniqueTenant("rl")
 	keyed := client.AdmitRequest{Tenant: tenant, IdempotencyKey: "k1"}
 	for i := range 3 {
 		req := client.AdmitRequest{Tenant: tenant}
 		if i == 0 {
 			req = keyed
 		}
-		if _, _, err := f.star.Admit(ctx, req); err != nil {
+		if _, _, err := f.Star.Admit(ctx, req); err != nil {
 			t.Fatalf("admission %d under the limit: %v", i, err)
 		}
 	}
-	before := f.rowCounts(t)
-	r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": tenant})
+	before := f.RowCounts(t)
+	r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": tenant})
 	if r.Status != 429 || r.Body["error_code"] != "rate_limited" || r.Header.Get("Retry-After") == "" {
 		t.Errorf("4th admission: %d %s %v, want 429 rate_limited with Retry-After", r.Status, r.Raw, r.Header)
 	}
-	if after := f.rowCounts(t); after != before {
+	if after := f.RowCounts(t); after != before {
 		t.Errorf("rate-limited admission wrote rows: %v → %v", before, after)
 	}
 	// A replay is answered (it comes before the rate limit) and not charged.
-	if _, resp, err := f.star.Admit(ctx, keyed); err != nil || resp.HTTPStatus != 200 {
+	if _, resp, err := f.Star.Admit(ctx, keyed); err != nil || resp.HTTPStatus != 200 {
 		t.Errorf("replay over the limit: %v %v, want 200", resp.HTTPStatus, err)
 	}
-	if n, err := f.limiter.Count(tenant, f.now.Now()); err != nil || n != 3 {
+	if n, err := f.Limiter.Count(tenant, f.Now.Now()); err != nil || n != 3 {
 		t.Errorf("charged %d (%v), want 3", n, err)
 	}
 	// Another tenant has its own budget.
-	if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: uniqueTenant("rl-other")}); err != nil {
+	if _, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: apitest.UniqueTenant("rl-other")}); err != nil {
 		t.Errorf("another tenant: %v", err)
 	}
 	// A new minute is a new budget.
-	f.now.mu.Lock()
-	f.now.t = f.now.t.Add(60e9)
-	f.now.mu.Unlock()
-	if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); err != nil {
+	f.Now.Add(60e9)
+	if _, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); err != nil {
 		t.Errorf("next minute: %v", err)
 	}
 }
@@ -80,11 +79,11 @@ func TestFrontDoorRateLimitRefund(t *testing.T) {
 			}
 			return nil
 		},
-		Commit: func(_ context.Context, tx gate.Tx) error { return commitWithFault(tx, fault()) },
+		Commit: func(_ context.Context, tx gate.Tx) error { return apitest.CommitWithFault(tx, fault()) },
 	}
-	f := startFrontDoor(t, fdOptions{memcached: "127.0.0.1:11211", faults: faults})
+	f := apitest.Setup(t, apitest.Options{Memcached: "127.0.0.1:11211", Faults: faults})
 	ctx := context.Background()
-	f.setConfig(t, map[string]any{"admission_rate_per_minute": 100})
+	f.SetConfig(t, map[string]any{"admission_rate_per_minute": 100})
 	cases := []struct {
 		fault    string
 		status   int
@@ -101,18 +100,18 @@ func TestFrontDoorRateLimitRefund(t *testing.T) {
 	}
 	for _, c := range cases {
 		faultAt.Store(c.fault)
-		tenant := uniqueTenant("refund")
-		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": tenant})
+		tenant := apitest.UniqueTenant("refund")
+		r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": tenant})
 		faultAt.Store("")
 		if r.Status != c.status || (c.code != "" && r.Body["error_code"] != c.code) {
 			t.Errorf("fault %q: HTTP %d %s, want %d %s", c.fault, r.Status, r.Raw, c.status, c.code)
 		}
-		n, err := f.limiter.Count(tenant, f.now.Now())
+		n, err := f.Limiter.Count(tenant, f.Now.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
 		var jobs int
-		if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE tenant = ?", tenant).Scan(&jobs); err != nil {
+		if err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE tenant = ?", tenant).Scan(&jobs); err != nil {
 			t.Fatal(err)
 		}
 		if n != c.charges || jobs != c.jobsMade {
@@ -124,22 +123,22 @@ func TestFrontDoorRateLimitRefund(t *testing.T) {
 	}
 	// A batch that fails at COMMIT refunds every unit it took.
 	faultAt.Store("insert")
-	tenant := uniqueTenant("refund-batch")
+	tenant := apitest.UniqueTenant("refund-batch")
 	reqs := make([]client.AdmitRequest, 20)
 	for i := range reqs {
 		reqs[i] = client.AdmitRequest{Tenant: tenant}
 	}
-	if _, err := f.star.AdmitBatch(ctx, reqs); client.Code(err) != "internal" {
+	if _, err := f.Star.AdmitBatch(ctx, reqs); client.Code(err) != "internal" {
 		t.Errorf("failed batch: %v", err)
 	}
 	faultAt.Store("")
-	if n, _ := f.limiter.Count(tenant, f.now.Now()); n != 0 {
+	if n, _ := f.Limiter.Count(tenant, f.Now.Now()); n != 0 {
 		t.Errorf("failed batch left %d charges, want 0", n)
 	}
-	if _, err := f.star.AdmitBatch(ctx, reqs); err != nil {
+	if _, err := f.Star.AdmitBatch(ctx, reqs); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := f.limiter.Count(tenant, f.now.Now()); n != 20 {
+	if n, _ := f.Limiter.Count(tenant, f.Now.Now()); n != 20 {
 		t.Errorf("committed batch of 20 charged %d", n)
 	}
 }
@@ -149,28 +148,28 @@ func TestFrontDoorRateLimitRefund(t *testing.T) {
 func TestFrontDoorRateLimitFailsOpen(t *testing.T) {
 	t.Parallel()
 	mc := memcachedtest.Start(t)
-	f := startFrontDoor(t, fdOptions{memcached: mc.Addr()})
+	f := apitest.Setup(t, apitest.Options{Memcached: mc.Addr()})
 	ctx := context.Background()
-	f.setConfig(t, map[string]any{"admission_rate_per_minute": 2})
-	tenant := uniqueTenant("open")
+	f.SetConfig(t, map[string]any{"admission_rate_per_minute": 2})
+	tenant := apitest.UniqueTenant("open")
 	for range 2 {
-		if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); err != nil {
+		if _, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); client.Code(err) != "rate_limited" {
+	if _, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); client.Code(err) != "rate_limited" {
 		t.Fatalf("over the limit with memcached up: %v", err)
 	}
 	mc.Stop()
 	for i := range 5 {
-		if _, _, err := f.star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); err != nil {
+		if _, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); err != nil {
 			t.Fatalf("admission %d with memcached down: %v, want admitted (fail open)", i, err)
 		}
 	}
-	if got := f.counter(t, "sluice_admission_rate_limiter_errors_total", "", ""); got < 1 {
+	if got := f.Counter(t, "sluice_admission_rate_limiter_errors_total", "", ""); got < 1 {
 		t.Errorf("limiter errors counted: %v", got)
 	}
-	if n := len(f.logs.lines(t, "admission rate limiter unavailable; admitting without it (fail open)")); n != 1 {
+	if n := len(f.Logs.Lines(t, "admission rate limiter unavailable; admitting without it (fail open)")); n != 1 {
 		t.Errorf("%d fail-open log lines, want 1 (at most one per 15 s)", n)
 	}
 }

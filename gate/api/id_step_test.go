@@ -1,4 +1,4 @@
-package integration_test
+package api_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/outbox"
@@ -24,7 +25,7 @@ import (
 // admitted (tenant and idempotency key), whose audit rows name them, whose enqueue pokes name
 // them, and whose tenants' queue state (count and head) is exact.
 func TestFrontDoorIDStep(t *testing.T) {
-	f := startFrontDoorOn(t, &frontDoor{db: testdb.New(t).WithIDStep(t, 3)}, fdOptions{})
+	f := apitest.SetupOn(t, &apitest.Env{DB: testdb.New(t).WithIDStep(t, 3)}, apitest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -44,7 +45,7 @@ func TestFrontDoorIDStep(t *testing.T) {
 			defer wg.Done()
 			for i := range 10 {
 				tenant, idem := tenants[(c+i)%2], fmt.Sprintf("single-%d-%d", c, i)
-				j, _, err := f.alpha.Admit(ctx, client.AdmitRequest{Tenant: tenant, IdempotencyKey: idem})
+				j, _, err := f.Alpha.Admit(ctx, client.AdmitRequest{Tenant: tenant, IdempotencyKey: idem})
 				if err != nil {
 					errs <- fmt.Errorf("admit %s: %w", idem, err)
 					return
@@ -64,7 +65,7 @@ func TestFrontDoorIDStep(t *testing.T) {
 	for i := range batch {
 		batch[i] = client.AdmitRequest{Tenant: tenants[i%2], IdempotencyKey: fmt.Sprintf("batch-%d", i)}
 	}
-	items, err := f.alpha.AdmitBatch(ctx, batch)
+	items, err := f.Alpha.AdmitBatch(ctx, batch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,27 +82,27 @@ func TestFrontDoorIDStep(t *testing.T) {
 			t.Errorf("id %d answered to %s and to %s", a.id, other, a.idem)
 		}
 		seen[a.id] = a.idem
-		j, err := f.star.Job(ctx, a.id)
+		j, err := f.Star.Job(ctx, a.id)
 		if err != nil {
 			t.Errorf("%s: GET its id %d: %v", a.idem, a.id, err)
 			continue
 		}
 		var idem string
-		if err := f.db.QueryRowContext(ctx, "SELECT idempotency_key FROM jobs WHERE id = ?", a.id).Scan(&idem); err != nil {
+		if err := f.DB.QueryRowContext(ctx, "SELECT idempotency_key FROM jobs WHERE id = ?", a.id).Scan(&idem); err != nil {
 			t.Fatal(err)
 		}
 		if j.Tenant != a.tenant || idem != a.idem {
 			t.Errorf("%s of %s: answered id %d, which is %s's job %s", a.idem, a.tenant, a.id, j.Tenant, idem)
 		}
 		var events int
-		if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM audit_events WHERE job_id = ? AND event = ?",
+		if err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM audit_events WHERE job_id = ? AND event = ?",
 			a.id, store.EventAdmitted).Scan(&events); err != nil || events != 1 {
 			t.Errorf("%s: job %d has %d admitted events (%v), want 1", a.idem, a.id, events, err)
 		}
 	}
 
 	// Every enqueue poke names a job of its own tenant; each single admission has its own.
-	rows, err := f.db.QueryContext(ctx, "SELECT subject, payload FROM outbox")
+	rows, err := f.DB.QueryContext(ctx, "SELECT subject, payload FROM outbox")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +123,7 @@ func TestFrontDoorIDStep(t *testing.T) {
 			continue
 		}
 		var tenant string
-		if err := f.db.QueryRowContext(ctx, "SELECT tenant FROM jobs WHERE id = ?", p.JobID).Scan(&tenant); err != nil || tenant != p.Tenant {
+		if err := f.DB.QueryRowContext(ctx, "SELECT tenant FROM jobs WHERE id = ?", p.JobID).Scan(&tenant); err != nil || tenant != p.Tenant {
 			t.Errorf("poke %s: job %d is %q's (%v)", body, p.JobID, tenant, err)
 		}
 		poked[p.JobID] = true
@@ -135,5 +136,5 @@ func TestFrontDoorIDStep(t *testing.T) {
 			t.Errorf("%s: no enqueue poke names job %d", a.idem, a.id)
 		}
 	}
-	drainertest.CheckTenantQueueState(t, ctx, f.db.DB, "after the admissions")
+	drainertest.CheckTenantQueueState(t, ctx, f.DB.DB, "after the admissions")
 }

@@ -1,4 +1,4 @@
-package integration_test
+package api_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
 
@@ -22,33 +23,33 @@ import (
 func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	proxy, viaProxy := dbThroughCutter(t, probe.db)
+	probe := apitest.Setup(t, apitest.Options{}) // only for its database
+	proxy, viaProxy := apitest.DBThroughCutter(t, probe.DB)
 	// GET /v1/gates reads the database only when a gate store is configured.
 	gates, err := rategate.New(rategate.Config{Servers: []string{memcachedtest.Shared(t)}, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := startFrontDoorOn(t, probe, fdOptions{admitDB: viaProxy, apiDB: viaProxy, apiGates: gates})
+	f := apitest.SetupOn(t, probe, apitest.Options{AdmitDB: viaProxy, APIDB: viaProxy, APIGates: gates})
 
 	admit := func() int64 {
 		t.Helper()
-		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme", "rate_key": "k"})
+		r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme", "rate_key": "k"})
 		if r.Status != http.StatusAccepted {
 			t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
 		}
-		return jobID(t, r.Body)
+		return apitest.JobID(t, r.Body)
 	}
 	queued := admit()
 	running := admit() // as a drainer leaves it once it has sent it
-	if _, err := f.db.ExecContext(ctx, `UPDATE jobs SET status = 'dispatched', version = version + 1,
+	if _, err := f.DB.ExecContext(ctx, `UPDATE jobs SET status = 'dispatched', version = version + 1,
 		attempt = attempt + 1, claimed_at = UTC_TIMESTAMP(6), dispatched_at = UTC_TIMESTAMP(6),
 		lease_until = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE, drainer_id = 'test', nonce_sha256 = ?,
 		nonce_expires_at = UTC_TIMESTAMP(6) + INTERVAL 5 MINUTE WHERE id = ?`, store.HashNonce("n1"), running); err != nil {
 		t.Fatal(err)
 	}
 	failed := admit() // a redrivable job
-	if _, err := f.db.ExecContext(ctx, `UPDATE jobs SET status = 'failed', version = version + 1,
+	if _, err := f.DB.ExecContext(ctx, `UPDATE jobs SET status = 'failed', version = version + 1,
 		finished_at = UTC_TIMESTAMP(6), error_code = 'boom' WHERE id = ?`, failed); err != nil {
 		t.Fatal(err)
 	}
@@ -57,29 +58,29 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 		method, template, path, token string
 		body                          any
 	}{
-		{http.MethodPost, "/v1/jobs", "/v1/jobs", fdStarToken, map[string]any{"tenant": "acme"}},
-		{http.MethodPost, "/v1/jobs:batch", "/v1/jobs:batch", fdStarToken, map[string]any{"jobs": []any{map[string]any{"tenant": "acme"}}}},
-		{http.MethodGet, "/v1/jobs", "/v1/jobs?tenant=acme", fdAlphaToken, nil},
-		{http.MethodGet, "/v1/jobs/{id}", jobPath(queued, ""), fdAlphaToken, nil},
-		{http.MethodGet, "/v1/jobs/{id}/events", jobPath(queued, "/events"), fdAlphaToken, nil},
-		{http.MethodGet, "/v1/audit", "/v1/audit?tenant=acme", fdAdminToken, nil},
-		{http.MethodDelete, "/v1/jobs/{id}", jobPath(queued, ""), fdAlphaToken, nil},
-		{http.MethodPost, "/v1/jobs/{id}/redrive", jobPath(failed, "/redrive"), fdAdminToken, nil},
-		{http.MethodPost, "/v1/jobs/{id}/start", jobPath(running, "/start"), fdExecToken, map[string]any{"nonce": "n1"}},
-		{http.MethodPost, "/v1/jobs/{id}/complete", jobPath(running, "/complete"), fdExecToken,
+		{http.MethodPost, "/v1/jobs", "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme"}},
+		{http.MethodPost, "/v1/jobs:batch", "/v1/jobs:batch", apitest.StarToken, map[string]any{"jobs": []any{map[string]any{"tenant": "acme"}}}},
+		{http.MethodGet, "/v1/jobs", "/v1/jobs?tenant=acme", apitest.AlphaToken, nil},
+		{http.MethodGet, "/v1/jobs/{id}", jobPath(queued, ""), apitest.AlphaToken, nil},
+		{http.MethodGet, "/v1/jobs/{id}/events", jobPath(queued, "/events"), apitest.AlphaToken, nil},
+		{http.MethodGet, "/v1/audit", "/v1/audit?tenant=acme", apitest.AdminToken, nil},
+		{http.MethodDelete, "/v1/jobs/{id}", jobPath(queued, ""), apitest.AlphaToken, nil},
+		{http.MethodPost, "/v1/jobs/{id}/redrive", jobPath(failed, "/redrive"), apitest.AdminToken, nil},
+		{http.MethodPost, "/v1/jobs/{id}/start", jobPath(running, "/start"), apitest.ExecToken, map[string]any{"nonce": "n1"}},
+		{http.MethodPost, "/v1/jobs/{id}/complete", jobPath(running, "/complete"), apitest.ExecToken,
 			map[string]any{"nonce": "n1", "status": "succeeded"}},
-		{http.MethodPost, "/v1/releases", "/v1/releases", fdExecToken, map[string]any{"tenant": "acme"}},
-		{http.MethodGet, "/v1/gates", "/v1/gates", fdAdminToken, nil},
-		{http.MethodGet, "/v1/status", "/v1/status", fdAdminToken, nil},
-		{http.MethodGet, "/v1/tenants", "/v1/tenants?order=depth", fdAdminToken, nil},
-		{http.MethodGet, "/v1/config", "/v1/config", fdAdminToken, nil},
-		{http.MethodPatch, "/v1/config", "/v1/config", fdAdminToken, map[string]any{"changes": map[string]any{"global_in_flight": 7}}},
-		{http.MethodGet, "/v1/config/history", "/v1/config/history", fdAdminToken, nil},
-		{http.MethodPost, "/v1/config/simulate", "/v1/config/simulate", fdAdminToken, map[string]any{"changes": map[string]any{"global_in_flight": 7}}},
-		{http.MethodPost, "/v1/slots", "/v1/slots", fdStarToken, map[string]any{"tenant": "acme"}},
-		{http.MethodGet, "/v1/slots", "/v1/slots?tenant=acme", fdAdminToken, nil},
-		{http.MethodPost, "/v1/slots/{id}/renew", "/v1/slots/1/renew", fdStarToken, nil},
-		{http.MethodDelete, "/v1/slots/{id}", "/v1/slots/1", fdStarToken, nil},
+		{http.MethodPost, "/v1/releases", "/v1/releases", apitest.ExecToken, map[string]any{"tenant": "acme"}},
+		{http.MethodGet, "/v1/gates", "/v1/gates", apitest.AdminToken, nil},
+		{http.MethodGet, "/v1/status", "/v1/status", apitest.AdminToken, nil},
+		{http.MethodGet, "/v1/tenants", "/v1/tenants?order=depth", apitest.AdminToken, nil},
+		{http.MethodGet, "/v1/config", "/v1/config", apitest.AdminToken, nil},
+		{http.MethodPatch, "/v1/config", "/v1/config", apitest.AdminToken, map[string]any{"changes": map[string]any{"global_in_flight": 7}}},
+		{http.MethodGet, "/v1/config/history", "/v1/config/history", apitest.AdminToken, nil},
+		{http.MethodPost, "/v1/config/simulate", "/v1/config/simulate", apitest.AdminToken, map[string]any{"changes": map[string]any{"global_in_flight": 7}}},
+		{http.MethodPost, "/v1/slots", "/v1/slots", apitest.StarToken, map[string]any{"tenant": "acme"}},
+		{http.MethodGet, "/v1/slots", "/v1/slots?tenant=acme", apitest.AdminToken, nil},
+		{http.MethodPost, "/v1/slots/{id}/renew", "/v1/slots/1/renew", apitest.StarToken, nil},
+		{http.MethodDelete, "/v1/slots/{id}", "/v1/slots/1", apitest.StarToken, nil},
 	}
 	// The routes that never touch the database, and so have no database outage to answer.
 	noDatabase := map[string]string{
@@ -94,7 +95,7 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 	for _, c := range calls {
 		covered[c.method+" "+c.template] = true
 	}
-	for _, route := range f.api.Routes() {
+	for _, route := range f.API.Routes() {
 		if !covered[route] && noDatabase[route] == "" {
 			t.Errorf("route %s is neither called with the database down nor listed as not using it", route)
 		}
@@ -103,21 +104,21 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 	configVersions := func() int {
 		t.Helper()
 		var n int
-		if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&n); err != nil {
+		if err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
-	before, versions := f.rowCounts(t), configVersions()
-	proxy.setDown(true)
+	before, versions := f.RowCounts(t), configVersions()
+	proxy.SetDown(true)
 	for _, c := range calls {
-		r := f.do(t, c.method, c.path, c.token, c.body)
+		r := f.Do(t, c.method, c.path, c.token, c.body)
 		if r.Status != http.StatusServiceUnavailable || r.Body["error_code"] != "unavailable" || r.Body["retryable"] != true {
 			t.Errorf("%s %s with the database unreachable: HTTP %d %s, want 503 unavailable retryable", c.method, c.path, r.Status, r.Raw)
 		}
 		checkDescribed(t, c.method, c.template, r)
 	}
-	if after := f.rowCounts(t); after != before {
+	if after := f.RowCounts(t); after != before {
 		t.Errorf("rows (jobs, outbox, tenants) went from %v to %v during the outage", before, after)
 	}
 	if n := configVersions(); n != versions {
@@ -132,33 +133,33 @@ func TestFrontDoorDatabaseDownEveryEndpoint(t *testing.T) {
 func TestFrontDoorConfigPatchCommitCut(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	probe := startFrontDoor(t, fdOptions{}) // only for its database
-	proxy, viaProxy := dbThroughCutter(t, probe.db)
-	f := startFrontDoorOn(t, probe, fdOptions{apiDB: viaProxy})
+	probe := apitest.Setup(t, apitest.Options{}) // only for its database
+	proxy, viaProxy := apitest.DBThroughCutter(t, probe.DB)
+	f := apitest.SetupOn(t, probe, apitest.Options{APIDB: viaProxy})
 	var before int
-	if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&before); err != nil {
+	if err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&before); err != nil {
 		t.Fatal(err)
 	}
 	patch := map[string]any{"changes": map[string]any{"global_in_flight": 7}, "note": "cut"}
 
-	proxy.armed.Store(true)
-	r := f.do(t, http.MethodPatch, "/v1/config", fdAdminToken, patch)
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("the proxy cut %d connections, want 1", proxy.cuts.Load())
+	proxy.Armed.Store(true)
+	r := f.Do(t, http.MethodPatch, "/v1/config", apitest.AdminToken, patch)
+	if proxy.Cuts.Load() != 1 {
+		t.Fatalf("the proxy cut %d connections, want 1", proxy.Cuts.Load())
 	}
 	if r.Status != http.StatusServiceUnavailable || r.Body["error_code"] != "outcome_unknown" || r.Body["retryable"] != true {
 		t.Errorf("PATCH cut at COMMIT: HTTP %d %s, want 503 outcome_unknown retryable", r.Status, r.Raw)
 	}
 	checkDescribed(t, http.MethodPatch, "/v1/config", r)
-	r = f.do(t, http.MethodPatch, "/v1/config", fdAdminToken, patch)
+	r = f.Do(t, http.MethodPatch, "/v1/config", apitest.AdminToken, patch)
 	if r.Status != http.StatusOK {
 		t.Fatalf("PATCH repeated: HTTP %d %s", r.Status, r.Raw)
 	}
 	var after int
-	if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&after); err != nil {
+	if err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&after); err != nil {
 		t.Fatal(err)
 	}
-	v, err := limits.Load(ctx, f.db)
+	v, err := limits.Load(ctx, f.DB)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package integration_test
+package api_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/integration/apitest"
 )
 
 // memcachedGates reads rate gates in the format SPEC §5 documents (key
@@ -49,7 +50,7 @@ func (g memcachedGates) NotBefore(_ context.Context, hashes []string) (map[strin
 func TestFrontDoorImmediate(t *testing.T) {
 	t.Parallel()
 	mc := memcache.New("127.0.0.1:11211")
-	f := startFrontDoor(t, fdOptions{gates: memcachedGates{mc}})
+	f := apitest.Setup(t, apitest.Options{Gates: memcachedGates{mc}})
 	no := false
 	immediate := func(tenant, rateKey string) map[string]any {
 		b := map[string]any{"tenant": tenant, "queue": no}
@@ -60,71 +61,71 @@ func TestFrontDoorImmediate(t *testing.T) {
 	}
 	expectRefusal := func(name string, body map[string]any, scope string, retry int, paused bool) {
 		t.Helper()
-		before := f.rowCounts(t)
-		r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, body)
+		before := f.RowCounts(t)
+		r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, body)
 		if r.Status != 429 || r.Body["error_code"] != "capacity_exceeded" || r.Body["scope"] != scope ||
 			r.Body["retry_after"] != float64(retry) || r.Body["paused"] != paused ||
 			r.Header.Get("Retry-After") != strconv.Itoa(retry) || r.Header.Get("Sluice-Capacity-Decision") != "refused" {
 			t.Errorf("%s: HTTP %d %s Retry-After %q decision %q; want 429 capacity_exceeded scope %s retry %d paused %v",
 				name, r.Status, r.Raw, r.Header.Get("Retry-After"), r.Header.Get("Sluice-Capacity-Decision"), scope, retry, paused)
 		}
-		if after := f.rowCounts(t); after != before {
+		if after := f.RowCounts(t); after != before {
 			t.Errorf("%s: refusal wrote rows: %v → %v", name, before, after)
 		}
 	}
 
 	// Free capacity, nothing queued: admitted, 202 like any other.
-	r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, immediate("fresh", ""))
+	r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, immediate("fresh", ""))
 	if r.Status != 202 || r.Header.Get("Sluice-Capacity-Decision") != "admitted" ||
 		r.Header.Get("Sluice-Capacity-Limit") != "2" || r.Header.Get("Sluice-Capacity-In-Flight") != "0" {
 		t.Errorf("immediate with capacity: %d %v %s", r.Status, r.Header, r.Raw)
 	}
 	// The tenant now has 1 queued job ahead: 5 × 2 = 10 s.
 	expectRefusal("1 queued ahead", immediate("fresh", ""), "tenant", 10, false)
-	f.fillQueued(t, "deep", 9, "queued")
+	f.FillQueued(t, "deep", 9, "queued")
 	expectRefusal("9 queued ahead", immediate("deep", ""), "tenant", 30, false)
 	// Tenant at its in-flight cap, nothing queued: 5 s.
-	f.fillQueued(t, "busy", 2, "running")
+	f.FillQueued(t, "busy", 2, "running")
 	expectRefusal("tenant at cap", immediate("busy", ""), "tenant", 5, false)
 	// Global cap reached (2 busy + 2 more in flight = 4); 10 queued overall ahead: 30 s.
-	f.fillQueued(t, "other", 2, "dispatched")
+	f.FillQueued(t, "other", 2, "dispatched")
 	expectRefusal("global at cap", immediate("idle", ""), "global", 30, false)
-	f.setConfig(t, map[string]any{"global_in_flight": 10})
-	if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, immediate("idle", "")); r.Status != 202 {
+	f.SetConfig(t, map[string]any{"global_in_flight": 10})
+	if r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, immediate("idle", "")); r.Status != 202 {
 		t.Errorf("after raising the global cap: %d %s", r.Status, r.Raw)
 	}
 	// Paused: 120 s.
-	f.setConfig(t, map[string]any{"global_in_flight": 0})
+	f.SetConfig(t, map[string]any{"global_in_flight": 0})
 	expectRefusal("paused globally", immediate("idle2", ""), "global", 120, true)
-	f.setConfig(t, map[string]any{"global_in_flight": 10, "tenant_in_flight_overrides": map[string]int{"frozen": 0}})
+	f.SetConfig(t, map[string]any{"global_in_flight": 10, "tenant_in_flight_overrides": map[string]int{"frozen": 0}})
 	expectRefusal("tenant paused", immediate("frozen", ""), "tenant", 120, true)
 
 	// A gated rate key: the remaining gate time, scope rate_key.
-	key := uniqueTenant("api-key")
+	key := apitest.UniqueTenant("api-key")
 	sum := sha256.Sum256([]byte(key))
-	nb := f.now.Now().Add(42*time.Second + 300*time.Millisecond)
+	nb := f.Now.Now().Add(42*time.Second + 300*time.Millisecond)
 	if err := mc.Set(&memcache.Item{Key: "sluice:gate:" + hex.EncodeToString(sum[:]), Value: []byte(strconv.FormatInt(nb.UnixMilli(), 10)), Expiration: 300}); err != nil {
 		t.Fatalf("write gate: %v", err)
 	}
 	expectRefusal("gated key", immediate("gated", key), "rate_key", 43, false)
-	if r := f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, immediate("gated", key+"-other")); r.Status != 202 {
+	if r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, immediate("gated", key+"-other")); r.Status != 202 {
 		t.Errorf("another key of the same tenant: %d %s", r.Status, r.Raw)
 	}
 
 	// Shadow mode admits what enforce refuses and says so.
-	f.setConfig(t, map[string]any{"admission_mode": "shadow"})
-	r = f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, immediate("deep", ""))
+	f.SetConfig(t, map[string]any{"admission_mode": "shadow"})
+	r = f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, immediate("deep", ""))
 	if r.Status != 202 || r.Header.Get("Sluice-Capacity-Decision") != "shadow-refused" {
 		t.Errorf("shadow: %d %v", r.Status, r.Header)
 	}
-	f.setConfig(t, map[string]any{"admission_mode": "enforce"})
+	f.SetConfig(t, map[string]any{"admission_mode": "enforce"})
 
 	// queue=true (the default): 202 with the position, the same in the header, body and GET.
-	r = f.do(t, http.MethodPost, "/v1/jobs", fdStarToken, map[string]any{"tenant": "deep"})
+	r = f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "deep"})
 	if r.Status != 202 || r.Body["position"] != float64(11) || r.Header.Get("Sluice-Queue-Position") != "11" {
 		t.Errorf("queued admission behind 10: %d position %v header %q, want 11", r.Status, r.Body["position"], r.Header.Get("Sluice-Queue-Position"))
 	}
-	g := f.do(t, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(jobID(t, r.Body), 10), fdStarToken, nil)
+	g := f.Do(t, http.MethodGet, "/v1/jobs/"+strconv.FormatInt(apitest.JobID(t, r.Body), 10), apitest.StarToken, nil)
 	if g.Body["position"] != float64(11) || g.Body["status"] != "queued" {
 		t.Errorf("GET: %s, want queued at position 11", g.Raw)
 	}
@@ -136,14 +137,14 @@ func TestFrontDoorImmediate(t *testing.T) {
 // starts one and refuses three: only one could be claimed now (SPEC §5).
 func TestFrontDoorImmediateBatchTakesSlots(t *testing.T) {
 	t.Parallel()
-	f := startFrontDoor(t, fdOptions{})
-	f.fillQueued(t, uniqueTenant("busy"), 3, "running")
+	f := apitest.Setup(t, apitest.Options{})
+	f.FillQueued(t, apitest.UniqueTenant("busy"), 3, "running")
 	no := false
 	reqs := make([]client.AdmitRequest, 4)
 	for i := range reqs {
-		reqs[i] = client.AdmitRequest{Tenant: uniqueTenant("idle"), Queue: &no}
+		reqs[i] = client.AdmitRequest{Tenant: apitest.UniqueTenant("idle"), Queue: &no}
 	}
-	res, err := f.star.AdmitBatch(context.Background(), reqs)
+	res, err := f.Star.AdmitBatch(context.Background(), reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
