@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -67,10 +67,10 @@ type claimer struct {
 // lock plus what it claimed, and the tenants page it chose from, which held every tenant with
 // work (not full) when it was read, at read.
 type passRead struct {
-	us       limits.Usage
+	us       config.Usage
 	page     tenantPage
 	read     time.Time
-	ordering limits.Ordering
+	ordering config.Ordering
 	perPage  int
 }
 
@@ -88,7 +88,7 @@ const pageReuse = 100 * time.Millisecond
 // noticeable part of a drain's cycle when the executor answers at once. Counts changed elsewhere
 // meanwhile (another drainer's claims or outcomes, a slot) only shape the candidates: the claim
 // counts again under the lock.
-func (cl *claimer) reuse(now time.Time, cfg limits.Config, outs *outcomeBatch, poked bool) *passRead {
+func (cl *claimer) reuse(now time.Time, cfg config.Config, outs *outcomeBatch, poked bool) *passRead {
 	c := cl.nextRead
 	cl.nextRead = nil
 	if c == nil || outs == nil || poked || now.Sub(c.read) >= pageReuse || now.Before(c.read) ||
@@ -189,13 +189,13 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatc
 			us.Add(cfg, r.c.row.Unit(), -1) // out of flight once the claim commits their outcomes
 		}
 	}
-	cl.firstPageFull = page.full && cfg.Ordering != limits.RoundRobin // round_robin reads by name, not by head
+	cl.firstPageFull = page.full && cfg.Ordering != config.RoundRobin // round_robin reads by name, not by head
 	cands, more, unread, err := cl.candidates(ctx, now, cfg, us, page)
 	if err != nil || len(cands) == 0 {
 		return nil, false, err
 	}
 	cl.timeUsed = nil
-	if cfg.Ordering == limits.FairTime {
+	if cfg.Ordering == config.FairTime {
 		tenants := make([]string, 0, len(cands))
 		for t := range cands {
 			tenants = append(tenants, t)
@@ -310,7 +310,7 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 // of whose candidates fits (its tier full, say) is left for this pass. It returns the jobs
 // chosen and whether the pass stopped with capacity possibly left (full). cands loses the jobs
 // chosen, but for a tenant's last read head taken when it has more (the pass ends there).
-func (ch *chooser) choose(cfg limits.Config, cands map[string][]candidate, more map[string]bool, us *limits.Usage) ([]candidate, bool) {
+func (ch *chooser) choose(cfg config.Config, cands map[string][]candidate, more map[string]bool, us *config.Usage) ([]candidate, bool) {
 	var chosen []candidate
 	full := false
 	var skip map[string]bool // made at the first tenant skipped: most passes skip none
@@ -352,7 +352,7 @@ func (ch *chooser) choose(cfg limits.Config, cands map[string][]candidate, more 
 }
 
 // fits returns the index of the first of cs that cfg's caps admit with us in flight, or -1.
-func fits(cfg limits.Config, us limits.Usage, cs []candidate) int {
+func fits(cfg config.Config, us config.Usage, cs []candidate) int {
 	for i, c := range cs {
 		if cfg.Check(us, c.unit).OK {
 			return i

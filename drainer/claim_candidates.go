@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -30,7 +30,7 @@ type want struct {
 // name it without blocking their tenants' other jobs, so each tenant is read deeper, by as many
 // heads as the pass has free slots: how far a pass looks past a tenant's head is bounded by its
 // free slots, never by the tenant's backlog.
-func (cl *claimer) wants(cfg limits.Config, us limits.Usage, page tenantPage) (ws []want, capped bool) {
+func (cl *claimer) wants(cfg config.Config, us config.Usage, page tenantPage) (ws []want, capped bool) {
 	free := cfg.GlobalInFlight - us.Total
 	if free <= 0 {
 		return nil, len(page.tenants) > 0
@@ -66,7 +66,7 @@ func (cl *claimer) wants(cfg limits.Config, us limits.Usage, page tenantPage) (w
 }
 
 // laneFull reports whether some configured lane has no room left in us.
-func laneFull(cfg limits.Config, us limits.Usage) bool {
+func laneFull(cfg config.Config, us config.Usage) bool {
 	for l, n := range cfg.Lanes {
 		if us.Lane[l] >= n {
 			return true
@@ -79,7 +79,7 @@ func laneFull(cfg limits.Config, us limits.Usage) bool {
 // w.n), leaving out the jobs of the rate keys in excluded (keys found gated earlier in the pass):
 // store.ReadHeads, with the jobs queued for longer than cfg's priority_aging_seconds aged. cut
 // are the tenants whose heads the read cut short: more exist, however few it returned.
-func (cl *claimer) heads(ctx context.Context, now time.Time, cfg limits.Config, ws []want, excluded []string) (map[string][]candidate, map[string]bool, error) {
+func (cl *claimer) heads(ctx context.Context, now time.Time, cfg config.Config, ws []want, excluded []string) (map[string][]candidate, map[string]bool, error) {
 	p := store.HeadsParams{Now: now, AgedBefore: now.Add(-cfg.PriorityAging()), Excluded: excluded,
 		Tenants: make([]store.HeadsWant, len(ws)), Cut: map[string]bool{}}
 	for i, w := range ws {
@@ -155,7 +155,7 @@ func (g *gatedSeen) learn(nb map[string]time.Time, now time.Time, memory time.Du
 // read was full (so more may exist), is read again with the gated keys excluded, so a gated key
 // never hides the tenant's other keys. A failing gate store fails open: whatever is not known to
 // be gated is a candidate. No transaction is open while memcached is asked.
-func (cl *claimer) candidates(ctx context.Context, now time.Time, cfg limits.Config, us limits.Usage, page tenantPage) (map[string][]candidate, map[string]bool, bool, error) {
+func (cl *claimer) candidates(ctx context.Context, now time.Time, cfg config.Config, us config.Usage, page tenantPage) (map[string][]candidate, map[string]bool, bool, error) {
 	cands, more := map[string][]candidate{}, map[string]bool{}
 	free := min(cfg.GlobalInFlight-us.Total, cl.cfg.ClaimBatch)
 	inFlight := us.Tenant
@@ -201,8 +201,8 @@ func (cl *claimer) candidates(ctx context.Context, now time.Time, cfg limits.Con
 }
 
 // after reports whether position a comes after b in cfg's ordering of the tenants index.
-func after(cfg limits.Config, a, b tenantKey) bool {
-	if cfg.Ordering == limits.RoundRobin {
+func after(cfg config.Config, a, b tenantKey) bool {
+	if cfg.Ordering == config.RoundRobin {
 		if a.wrapped != b.wrapped {
 			return a.wrapped
 		}
@@ -219,10 +219,10 @@ func after(cfg limits.Config, a, b tenantKey) bool {
 // goes before a read one with jobs in flight), and so under fair_time, as an approximation (an
 // unread tenant's time used is not known); under fifo and round_robin, every candidate does
 // (pages come in the ordering's own order).
-func enough(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, free int) bool {
+func enough(cfg config.Config, cands map[string][]candidate, inFlight map[string]int, free int) bool {
 	n := 0
 	for t, cs := range cands {
-		if (cfg.Ordering == limits.Fair || cfg.Ordering == limits.FairTime) && inFlight[t] > 0 {
+		if (cfg.Ordering == config.Fair || cfg.Ordering == config.FairTime) && inFlight[t] > 0 {
 			continue
 		}
 		n += min(len(cs), max(cfg.TenantCap(t)-inFlight[t], 0))
@@ -236,7 +236,7 @@ func enough(cfg limits.Config, cands map[string][]candidate, inFlight map[string
 // beyond the heads returned. A tenant with interactive queued jobs is always read (an interactive
 // job admitted after its heads were cached goes before them), and while a lane is full a tenant's
 // cached heads are used only if one of them fits (us), else it is read deeper.
-func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg limits.Config, us limits.Usage, ws []want) (map[string][]candidate, map[string]bool, error) {
+func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg config.Config, us config.Usage, ws []want) (map[string][]candidate, map[string]bool, error) {
 	cands := map[string][]candidate{}
 	full := map[string]bool{}
 	var miss []want
@@ -278,7 +278,7 @@ func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg limits.Con
 
 // gatedCandidates returns the heads of ws without those of gated rate keys, re-reading tenants
 // whose heads were all gated, and whether each tenant may have more eligible jobs than returned.
-func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, cfg limits.Config, us limits.Usage, ws []want) (map[string][]candidate, map[string]bool, error) {
+func (cl *claimer) gatedCandidates(ctx context.Context, now time.Time, cfg config.Config, us config.Usage, ws []want) (map[string][]candidate, map[string]bool, error) {
 	cands, full, err := cl.firstHeads(ctx, now, cfg, us, ws)
 	if err != nil || cl.cfg.RateGates == nil {
 		return cands, full, err

@@ -1,7 +1,7 @@
 package drainer
 
 import (
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -50,7 +50,7 @@ func (c *Chooser) SetTimeUsed(used map[string]float64) { c.ch.timeUsed = used }
 // chosen (valid until the next Choose), having added them to us, and whether the pass stopped
 // with capacity possibly left (as a drainer's pass does, after which the next one reads again).
 // heads is left as it was.
-func (c *Chooser) Choose(cfg limits.Config, heads map[string][]store.Head, more map[string]bool, us *limits.Usage) ([]store.Head, bool) {
+func (c *Chooser) Choose(cfg config.Config, heads map[string][]store.Head, more map[string]bool, us *config.Usage) ([]store.Head, bool) {
 	if c.cands == nil {
 		c.cands = map[string][]candidate{}
 	}

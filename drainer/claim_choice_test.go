@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 func cand(id int64, tenant string, at int) candidate {
@@ -16,7 +16,7 @@ func cand(id int64, tenant string, at int) candidate {
 }
 
 // pickAll runs pick as claim does, until no tenant may go, and returns the ids in order.
-func pickAll(d *claimer, cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, free int) []int64 {
+func pickAll(d *claimer, cfg config.Config, cands map[string][]candidate, inFlight map[string]int, free int) []int64 {
 	var out []int64
 	for len(out) < free {
 		t := d.pick(cfg, cands, inFlight, nil)
@@ -41,18 +41,18 @@ func TestPickOrdering(t *testing.T) {
 			"B": {cand(9, "B", 9)},
 		}
 	}
-	cfg := limits.Default() // tenant cap 2
+	cfg := config.Default() // tenant cap 2
 	cases := []struct {
-		ordering limits.Ordering
+		ordering config.Ordering
 		inFlight map[string]int
 		want     []int64
 	}{
 		// A and C each hold one slot; B has none, so B's fresh job goes first.
-		{limits.Fair, map[string]int{"A": 1, "C": 1}, []int64{9, 1, 4}},
-		{limits.FIFO, map[string]int{"A": 1, "C": 1}, []int64{1, 4, 9}},
+		{config.Fair, map[string]int{"A": 1, "C": 1}, []int64{9, 1, 4}},
+		{config.FIFO, map[string]int{"A": 1, "C": 1}, []int64{1, 4, 9}},
 		// From nothing: fewest in flight, ties by the oldest head.
-		{limits.Fair, map[string]int{}, []int64{1, 4, 9, 2, 5}},
-		{limits.RoundRobin, map[string]int{}, []int64{1, 9, 4, 2, 5}},
+		{config.Fair, map[string]int{}, []int64{1, 4, 9, 2, 5}},
+		{config.RoundRobin, map[string]int{}, []int64{1, 9, 4, 2, 5}},
 	}
 	for _, c := range cases {
 		cfg.Ordering = c.ordering
@@ -77,9 +77,9 @@ func TestPickOrdering(t *testing.T) {
 func TestPickerMatchesPick(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 17))
 	for round := range 300 {
-		cfg := limits.Default()
+		cfg := config.Default()
 		cfg.TenantInFlight = 1 + rng.IntN(4)
-		cfg.Ordering = []limits.Ordering{limits.Fair, limits.FIFO, limits.RoundRobin, limits.FairTime}[round%4]
+		cfg.Ordering = []config.Ordering{config.Fair, config.FIFO, config.RoundRobin, config.FairTime}[round%4]
 		weighted := (round/4)%2 == 0 // every ordering, with and without weights
 		used := map[string]float64{}
 		cands, inFlight := map[string][]candidate{}, map[string]int{}
@@ -151,7 +151,7 @@ func TestPickerMatchesPick(t *testing.T) {
 // the ratio of their weights, from nothing and after units are released, and a tenant's cap
 // still bounds it whatever its weight.
 func TestPickWeighted(t *testing.T) {
-	cfg := limits.Default()
+	cfg := config.Default()
 	cfg.GlobalInFlight, cfg.TenantInFlight = 14, 100
 	cfg.TenantWeights = map[string]float64{"B": 2, "C": 4}
 	backlog := func() map[string][]candidate {
@@ -190,13 +190,13 @@ func TestPickWeighted(t *testing.T) {
 func TestChooseKeepsCapsWithWeights(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 37))
 	for round := range 500 {
-		cfg := limits.Default()
+		cfg := config.Default()
 		cfg.GlobalInFlight = rng.IntN(12)
 		cfg.TenantInFlight = rng.IntN(5)
 		cfg.Lanes = map[string]int{"gpu": rng.IntN(3)}
 		cfg.TierInFlight = map[string]int{"gold": rng.IntN(4)}
 		cfg.InteractiveReserve = rng.IntN(2)
-		us, id := limits.NewUsage(), int64(0)
+		us, id := config.NewUsage(), int64(0)
 		cands := map[string][]candidate{}
 		for i := range 1 + rng.IntN(8) {
 			tenant := fmt.Sprintf("t%d", i)
@@ -212,7 +212,7 @@ func TestChooseKeepsCapsWithWeights(t *testing.T) {
 			for range rng.IntN(6) {
 				id++
 				c := cand(id, tenant, int(id))
-				c.unit = limits.Unit{Tenant: tenant, Interactive: rng.IntN(4) == 0}
+				c.unit = config.Unit{Tenant: tenant, Interactive: rng.IntN(4) == 0}
 				if rng.IntN(3) == 0 {
 					c.unit.Lanes = []string{"gpu"}
 				}
@@ -223,7 +223,7 @@ func TestChooseKeepsCapsWithWeights(t *testing.T) {
 		// the claim preempts nothing of; it only adds nothing).
 		for tenant := range cands {
 			for range rng.IntN(3) {
-				u := limits.Unit{Tenant: tenant}
+				u := config.Unit{Tenant: tenant}
 				if cfg.Check(us, u).OK {
 					us.Add(cfg, u, 1)
 				}
@@ -268,8 +268,8 @@ func TestChooseKeepsCapsWithWeights(t *testing.T) {
 // for each unit it holds), divided by its weight, goes first; a tenant never charged counts as
 // none used; ties go to the oldest head.
 func TestPickFairTime(t *testing.T) {
-	cfg := limits.Default()
-	cfg.Ordering = limits.FairTime
+	cfg := config.Default()
+	cfg.Ordering = config.FairTime
 	cfg.GlobalInFlight, cfg.TenantInFlight = 8, 8
 	cands := func() map[string][]candidate {
 		out := map[string][]candidate{}
@@ -303,7 +303,7 @@ func TestPickFairTime(t *testing.T) {
 }
 
 func TestPickHonoursOverrides(t *testing.T) {
-	cfg := limits.Default()
+	cfg := config.Default()
 	cfg.TenantInFlightOverrides = map[string]int{"A": 0}
 	d := &claimer{}
 	got := pickAll(d, cfg, map[string][]candidate{"A": {cand(1, "A", 1)}, "B": {cand(2, "B", 2)}}, map[string]int{}, 4)
@@ -334,14 +334,14 @@ func TestGatedSeen(t *testing.T) {
 // a tenant whose tier is full gives way to others; plain jobs leave the interactive reserve to an
 // interactive job; the tenant's last read head ends the pass.
 func TestChooseCapacity(t *testing.T) {
-	cfg := limits.Default()
+	cfg := config.Default()
 	cfg.GlobalInFlight, cfg.TenantInFlight = 5, 3
 	cfg.Lanes = map[string]int{"gpu": 1}
 	cfg.TenantTiers = map[string]string{"G": "gold"}
 	cfg.TierInFlight = map[string]int{"gold": 1}
 	cfg.InteractiveReserve = 1
 	with := func(c candidate, lanes []string, interactive bool) candidate {
-		c.unit = limits.Unit{Tenant: c.tenant, Lanes: lanes, Interactive: interactive}
+		c.unit = config.Unit{Tenant: c.tenant, Lanes: lanes, Interactive: interactive}
 		return c
 	}
 	cands := map[string][]candidate{
@@ -351,7 +351,7 @@ func TestChooseCapacity(t *testing.T) {
 		"I": {with(cand(8, "I", 8), nil, true)},
 	}
 	d := &claimer{chooser: chooser{claimBatch: 64}}
-	us := limits.NewUsage()
+	us := config.NewUsage()
 	chosen, full := d.choose(cfg, cands, map[string]bool{}, &us)
 	var ids []int64
 	for _, c := range chosen {
@@ -369,8 +369,8 @@ func TestChooseCapacity(t *testing.T) {
 
 	// The reserve: with one unit left of five and it reserved, plain jobs are passed over and
 	// the interactive one takes it.
-	us = limits.NewUsage()
-	us.Add(cfg, limits.Unit{Tenant: "Z"}, 4)
+	us = config.NewUsage()
+	us.Add(cfg, config.Unit{Tenant: "Z"}, 4)
 	cands = map[string][]candidate{
 		"P": {with(cand(1, "P", 1), nil, false)},
 		"I": {with(cand(2, "I", 2), nil, true)},
@@ -380,7 +380,7 @@ func TestChooseCapacity(t *testing.T) {
 	}
 
 	// A tenant's last read head, when it may have more, ends the pass.
-	us = limits.NewUsage()
+	us = config.NewUsage()
 	cands = map[string][]candidate{"A": {with(cand(1, "A", 1), []string{"gpu"}, false), with(cand(2, "A", 2), nil, false)}}
 	cands["A"][0].unit.Lanes = nil
 	chosen, full = d.choose(cfg, cands, map[string]bool{"A": true}, &us)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/integration/wait"
@@ -24,7 +24,7 @@ func TestOutcomesRideTheNextClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 4 })
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 4 })
 	drainertest.QueueJobs(t, db, 3, 60)
 	counted, log := drainertest.CountedPool(t, db)
 	sender := &drainertest.Executor{Answer: func(_ context.Context, n int, _ executor.Dispatch) executor.Answer {
@@ -73,7 +73,7 @@ func TestRiddenOutcomeOfAMovedJob(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 1, 1 })
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 1, 1 })
 	drainertest.QueueJobs(t, db, 1, 3)
 	var moved atomic.Int64
 	sender := &drainertest.Executor{Answer: func(_ context.Context, n int, d executor.Dispatch) executor.Answer {

@@ -3,7 +3,7 @@ package drainer
 import (
 	"container/heap"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // picker hands choose the tenants in cfg's ordering, one per job it takes: next returns the
@@ -20,12 +20,12 @@ type picker struct {
 }
 
 // picker returns the chooser's picker for one choose, its heap's array reused from the last.
-func (ch *chooser) picker(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int) *picker {
+func (ch *chooser) picker(cfg config.Config, cands map[string][]candidate, inFlight map[string]int) *picker {
 	h := &ch.heap
 	*h = tenantHeap{cfg: cfg, cands: cands, inFlight: inFlight, used: ch.timeUsed, ts: h.ts[:0]}
 	p := &ch.picks
 	*p = picker{ch: ch, h: h}
-	if cfg.Ordering == limits.RoundRobin {
+	if cfg.Ordering == config.RoundRobin {
 		return p
 	}
 	p.h.ordered = true
@@ -69,7 +69,7 @@ func (p *picker) next(skip map[string]bool) string {
 // tenantHeap is the tenants that may go, least first in fair's order (the lowest in flight ÷
 // weight, then the oldest head), fair_time's (fairOrder) or fifo's (the oldest head). Every order is total (job ids break the ties).
 type tenantHeap struct {
-	cfg      limits.Config
+	cfg      config.Config
 	cands    map[string][]candidate
 	inFlight map[string]int
 	ordered  bool // fair, fair_time or fifo: ts is a heap
@@ -106,18 +106,18 @@ func (h *tenantHeap) Pop() any {
 
 // fairOrder compares tenants a and b, with na and nb units in flight, under cfg's ordering:
 // before reports whether a goes strictly before b, tie whether neither does (the oldest head
-// decides). fair compares in flight ÷ weight (limits.Config.FairBefore); fair_time the executor
-// time used (used, decayed) plus limits.FairTimeHorizon for each unit held, ÷ weight; fifo and
+// decides). fair compares in flight ÷ weight (config.Config.FairBefore); fair_time the executor
+// time used (used, decayed) plus config.FairTimeHorizon for each unit held, ÷ weight; fifo and
 // round_robin always tie.
-func fairOrder(cfg limits.Config, used map[string]float64, a string, na int, b string, nb int) (before, tie bool) {
+func fairOrder(cfg config.Config, used map[string]float64, a string, na int, b string, nb int) (before, tie bool) {
 	switch cfg.Ordering {
-	case limits.Fair:
+	case config.Fair:
 		if cfg.FairBefore(a, na, b, nb) {
 			return true, false
 		}
 		return false, !cfg.FairBefore(b, nb, a, na)
-	case limits.FairTime:
-		h := limits.FairTimeHorizon.Seconds()
+	case config.FairTime:
+		h := config.FairTimeHorizon.Seconds()
 		sa := (used[a] + float64(na)*h) * cfg.Weight(b)
 		sb := (used[b] + float64(nb)*h) * cfg.Weight(a)
 		return sa < sb, sa == sb
@@ -130,7 +130,7 @@ func fairOrder(cfg limits.Config, used map[string]float64, a string, na int, b s
 // ordering is a total order (job ids break the ties),
 // so the map's iteration order does not matter. The tenants in skip are left out (none of their
 // candidates fits the caps now).
-func (ch *chooser) pick(cfg limits.Config, cands map[string][]candidate, inFlight map[string]int, skip map[string]bool) string {
+func (ch *chooser) pick(cfg config.Config, cands map[string][]candidate, inFlight map[string]int, skip map[string]bool) string {
 	best, first := "", ""
 	var bestN int // inFlight[best]
 	var bestHead candidate
@@ -143,7 +143,7 @@ func (ch *chooser) pick(cfg limits.Config, cands map[string][]candidate, inFligh
 			continue
 		}
 		switch cfg.Ordering {
-		case limits.RoundRobin:
+		case config.RoundRobin:
 			// The first name after the tenant served last, else the first name of all.
 			if first == "" || t < first {
 				first = t
@@ -152,7 +152,7 @@ func (ch *chooser) pick(cfg limits.Config, cands map[string][]candidate, inFligh
 				best = t
 			}
 			continue
-		case limits.FIFO:
+		case config.FIFO:
 			if best != "" && !cs[0].before(bestHead) {
 				continue
 			}
@@ -165,7 +165,7 @@ func (ch *chooser) pick(cfg limits.Config, cands map[string][]candidate, inFligh
 		}
 		best, bestN, bestHead = t, n, cs[0]
 	}
-	if cfg.Ordering == limits.RoundRobin {
+	if cfg.Ordering == config.RoundRobin {
 		if best == "" {
 			best = first
 		}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -54,8 +54,8 @@ func (cl *claimer) probeAndClaim(ctx context.Context, now time.Time, poked bool)
 	}
 	defer tx.Close()
 	var found []probedJob
-	var cfg limits.Config
-	var us limits.Usage
+	var cfg config.Config
+	var us config.Usage
 	if poked {
 		if cfg, us, found, err = lockCountAndProbe(ctx, tx, true); err != nil {
 			return nil, false, err

@@ -9,7 +9,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/integration/wait"
@@ -23,7 +23,7 @@ func TestFullDrainerSkipsItsClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 2, 3 })
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 2, 3 })
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('t', UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestFullDrainerSkipsItsClaim(t *testing.T) {
 			len(got), strings.Join(got, "\n---\n"))
 	}
 
-	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 3, 3 })
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 3, 3 })
 	clk.Advance(time.Second) // the upkeep's turn: it re-reads the config while jobs are held
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -44,14 +44,14 @@ const maxTenantPages = 4
 
 // tenantsPerPage is how many tenants with work a page holds: the jobs a pass may claim, plus
 // gateSlack so a few gated or capped tenants do not force a second read.
-func (cl *claimer) tenantsPerPage(cfg limits.Config) int {
+func (cl *claimer) tenantsPerPage(cfg config.Config) int {
 	return max(min(cfg.GlobalInFlight, cl.cfg.ClaimBatch), 1) + gateSlack
 }
 
 // passState reads, in one round trip, what is in flight and the first page of tenants with
 // queued work in cfg's ordering (store.ReadTenantPage). Neither grows with the number of tenants
 // that have work or ever had it, nor with any tenant's backlog.
-func (cl *claimer) passState(ctx context.Context, cfg limits.Config) (us limits.Usage, page tenantPage, err error) {
+func (cl *claimer) passState(ctx context.Context, cfg config.Config) (us config.Usage, page tenantPage, err error) {
 	p := cl.tenantsParams(cfg, tenantKey{}, true)
 	p.WithInFlight, p.Config = true, cfg
 	read, err := store.ReadTenantPage(ctx, cl.cfg.DB, p)
@@ -64,7 +64,7 @@ func (cl *claimer) passState(ctx context.Context, cfg limits.Config) (us limits.
 }
 
 // nextTenants reads the page of tenants with work that follows prev.
-func (cl *claimer) nextTenants(ctx context.Context, cfg limits.Config, prev tenantPage) (tenantPage, error) {
+func (cl *claimer) nextTenants(ctx context.Context, cfg config.Config, prev tenantPage) (tenantPage, error) {
 	read, err := store.ReadTenantPage(ctx, cl.cfg.DB, cl.tenantsParams(cfg, prev.after, false))
 	if err != nil {
 		return tenantPage{}, err
@@ -76,9 +76,9 @@ func (cl *claimer) nextTenants(ctx context.Context, cfg limits.Config, prev tena
 // when first), in cfg's ordering: fair and fifo walk the head index (every tenant's oldest
 // queued job, oldest first); round_robin walks the names from the tenant served last to the end,
 // then from the first name up to it.
-func (cl *claimer) tenantsParams(cfg limits.Config, from tenantKey, first bool) store.TenantPageParams {
+func (cl *claimer) tenantsParams(cfg config.Config, from tenantKey, first bool) store.TenantPageParams {
 	n := cl.tenantsPerPage(cfg)
-	if cfg.Ordering == limits.RoundRobin {
+	if cfg.Ordering == config.RoundRobin {
 		if first {
 			from.name = cl.rrLast
 		}
@@ -88,7 +88,7 @@ func (cl *claimer) tenantsParams(cfg limits.Config, from tenantKey, first bool) 
 }
 
 // pageOf turns the rows of a tenants page read from from into a page.
-func (cl *claimer) pageOf(cfg limits.Config, from tenantKey, rows []store.TenantHead) tenantPage {
+func (cl *claimer) pageOf(cfg config.Config, from tenantKey, rows []store.TenantHead) tenantPage {
 	p := tenantPage{full: len(rows) >= cl.tenantsPerPage(cfg), after: from, interactive: map[string]bool{}, prioritized: map[string]bool{}, only: map[string]*store.QueuedJob{}}
 	for _, r := range rows {
 		p.tenants = append(p.tenants, r.Tenant)
@@ -107,7 +107,7 @@ func (cl *claimer) pageOf(cfg limits.Config, from tenantKey, rows []store.Tenant
 		last := rows[len(rows)-1]
 		p.after = tenantKey{headAt: last.HeadAt.Time, headID: last.HeadID.Int64, name: last.Tenant, wrapped: from.wrapped}
 	}
-	if cfg.Ordering == limits.RoundRobin && !p.full && !from.wrapped && cl.rrLast != "" {
+	if cfg.Ordering == config.RoundRobin && !p.full && !from.wrapped && cl.rrLast != "" {
 		// The names after the tenant served last are done; those up to it are the next page.
 		p.full, p.after = true, tenantKey{wrapped: true}
 	}

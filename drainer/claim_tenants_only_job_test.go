@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drainer"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 )
 
@@ -17,7 +17,7 @@ import (
 func TestPageGivesTenantsOnlyJobs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainertest.NewDB(t, func(*limits.Config) {})
+	db, clk, t0 := drainertest.NewDB(t, func(*config.Config) {})
 	later := t0.Add(time.Hour)
 	insert := func(tenant string, at time.Time, notBefore *time.Time) int64 {
 		t.Helper()

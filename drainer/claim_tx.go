@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -20,7 +20,7 @@ type candidate struct {
 	rateKey  sql.NullString
 	queuedAt time.Time
 	version  int64
-	unit     limits.Unit // what it asks of the caps: its tenant, lanes and interactive flag
+	unit     config.Unit // what it asks of the caps: its tenant, lanes and interactive flag
 }
 
 // candidateOf is h as a candidate.
@@ -45,14 +45,14 @@ type claimed struct {
 
 // lockAndCount takes the claim lock of tx, reading the runtime configuration in force, and
 // reads what is in flight, in the transaction's first round trip (store.LockClaims).
-func lockAndCount(ctx context.Context, tx *store.ConnTx) (cfg limits.Config, us limits.Usage, err error) {
+func lockAndCount(ctx context.Context, tx *store.ConnTx) (cfg config.Config, us config.Usage, err error) {
 	cfg, us, _, err = lockCountAndProbe(ctx, tx, false)
 	return cfg, us, err
 }
 
 // lockCountAndProbe is lockAndCount, and with probe the lone-job probe (store.ProbeQueue) in the
 // same round trip, read under the claim lock.
-func lockCountAndProbe(ctx context.Context, tx *store.ConnTx, probe bool) (cfg limits.Config, us limits.Usage, found []probedJob, err error) {
+func lockCountAndProbe(ctx context.Context, tx *store.ConnTx, probe bool) (cfg config.Config, us config.Usage, found []probedJob, err error) {
 	l, err := store.LockClaims(ctx, tx, probe)
 	if err != nil {
 		return l.Config, l.Usage, nil, err
@@ -68,7 +68,7 @@ type claimUpdate struct {
 	stamp  time.Time
 }
 
-func (cl *claimer) claimUpdate(now time.Time, cfg limits.Config, chosen []candidate) (claimUpdate, error) {
+func (cl *claimer) claimUpdate(now time.Time, cfg config.Config, chosen []candidate) (claimUpdate, error) {
 	nonces := make([]string, len(chosen))
 	// A pass's clock reading may predate the admission of a job it found (the job committed
 	// while the pass was reading candidates), so the recorded claim and dispatch times are never
@@ -98,7 +98,7 @@ func (cl *claimer) claimUpdate(now time.Time, cfg limits.Config, chosen []candid
 }
 
 // claimed returns the chosen jobs the UPDATE got, as claimed, with their payloads.
-func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg limits.Config) []claimed {
+func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg config.Config) []claimed {
 	stamp := u.stamp
 	out := make([]claimed, 0, len(chosen))
 	for i, c := range chosen {
@@ -123,7 +123,7 @@ func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg limits.C
 // claimAndCommit claims chosen and commits, in one round trip (store.Store.ClaimJobs), with settle's
 // outcomes (nil for none) written before the claim, and returns the jobs it got as claimed, with
 // their payloads, and how the outcomes went (store.Claimed.Settled).
-func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg limits.Config, chosen []candidate,
+func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg config.Config, chosen []candidate,
 	settle *store.Settlement) (out []claimed, settled error, err error) {
 	// The claim is stamped from a clock reading taken after its lock's round trip. An outcome
 	// whose commit freed what this claim takes committed before that round trip's count, and

@@ -6,7 +6,7 @@ import (
 	"reflect"
 	"sync/atomic"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
@@ -16,22 +16,22 @@ import (
 // budget and the expirer max_queue_age_seconds. Safe for concurrent use without a lock: the lease
 // keeper reads it from the goroutine that renews leases during a long pass.
 type configView struct {
-	p atomic.Pointer[limits.Config] // nil until the first read
+	p atomic.Pointer[config.Config] // nil until the first read
 }
 
 // get returns the configuration last read, or the defaults before the first read.
-func (v *configView) get() limits.Config {
+func (v *configView) get() config.Config {
 	if c := v.p.Load(); c != nil {
 		return *c
 	}
-	return limits.Default()
+	return config.Default()
 }
 
 // seen reports whether a configuration has been read.
 func (v *configView) seen() bool { return v.p.Load() != nil }
 
 // set records cfg as the configuration last read.
-func (v *configView) set(cfg limits.Config) { v.p.Store(&cfg) }
+func (v *configView) set(cfg config.Config) { v.p.Store(&cfg) }
 
 // refresh re-reads the runtime configuration from db, and reports whether it differs from the
 // one last read (the defaults before the first read).
@@ -45,7 +45,7 @@ func (v *configView) refresh(ctx context.Context, db *sql.DB) (changed bool, err
 	return changed, nil
 }
 
-func loadLimits(ctx context.Context, q sqldb.DB) (limits.Config, error) {
-	v, err := limits.Load(ctx, q)
+func loadLimits(ctx context.Context, q sqldb.DB) (config.Config, error) {
+	v, err := config.Load(ctx, q)
 	return v.Config, err
 }

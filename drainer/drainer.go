@@ -12,7 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -168,7 +168,7 @@ func New(cfg Config) (*Drainer, error) {
 	}
 	d := &Drainer{cfg: cfg, wake: make(chan struct{}, 1), config: &configView{}, heads: &headCache{}}
 	st := &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, Actor: cfg.ID, AuditOff: cfg.AuditOff,
-		ChargeTime: func() bool { return d.config.get().Ordering == limits.FairTime }}
+		ChargeTime: func() bool { return d.config.get().Ordering == config.FairTime }}
 	d.leases = &leaseKeeper{cfg: &d.cfg, config: d.config, held: map[int64]int64{}}
 	d.beat = &heartbeat{cfg: &d.cfg, leases: d.leases, host: host, pid: os.Getpid()}
 	d.writer = &outcomeWriter{cfg: &d.cfg, store: st, heads: d.heads}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/integration/wait"
@@ -23,7 +23,7 @@ import (
 func TestStopKeepsLeases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	db, clk, t0 := drainertest.NewDB(t, func(c *config.Config) { c.LeaseSeconds = 3 })
 	drainertest.QueueOneJob(t, db, t0)
 	sender := drainertest.NewHeld()
 	d, err := drainer.New(drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "stopping",
@@ -63,7 +63,7 @@ func TestStopKeepsLeases(t *testing.T) {
 func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
+	db, clk, t0 := drainertest.NewDB(t, func(c *config.Config) { c.LeaseSeconds, c.ExecutionWallSeconds = 3, 60 })
 	id := drainertest.QueueOneJob(t, db, t0)
 	recorded := make(chan int64, 1)
 	sender := &drainertest.Executor{Answer: func(context.Context, int, executor.Dispatch) executor.Answer {
@@ -100,7 +100,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 		t.Fatalf("within the wall: pass %+v, %v; job %s; want it left dispatched", p, err, status())
 	}
 	// Past the wall, with dispatch paused so that the recovered job is not sent again.
-	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight = 0 })
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight = 0 })
 	clk.Advance(31 * time.Second)
 	if p, err := second.RunOnce(ctx); err != nil || p.Recovered != 1 || status() != "queued" {
 		t.Fatalf("past the wall: pass %+v, %v; job %s, want it recovered to queued (its start was never confirmed)", p, err, status())
@@ -115,7 +115,7 @@ func TestAcceptedJobOutlivesItsDrainer(t *testing.T) {
 func TestRenewalNeverShortensALease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	db, clk, t0 := drainertest.NewDB(t, func(c *config.Config) { c.LeaseSeconds = 3 })
 	drainertest.QueueOneJob(t, db, t0)
 	sender := drainertest.NewHeld()
 	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "renewer"}, 10*time.Second)
@@ -144,7 +144,7 @@ func TestRenewalNeverShortensALease(t *testing.T) {
 func TestLeasesRenewedDuringAStuckClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainertest.NewDB(t, func(c *limits.Config) { c.LeaseSeconds = 3 })
+	db, clk, t0 := drainertest.NewDB(t, func(c *config.Config) { c.LeaseSeconds = 3 })
 	running := drainertest.QueueOneJob(t, db, t0)
 	sender := drainertest.NewHeld()
 	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, Clock: clk, ID: "patient",
@@ -216,7 +216,7 @@ func TestStopHandsBackClaimedJobs(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			db, clk, t0 := drainertest.NewDB(t, func(*limits.Config) {})
+			db, clk, t0 := drainertest.NewDB(t, func(*config.Config) {})
 			counted, log := drainertest.CountedPool(t, db)
 			sender := &drainertest.Executor{Record: true}
 			d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: sender, Clock: clk, ID: "stopping"}, 10*time.Second)

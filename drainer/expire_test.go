@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -34,7 +34,7 @@ func TestQueuedJobsExpire(t *testing.T) {
 		for k, v := range changes {
 			raw[k], _ = json.Marshal(v)
 		}
-		if _, _, err := limits.Patch(ctx, db.DB, nil, "test", raw, "expiry test"); err != nil {
+		if _, _, err := config.Patch(ctx, db.DB, nil, "test", raw, "expiry test"); err != nil {
 			t.Fatal(err)
 		}
 	}

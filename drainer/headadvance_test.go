@@ -10,7 +10,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -35,7 +35,7 @@ func TestDrainerSetsHeadsForward(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := testdb.New(t)
-			testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
+			testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
 			for i := range tc.tenants {
 				tenant := fmt.Sprintf("t%d", i)
 				if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES (?, UTC_TIMESTAMP(6))`, tenant); err != nil {

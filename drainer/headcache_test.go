@@ -11,7 +11,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -23,7 +23,7 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
 	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)
 	}

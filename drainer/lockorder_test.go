@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drainer"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -24,7 +24,7 @@ import (
 func TestClaimAndRequeueTakeTenantsInOrder(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.New(t)
-	testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
 	exec := func(q string, args ...any) int64 {
 		t.Helper()
 		r, err := db.ExecContext(ctx, q, args...)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 )
 
@@ -22,7 +22,7 @@ func TestOutcomeCompleters(t *testing.T) {
 		t.Run(fmt.Sprintf("OutcomeBatch=%d", batch), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			db, clk, now := drainertest.NewDB(t, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 8, 8 })
+			db, clk, now := drainertest.NewDB(t, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 8, 8 })
 			var ids []int64
 			for range 6 {
 				ids = append(ids, drainertest.QueueOneJob(t, db, now))

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -35,11 +35,11 @@ func (gatedKey) Extend(context.Context, string, int) (time.Time, error) { return
 // 100 tenants of one gated key come first in the ordering, and the eligible tenant last. A pass
 // that runs out of pages leaves its position, and the next goes on from there.
 func TestClaimReachesTenantsBehindGatedOnes(t *testing.T) {
-	for _, ordering := range []limits.Ordering{limits.Fair, limits.FIFO, limits.RoundRobin} {
+	for _, ordering := range []config.Ordering{config.Fair, config.FIFO, config.RoundRobin} {
 		t.Run(string(ordering), func(t *testing.T) {
 			ctx := context.Background()
 			db := testdb.New(t)
-			testdb.SetLimits(t, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight, c.Ordering = 4, 2, ordering })
+			testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight, c.Ordering = 4, 2, ordering })
 			key := strings.Repeat("ab", 32)
 			tenants, jobs := "INSERT INTO tenants (tenant, created_at) VALUES ('z-late', UTC_TIMESTAMP(6))", "INSERT INTO jobs (tenant, rate_key_sha256, status, queued_at) VALUES "
 			var targs, jargs []any

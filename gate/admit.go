@@ -1,7 +1,7 @@
 // Package gate is sluice's front door and policy: admission (validation, idempotent replay,
 // the admission rate limit with refund, depth caps, immediate-or-refuse, the rollout mode),
 // batch admission and redrive, reading, listing and cancelling jobs. Its HTTP face is gate/api;
-// the runtime limits it enforces are in gate/limits, the rate-limit counters in gate/admitrate.
+// the runtime limits it enforces are in gate/config, the rate-limit counters in gate/admitrate.
 package gate
 
 import (
@@ -14,8 +14,8 @@ import (
 
 	"github.com/sluicehq/sluice/gate/admitrate"
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -43,7 +43,7 @@ type Config struct {
 	// take them.
 	TxDB *sql.DB
 	// Limits supplies the runtime configuration. Required.
-	Limits *limits.Cache
+	Limits *config.Cache
 	// Prefix is the NATS subject prefix. Default "sluice".
 	Prefix string
 	// Log receives warnings and job transitions. Default: discard.
@@ -150,7 +150,7 @@ func New(cfg Config) (*Admitter, error) {
 		cfg.LaneStall = 5 * time.Millisecond
 	}
 	a := &Admitter{cfg: cfg, store: &store.Store{Prefix: cfg.Prefix, Log: cfg.Log, Metrics: cfg.JobMetrics, AuditOff: cfg.AuditOff,
-		ChargeTime: func() bool { return cfg.Limits.Current().Config.Ordering == limits.FairTime }}, stmts: store.NewStmtCache(cfg.TxDB),
+		ChargeTime: func() bool { return cfg.Limits.Current().Config.Ordering == config.FairTime }}, stmts: store.NewStmtCache(cfg.TxDB),
 		combine: combiner{lanes: cfg.Lanes, stallAfter: max(cfg.LaneStall, 0)}}
 	a.combine.run = a.run
 	return a, nil
@@ -184,7 +184,7 @@ type Result struct {
 	// Verdict is the capacity decision (SPEC §5a) for a job like this one as things stand: the
 	// refusing scope of a capacity refusal, else the fullest limit that applies. The headers
 	// show it. Zero with the rollout mode off.
-	Verdict limits.Verdict
+	Verdict config.Verdict
 }
 
 // ItemResult is one batch item's outcome: a Result, or Err (a *job.Error for refusals).
@@ -310,7 +310,7 @@ func forbiddenTenant() error {
 	return job.Errorf(job.CodeForbidden, "this token may not act for that tenant")
 }
 
-func (a *Admitter) newItem(caller string, req Request, cfg limits.Config) *item {
+func (a *Admitter) newItem(caller string, req Request, cfg config.Config) *item {
 	it := &item{req: req, caller: caller}
 	if err := it.req.Validate(cfg.MaxPayloadBytes); err != nil {
 		it.invalid = err

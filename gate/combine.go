@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 )
 
 // maxGroup bounds the admissions one shared transaction carries.
@@ -54,7 +54,7 @@ type combiner struct {
 	stallAfter time.Duration
 	// run decides items in one transaction (Admitter.run; shared marks a group). Unit tests
 	// replace it.
-	run func(ctx context.Context, items []*item, cfg limits.Config, shared bool) error
+	run func(ctx context.Context, items []*item, cfg config.Config, shared bool) error
 
 	mu      sync.Mutex
 	running int
@@ -74,7 +74,7 @@ type waiter struct {
 
 // admit decides it, alone or in a group, and returns its outcome (it.res, it.err) or an error
 // for the whole transaction.
-func (a *Admitter) admit(ctx context.Context, it *item, cfg limits.Config) error {
+func (a *Admitter) admit(ctx context.Context, it *item, cfg config.Config) error {
 	c := &a.combine
 	w := &waiter{it: it}
 	c.mu.Lock()
@@ -130,7 +130,7 @@ func (a *Admitter) admit(ctx context.Context, it *item, cfg limits.Config) error
 
 // lead runs group g (g[0] is the caller's own admission), hands the slot to the next group and
 // delivers every other member's outcome.
-func (a *Admitter) lead(ctx context.Context, g []*waiter, cfg limits.Config) error {
+func (a *Admitter) lead(ctx context.Context, g []*waiter, cfg config.Config) error {
 	own := ctx
 	if len(g) > 1 {
 		// The members' requests must not fail because the leader's client went away.

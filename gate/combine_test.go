@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // fakeTxs stands in for the database: it records every transaction the combiner runs and
@@ -26,7 +26,7 @@ type fakeTxs struct {
 	apart   map[*item]bool // items of groups that fell apart: they run alone, in no lane
 }
 
-func (f *fakeTxs) run(_ context.Context, items []*item, _ limits.Config, shared bool) error {
+func (f *fakeTxs) run(_ context.Context, items []*item, _ config.Config, shared bool) error {
 	f.mu.Lock()
 	if shared {
 		f.shared++
@@ -147,7 +147,7 @@ func concurrentAdmissions(t *testing.T, a *Admitter, n int) []*item {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := a.admit(context.Background(), it, limits.Default()); err != nil {
+			if err := a.admit(context.Background(), it, config.Default()); err != nil {
 				t.Errorf("admit: %v", err)
 			}
 		}()
@@ -178,7 +178,7 @@ func TestCombinerStalledLaneOpensAnother(t *testing.T) {
 	var mu sync.Mutex
 	in, maxIn := 0, 0
 	a := &Admitter{combine: combiner{lanes: 2, stallAfter: time.Millisecond}}
-	a.combine.run = func(_ context.Context, items []*item, _ limits.Config, _ bool) error {
+	a.combine.run = func(_ context.Context, items []*item, _ config.Config, _ bool) error {
 		mu.Lock()
 		in++
 		maxIn = max(maxIn, in)
@@ -196,7 +196,7 @@ func TestCombinerStalledLaneOpensAnother(t *testing.T) {
 	}
 	stuckDone := make(chan error, 1)
 	go func() {
-		stuckDone <- a.admit(context.Background(), &item{req: Request{Tenant: "stuck"}}, limits.Default())
+		stuckDone <- a.admit(context.Background(), &item{req: Request{Tenant: "stuck"}}, config.Default())
 	}()
 	<-stuck
 	var wg sync.WaitGroup
@@ -204,7 +204,7 @@ func TestCombinerStalledLaneOpensAnother(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := a.admit(context.Background(), &item{req: Request{Tenant: fmt.Sprintf("t%d", i)}}, limits.Default()); err != nil {
+			if err := a.admit(context.Background(), &item{req: Request{Tenant: fmt.Sprintf("t%d", i)}}, config.Default()); err != nil {
 				t.Errorf("admit: %v", err)
 			}
 		}()

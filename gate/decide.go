@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -101,7 +101,7 @@ type state struct {
 	// usage is what is in flight (read unless the rollout mode is off), plus the queue=false
 	// jobs this transaction admitted: each was promised a unit, so the next one's "could be
 	// claimed now" counts them as in flight.
-	usage    limits.Usage
+	usage    config.Usage
 	keyed    map[string]*store.Row // by tenant+"\x00"+idempotency key
 	redriven map[int64]*store.Row  // retry_of → the job an earlier redrive created
 	// replaceable holds, by tenant and replace key (keyOf), the queued job that has it: read
@@ -119,7 +119,7 @@ type rateGrant struct {
 }
 
 func newState() *state {
-	return &state{tenantDepth: map[string]int{}, tenantInteractive: map[string]int{}, tenantInFlight: map[string]int{}, usage: limits.NewUsage(),
+	return &state{tenantDepth: map[string]int{}, tenantInteractive: map[string]int{}, tenantInFlight: map[string]int{}, usage: config.NewUsage(),
 		keyed: map[string]*store.Row{}, redriven: map[int64]*store.Row{}, replaceable: map[string]replaceable{}}
 }
 
@@ -129,12 +129,12 @@ func keyOf(tenant, key string) string { return tenant + "\x00" + key }
 // the same batch), and redrives already done. A replay answers like the admission it repeats,
 // capacity headers included (SPEC §5), with the tenant's cap and in-flight count as they are
 // now. The replayed job carries no position: the runner reads it (replayPositions).
-func replays(items []*item, cfg limits.Config, st *state) {
+func replays(items []*item, cfg config.Config, st *state) {
 	replayed := func(j job.Job) Result {
 		r := Result{Job: j, Replayed: true}
-		if cfg.AdmissionMode != limits.ModeOff {
+		if cfg.AdmissionMode != config.ModeOff {
 			r.Decision, r.Limit, r.InFlight = Admitted, cfg.TenantCap(j.Tenant), st.tenantInFlight[j.Tenant]
-			r.Verdict = cfg.Check(st.usage, limits.Unit{Tenant: j.Tenant, Lanes: j.Lanes, Interactive: j.Interactive})
+			r.Verdict = cfg.Check(st.usage, config.Unit{Tenant: j.Tenant, Lanes: j.Lanes, Interactive: j.Interactive})
 		}
 		return r
 	}
@@ -189,8 +189,8 @@ type rateCharge struct {
 // need: one per item (SPEC §5: charged only for admissions that commit; decide refunds the
 // units of items it does not admit). Redrives are exempt. Nothing is charged while the limit
 // is off (0) or the rollout mode is off.
-func rateCharges(items []*item, cfg limits.Config) []rateCharge {
-	if cfg.AdmissionRatePerMinute <= 0 || cfg.AdmissionMode == limits.ModeOff {
+func rateCharges(items []*item, cfg config.Config) []rateCharge {
+	if cfg.AdmissionRatePerMinute <= 0 || cfg.AdmissionMode == config.ModeOff {
 		return nil
 	}
 	var out []rateCharge
@@ -218,14 +218,14 @@ func rateCharges(items []*item, cfg limits.Config) []rateCharge {
 // in off mode nothing is checked. Every item decided (not in off mode) carries the capacity
 // verdict its headers show. It returns the units of each tenant's reservation held by items it
 // refused (nil if none), which the runner refunds.
-func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int) {
+func decide(items []*item, cfg config.Config, st *state) (refund map[string]int) {
 	for _, it := range items {
 		if it.invalid == nil {
 			it.at = st.now // a duplicate answered like its first item is audited at its instant too
 		}
 	}
 	limitRate(items, cfg, st)
-	d := decider{cfg: cfg, st: st, off: cfg.AdmissionMode == limits.ModeOff, enforce: cfg.AdmissionMode == limits.ModeEnforce}
+	d := decider{cfg: cfg, st: st, off: cfg.AdmissionMode == config.ModeOff, enforce: cfg.AdmissionMode == config.ModeEnforce}
 	for _, it := range items {
 		if it.pending() {
 			d.decideItem(it)
@@ -236,7 +236,7 @@ func decide(items []*item, cfg limits.Config, st *state) (refund map[string]int)
 
 // decider is one decide call: the configuration and the state its items change in turn.
 type decider struct {
-	cfg          limits.Config
+	cfg          config.Config
 	st           *state
 	off, enforce bool
 	refund       map[string]int
@@ -291,10 +291,10 @@ func (d *decider) immediateOrRefuse(it *item) (refused, shadowed bool) {
 	cfg, st, t := d.cfg, d.st, it.req.Tenant
 	if scope, err := immediate(it.res.Verdict, it.req.unit(), st, it.gatedFor); err != nil {
 		it.res.Verdict.Scope = scope
-		if scope == limits.ScopeTenant {
+		if scope == config.ScopeTenant {
 			it.res.Verdict.Limit, it.res.Verdict.InFlight = cfg.TenantCap(t), st.usage.Tenant[t]
 		}
-		if d.enforce && (cfg.EnforceFor != limits.EnforceAware || it.req.Aware) {
+		if d.enforce && (cfg.EnforceFor != config.EnforceAware || it.req.Aware) {
 			it.err = err
 			d.refuse(it)
 			return true, false
@@ -372,7 +372,7 @@ func (d *decider) giveBack(it *item) {
 // beyond the tenant's free capacity, in waves of the tenant's cap, each as long as the tenant's
 // recent service time. With no service time known (no job of the tenant finished lately) only
 // the due time counts; a tenant whose cap is 0 never starts a job.
-func lateError(it *item, cfg limits.Config, st *state) error {
+func lateError(it *item, cfg config.Config, st *state) error {
 	startBy := *it.req.startBy()
 	est := it.req.due(st.now)
 	if est.IsZero() {
@@ -395,8 +395,8 @@ func lateError(it *item, cfg limits.Config, st *state) error {
 
 // limitRate gives each tenant's pending items the units of its reservation in order; the items
 // beyond them are refused with rate_limited, or, in shadow mode, marked and let through.
-func limitRate(items []*item, cfg limits.Config, st *state) {
-	if cfg.AdmissionRatePerMinute <= 0 || cfg.AdmissionMode == limits.ModeOff {
+func limitRate(items []*item, cfg config.Config, st *state) {
+	if cfg.AdmissionRatePerMinute <= 0 || cfg.AdmissionMode == config.ModeOff {
 		return
 	}
 	used := map[string]int{}
@@ -414,7 +414,7 @@ func limitRate(items []*item, cfg limits.Config, st *state) {
 			it.reserved = true
 			continue
 		}
-		if cfg.AdmissionMode == limits.ModeEnforce {
+		if cfg.AdmissionMode == config.ModeEnforce {
 			it.err = &job.Error{Code: job.CodeRateLimited, Message: "the tenant's admission rate limit is spent",
 				Detail: map[string]any{"retry_after": g.retryAfter, "limit_per_minute": cfg.AdmissionRatePerMinute}}
 			it.res = Result{Decision: Refused, Limit: cfg.TenantCap(t), InFlight: st.tenantInFlight[t],
@@ -428,7 +428,7 @@ func limitRate(items []*item, cfg limits.Config, st *state) {
 
 // depthScope names the depth cap (SPEC §5) an admission for tenant would exceed: "tenant",
 // "global" or "".
-func depthScope(cfg limits.Config, tenant string, st *state) string {
+func depthScope(cfg config.Config, tenant string, st *state) string {
 	switch {
 	case st.tenantDepth[tenant] >= cfg.TenantQueueDepth:
 		return "tenant"
@@ -446,7 +446,7 @@ func depthScope(cfg limits.Config, tenant string, st *state) string {
 // reported, with its scope: 120 s while a limit is 0 (paused), the remaining gate time for a gated
 // key (rate_key), else min(30, 5 × (ahead + 1)) with ahead the queued jobs before it in the fullest
 // scope (the tenant's for tenant, the whole queue's otherwise).
-func immediate(v limits.Verdict, unit limits.Unit, st *state, gatedFor int) (string, error) {
+func immediate(v config.Verdict, unit config.Unit, st *state, gatedFor int) (string, error) {
 	type reason struct {
 		scope  string
 		after  int
@@ -466,11 +466,11 @@ func immediate(v limits.Verdict, unit limits.Unit, st *state, gatedFor int) (str
 		tenantAhead = st.tenantInteractive[unit.Tenant]
 	}
 	if tenantAhead > 0 {
-		reasons = append(reasons, reason{limits.ScopeTenant, min(30, 5*(tenantAhead+1)), false})
+		reasons = append(reasons, reason{config.ScopeTenant, min(30, 5*(tenantAhead+1)), false})
 	}
 	if !v.OK && !v.Paused {
 		ahead := st.globalDepth
-		if v.Scope == limits.ScopeTenant {
+		if v.Scope == config.ScopeTenant {
 			ahead = tenantAhead
 		}
 		reasons = append(reasons, reason{v.Scope, min(30, 5*(ahead+1)), false})

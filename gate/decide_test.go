@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -74,7 +74,7 @@ func TestDecide(t *testing.T) {
 	const wait = 9 // a rate reservation's retry_after
 	cases := []struct {
 		name   string
-		cfg    func(*limits.Config)
+		cfg    func(*config.Config)
 		st     func(*state)
 		items  []*item
 		want   []string
@@ -112,38 +112,38 @@ func TestDecide(t *testing.T) {
 			items: []*item{newTestItem("a", redrive(3)), newTestItem("a", redrive(4))},
 			want:  []string{`replay "admitted"`, `"admitted" pos=1`}},
 		{name: "replay in off mode: no decision header",
-			cfg:   func(c *limits.Config) { c.AdmissionMode = limits.ModeOff },
+			cfg:   func(c *config.Config) { c.AdmissionMode = config.ModeOff },
 			st:    func(s *state) { s.keyed[keyOf("a", "k")] = existing("a", "k", "alpha", "") },
 			items: []*item{newTestItem("a", keyed("k"))},
 			want:  []string{`replay ""`}},
 
 		// Admission rate limit.
 		{name: "rate limited beyond the granted units",
-			cfg:   func(c *limits.Config) { c.AdmissionRatePerMinute = 10 },
+			cfg:   func(c *config.Config) { c.AdmissionRatePerMinute = 10 },
 			st:    func(s *state) { s.rate["a"] = rateGrant{granted: 1, retryAfter: wait} },
 			items: []*item{newTestItem("a"), newTestItem("a"), newTestItem("b")},
 			want:  []string{`"admitted" pos=1`, "rate_limited 9", `"admitted" pos=1`}},
 		{name: "rate limit in shadow mode: admitted, recorded",
-			cfg: func(c *limits.Config) {
-				c.AdmissionRatePerMinute, c.AdmissionMode = 10, limits.ModeShadow
+			cfg: func(c *config.Config) {
+				c.AdmissionRatePerMinute, c.AdmissionMode = 10, config.ModeShadow
 			},
 			st:     func(s *state) { s.rate["a"] = rateGrant{granted: 0, retryAfter: wait} },
 			items:  []*item{newTestItem("a")},
 			want:   []string{`"shadow-refused" pos=1`},
 			shadow: []shadowed{{rate: true}}},
 		{name: "no reservation (limiter failed): fail open",
-			cfg:   func(c *limits.Config) { c.AdmissionRatePerMinute = 1 },
+			cfg:   func(c *config.Config) { c.AdmissionRatePerMinute = 1 },
 			items: []*item{newTestItem("a"), newTestItem("a")},
 			want:  []string{`"admitted" pos=1`, `"admitted" pos=2`}},
 		{name: "redrive is exempt from the rate limit",
-			cfg:   func(c *limits.Config) { c.AdmissionRatePerMinute = 1 },
+			cfg:   func(c *config.Config) { c.AdmissionRatePerMinute = 1 },
 			st:    func(s *state) { s.rate["a"] = rateGrant{granted: 0, retryAfter: wait} },
 			items: []*item{newTestItem("a", redrive(3))},
 			want:  []string{`"admitted" pos=1`}},
 
 		// Depth caps.
 		{name: "queue_full tenant: a rejected row, its rate unit refunded",
-			cfg: func(c *limits.Config) { c.TenantQueueDepth, c.AdmissionRatePerMinute = 500, 10 },
+			cfg: func(c *config.Config) { c.TenantQueueDepth, c.AdmissionRatePerMinute = 500, 10 },
 			st: func(s *state) {
 				s.tenantDepth["a"], s.globalDepth = 500, 500
 				s.rate["a"] = rateGrant{granted: 1}
@@ -156,14 +156,14 @@ func TestDecide(t *testing.T) {
 			items: []*item{newTestItem("a")},
 			want:  []string{`queue_full global "refused"`}},
 		{name: "depth cap in shadow mode: admitted, recorded",
-			cfg:    func(c *limits.Config) { c.AdmissionMode = limits.ModeShadow },
+			cfg:    func(c *config.Config) { c.AdmissionMode = config.ModeShadow },
 			st:     func(s *state) { s.tenantDepth["a"], s.globalDepth = 500, 500 },
 			items:  []*item{newTestItem("a")},
 			want:   []string{`"shadow-refused" pos=501`},
 			shadow: []shadowed{{scope: "tenant"}}},
 		{name: "off mode: no checks, no decision",
-			cfg: func(c *limits.Config) {
-				c.AdmissionMode, c.AdmissionRatePerMinute, c.GlobalInFlight = limits.ModeOff, 1, 0
+			cfg: func(c *config.Config) {
+				c.AdmissionMode, c.AdmissionRatePerMinute, c.GlobalInFlight = config.ModeOff, 1, 0
 			},
 			st: func(s *state) {
 				s.tenantDepth["a"], s.globalDepth = 500, 2000
@@ -191,11 +191,11 @@ func TestDecide(t *testing.T) {
 			items: []*item{newTestItem("a", notQueued())},
 			want:  []string{"capacity_exceeded global 10 paused=false"}},
 		{name: "queue=false while a limit is 0: 120 s, paused",
-			cfg:   func(c *limits.Config) { c.TenantInFlightOverrides = map[string]int{"a": 0} },
+			cfg:   func(c *config.Config) { c.TenantInFlightOverrides = map[string]int{"a": 0} },
 			items: []*item{newTestItem("a", notQueued()), newTestItem("b", notQueued())},
 			want:  []string{"capacity_exceeded tenant 120 paused=true", `"admitted" pos=1`}},
 		{name: "queue=false while the global cap is 0",
-			cfg:   func(c *limits.Config) { c.GlobalInFlight = 0 },
+			cfg:   func(c *config.Config) { c.GlobalInFlight = 0 },
 			items: []*item{newTestItem("a", notQueued())},
 			want:  []string{"capacity_exceeded global 120 paused=true"}},
 		{name: "queue=false on a gated key: the gate's remaining time, unless another wait is longer",
@@ -203,13 +203,13 @@ func TestDecide(t *testing.T) {
 			items: []*item{newTestItem("a", notQueued(), gated(42)), newTestItem("b", notQueued(), gated(3))},
 			want:  []string{"capacity_exceeded rate_key 42 paused=false", "capacity_exceeded tenant 20 paused=false"}},
 		{name: "queue=false refused: its rate unit refunded",
-			cfg:    func(c *limits.Config) { c.AdmissionRatePerMinute = 10 },
+			cfg:    func(c *config.Config) { c.AdmissionRatePerMinute = 10 },
 			st:     func(s *state) { s.tenantDepth["a"], s.rate["a"] = 1, rateGrant{granted: 2} },
 			items:  []*item{newTestItem("a", notQueued()), newTestItem("a")},
 			want:   []string{"capacity_exceeded tenant 10 paused=false", `"admitted" pos=2`},
 			refund: map[string]int{"a": 1}},
 		{name: "queue=false in shadow mode: admitted, recorded",
-			cfg:    func(c *limits.Config) { c.AdmissionMode = limits.ModeShadow },
+			cfg:    func(c *config.Config) { c.AdmissionMode = config.ModeShadow },
 			st:     func(s *state) { s.tenantDepth["a"] = 2 },
 			items:  []*item{newTestItem("a", notQueued())},
 			want:   []string{`"shadow-refused" pos=3`},
@@ -217,12 +217,12 @@ func TestDecide(t *testing.T) {
 
 		// Check order: validation, replay, rate limit, depth caps, immediate.
 		{name: "validation comes first: an invalid item is not decided",
-			cfg:   func(c *limits.Config) { c.AdmissionRatePerMinute = 10 },
+			cfg:   func(c *config.Config) { c.AdmissionRatePerMinute = 10 },
 			st:    func(s *state) { s.keyed[keyOf("a", "k")] = existing("a", "k", "beta", "") },
 			items: []*item{newTestItem("a", keyed("k"), invalid()), newTestItem("a", invalid())},
 			want:  []string{"invalid", "invalid"}},
 		{name: "replay before the rate limit and the depth cap",
-			cfg: func(c *limits.Config) { c.AdmissionRatePerMinute = 10 },
+			cfg: func(c *config.Config) { c.AdmissionRatePerMinute = 10 },
 			st: func(s *state) {
 				s.keyed[keyOf("a", "k")] = existing("a", "k", "alpha", "")
 				s.tenantDepth["a"], s.globalDepth = 500, 500
@@ -231,7 +231,7 @@ func TestDecide(t *testing.T) {
 			items: []*item{newTestItem("a", keyed("k"))},
 			want:  []string{`replay "admitted"`}},
 		{name: "rate limit before the depth cap",
-			cfg: func(c *limits.Config) { c.AdmissionRatePerMinute = 10 },
+			cfg: func(c *config.Config) { c.AdmissionRatePerMinute = 10 },
 			st: func(s *state) {
 				s.tenantDepth["a"], s.globalDepth = 500, 500
 				s.rate["a"] = rateGrant{granted: 0, retryAfter: wait}
@@ -245,14 +245,14 @@ func TestDecide(t *testing.T) {
 
 		// Items of one transaction count against each other.
 		{name: "the tenant cap stays exact within a batch",
-			cfg: func(c *limits.Config) { c.TenantQueueDepth = 3 },
+			cfg: func(c *config.Config) { c.TenantQueueDepth = 3 },
 			st:  func(s *state) { s.tenantDepth["a"], s.globalDepth = 1, 1 },
 			items: []*item{newTestItem("a"), newTestItem("b"), newTestItem("a"), newTestItem("a"),
 				newTestItem("b")},
 			want: []string{`"admitted" pos=2`, `"admitted" pos=1`, `"admitted" pos=3`,
 				`queue_full tenant "refused"`, `"admitted" pos=2`}},
 		{name: "the global cap within a batch",
-			cfg:   func(c *limits.Config) { c.GlobalQueueDepth = 2 },
+			cfg:   func(c *config.Config) { c.GlobalQueueDepth = 2 },
 			st:    func(s *state) { s.globalDepth = 1 },
 			items: []*item{newTestItem("a"), newTestItem("b")},
 			want:  []string{`"admitted" pos=1`, `queue_full global "refused"`}},
@@ -266,7 +266,7 @@ func TestDecide(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cfg := limits.Default()
+			cfg := config.Default()
 			if c.cfg != nil {
 				c.cfg(&cfg)
 			}
@@ -302,7 +302,7 @@ func TestDecide(t *testing.T) {
 // TestDecideHeaders: an admission's result carries its tenant's cap and in-flight count; a
 // rate-limited one too.
 func TestDecideHeaders(t *testing.T) {
-	cfg := limits.Default()
+	cfg := config.Default()
 	cfg.TenantInFlightOverrides = map[string]int{"a": 5}
 	cfg.AdmissionRatePerMinute = 1
 	st := newState()
@@ -324,7 +324,7 @@ func TestDecideHeaders(t *testing.T) {
 // TestRateCharges: one unit per pending item, per tenant in order of first appearance; none for
 // replays, invalid items and redrives, nor while the limit or the rollout mode is off.
 func TestRateCharges(t *testing.T) {
-	cfg := limits.Default()
+	cfg := config.Default()
 	cfg.AdmissionRatePerMinute = 10
 	st := newState()
 	st.rate = map[string]rateGrant{}
@@ -336,9 +336,9 @@ func TestRateCharges(t *testing.T) {
 	if got := rateCharges(items, cfg); !reflect.DeepEqual(got, want) {
 		t.Errorf("charges %+v, want %+v", got, want)
 	}
-	for _, mode := range []func(*limits.Config){
-		func(c *limits.Config) { c.AdmissionRatePerMinute = 0 },
-		func(c *limits.Config) { c.AdmissionMode = limits.ModeOff },
+	for _, mode := range []func(*config.Config){
+		func(c *config.Config) { c.AdmissionRatePerMinute = 0 },
+		func(c *config.Config) { c.AdmissionMode = config.ModeOff },
 	} {
 		c := cfg
 		mode(&c)
@@ -350,7 +350,7 @@ func TestRateCharges(t *testing.T) {
 
 // busy counts n jobs of tenant in flight in s, as the admission read would (default tiers).
 func busy(s *state, tenant string, n int) {
-	s.usage.Add(limits.Default(), limits.Unit{Tenant: tenant}, n)
+	s.usage.Add(config.Default(), config.Unit{Tenant: tenant}, n)
 	s.tenantInFlight[tenant] += n
 }
 
@@ -383,7 +383,7 @@ func TestLateError(t *testing.T) {
 		{name: "paused tenant", startBy: at(time.Hour), cap: 0, service: time.Second, late: true, estimatedSeconds: 3600},
 	}
 	for _, c := range cases {
-		cfg := limits.Default()
+		cfg := config.Default()
 		cfg.TenantInFlight = c.cap
 		st := newState()
 		st.now = now

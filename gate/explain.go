@@ -5,17 +5,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
 // waitFacts are what explainWait decides from, each read once, outside any transaction: an
 // answer to "why is my job waiting" is a snapshot, never a lock.
 type waitFacts struct {
-	cfg limits.Config
+	cfg config.Config
 	// us is what is in flight: the jobs and the live slots that count.
-	us  limits.Usage
+	us  config.Usage
 	now time.Time
 	// gatedUntil is the end of the job's rate key's gate, zero when not known to be gated.
 	gatedUntil time.Time
@@ -27,7 +27,7 @@ type waitFacts struct {
 
 // explainWait fills in j's WaitingOn, WaitingUntil and EstimatedStart (j is queued). The scope
 // is the first that holds the job, in this order: its own not-before (run_at, delay_seconds, an
-// executor's 503), a paused limit, its rate key's gate, the first full limit as limits.Check
+// executor's 503), a paused limit, its rate key's gate, the first full limit as config.Check
 // orders them (global, reserve, tier, tenant, lanes), its tenant's earlier jobs taking the room
 // its cap leaves (tenant_cap), else nothing (next).
 //
@@ -36,7 +36,7 @@ type waitFacts struct {
 // concurrency (see concurrency) per service time, counted from the moment its not-before or gate
 // ends. A paused limit, or no recent service time, gives none.
 func explainWait(j *job.Job, f waitFacts) {
-	unit := limits.Unit{Tenant: j.Tenant, Lanes: j.Lanes, Interactive: j.Interactive}
+	unit := config.Unit{Tenant: j.Tenant, Lanes: j.Lanes, Interactive: j.Interactive}
 	v := f.cfg.Check(f.us, unit)
 	free := int64(0)
 	if v.OK {
@@ -83,16 +83,16 @@ func explainWait(j *job.Job, f waitFacts) {
 // waitingScope names a limits scope as waiting_on does.
 func waitingScope(scope string) string {
 	switch scope {
-	case limits.ScopeGlobal:
+	case config.ScopeGlobal:
 		return job.WaitingGlobalCap
-	case limits.ScopeTenant:
+	case config.ScopeTenant:
 		return job.WaitingTenantCap
-	case limits.ScopeTier:
+	case config.ScopeTier:
 		return job.WaitingTier
-	case limits.ScopeReserve:
+	case config.ScopeReserve:
 		return job.WaitingReserve
 	}
-	if strings.HasPrefix(scope, limits.LanePrefix) {
+	if strings.HasPrefix(scope, config.LanePrefix) {
 		return scope
 	}
 	return job.WaitingNext
@@ -102,7 +102,7 @@ func waitingScope(scope string) string {
 // at most its weighted share of the global cap among the tenants holding units now (itself
 // counted), its tier's ceiling and each of its lanes' limits. Tenants with queued work and
 // nothing in flight are not counted, so the share leans high.
-func concurrency(cfg limits.Config, us limits.Usage, u limits.Unit) float64 {
+func concurrency(cfg config.Config, us config.Usage, u config.Unit) float64 {
 	mine := cfg.Weight(u.Tenant)
 	total := 0.0
 	for t, n := range us.Tenant {

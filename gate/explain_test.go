@@ -4,33 +4,33 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 )
 
 // TestExplainWait: each scope that can hold a queued job, in the order they are reported, with
 // the estimate each gives.
 func TestExplainWait(t *testing.T) {
 	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
-	base := limits.Default()
+	base := config.Default()
 	base.GlobalInFlight, base.TenantInFlight = 8, 2
 	base.Lanes = map[string]int{"gpu": 1}
 	base.TenantTiers = map[string]string{"g": "gold"}
 	base.TierInFlight = map[string]int{"gold": 1}
-	usage := func(cfg limits.Config, units ...limits.Unit) limits.Usage {
-		us := limits.NewUsage()
+	usage := func(cfg config.Config, units ...config.Unit) config.Usage {
+		us := config.NewUsage()
 		for _, u := range units {
 			us.Add(cfg, u, 1)
 		}
 		return us
 	}
 	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
-	a := limits.Unit{Tenant: "a"}
+	a := config.Unit{Tenant: "a"}
 	cases := []struct {
 		name    string
 		job     job.Job
-		edit    func(*limits.Config)
-		units   []limits.Unit
+		edit    func(*config.Config)
+		units   []config.Unit
 		gated   time.Duration
 		ahead   int64
 		service time.Duration
@@ -42,36 +42,36 @@ func TestExplainWait(t *testing.T) {
 		{name: "room for the jobs ahead and this one", job: job.Job{Tenant: "a"}, ahead: 1, on: job.WaitingNext, est: at(0)},
 		// Cap 2, one in flight, one ahead: the ahead one takes the unit; this one waits for a
 		// unit to free, at the tenant's rate of 2 units per 10 s service: 5 s.
-		{name: "its own earlier jobs", job: job.Job{Tenant: "a"}, units: []limits.Unit{a}, ahead: 1, service: 10 * time.Second,
+		{name: "its own earlier jobs", job: job.Job{Tenant: "a"}, units: []config.Unit{a}, ahead: 1, service: 10 * time.Second,
 			on: job.WaitingTenantCap, est: at(5 * time.Second)},
-		{name: "tenant cap full", job: job.Job{Tenant: "a"}, units: []limits.Unit{a, a}, ahead: 3, service: 10 * time.Second,
+		{name: "tenant cap full", job: job.Job{Tenant: "a"}, units: []config.Unit{a, a}, ahead: 3, service: 10 * time.Second,
 			on: job.WaitingTenantCap, est: at(20 * time.Second)},
-		{name: "no service time known", job: job.Job{Tenant: "a"}, units: []limits.Unit{a, a}, on: job.WaitingTenantCap},
-		{name: "global cap full", job: job.Job{Tenant: "a"}, edit: func(c *limits.Config) { c.GlobalInFlight = 2 },
-			units: []limits.Unit{{Tenant: "b"}, {Tenant: "c"}}, service: 6 * time.Second, on: job.WaitingGlobalCap,
+		{name: "no service time known", job: job.Job{Tenant: "a"}, units: []config.Unit{a, a}, on: job.WaitingTenantCap},
+		{name: "global cap full", job: job.Job{Tenant: "a"}, edit: func(c *config.Config) { c.GlobalInFlight = 2 },
+			units: []config.Unit{{Tenant: "b"}, {Tenant: "c"}}, service: 6 * time.Second, on: job.WaitingGlobalCap,
 			est: at(9 * time.Second)}, // a's share of the 2 units beside b and c: 2/3 a service time
-		{name: "tier full", job: job.Job{Tenant: "g"}, units: []limits.Unit{{Tenant: "g2"}}, on: job.WaitingTier,
-			edit: func(c *limits.Config) { c.TenantTiers["g2"] = "gold" }},
-		{name: "lane full", job: job.Job{Tenant: "a", Lanes: []string{"gpu"}}, units: []limits.Unit{{Tenant: "b", Lanes: []string{"gpu"}}},
+		{name: "tier full", job: job.Job{Tenant: "g"}, units: []config.Unit{{Tenant: "g2"}}, on: job.WaitingTier,
+			edit: func(c *config.Config) { c.TenantTiers["g2"] = "gold" }},
+		{name: "lane full", job: job.Job{Tenant: "a", Lanes: []string{"gpu"}}, units: []config.Unit{{Tenant: "b", Lanes: []string{"gpu"}}},
 			service: time.Second, on: "lane:gpu", est: at(time.Second)},
-		{name: "reserve", job: job.Job{Tenant: "a"}, edit: func(c *limits.Config) { c.GlobalInFlight, c.InteractiveReserve = 2, 1 },
-			units: []limits.Unit{{Tenant: "b"}}, on: job.WaitingReserve},
-		{name: "paused", job: job.Job{Tenant: "a"}, edit: func(c *limits.Config) { c.TenantInFlightOverrides["a"] = 0 },
+		{name: "reserve", job: job.Job{Tenant: "a"}, edit: func(c *config.Config) { c.GlobalInFlight, c.InteractiveReserve = 2, 1 },
+			units: []config.Unit{{Tenant: "b"}}, on: job.WaitingReserve},
+		{name: "paused", job: job.Job{Tenant: "a"}, edit: func(c *config.Config) { c.TenantInFlightOverrides["a"] = 0 },
 			service: time.Second, on: job.WaitingPaused},
-		{name: "paused globally", job: job.Job{Tenant: "a"}, edit: func(c *limits.Config) { c.GlobalInFlight = 0 },
+		{name: "paused globally", job: job.Job{Tenant: "a"}, edit: func(c *config.Config) { c.GlobalInFlight = 0 },
 			on: job.WaitingPaused},
 		{name: "gated", job: job.Job{Tenant: "a"}, gated: 30 * time.Second, on: job.WaitingRateKey, until: at(30 * time.Second),
 			est: at(30 * time.Second)},
 		{name: "a gate that has ended", job: job.Job{Tenant: "a"}, gated: -time.Second, on: job.WaitingNext, est: at(0)},
-		{name: "not before", job: job.Job{Tenant: "a", NotBefore: at(time.Minute)}, gated: 30 * time.Second, units: []limits.Unit{a, a},
+		{name: "not before", job: job.Job{Tenant: "a", NotBefore: at(time.Minute)}, gated: 30 * time.Second, units: []config.Unit{a, a},
 			on: job.WaitingNotBefore, until: at(time.Minute)},
 		{name: "not before, room then", job: job.Job{Tenant: "a", NotBefore: at(time.Minute)}, on: job.WaitingNotBefore,
 			until: at(time.Minute), est: at(time.Minute)},
 		{name: "not before passed", job: job.Job{Tenant: "a", NotBefore: at(-time.Minute)}, on: job.WaitingNext, est: at(0)},
 		// Weights: a of weight 3 beside b (weight 1) holding a unit gets 3/4 of 8 units, capped
 		// at 2 by its own cap.
-		{name: "weighted share under its cap", job: job.Job{Tenant: "a"}, units: []limits.Unit{a, a, {Tenant: "b"}}, ahead: 1,
-			service: 4 * time.Second, edit: func(c *limits.Config) { c.TenantWeights = map[string]float64{"a": 3} },
+		{name: "weighted share under its cap", job: job.Job{Tenant: "a"}, units: []config.Unit{a, a, {Tenant: "b"}}, ahead: 1,
+			service: 4 * time.Second, edit: func(c *config.Config) { c.TenantWeights = map[string]float64{"a": 3} },
 			on: job.WaitingTenantCap, est: at(4 * time.Second)},
 	}
 	for _, c := range cases {

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -23,7 +23,7 @@ func TestListBounds(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.New(t)
 	counted, log := drainertest.CountedPool(t, db)
-	adm, err := gate.New(gate.Config{DB: counted, Limits: limits.NewCache(counted, nil)})
+	adm, err := gate.New(gate.Config{DB: counted, Limits: config.NewCache(counted, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,13 +5,13 @@ import (
 	"sort"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
 // read begins the transaction, locks the items' tenants and reads the state the decisions need
 // (readParams), in one round trip (store.AdmissionTx.ReadAdmission).
-func (a *Admitter) read(ctx context.Context, tx txConn, items []*item, cfg limits.Config, shared bool, started time.Time) (*state, error) {
+func (a *Admitter) read(ctx context.Context, tx txConn, items []*item, cfg config.Config, shared bool, started time.Time) (*state, error) {
 	p := a.readParams(items, cfg, shared, started)
 	got, err := tx.ReadAdmission(ctx, p)
 	if err != nil {
@@ -54,7 +54,7 @@ func (a *Admitter) read(ctx context.Context, tx txConn, items []*item, cfg limit
 // (for queue=false and every admission's capacity headers, unless the rollout mode is off), and
 // the idempotency keys and redrives of the items. started dates a global depth count (see
 // depthEstimate).
-func (a *Admitter) readParams(items []*item, cfg limits.Config, shared bool, started time.Time) store.AdmissionRead {
+func (a *Admitter) readParams(items []*item, cfg config.Config, shared bool, started time.Time) store.AdmissionRead {
 	seen := map[string]bool{}
 	p := store.AdmissionRead{NoWait: shared}
 	for _, it := range items {
@@ -78,7 +78,7 @@ func (a *Admitter) readParams(items []*item, cfg limits.Config, shared bool, sta
 	} else {
 		p.GlobalEstimate = int64(est)
 	}
-	p.CountInFlight, p.Config = cfg.AdmissionMode != limits.ModeOff, cfg
+	p.CountInFlight, p.Config = cfg.AdmissionMode != config.ModeOff, cfg
 	p.CountInteractive = immediate
 	for _, it := range items {
 		if it.req.IdempotencyKey != nil {

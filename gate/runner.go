@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/admitrate"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
@@ -17,8 +17,8 @@ import (
 
 // run decides and writes items in one transaction, retried as a whole on deadlock.
 // shared marks a combiner group (see errGroupLocked).
-func (a *Admitter) run(ctx context.Context, items []*item, cfg limits.Config, shared bool) error {
-	if cfg.AdmissionMode != limits.ModeOff {
+func (a *Admitter) run(ctx context.Context, items []*item, cfg config.Config, shared bool) error {
+	if cfg.AdmissionMode != config.ModeOff {
 		if err := a.lookupGates(ctx, items); err != nil {
 			return err
 		}
@@ -117,7 +117,7 @@ func (a *Admitter) failOpen(msg string, err error, now time.Time) {
 // attempt is one try at items' transaction: read the state under the tenant locks, decide
 // (decide.go), take and settle the rate-limit reservations, write and commit. It returns the
 // outbox rows of the committed pokes.
-func (a *Admitter) attempt(ctx context.Context, items []*item, cfg limits.Config, shared bool) (rows []outbox.Row, err error) {
+func (a *Admitter) attempt(ctx context.Context, items []*item, cfg config.Config, shared bool) (rows []outbox.Row, err error) {
 	var live []*item
 	for _, it := range items {
 		it.reset()
@@ -272,7 +272,7 @@ func replayPositions(ctx context.Context, tx sqldb.DB, items []*item) error {
 // reserve takes the rate-limit units of charges (rateCharges) and records each tenant's grant
 // in st.rate for decide; reservations keeps them for refunds. A tenant whose reservation fails
 // is admitted without the limit (SPEC §5: fails open, counted, logged sparingly).
-func (a *Admitter) reserve(ctx context.Context, charges []rateCharge, cfg limits.Config, st *state, reservations map[string]*admitrate.Reservation, now time.Time) {
+func (a *Admitter) reserve(ctx context.Context, charges []rateCharge, cfg config.Config, st *state, reservations map[string]*admitrate.Reservation, now time.Time) {
 	if len(charges) == 0 {
 		return
 	}

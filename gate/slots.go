@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -43,7 +43,7 @@ type SlotResult struct {
 	// Decision is admitted or shadow-refused; empty with the rollout mode off (no headers).
 	Decision Decision
 	// Verdict is the capacity decision (the headers' figures).
-	Verdict limits.Verdict
+	Verdict config.Verdict
 	// RenewEvery is lease / 3, rounded down: how often the caller renews.
 	RenewEvery int
 }
@@ -52,7 +52,7 @@ type SlotResult struct {
 // scope, paused and retry_after) and the verdict that refused, for the headers.
 type SlotRefusal struct {
 	Err     *job.Error
-	Verdict limits.Verdict
+	Verdict config.Verdict
 }
 
 func (r *SlotRefusal) Error() string { return r.Err.Error() }
@@ -61,7 +61,7 @@ func (r *SlotRefusal) Error() string { return r.Err.Error() }
 func (r *SlotRefusal) Unwrap() error { return r.Err }
 
 // validSlot checks req against cfg: 400 invalid_request naming the field.
-func validSlot(req *SlotRequest, cfg limits.Config) error {
+func validSlot(req *SlotRequest, cfg config.Config) error {
 	if err := job.ValidTenant("tenant", req.Tenant); err != nil {
 		return err
 	}
@@ -81,7 +81,7 @@ func validSlot(req *SlotRequest, cfg limits.Config) error {
 // more than the tenants that can hold units (at most the global cap of them), and the slot's own
 // tenant, so that a tenant with work and nothing in flight is among them if there is one. It
 // never grows with the number of tenants with work.
-func waitingBound(cfg limits.Config) int { return min(cfg.GlobalInFlight, 1000) + 2 }
+func waitingBound(cfg config.Config) int { return min(cfg.GlobalInFlight, 1000) + 2 }
 
 // TakeSlot decides req for caller under the claim lock and grants it (the slot is written) or
 // refuses it (nothing is written): a *SlotRefusal (capacity_exceeded), a *job.Error
@@ -96,7 +96,7 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 	if mayActFor != nil && !mayActFor(req.Tenant) {
 		return SlotResult{}, job.Errorf(job.CodeForbidden, "this token may not act for tenant %q", req.Tenant)
 	}
-	unit := limits.Unit{Tenant: req.Tenant, Lanes: req.Lanes, Interactive: req.Interactive}
+	unit := config.Unit{Tenant: req.Tenant, Lanes: req.Lanes, Interactive: req.Interactive}
 	var d slotDecision
 	// gated holds the rate keys looked up, true if gated; nil until a lookup. Without a gate
 	// store nothing is ever gated, and nothing is looked up.
@@ -149,20 +149,20 @@ func (a *Admitter) TakeSlot(ctx context.Context, caller string, req SlotRequest,
 			ErrorCode: string(job.CodeCapacityExceeded), Scope: refusal.Verdict.Scope, Detail: raw})
 		return SlotResult{}, refusal
 	}
-	if st.Config.AdmissionMode != limits.ModeOff {
+	if st.Config.AdmissionMode != config.ModeOff {
 		a.observeSlot(string(d.decision), d.verdict.Scope)
 	} else {
 		a.observeSlot("off", "")
 	}
 	res := SlotResult{Slot: *slot, Decision: d.decision, Verdict: d.verdict, RenewEvery: slot.LeaseSeconds / 3}
 	if d.decision == "" {
-		res.Verdict = limits.Verdict{} // off: no headers, and no figures to show
+		res.Verdict = config.Verdict{} // off: no headers, and no figures to show
 	}
 	return res, nil
 }
 
 // slotDetail is the audit detail of a slot decision: the limits and counts that decided it.
-func slotDetail(v limits.Verdict, req SlotRequest) map[string]any {
+func slotDetail(v config.Verdict, req SlotRequest) map[string]any {
 	return map[string]any{"limit": v.Limit, "in_flight": v.InFlight, "tier": v.Tier, "tier_limit": v.TierLimit,
 		"tier_in_flight": v.TierInFlight, "lanes": req.Lanes, "interactive": req.Interactive,
 		"lease_seconds": req.LeaseSeconds, "aware": req.Aware}
@@ -173,7 +173,7 @@ type slotDecision struct {
 	// decision is admitted, shadow-refused or refused; empty with the rollout mode off.
 	decision Decision
 	// verdict is the capacity decision: the headers' figures, and the scope that refused.
-	verdict limits.Verdict
+	verdict config.Verdict
 	// grant: the slot is written. counted: it counts against the limits.
 	grant, counted bool
 	// heldBy, when not empty, are the rate keys at the heads of the tenants waiting ahead that
@@ -193,25 +193,25 @@ type slotDecision struct {
 // would without sluice, and it takes nothing the claim gives the queue (SPEC §5a: the caps stay
 // exact for the jobs in flight and the slots that count). Counted, such slots let one producer
 // that loops grants fill the global cap so that no queued job ever starts.
-func decideSlot(st store.SlotState, unit limits.Unit, aware bool, gated map[string]bool) slotDecision {
+func decideSlot(st store.SlotState, unit config.Unit, aware bool, gated map[string]bool) slotDecision {
 	cfg := st.Config
 	d := slotDecision{verdict: cfg.Check(st.Usage, unit)}
 	if d.verdict.OK {
 		var blocked bool
 		if blocked, d.heldBy = jumpsQueue(cfg, st, unit, gated); blocked {
 			d.verdict.OK, d.verdict.Paused = false, false
-			d.verdict.Scope, d.verdict.Limit, d.verdict.InFlight = limits.ScopeGlobal, cfg.GlobalInFlight, st.Usage.Total
+			d.verdict.Scope, d.verdict.Limit, d.verdict.InFlight = config.ScopeGlobal, cfg.GlobalInFlight, st.Usage.Total
 		}
 	}
 	switch {
 	case d.verdict.OK:
 		d.decision, d.grant, d.counted = Admitted, true, true
-	case cfg.AdmissionMode == limits.ModeEnforce && (cfg.EnforceFor == limits.EnforceAll || aware):
+	case cfg.AdmissionMode == config.ModeEnforce && (cfg.EnforceFor == config.EnforceAll || aware):
 		d.decision = Refused
 	default:
 		d.decision, d.grant = ShadowRefused, true
 	}
-	if cfg.AdmissionMode == limits.ModeOff {
+	if cfg.AdmissionMode == config.ModeOff {
 		d.decision = ""
 	}
 	if len(d.heldBy) > 0 {
@@ -232,7 +232,7 @@ func decideSlot(st store.SlotState, unit limits.Unit, aware bool, gated map[stri
 // looked up, true if gated (nil: none looked up yet). When the slot is held back while none was
 // looked up, it returns the rate keys of the heads ahead (see slotDecision.heldBy); once they
 // were, a key not among them (a head that came since) is taken as not gated.
-func jumpsQueue(cfg limits.Config, st store.SlotState, unit limits.Unit, gated map[string]bool) (bool, []string) {
+func jumpsQueue(cfg config.Config, st store.SlotState, unit config.Unit, gated map[string]bool) (bool, []string) {
 	us := st.Usage
 	if unit.Interactive && cfg.InteractiveReserve > 0 && us.Interactive < cfg.InteractiveReserve {
 		return false, nil
@@ -265,7 +265,7 @@ func jumpsQueue(cfg limits.Config, st store.SlotState, unit limits.Unit, gated m
 // refuseSlot is the refusal of a slot: 120 s while the refusing limit is paused, else
 // min(30, 5 × (ahead + 1)) with ahead the tenant's queued jobs plus the slot requests refused in
 // the same scope in the last 5 s (this process's, an estimate).
-func (a *Admitter) refuseSlot(st store.SlotState, v limits.Verdict) *SlotRefusal {
+func (a *Admitter) refuseSlot(st store.SlotState, v config.Verdict) *SlotRefusal {
 	after := 120
 	if !v.Paused {
 		recent := a.slotRefusals.note(v.Scope, a.now())

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -29,17 +29,17 @@ func TestRecentRefusals(t *testing.T) {
 
 // TestJumpsQueue: the fair-order rule over the tenants waiting ahead, each case one change.
 func TestJumpsQueue(t *testing.T) {
-	cfg := limits.Default() // global 4, tenant 2
-	usage := func(units map[string]int) limits.Usage {
-		us := limits.NewUsage()
+	cfg := config.Default() // global 4, tenant 2
+	usage := func(units map[string]int) config.Usage {
+		us := config.NewUsage()
 		for tenant, n := range units {
-			us.Add(cfg, limits.Unit{Tenant: tenant}, n)
+			us.Add(cfg, config.Unit{Tenant: tenant}, n)
 		}
 		return us
 	}
 	st := store.SlotState{Config: cfg, Usage: usage(map[string]int{"a": 1, "x": 2}),
 		Waiting: []store.Waiting{{Tenant: "b", Due: true}}}
-	a := limits.Unit{Tenant: "a"}
+	a := config.Unit{Tenant: "a"}
 	if blocked, _ := jumpsQueue(cfg, st, a, nil); !blocked {
 		t.Error("a's slot with 1 unit left and b (0 in flight) waiting is not refused")
 	}
@@ -62,14 +62,14 @@ func TestJumpsQueue(t *testing.T) {
 	if blocked, keys := jumpsQueue(cfg, st, a, map[string]bool{"other": true}); !blocked || len(keys) != 0 {
 		t.Errorf("b's head came after the lookup: %v %v", blocked, keys)
 	}
-	if blocked, _ := jumpsQueue(cfg, st, limits.Unit{Tenant: "c"}, nil); blocked {
+	if blocked, _ := jumpsQueue(cfg, st, config.Unit{Tenant: "c"}, nil); blocked {
 		t.Error("c, with nothing in flight, refused")
 	}
 	// Weights: b at 1 in flight is ahead of a at 2 unless a weighs twice as much, and b at 1 is
 	// ahead of a at 1 when b weighs more.
 	st.Usage = usage(map[string]int{"a": 2, "b": 1})
 	st.Waiting[0] = store.Waiting{Tenant: "b", Due: true}
-	aa := limits.Unit{Tenant: "a"}
+	aa := config.Unit{Tenant: "a"}
 	if blocked, _ := jumpsQueue(cfg, st, aa, nil); !blocked {
 		t.Error("a (2 in flight) not refused for b (1 in flight), unweighted")
 	}
@@ -91,7 +91,7 @@ func TestJumpsQueue(t *testing.T) {
 	// the reserve leaves.
 	cfg.InteractiveReserve = 1
 	st.Config = cfg
-	if blocked, _ := jumpsQueue(cfg, st, limits.Unit{Tenant: "a", Interactive: true}, nil); blocked {
+	if blocked, _ := jumpsQueue(cfg, st, config.Unit{Tenant: "a", Interactive: true}, nil); blocked {
 		t.Error("an interactive slot within the reserve refused")
 	}
 	if blocked, _ := jumpsQueue(cfg, st, a, nil); !blocked {
@@ -103,32 +103,32 @@ func TestJumpsQueue(t *testing.T) {
 // only where enforce would grant it; granted past a limit (shadow, aware, off) it does not, so a
 // caller looping grants takes nothing from the queue.
 func TestDecideSlot(t *testing.T) {
-	cfg := limits.Default()
+	cfg := config.Default()
 	cfg.TenantInFlight = 1
-	us := limits.NewUsage()
-	us.Add(cfg, limits.Unit{Tenant: "a"}, 1)
-	full, free := limits.Unit{Tenant: "a"}, limits.Unit{Tenant: "b"}
+	us := config.NewUsage()
+	us.Add(cfg, config.Unit{Tenant: "a"}, 1)
+	full, free := config.Unit{Tenant: "a"}, config.Unit{Tenant: "b"}
 	for _, tc := range []struct {
 		mode, enforceFor string
 		aware            bool
-		unit             limits.Unit
+		unit             config.Unit
 		want             Decision
 		grant, counted   bool
 	}{
-		{limits.ModeEnforce, limits.EnforceAll, false, full, Refused, false, false},
-		{limits.ModeEnforce, limits.EnforceAware, false, full, ShadowRefused, true, false},
-		{limits.ModeEnforce, limits.EnforceAware, true, full, Refused, false, false},
-		{limits.ModeShadow, limits.EnforceAll, true, full, ShadowRefused, true, false},
-		{limits.ModeOff, limits.EnforceAll, true, full, "", true, false},
-		{limits.ModeEnforce, limits.EnforceAll, true, free, Admitted, true, true},
-		{limits.ModeEnforce, limits.EnforceAware, false, free, Admitted, true, true},
-		{limits.ModeShadow, limits.EnforceAll, false, free, Admitted, true, true},
-		{limits.ModeOff, limits.EnforceAll, false, free, "", true, true},
+		{config.ModeEnforce, config.EnforceAll, false, full, Refused, false, false},
+		{config.ModeEnforce, config.EnforceAware, false, full, ShadowRefused, true, false},
+		{config.ModeEnforce, config.EnforceAware, true, full, Refused, false, false},
+		{config.ModeShadow, config.EnforceAll, true, full, ShadowRefused, true, false},
+		{config.ModeOff, config.EnforceAll, true, full, "", true, false},
+		{config.ModeEnforce, config.EnforceAll, true, free, Admitted, true, true},
+		{config.ModeEnforce, config.EnforceAware, false, free, Admitted, true, true},
+		{config.ModeShadow, config.EnforceAll, false, free, Admitted, true, true},
+		{config.ModeOff, config.EnforceAll, false, free, "", true, true},
 	} {
 		cfg.AdmissionMode, cfg.EnforceFor = tc.mode, tc.enforceFor
 		d := decideSlot(store.SlotState{Config: cfg, Usage: us}, tc.unit, tc.aware, nil)
 		if d.decision != tc.want || d.grant != tc.grant || d.counted != tc.counted || len(d.heldBy) != 0 ||
-			(tc.unit.Tenant == full.Tenant && d.verdict.Scope != limits.ScopeTenant) {
+			(tc.unit.Tenant == full.Tenant && d.verdict.Scope != config.ScopeTenant) {
 			t.Errorf("%s/%s aware %v %s: %+v", tc.mode, tc.enforceFor, tc.aware, tc.unit.Tenant, d)
 		}
 	}
@@ -139,12 +139,12 @@ func TestDecideSlot(t *testing.T) {
 // they are looked up it is decided: refused or uncounted while a head ahead is not gated, counted
 // when every head ahead is gated.
 func TestDecideSlotHeldByGates(t *testing.T) {
-	cfg := limits.Default() // global 4, tenant 2
-	us := limits.NewUsage()
-	us.Add(cfg, limits.Unit{Tenant: "a"}, 1)
-	us.Add(cfg, limits.Unit{Tenant: "x"}, 2)
+	cfg := config.Default() // global 4, tenant 2
+	us := config.NewUsage()
+	us.Add(cfg, config.Unit{Tenant: "a"}, 1)
+	us.Add(cfg, config.Unit{Tenant: "x"}, 2)
 	st := store.SlotState{Config: cfg, Usage: us, Waiting: []store.Waiting{{Tenant: "b", Due: true, HeadRateKey: "k"}}}
-	a := limits.Unit{Tenant: "a"}
+	a := config.Unit{Tenant: "a"}
 	for _, tc := range []struct {
 		mode, enforceFor string
 		gated            map[string]bool
@@ -152,15 +152,15 @@ func TestDecideSlotHeldByGates(t *testing.T) {
 		grant, counted   bool
 		heldBy           []string
 	}{
-		{limits.ModeEnforce, limits.EnforceAll, nil, Refused, false, false, []string{"k"}},
-		{limits.ModeShadow, limits.EnforceAll, nil, ShadowRefused, false, false, []string{"k"}},
-		{limits.ModeOff, limits.EnforceAll, nil, "", false, false, []string{"k"}},
-		{limits.ModeEnforce, limits.EnforceAll, map[string]bool{"k": false}, Refused, false, false, nil},
-		{limits.ModeShadow, limits.EnforceAll, map[string]bool{"k": false}, ShadowRefused, true, false, nil},
-		{limits.ModeShadow, limits.EnforceAll, map[string]bool{}, ShadowRefused, true, false, nil},
-		{limits.ModeOff, limits.EnforceAll, map[string]bool{"k": false}, "", true, false, nil},
-		{limits.ModeShadow, limits.EnforceAll, map[string]bool{"k": true}, Admitted, true, true, nil},
-		{limits.ModeOff, limits.EnforceAll, map[string]bool{"k": true}, "", true, true, nil},
+		{config.ModeEnforce, config.EnforceAll, nil, Refused, false, false, []string{"k"}},
+		{config.ModeShadow, config.EnforceAll, nil, ShadowRefused, false, false, []string{"k"}},
+		{config.ModeOff, config.EnforceAll, nil, "", false, false, []string{"k"}},
+		{config.ModeEnforce, config.EnforceAll, map[string]bool{"k": false}, Refused, false, false, nil},
+		{config.ModeShadow, config.EnforceAll, map[string]bool{"k": false}, ShadowRefused, true, false, nil},
+		{config.ModeShadow, config.EnforceAll, map[string]bool{}, ShadowRefused, true, false, nil},
+		{config.ModeOff, config.EnforceAll, map[string]bool{"k": false}, "", true, false, nil},
+		{config.ModeShadow, config.EnforceAll, map[string]bool{"k": true}, Admitted, true, true, nil},
+		{config.ModeOff, config.EnforceAll, map[string]bool{"k": true}, "", true, true, nil},
 	} {
 		st.Config.AdmissionMode, st.Config.EnforceFor = tc.mode, tc.enforceFor
 		d := decideSlot(st, a, false, tc.gated)

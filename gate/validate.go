@@ -14,8 +14,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 )
 
 // Request is one admission as the API decodes it (SPEC §6 POST /v1/jobs).
@@ -222,7 +222,7 @@ func (r *Request) normalLanes() error {
 		if i > 0 && l == ls[i-1] {
 			continue
 		}
-		if l == "" || len(l) > limits.MaxNameBytes || strings.ContainsRune(l, ',') || !utf8.ValidString(l) {
+		if l == "" || len(l) > config.MaxNameBytes || strings.ContainsRune(l, ',') || !utf8.ValidString(l) {
 			return job.Invalid("lanes", "lanes: %q is not a lane name", l)
 		}
 		out = append(out, l)
@@ -235,7 +235,7 @@ func (r *Request) normalLanes() error {
 }
 
 // knownLanes refuses a lane that cfg does not configure (SPEC §5a: an unknown name is a 400).
-func (r *Request) knownLanes(cfg limits.Config) error {
+func (r *Request) knownLanes(cfg config.Config) error {
 	if l, ok := cfg.Known(r.Lanes); !ok {
 		return job.Invalid("lanes", "lanes: %q is not a configured lane", l)
 	}
@@ -254,8 +254,8 @@ func (r *Request) priority() int {
 func (r *Request) interactive() bool { return r.Interactive != nil && *r.Interactive }
 
 // unit is what a job of r asks of the caps.
-func (r *Request) unit() limits.Unit {
-	return limits.Unit{Tenant: r.Tenant, Lanes: r.Lanes, Interactive: r.interactive()}
+func (r *Request) unit() config.Unit {
+	return config.Unit{Tenant: r.Tenant, Lanes: r.Lanes, Interactive: r.interactive()}
 }
 
 // RateKeyHash returns the SHA-256 hex of a raw rate key: the only form sluice stores or logs.

@@ -7,8 +7,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 )
 
 // FuzzDecodeRequest: the admission decoder and validator never panic, refuse with
@@ -63,7 +63,7 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("accepted %d lanes", len(req.Lanes))
 		}
 		for i, l := range req.Lanes {
-			if l == "" || strings.Contains(l, ",") || len(l) > limits.MaxNameBytes || (i > 0 && l <= req.Lanes[i-1]) {
+			if l == "" || strings.Contains(l, ",") || len(l) > config.MaxNameBytes || (i > 0 && l <= req.Lanes[i-1]) {
 				t.Fatalf("accepted lanes %q (not sorted, distinct lane names)", req.Lanes)
 			}
 		}
@@ -130,35 +130,35 @@ func TestImmediateRetryAfter(t *testing.T) {
 		scope    string
 		after    int
 		paused   bool
-		unit     limits.Unit
-		cfg      func(*limits.Config)
+		unit     config.Unit
+		cfg      func(*config.Config)
 	}{
-		{"free", 4, 2, func(*state) {}, 0, "", 0, false, limits.Unit{}, nil},
-		{"one ahead", 4, 2, func(s *state) { s.tenantDepth["t"] = 1 }, 0, "tenant", 10, false, limits.Unit{}, nil},
-		{"many ahead", 4, 2, func(s *state) { s.tenantDepth["t"] = 40 }, 0, "tenant", 30, false, limits.Unit{}, nil},
-		{"tenant full", 4, 2, func(s *state) { busy(s, "t", 2) }, 0, "tenant", 5, false, limits.Unit{}, nil},
-		{"global full", 4, 2, func(s *state) { busy(s, "o", 4); s.globalDepth = 2 }, 0, "global", 15, false, limits.Unit{}, nil},
-		{"fullest scope wins", 4, 2, func(s *state) { busy(s, "o", 4); s.globalDepth, s.tenantDepth["t"] = 9, 1 }, 0, "global", 30, false, limits.Unit{}, nil},
+		{"free", 4, 2, func(*state) {}, 0, "", 0, false, config.Unit{}, nil},
+		{"one ahead", 4, 2, func(s *state) { s.tenantDepth["t"] = 1 }, 0, "tenant", 10, false, config.Unit{}, nil},
+		{"many ahead", 4, 2, func(s *state) { s.tenantDepth["t"] = 40 }, 0, "tenant", 30, false, config.Unit{}, nil},
+		{"tenant full", 4, 2, func(s *state) { busy(s, "t", 2) }, 0, "tenant", 5, false, config.Unit{}, nil},
+		{"global full", 4, 2, func(s *state) { busy(s, "o", 4); s.globalDepth = 2 }, 0, "global", 15, false, config.Unit{}, nil},
+		{"fullest scope wins", 4, 2, func(s *state) { busy(s, "o", 4); s.globalDepth, s.tenantDepth["t"] = 9, 1 }, 0, "global", 30, false, config.Unit{}, nil},
 		{"lane full", 4, 2, func(s *state) {
-			s.usage.Add(limits.Default(), limits.Unit{Tenant: "o", Lanes: []string{"gpu"}}, 1)
+			s.usage.Add(config.Default(), config.Unit{Tenant: "o", Lanes: []string{"gpu"}}, 1)
 			s.globalDepth = 3
-		}, 0, "lane:gpu", 20, false, limits.Unit{Tenant: "t", Lanes: []string{"gpu"}}, func(c *limits.Config) { c.Lanes = map[string]int{"gpu": 1} }},
-		{"lane paused", 4, 2, func(*state) {}, 0, "lane:gpu", 120, true, limits.Unit{Tenant: "t", Lanes: []string{"gpu"}},
-			func(c *limits.Config) { c.Lanes = map[string]int{"gpu": 0} }},
-		{"tier full", 4, 2, func(s *state) { busy(s, "o", 1) }, 0, "tier", 5, false, limits.Unit{},
-			func(c *limits.Config) { c.TierInFlight = map[string]int{"default": 1} }},
-		{"reserve", 4, 2, func(s *state) { busy(s, "o", 3) }, 0, "reserve", 5, false, limits.Unit{},
-			func(c *limits.Config) { c.InteractiveReserve = 1 }},
-		{"interactive takes the reserve", 4, 2, func(s *state) { busy(s, "o", 3) }, 0, "", 0, false, limits.Unit{Tenant: "t", Interactive: true},
-			func(c *limits.Config) { c.InteractiveReserve = 1 }},
+		}, 0, "lane:gpu", 20, false, config.Unit{Tenant: "t", Lanes: []string{"gpu"}}, func(c *config.Config) { c.Lanes = map[string]int{"gpu": 1} }},
+		{"lane paused", 4, 2, func(*state) {}, 0, "lane:gpu", 120, true, config.Unit{Tenant: "t", Lanes: []string{"gpu"}},
+			func(c *config.Config) { c.Lanes = map[string]int{"gpu": 0} }},
+		{"tier full", 4, 2, func(s *state) { busy(s, "o", 1) }, 0, "tier", 5, false, config.Unit{},
+			func(c *config.Config) { c.TierInFlight = map[string]int{"default": 1} }},
+		{"reserve", 4, 2, func(s *state) { busy(s, "o", 3) }, 0, "reserve", 5, false, config.Unit{},
+			func(c *config.Config) { c.InteractiveReserve = 1 }},
+		{"interactive takes the reserve", 4, 2, func(s *state) { busy(s, "o", 3) }, 0, "", 0, false, config.Unit{Tenant: "t", Interactive: true},
+			func(c *config.Config) { c.InteractiveReserve = 1 }},
 		{"interactive goes before plain queued jobs", 4, 2, func(s *state) { s.tenantDepth["t"] = 3 }, 0, "", 0, false,
-			limits.Unit{Tenant: "t", Interactive: true}, nil},
+			config.Unit{Tenant: "t", Interactive: true}, nil},
 		{"interactive behind interactive", 4, 2, func(s *state) { s.tenantDepth["t"], s.tenantInteractive["t"] = 3, 1 }, 0, "tenant", 10, false,
-			limits.Unit{Tenant: "t", Interactive: true}, nil},
-		{"paused", 0, 2, func(*state) {}, 0, "global", 120, true, limits.Unit{}, nil},
-		{"tenant paused", 4, 0, func(*state) {}, 0, "tenant", 120, true, limits.Unit{}, nil},
-		{"gated", 4, 2, func(*state) {}, 77, "rate_key", 77, false, limits.Unit{}, nil},
-		{"gated longer than queue", 4, 2, func(s *state) { s.tenantDepth["t"] = 1 }, 12, "rate_key", 12, false, limits.Unit{}, nil},
+			config.Unit{Tenant: "t", Interactive: true}, nil},
+		{"paused", 0, 2, func(*state) {}, 0, "global", 120, true, config.Unit{}, nil},
+		{"tenant paused", 4, 0, func(*state) {}, 0, "tenant", 120, true, config.Unit{}, nil},
+		{"gated", 4, 2, func(*state) {}, 77, "rate_key", 77, false, config.Unit{}, nil},
+		{"gated longer than queue", 4, 2, func(s *state) { s.tenantDepth["t"] = 1 }, 12, "rate_key", 12, false, config.Unit{}, nil},
 	}
 	for _, c := range cases {
 		st := newState()
@@ -188,8 +188,8 @@ func TestImmediateRetryAfter(t *testing.T) {
 	}
 }
 
-func defaultLimits() *limits.Config {
-	c := limits.Default()
+func defaultLimits() *config.Config {
+	c := config.Default()
 	return &c
 }
 

@@ -5,8 +5,8 @@ import (
 	"maps"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -24,7 +24,7 @@ type Queues struct {
 	TenantDepth       map[string]int
 	TenantInteractive map[string]int
 	GlobalDepth       int
-	Usage             limits.Usage // jobs in flight and live slots; left as it was
+	Usage             config.Usage // jobs in flight and live slots; left as it was
 }
 
 // Reserve takes up to n units of tenant's admission rate budget at the time of the decision, as
@@ -58,7 +58,7 @@ type Decider struct {
 // immediate-or-refuse go item after item (SPEC §5), each item seeing the earlier items' effect.
 // It returns each request's outcome (valid until the next call) and the rate units to give back
 // per tenant, those reserved by requests it refused.
-func (d *Decider) Admissions(cfg limits.Config, q Queues, reqs []Request, reserve Reserve) ([]Outcome, map[string]int) {
+func (d *Decider) Admissions(cfg config.Config, q Queues, reqs []Request, reserve Reserve) ([]Outcome, map[string]int) {
 	if d.st == nil {
 		d.st = newState()
 	}
@@ -115,7 +115,7 @@ func (d *Decider) Admissions(cfg limits.Config, q Queues, reqs []Request, reserv
 	return d.outs, refund
 }
 
-func copyUsage(us limits.Usage) limits.Usage {
+func copyUsage(us config.Usage) config.Usage {
 	c := us
 	c.Tenant, c.Tier, c.Lane = maps.Clone(us.Tenant), maps.Clone(us.Tier), maps.Clone(us.Lane)
 	return c
@@ -136,11 +136,11 @@ type SlotOutcome struct {
 
 // SlotWaitingLimit is how many tenants with queued work a slot's grant reads (waitingBound):
 // a caller keeping the queues passes DecideSlot no more.
-func SlotWaitingLimit(cfg limits.Config) int { return waitingBound(cfg) }
+func SlotWaitingLimit(cfg config.Config) int { return waitingBound(cfg) }
 
 // DecideSlot decides a slot for unit, as a slot request does under the claim lock, with us in
 // flight and waiting the tenants with queued work (rate keys taken as not gated).
-func DecideSlot(cfg limits.Config, us limits.Usage, waiting []SlotWaiting, unit limits.Unit, aware bool) SlotOutcome {
+func DecideSlot(cfg config.Config, us config.Usage, waiting []SlotWaiting, unit config.Unit, aware bool) SlotOutcome {
 	d := decideSlot(store.SlotState{Config: cfg, Usage: us, Waiting: waiting}, unit, aware, map[string]bool{})
 	o := SlotOutcome{Decision: d.decision, Grant: d.grant, Counted: d.counted}
 	if !d.verdict.OK {

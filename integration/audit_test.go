@@ -18,7 +18,7 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/client"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/drainertest"
@@ -321,7 +321,7 @@ func TestAuditStoryAfterSIGKILL(t *testing.T) {
 	t.Parallel()
 	bin := harness.BuildSluice(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true})
-	env.SetConfig(t, func(c *limits.Config) { c.LeaseSeconds = 2 })
+	env.SetConfig(t, func(c *config.Config) { c.LeaseSeconds = 2 })
 
 	victim := env.StartDrainer(t, bin, "victim")
 	running := env.Admit(t, "t", map[string]any{"sleep_ms": 6000})
@@ -368,7 +368,7 @@ func TestAuditStoryRequeuedAfterSIGKILL(t *testing.T) {
 	t.Cleanup(holder.Close)
 	t.Cleanup(func() { close(release) }) // before holder.Close, which waits for held requests
 	env := harness.Start(t, harness.Options{API: true, Relay: true, ExecutorURL: holder.URL + "/dispatch"})
-	env.SetConfig(t, func(c *limits.Config) { c.LeaseSeconds = 2 })
+	env.SetConfig(t, func(c *config.Config) { c.LeaseSeconds = 2 })
 
 	victim := env.StartDrainer(t, bin, "victim")
 	id := env.Admit(t, "t", nil)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
@@ -50,7 +50,7 @@ const binariesCaps = 64
 func drainBinaries(b *testing.B, bin string, tenants, jobs int, confirm bool) (float64, map[string]any) {
 	ctx := context.Background()
 	db := testdb.New(b)
-	testdb.SetLimits(b, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = binariesCaps, binariesCaps })
+	testdb.SetLimits(b, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = binariesCaps, binariesCaps })
 	drainertest.QueueJobs(b, db, tenants, jobs)
 	ns := natstest.Start(b)
 	apiPort := natstest.FreePort(b)

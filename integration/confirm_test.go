@@ -15,7 +15,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -481,8 +481,8 @@ func TestCompleteNotStartedVoidedNonce(t *testing.T) {
 	}
 	// The other job's lease, moved to its wall by the 202, runs out, and another drainer
 	// recovers it. With dispatch paused both jobs stay queued.
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
-	fake.Advance(limits.Default().Wall() + time.Second)
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 0 })
+	fake.Advance(config.Default().Wall() + time.Second)
 	d2 := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, Clock: fake, ID: "d-rescuer"}, 100*time.Millisecond)
 	if p, err := d2.RunOnce(ctx); err != nil || p.Recovered != 1 || p.Claimed != 0 {
 		t.Fatalf("rescuing pass %+v, %v; want 1 recovered, none claimed", p, err)
@@ -511,7 +511,7 @@ func TestCompleteAfterSluiceEnded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	env := &harnessEnv{harness.Start(t, harness.Options{API: true})}
-	env.SetConfig(t, func(c *limits.Config) { c.DispatchAttempts = 1 }) // one unknown answer spends it
+	env.SetConfig(t, func(c *config.Config) { c.DispatchAttempts = 1 }) // one unknown answer spends it
 	fake := clock.NewFake(time.Now())
 	s := drainertest.NewHeld()
 	recorded := make(chan int64, 8)

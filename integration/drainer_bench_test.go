@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drainer"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -242,7 +242,7 @@ type drained struct {
 func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (drained, []time.Duration) {
 	ctx := context.Background()
 	db := testdb.New(b)
-	testdb.SetLimits(b, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
+	testdb.SetLimits(b, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
 	drainertest.QueueJobs(b, db, tenants, jobs)
 	for range slots {
 		if _, err := db.ExecContext(ctx, `INSERT INTO slots (tenant, caller, lease_seconds, expires_at, created_at)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
@@ -220,7 +220,7 @@ func TestDrainerSIGKILL(t *testing.T) {
 	t.Parallel()
 	bin := harness.BuildSluice(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true})
-	env.SetConfig(t, func(c *limits.Config) { c.LeaseSeconds = 2 })
+	env.SetConfig(t, func(c *config.Config) { c.LeaseSeconds = 2 })
 	ctx := context.Background()
 	const n = 1000
 	ids := admitMany(t, env, 8, func(i int) string { return fmt.Sprintf("t%d", i%5) },
@@ -283,7 +283,7 @@ func TestDrainerFrozenPastLease(t *testing.T) {
 		defer mu.Unlock()
 		received[id]++
 	}})
-	env.SetConfig(t, func(c *limits.Config) { c.LeaseSeconds = 2 })
+	env.SetConfig(t, func(c *config.Config) { c.LeaseSeconds = 2 })
 	ctx := context.Background()
 
 	d1 := env.StartDrainer(t, bin, "frozen")

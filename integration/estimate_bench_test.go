@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -22,7 +22,7 @@ func BenchmarkEstimatedStart(b *testing.B) {
 	for range b.N {
 		env := harness.Start(b, harness.Options{})
 		ctx := context.Background()
-		env.SetConfig(b, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 8, 3 })
+		env.SetConfig(b, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 8, 3 })
 		service := map[string]int{"fast": 20, "mid": 50, "slow": 100}
 		tenants := []string{"fast", "mid", "slow"}
 		payload := func(i int) any { return map[string]any{"sleep_ms": service[tenants[i%3]]} }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -38,7 +38,7 @@ func admitBatches(tb testing.TB, env *harness.Env, tenant string, payload any, n
 // each tenant's executor time (unit-seconds at the simulated executor) over a window: from the
 // long tenant's warm-th outcome to its (warm+window)-th, so that the window is set by the work
 // done, not by a clock.
-func executorShares(t testing.TB, ordering limits.Ordering, shortMS, longMS, warm, window int) (short, long float64) {
+func executorShares(t testing.TB, ordering config.Ordering, shortMS, longMS, warm, window int) (short, long float64) {
 	bin := harness.BuildSluice(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true})
 	ctx := context.Background()
@@ -87,7 +87,7 @@ func executorShares(t testing.TB, ordering limits.Ordering, shortMS, longMS, war
 // (Go runs the non-parallel tests of a package one at a time, before the parallel ones).
 // BenchmarkFairTime runs the 20 ms and 2 s over a minute, beside fair.
 func TestFairTime(t *testing.T) {
-	short, long := executorShares(t, limits.FairTime, 40, 800, 8, 24)
+	short, long := executorShares(t, config.FairTime, 40, 800, 8, 24)
 	ratio := short / long
 	t.Logf("fair_time: executor time short %.2f s, long %.2f s over the long tenant's 24 outcomes: %.3f", short, long, ratio)
 	if math.Abs(ratio-1) > 0.10 {
@@ -101,8 +101,8 @@ func TestFairTime(t *testing.T) {
 // short/long ratio (target for fair_time: 1 ± 0.10).
 func BenchmarkFairTime(b *testing.B) {
 	for range b.N {
-		fs, fl := executorShares(b, limits.Fair, 20, 2000, 6, 60)
-		ts, tl := executorShares(b, limits.FairTime, 20, 2000, 6, 60)
+		fs, fl := executorShares(b, config.Fair, 20, 2000, 6, 60)
+		ts, tl := executorShares(b, config.FairTime, 20, 2000, 6, 60)
 		harness.Emit("fair_time", map[string]any{
 			"fair_short_s": round2(fs), "fair_long_s": round2(fl), "fair_ratio": round2(fs / fl),
 			"fair_time_short_s": round2(ts), "fair_time_long_s": round2(tl), "fair_time_ratio": round2(ts / tl),

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -97,7 +97,7 @@ func TestGaleraWriterKilled(t *testing.T) {
 	ctx := context.Background()
 	env := harness.Start(t, harness.Options{})
 	const globalCap, tenantCap = 8, 3
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = globalCap, tenantCap })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = globalCap, tenantCap })
 
 	// Producers: each admits with a new key until told to stop, and retries a key whose
 	// admission failed (a 5xx or a broken connection) until it is answered.

@@ -20,7 +20,7 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/drainertest"
@@ -494,7 +494,7 @@ func (g *countingGates) Extend(_ context.Context, _ string, retryAfter int) (tim
 func TestGateOnceForARetriedOutcome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainertest.NewDB(t, func(*limits.Config) {})
+	db, clk, t0 := drainertest.NewDB(t, func(*config.Config) {})
 	proxy, viaProxy := apitest.DBThroughCutter(t, db)
 	id := drainertest.QueueOneJob(t, db, t0)
 	if _, err := db.ExecContext(ctx, "UPDATE jobs SET rate_key_sha256 = ? WHERE id = ?", gate.RateKeyHash("k"), id); err != nil {

@@ -24,8 +24,8 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/api"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
@@ -219,7 +219,7 @@ type hostile struct {
 }
 
 func newHostile(t *testing.T, env *harness.Env, seed uint64) *hostile {
-	lim := limits.NewCache(env.DB.DB, nil)
+	lim := config.NewCache(env.DB.DB, nil)
 	adm, err := gate.New(gate.Config{DB: env.DB.DB, Limits: lim})
 	if err != nil {
 		t.Fatal(err)
@@ -866,7 +866,7 @@ func (h *hostile) configChange() (string, any) {
 	if h.honest {
 		kv := pick(h, []any{"tenant_queue_depth", pick(h, 3, 500)}, []any{"global_queue_depth", 2000},
 			[]any{"admission_mode", pick(h, "enforce", "shadow", "off")}, []any{"ordering", pick(h, "fifo", "fair")},
-			[]any{"admission_rate_per_minute", pick(h, 0, 5, 100000)}, []any{"max_payload_bytes", pick(h, 262144, limits.MaxPayloadCap)},
+			[]any{"admission_rate_per_minute", pick(h, 0, 5, 100000)}, []any{"max_payload_bytes", pick(h, 262144, config.MaxPayloadCap)},
 			[]any{"tenant_in_flight_overrides", map[string]any{scopedTenant: 1}}, []any{"retention_days", 30})
 		return kv[0].(string), kv[1]
 	}
@@ -874,7 +874,7 @@ func (h *hostile) configChange() (string, any) {
 		"global_queue_depth", "admission_mode", "admission_rate_per_minute", "ordering", "execution_wall_seconds",
 		"max_queue_age_seconds", "lease_seconds", "nonce_ttl_seconds", "dispatch_attempts", "max_payload_bytes",
 		"retention_days", "outbox_retention_days", "bogus", "")
-	return k, pick[any](h, 1, 2, 3, 10, 0, -1, 1e12, 2147483648, limits.MaxPayloadCap+1, 16<<20, "enforce", "shadow",
+	return k, pick[any](h, 1, 2, 3, 10, 0, -1, 1e12, 2147483648, config.MaxPayloadCap+1, 16<<20, "enforce", "shadow",
 		"off", "fifo", "fair", nil, true, map[string]any{"fz-a": 1}, map[string]any{"": -1}, []any{1})
 }
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate/client"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/waiters"
 	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
@@ -72,11 +72,11 @@ func TestWaitWokenByReleasePoke(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{API: true, WaitBackstop: time.Hour})
 	env.StartApp(t, harness.Options{Drainer: true, Relay: true})
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 }) // hold the job queued
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 0 }) // hold the job queued
 	id := env.Admit(t, "acme", map[string]any{"sleep_ms": 50})
 	answer := goWait(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%d?wait=60", env.URL, id), harness.ProducerToken, nil)
 	untilWaiting(t, env.URL, 1)
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 4 })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 4 })
 	var a waitAnswer
 	select {
 	case a = <-answer:
@@ -334,7 +334,7 @@ func (s *sseStream) rest() []sseEvent {
 func TestFollowEvents(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{WaitBackstop: time.Hour})
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 0 })
 	id := env.Admit(t, "acme", map[string]any{"sleep_ms": 20})
 	url := fmt.Sprintf("%s/v1/jobs/%d/events?follow=1", env.URL, id)
 	s := openEvents(t, url, harness.ProducerToken, nil)
@@ -342,7 +342,7 @@ func TestFollowEvents(t *testing.T) {
 	if !ok || first.event != "admitted" {
 		t.Fatalf("the stream's first event: %+v (%v); want admitted", first, ok)
 	}
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 4 })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 4 })
 	events := append([]sseEvent{first}, s.rest()...)
 	last := events[len(events)-1]
 	if last.event != "end" || !strings.Contains(last.data, `"status":"succeeded"`) {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
@@ -33,7 +33,7 @@ func TestOpsConfigAPI(t *testing.T) {
 		t.Errorf("version of a fresh installation = %v, want 0 (defaults)", v)
 	}
 	cfg := r.Body["config"].(map[string]any)
-	for _, k := range limits.Keys() {
+	for _, k := range config.Keys() {
 		if _, ok := cfg[k]; !ok {
 			t.Errorf("GET /v1/config lacks key %s", k)
 		}
@@ -166,7 +166,7 @@ func TestOpsConfigAPI(t *testing.T) {
 
 // TestOpsConfigTakesEffect: a change made through the API reaches the drainer's very next claim
 // (caps are read in the claim transaction) and another process's admission within one re-read
-// period (limits.ReloadEvery, 5 s).
+// period (config.ReloadEvery, 5 s).
 func TestOpsConfigTakesEffect(t *testing.T) {
 	t.Parallel()
 	env := startOps(t, opsOptions{})
@@ -202,7 +202,7 @@ func TestOpsConfigTakesEffect(t *testing.T) {
 		"changes": map[string]any{"global_in_flight": 3}, "note": "resume at 3"}); r.Status != http.StatusOK {
 		t.Fatalf("resume: HTTP %d %s", r.Status, r.Raw)
 	}
-	harness.WaitFor(t, limits.ReloadEvery+2*time.Second, "the first dispatch after the change", func() (bool, error) {
+	harness.WaitFor(t, config.ReloadEvery+2*time.Second, "the first dispatch after the change", func() (bool, error) {
 		return env.Exec.Stats().Received > 0, nil
 	})
 	t.Logf("first dispatch %s after the change", time.Since(changed))
@@ -221,7 +221,7 @@ func TestOpsConfigTakesEffect(t *testing.T) {
 	}
 	start := time.Now()
 	big := strings.Repeat("x", 200)
-	harness.WaitFor(t, limits.ReloadEvery+2*time.Second, "admission to apply max_payload_bytes=100", func() (bool, error) {
+	harness.WaitFor(t, config.ReloadEvery+2*time.Second, "admission to apply max_payload_bytes=100", func() (bool, error) {
 		code, _, err := apiDo(ctx, env.HTTP, http.MethodPost, env.URL+"/v1/jobs", harness.ProducerToken,
 			map[string]any{"tenant": "acme", "payload": map[string]any{"pad": big}})
 		if err != nil {
@@ -236,17 +236,17 @@ func TestOpsConfigTakesEffect(t *testing.T) {
 }
 
 // limitsPatchDirect changes the config the way another sluice process would: through
-// limits.Patch on its own connection, bypassing this process's API (and so its cache).
-func limitsPatchDirect(ctx context.Context, env *opsEnv, changes map[string]any) (limits.Versioned, limits.Change, error) {
+// config.Patch on its own connection, bypassing this process's API (and so its cache).
+func limitsPatchDirect(ctx context.Context, env *opsEnv, changes map[string]any) (config.Versioned, config.Change, error) {
 	raw := map[string]json.RawMessage{}
 	for k, v := range changes {
 		b, err := json.Marshal(v)
 		if err != nil {
-			return limits.Versioned{}, limits.Change{}, err
+			return config.Versioned{}, config.Change{}, err
 		}
 		raw[k] = b
 	}
-	return limits.Patch(ctx, env.DB.DB, nil, "other-process", raw, "from another process")
+	return config.Patch(ctx, env.DB.DB, nil, "other-process", raw, "from another process")
 }
 
 // TestOpsConfigHistoryPages: GET /v1/config/history answers a page of changes, newest first (50

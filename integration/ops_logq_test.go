@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -35,7 +35,7 @@ func TestOpsLogStalledSink(t *testing.T) {
 	t.Cleanup(func() { r.Close() })
 	p := startServeLogTo(t, bin, w)
 	w.Close() // the child has its own copy: the pipe ends when the process does
-	testdb.SetLimits(t, p.db.DB, func(c *limits.Config) {
+	testdb.SetLimits(t, p.db.DB, func(c *config.Config) {
 		c.GlobalInFlight, c.TenantInFlight, c.GlobalQueueDepth = 64, 16, 5000
 	})
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/natstest"
 	"github.com/sluicehq/sluice/integration/publishertest"
@@ -109,5 +109,5 @@ func TestBrokerOutageScenario9(t *testing.T) {
 // as an operator's PATCH would; drainers read it in their next claim.
 func raiseCaps(t *testing.T, env *harness.Env, global, tenant int) {
 	t.Helper()
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = global, tenant })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = global, tenant })
 }

@@ -7,13 +7,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
 // TestPayloadCapFitsTheDatabase: max_payload_bytes may be raised only as far as the database
-// can store (limits.MaxPayloadCap), and at the cap the worst payload for the statement's size,
+// can store (config.MaxPayloadCap), and at the cap the worst payload for the statement's size,
 // a JSON string of escaped quotes that doubles when the statement escapes it, is stored: alone,
 // in a batch, and as an executor's result. The old cap, 16 MiB, was admitted by the
 // configuration, and its payloads made the server drop the connection (larger than
@@ -26,13 +26,13 @@ func TestPayloadCapFitsTheDatabase(t *testing.T) {
 		return env.Do(t, http.MethodPatch, "/v1/config", harness.AdminToken,
 			map[string]any{"changes": map[string]any{"max_payload_bytes": n}})
 	}
-	if r := patch(limits.MaxPayloadCap + 1); r.Status != http.StatusBadRequest || r.Body["field"] != "max_payload_bytes" {
+	if r := patch(config.MaxPayloadCap + 1); r.Status != http.StatusBadRequest || r.Body["field"] != "max_payload_bytes" {
 		t.Fatalf("max_payload_bytes above the cap: HTTP %d %s, want 400 naming the field", r.Status, r.Raw)
 	}
-	if r := patch(limits.MaxPayloadCap); r.Status != http.StatusOK {
+	if r := patch(config.MaxPayloadCap); r.Status != http.StatusOK {
 		t.Fatalf("max_payload_bytes at the cap: HTTP %d %s", r.Status, r.Raw)
 	}
-	worst := `"` + strings.Repeat(`\"`, (limits.MaxPayloadCap-2)/2) + `"`
+	worst := `"` + strings.Repeat(`\"`, (config.MaxPayloadCap-2)/2) + `"`
 	stored := func(what string, id int64, column string) {
 		t.Helper()
 		var n int

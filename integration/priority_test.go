@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
@@ -22,7 +22,7 @@ func TestPriorities(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{})
 	ctx := context.Background()
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 0, 1 })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 0, 1 })
 
 	for _, bad := range []any{-1, 10, 4.5, "high"} {
 		r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "priority": bad})
@@ -66,7 +66,7 @@ func TestPriorities(t *testing.T) {
 		t.Errorf("GET job: priority %v, want 7", r.Body["priority"])
 	}
 
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 1 })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 1 })
 	all := []int64{low, def, high, top, def2, inter, aged}
 	harness.WaitFor(t, time.Minute, "the tenant's seven jobs to succeed", func() (bool, error) {
 		c, err := env.CountJobs(ctx)
@@ -94,14 +94,14 @@ func TestPriorityRowOfALongJobGoes(t *testing.T) {
 	h := newHolder(t)
 	env := harness.Start(t, harness.Options{OnReceive: h.onReceive})
 	ctx := context.Background()
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 0 })
 	r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "priority": 8,
 		"payload": map[string]any{}})
 	if r.Status != http.StatusAccepted {
 		t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
 	}
 	h.hold(apitest.JobID(t, r.Body))
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 1 })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 1 })
 	harness.WaitFor(t, time.Minute, "an upkeep after the held job's dispatch", func() (bool, error) {
 		var after bool
 		err := env.DB.QueryRowContext(ctx, `SELECT COALESCE(MAX(d.heartbeat_at) > MAX(j.dispatched_at), FALSE)

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 )
@@ -94,7 +94,7 @@ func TestRunLater(t *testing.T) {
 func TestStartBy(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{WaitBackstop: time.Hour})
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 }) // nothing starts
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 0 }) // nothing starts
 	by := time.Now().UTC().Add(time.Hour).Format(time.RFC3339Nano)
 	r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, map[string]any{"tenant": "acme", "start_by": by})
 	if r.Status != http.StatusAccepted || r.Body["start_by"] == nil {
@@ -166,7 +166,7 @@ func TestStartBy(t *testing.T) {
 func TestReplaceKey(t *testing.T) {
 	t.Parallel()
 	env := harness.Start(t, harness.Options{WaitBackstop: time.Hour})
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 0 })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 0 })
 	admit := func(body map[string]any) map[string]any {
 		t.Helper()
 		r := env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken, body)
@@ -239,7 +239,7 @@ func TestReplaceKey(t *testing.T) {
 	}
 
 	// A job already dispatched is not touched.
-	env.SetConfig(t, func(c *limits.Config) { c.GlobalInFlight = 4 })
+	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight = 4 })
 	h := apitest.JobID(t, admit(map[string]any{"tenant": "slow", "replace_key": "s", "payload": map[string]any{"sleep_ms": 1500}}))
 	harness.WaitFor(t, 30*time.Second, "the slow job to run", func() (bool, error) {
 		var status string

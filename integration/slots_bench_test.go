@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -20,8 +20,8 @@ func BenchmarkSlotTakeRelease(b *testing.B) {
 	ctx := context.Background()
 	for range b.N {
 		db := testdb.New(b)
-		testdb.SetLimits(b, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
-		lim := limits.NewCache(db.DB, nil)
+		testdb.SetLimits(b, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
+		lim := config.NewCache(db.DB, nil)
 		if err := lim.Reload(ctx); err != nil {
 			b.Fatal(err)
 		}

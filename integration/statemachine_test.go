@@ -13,8 +13,8 @@ import (
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -50,7 +50,7 @@ func runStateMachine(t *testing.T, seed int64, steps int) {
 	rng := rand.New(rand.NewSource(seed))
 	db := testdb.New(t)
 	fake := clock.NewFake(time.Now())
-	cache := limits.NewCache(db, nil)
+	cache := config.NewCache(db, nil)
 	adm, err := gate.New(gate.Config{DB: db.DB, Limits: cache})
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drainer"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -51,7 +51,7 @@ func BenchmarkTenantCount(b *testing.B) {
 // the unweighted one of the same tenant count (target: within 2x at 100,000 tenants).
 func BenchmarkWeightedPass(b *testing.B) {
 	weigh := func(db *testdb.DB) {
-		testdb.SetLimits(b, db.DB, func(c *limits.Config) {
+		testdb.SetLimits(b, db.DB, func(c *config.Config) {
 			for i := range 1_000 {
 				c.TenantWeights["t"+strconv.Itoa(i*97)] = float64(1 + i%8)
 				c.TenantTiers["t"+strconv.Itoa(i*97+1)] = "gold"
@@ -107,7 +107,7 @@ func passTimesWith(b *testing.B, tenants, jobs int, setup func(*testdb.DB)) ([]t
 	const passes = 50
 	ctx := context.Background()
 	db := testdb.New(b)
-	testdb.SetLimits(b, db.DB, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
+	testdb.SetLimits(b, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 64, 64 })
 	drainertest.QueueJobs(b, db, tenants, jobs)
 	if setup != nil {
 		setup(db)

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/client"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -42,7 +42,7 @@ func benchWaiters(b *testing.B) {
 			mu.Unlock()
 		}})
 	ctx := context.Background()
-	env.SetConfig(b, func(c *limits.Config) { c.GlobalInFlight, c.TenantInFlight = 0, 64 })
+	env.SetConfig(b, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 0, 64 })
 	var jobs []map[string]any
 	for i := range waitersBench {
 		jobs = append(jobs, map[string]any{"tenant": fmt.Sprintf("t%02d", i%50), "payload": map[string]any{}})
@@ -114,7 +114,7 @@ func benchWaiters(b *testing.B) {
 	self, db, stmts := idle()
 
 	b.StartTimer()
-	env.SetConfig(b, func(c *limits.Config) { c.GlobalInFlight = 64 })
+	env.SetConfig(b, func(c *config.Config) { c.GlobalInFlight = 64 })
 	var lat, toCommit, fromCommit []time.Duration
 	answered := map[int64]time.Time{}
 	for range waitersBench {

@@ -22,7 +22,7 @@ func TestWaitingOn(t *testing.T) {
 	env := harness.Start(t, harness.Options{API: true, Memcached: []string{addr}, GateTimeout: time.Second})
 	ctx := context.Background()
 	// Through the API, whose process applies its own change at once (SetConfig would leave the
-	// API on its cached configuration for up to limits.ReloadEvery).
+	// API on its cached configuration for up to config.ReloadEvery).
 	patchConfig(t, env, map[string]any{
 		"global_in_flight": 4, "tenant_in_flight": 2, "tenant_in_flight_overrides": map[string]int{"paused-tenant": 0}})
 	get := func(id int64) map[string]any {

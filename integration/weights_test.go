@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -23,7 +23,7 @@ func TestWeightedFairShare(t *testing.T) {
 	env := harness.Start(t, harness.Options{API: true, Relay: true})
 	ctx := context.Background()
 	weights := map[string]float64{"A": 1, "B": 2, "C": 4}
-	env.SetConfig(t, func(c *limits.Config) {
+	env.SetConfig(t, func(c *config.Config) {
 		c.GlobalInFlight, c.TenantInFlight = 14, 14
 		c.TenantWeights = map[string]float64{"B": 2, "C": 4}
 	})

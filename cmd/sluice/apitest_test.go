@@ -7,7 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/api"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -20,7 +20,7 @@ const opsToken = "ops-token-0123456789abcdef0123456789"
 func startAPI(t *testing.T) (*gate.Admitter, func(args ...string) (string, int)) {
 	t.Helper()
 	db := testdb.New(t)
-	lim := limits.NewCache(db.DB, nil)
+	lim := config.NewCache(db.DB, nil)
 	adm, err := gate.New(gate.Config{DB: db.DB, Limits: lim})
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 // unset leaves app's default, which the settings table shows (and which, for the
 // reserve, shrinks with a smaller connection bound). A setting's 0 means no bound, or no
 // reserve: app.Options says that with a negative value, its zero being the default.
-func (c *config) boundsOptions(opts *app.Options) error {
+func (c *settingValues) boundsOptions(opts *app.Options) error {
 	for _, b := range []struct {
 		name string
 		dst  *int

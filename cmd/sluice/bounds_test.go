@@ -12,8 +12,8 @@ import (
 // bound (app's negative); executor sources take prefixes and single addresses, and "none" is an
 // empty list, not the default; a bad value names its setting.
 func TestBoundsOptions(t *testing.T) {
-	cfg := func(set map[string]string) *config {
-		c := &config{values: map[string]string{}, set: map[string]bool{}}
+	cfg := func(set map[string]string) *settingValues {
+		c := &settingValues{values: map[string]string{}, set: map[string]bool{}}
 		for k, v := range set {
 			c.values[k], c.set[k] = v, true
 		}

@@ -13,7 +13,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/sluicehq/sluice/gate/client"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // configCmd is `sluice config show|set|history` over the API (SPEC §9, §11).
@@ -85,7 +85,7 @@ func configSet(ctx context.Context, cl *client.Client, kvs []string, note string
 		fmt.Fprintf(stdout, "nothing changed; version %d stays in force\n", v.Version)
 		return nil
 	}
-	fmt.Fprintf(stdout, "version %d in force (each sluice process applies it within %s)\n", v.Version, limits.ReloadEvery)
+	fmt.Fprintf(stdout, "version %d in force (each sluice process applies it within %s)\n", v.Version, config.ReloadEvery)
 	printChange(stdout, *v.Change)
 	return nil
 }
@@ -127,18 +127,18 @@ func parseValue(v string) any {
 	return v
 }
 
-func printConfig(w io.Writer, cfg limits.Config) {
+func printConfig(w io.Writer, cfg config.Config) {
 	raw, _ := json.Marshal(cfg)
 	var m map[string]json.RawMessage
 	_ = json.Unmarshal(raw, &m)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, k := range limits.Keys() {
+	for _, k := range config.Keys() {
 		fmt.Fprintf(tw, "  %s\t%s\n", k, m[k])
 	}
 	tw.Flush()
 }
 
-func printChange(w io.Writer, ch limits.Change) {
+func printChange(w io.Writer, ch config.Change) {
 	keys := make([]string, 0, len(ch.New))
 	for k := range ch.New {
 		keys = append(keys, k)

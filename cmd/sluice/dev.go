@@ -50,7 +50,7 @@ func withDevToken(list []api.Token) ([]api.Token, error) {
 // devLoopbackOnly refuses an API or metrics listen address of `sluice dev` that is not loopback.
 // dev accepts its built-in admin token `dev`, which everyone knows: on any other address, anyone
 // who can reach the host could read every tenant's jobs and change the runtime config.
-func devLoopbackOnly(c *config) error {
+func devLoopbackOnly(c *settingValues) error {
 	for _, l := range []struct{ flag, env string }{{"listen", "SLUICE_LISTEN"}, {"metrics-listen", "SLUICE_METRICS_LISTEN"}} {
 		addr := c.get(l.flag)
 		if addr == "" && l.flag == "metrics-listen" {
@@ -88,7 +88,7 @@ type devExtras struct {
 // devSetup fills in what `sluice dev` provides: migrations applied, an embedded NATS server
 // unless a NATS URL is configured, and, unless an executor URL is configured, the simulated
 // executor. The dev admin token is added by loadTokens.
-func devSetup(ctx context.Context, c *config, opts *app.Options, stdout io.Writer, shutdown *[]func()) (devExtras, error) {
+func devSetup(ctx context.Context, c *settingValues, opts *app.Options, stdout io.Writer, shutdown *[]func()) (devExtras, error) {
 	var x devExtras
 	if opts.NATSURL == "" {
 		b, err := devbroker.Start()

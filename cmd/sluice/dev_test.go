@@ -209,7 +209,7 @@ func TestDevTokenCollision(t *testing.T) {
 		{"the dev name after the dev value", `[{"name":"ops","token":"dev","role":"admin"},{"name":"dev","token":"other","role":"executor"}]`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &config{values: map[string]string{"tokens": tc.tokens}}
+			c := &settingValues{values: map[string]string{"tokens": tc.tokens}}
 			toks, err := loadTokens(c, true)
 			if !tc.ok {
 				if err == nil || !strings.Contains(err.Error(), `"dev"`) {

@@ -136,7 +136,7 @@ func closeLog(q *logq.Queue) { _ = q.Close(context.Background()) }
 // loadTokens returns the API tokens of SLUICE_TOKENS, or of the file SLUICE_TOKENS_FILE names:
 // nil when neither is set (the API then refuses to start, except under `sluice dev`, which adds
 // its own). `sluice dev` passes withDev and gets the dev admin token added (see withDevToken).
-func loadTokens(c *config, withDev bool) (*api.Tokens, error) {
+func loadTokens(c *settingValues, withDev bool) (*api.Tokens, error) {
 	raw := c.get("tokens")
 	if f := c.get("tokens-file"); raw == "" && f != "" {
 		data, err := os.ReadFile(f)

@@ -98,7 +98,7 @@ func outboxRestore(ctx context.Context, db *sql.DB, fromID, toID int64, stdout i
 
 // outboxReplay publishes again the rows published since (or from fromID), or with dryRun counts
 // them, printing its progress.
-func outboxReplay(ctx context.Context, c *config, db *sql.DB, since string, fromID int64, dryRun bool, stdout io.Writer) error {
+func outboxReplay(ctx context.Context, c *settingValues, db *sql.DB, since string, fromID int64, dryRun bool, stdout io.Writer) error {
 	sel, err := replaySelection(since, fromID, time.Now())
 	if err != nil {
 		return err

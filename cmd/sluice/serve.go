@@ -107,7 +107,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, dev boo
 }
 
 // serveOptions is what the settings c say for app.Start: everything but the roles and the log.
-func serveOptions(c *config, dev bool) (app.Options, error) {
+func serveOptions(c *settingValues, dev bool) (app.Options, error) {
 	confirm, err := c.bool("executor-confirm-start")
 	if err != nil {
 		return app.Options{}, err

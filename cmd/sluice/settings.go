@@ -63,8 +63,8 @@ var settings = []setting{
 	{"memory-budget", "SLUICE_MEMORY_BUDGET", "256MiB", "bytes API request bodies and pages of jobs in progress may hold together; past it 503 busy (KiB, MiB, GiB; 0: no budget)"},
 }
 
-// config holds resolved settings by flag name.
-type config struct {
+// settingValues holds resolved settings by flag name.
+type settingValues struct {
 	values map[string]string
 	set    map[string]bool // given explicitly (flag, environment or file)
 }
@@ -75,7 +75,7 @@ type config struct {
 // unit file or exported by a template means "no value here", and taking it literally would hide
 // the config file and the default behind an empty DSN or listen address. A flag given empty
 // is typed on purpose and stays explicit.
-func parseSettings(fs *flag.FlagSet, args []string) (*config, error) {
+func parseSettings(fs *flag.FlagSet, args []string) (*settingValues, error) {
 	flags := map[string]*string{}
 	for _, s := range settings {
 		flags[s.flag] = fs.String(s.flag, "", s.usage+" ("+s.env+", default "+strconv.Quote(s.def)+")")
@@ -93,7 +93,7 @@ func parseSettings(fs *flag.FlagSet, args []string) (*config, error) {
 	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
-	c := &config{values: map[string]string{}, set: map[string]bool{}}
+	c := &settingValues{values: map[string]string{}, set: map[string]bool{}}
 	for _, s := range settings {
 		switch v := os.Getenv(s.env); {
 		case explicit[s.flag]:
@@ -109,9 +109,9 @@ func parseSettings(fs *flag.FlagSet, args []string) (*config, error) {
 	return c, nil
 }
 
-func (c *config) get(name string) string { return c.values[name] }
+func (c *settingValues) get(name string) string { return c.values[name] }
 
-func (c *config) bool(name string) (bool, error) {
+func (c *settingValues) bool(name string) (bool, error) {
 	v, err := strconv.ParseBool(c.values[name])
 	if err != nil {
 		return false, fmt.Errorf("%s: want true or false, got %q", name, c.values[name])
@@ -153,13 +153,13 @@ func readConfigFile(path string) (map[string]string, error) {
 }
 
 // natsAuth returns the NATS credentials the settings name.
-func (c config) natsAuth() publisher.NATSAuth {
+func (c settingValues) natsAuth() publisher.NATSAuth {
 	return publisher.NATSAuth{CredsFile: c.get("nats-creds"), NKeyFile: c.get("nats-nkey"), CAFile: c.get("nats-ca")}
 }
 
 // connectNATS connects an operator's command to the broker the settings name, with their
 // credentials, failing fast: a command is not a long-running process.
-func (c config) connectNATS(name string) (*nats.Conn, error) {
+func (c settingValues) connectNATS(name string) (*nats.Conn, error) {
 	url := c.get("nats-url")
 	if url == "" {
 		url = nats.DefaultURL

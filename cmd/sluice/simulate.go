@@ -14,7 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer/simulate"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // setFlags collects repeated --set key=value.
@@ -88,7 +88,7 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	var (
 		src     simulate.Source
-		current = limits.Default()
+		current = config.Default()
 		from    = "the defaults"
 	)
 	if *base == "db" {
@@ -97,7 +97,7 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			return err
 		}
 		defer db.Close()
-		v, err := limits.Load(ctx, db)
+		v, err := config.Load(ctx, db)
 		if err != nil {
 			return fmt.Errorf("simulate: read the configuration in force (--current defaults compares a file's arrivals with the defaults instead): %w", err)
 		}

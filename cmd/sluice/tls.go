@@ -11,12 +11,12 @@ import (
 // mysqlDSN is the MySQL DSN setting with the TLS files of SLUICE_MYSQL_CA, SLUICE_MYSQL_CERT
 // and SLUICE_MYSQL_KEY applied (store.WithTLS): what every command that opens the database
 // passes to store.Open.
-func (c *config) mysqlDSN() (string, error) {
+func (c *settingValues) mysqlDSN() (string, error) {
 	return store.WithTLS(c.get("mysql-dsn"), store.TLSFiles{CA: c.get("mysql-ca"), Cert: c.get("mysql-cert"), Key: c.get("mysql-key")})
 }
 
 // openDB opens the database of the settings (store.Open), over TLS when they say so.
-func (c *config) openDB(ctx context.Context) (*sql.DB, error) {
+func (c *settingValues) openDB(ctx context.Context) (*sql.DB, error) {
 	dsn, err := c.mysqlDSN()
 	if err != nil {
 		return nil, err

@@ -81,7 +81,7 @@ func (tr *traffic) Next() (Arrival, error) {
 //
 //	go test ./drainer/simulate -run '^$' -bench SimulateDay -benchtime 1x -cpu 1
 func BenchmarkSimulateDay(b *testing.B) {
-	cfg := config(b, `{"global_in_flight": 64, "tenant_in_flight": 8, "ordering": "fair"}`)
+	cfg := configFrom(b, `{"global_in_flight": 64, "tenant_in_flight": 8, "ordering": "fair"}`)
 	changes := map[string]json.RawMessage{"tenant_in_flight": json.RawMessage(`4`)}
 	for b.Loop() {
 		src := newTraffic(24*time.Hour, 100, 200, 300*time.Millisecond)

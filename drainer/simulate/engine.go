@@ -8,8 +8,8 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/admitrate"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -43,7 +43,7 @@ const (
 // those that ended: its memory is bounded by what is in the system at once, not by the
 // arrivals' number.
 type Engine struct {
-	cfg     limits.Config
+	cfg     config.Config
 	opts    Options
 	chose   *drainer.Chooser
 	decider gate.Decider
@@ -67,27 +67,27 @@ type Engine struct {
 	tenants map[string]*tenantQueue // every tenant with jobs queued or in flight
 	active  map[string]*tenantQueue // the tenants with jobs due
 	depth   int                     // queued jobs, scheduled ones included
-	us      limits.Usage
+	us      config.Usage
 	events  events
 	seq     int64
 	spare   []*tenantQueue         // queues of tenants gone idle, for reuse
 	waiting []gate.SlotWaiting     // a slot decision's tenants with work, reused
 	free    []*event               // events handled, for reuse
 	ran     []*qjob                // jobs ended, for reuse
-	slots   map[string]limits.Unit // granted, counted slots held until their SlotEnd
+	slots   map[string]config.Unit // granted, counted slots held until their SlotEnd
 	used    map[string]*timeUsed   // fair_time: each tenant's executor time
 
 	res *Result
 }
 
-// New returns an Engine deciding by cfg, which must be valid (limits.Config.Validate).
-func New(cfg limits.Config, opts Options) *Engine {
+// New returns an Engine deciding by cfg, which must be valid (config.Config.Validate).
+func New(cfg config.Config, opts Options) *Engine {
 	if opts.DepthEvery <= 0 {
 		opts.DepthEvery = time.Minute
 	}
 	return &Engine{cfg: cfg, opts: opts, chose: drainer.NewChooser(opts.ClaimBatch),
-		tenants: map[string]*tenantQueue{}, active: map[string]*tenantQueue{}, us: limits.NewUsage(),
-		slots: map[string]limits.Unit{}, used: map[string]*timeUsed{}, res: newResult(cfg, opts.DepthEvery)}
+		tenants: map[string]*tenantQueue{}, active: map[string]*tenantQueue{}, us: config.NewUsage(),
+		slots: map[string]config.Unit{}, used: map[string]*timeUsed{}, res: newResult(cfg, opts.DepthEvery)}
 }
 
 // qjob is a job in the system.
@@ -219,7 +219,7 @@ func (e *Engine) admit(a Arrival) {
 	st.Arrivals++
 	e.res.Total.Arrivals++
 	if lane, ok := e.cfg.Known(a.Lanes); !ok {
-		e.res.refuse(a.Tenant, string(job.CodeInvalidRequest), limits.LanePrefix+lane)
+		e.res.refuse(a.Tenant, string(job.CodeInvalidRequest), config.LanePrefix+lane)
 		return
 	}
 	req := gate.Request{Tenant: a.Tenant, Lanes: a.Lanes}
@@ -352,7 +352,7 @@ func (e *Engine) slot(a Arrival) {
 	st.Slots++
 	e.res.Total.Slots++
 	if lane, ok := e.cfg.Known(a.Lanes); !ok {
-		e.res.refuseSlot(a.Tenant, string(job.CodeInvalidRequest), limits.LanePrefix+lane)
+		e.res.refuseSlot(a.Tenant, string(job.CodeInvalidRequest), config.LanePrefix+lane)
 		return
 	}
 	// As many tenants with work as a grant reads, whatever their number; the grant reads the
@@ -368,7 +368,7 @@ func (e *Engine) slot(a Arrival) {
 		}
 	}
 	e.waiting = waiting
-	u := limits.Unit{Tenant: a.Tenant, Lanes: a.Lanes, Interactive: a.Interactive}
+	u := config.Unit{Tenant: a.Tenant, Lanes: a.Lanes, Interactive: a.Interactive}
 	o := gate.DecideSlot(e.cfg, e.us, waiting, u, a.Aware)
 	if !o.Grant {
 		e.res.refuseSlot(a.Tenant, string(job.CodeCapacityExceeded), o.Scope)
@@ -390,7 +390,7 @@ func (e *Engine) slot(a Arrival) {
 
 // outOfFlight takes a unit like u out of flight, forgetting a tenant with none left, so that the
 // usage holds the tenants in flight, not every tenant that ever was.
-func (e *Engine) outOfFlight(u limits.Unit) {
+func (e *Engine) outOfFlight(u config.Unit) {
 	e.us.Add(e.cfg, u, -1)
 	if e.us.Tenant[u.Tenant] == 0 {
 		delete(e.us.Tenant, u.Tenant)
@@ -398,7 +398,7 @@ func (e *Engine) outOfFlight(u limits.Unit) {
 }
 
 // release gives back a slot's unit.
-func (e *Engine) release(u limits.Unit) {
+func (e *Engine) release(u config.Unit) {
 	e.outOfFlight(u)
 	q := e.tenants[u.Tenant]
 	q.inFlight--
@@ -431,7 +431,7 @@ func (e *Engine) ended(j *qjob) {
 	e.outOfFlight(j.head.Unit())
 	q := e.tenants[j.head.Tenant]
 	q.inFlight--
-	if e.cfg.Ordering == limits.FairTime {
+	if e.cfg.Ordering == config.FairTime {
 		tu := e.used[j.head.Tenant]
 		tu.charge(e.now, e.now.Sub(j.claimed))
 		tu.running -= j.claimed.Sub(e.res.Start).Seconds()
@@ -463,7 +463,7 @@ func (e *Engine) claim() {
 		if len(heads) == 0 {
 			return
 		}
-		if e.cfg.Ordering == limits.FairTime {
+		if e.cfg.Ordering == config.FairTime {
 			e.chose.SetTimeUsed(e.timeUsed(heads))
 		}
 		chosen, full := e.chose.Choose(e.cfg, heads, more, &e.us)
@@ -500,7 +500,7 @@ func (e *Engine) start(h store.Head) {
 	e.res.sampleDepth(e.now, e.depth)
 	j.claimed = e.now
 	e.res.started(t, e.now.Sub(j.head.QueuedAt))
-	if e.cfg.Ordering == limits.FairTime {
+	if e.cfg.Ordering == config.FairTime {
 		tu := e.usedOf(t)
 		tu.running += e.now.Sub(e.res.Start).Seconds()
 		tu.inFlight++
@@ -509,7 +509,7 @@ func (e *Engine) start(h store.Head) {
 }
 
 // timeUsed is what fair_time orders by: each tenant's executor time charged at its outcomes,
-// decayed over limits.FairTimeWindow as store.TimeUsed decays it, plus the time its jobs in
+// decayed over config.FairTimeWindow as store.TimeUsed decays it, plus the time its jobs in
 // flight have run so far.
 type timeUsed struct {
 	used     float64 // seconds, as of at
@@ -522,7 +522,7 @@ func (tu *timeUsed) decayed(now time.Time) float64 {
 	if tu.at.IsZero() {
 		return 0
 	}
-	return tu.used * math.Exp(-float64(now.Sub(tu.at).Microseconds())/float64(limits.FairTimeWindow.Microseconds()))
+	return tu.used * math.Exp(-float64(now.Sub(tu.at).Microseconds())/float64(config.FairTimeWindow.Microseconds()))
 }
 
 func (tu *timeUsed) charge(now time.Time, d time.Duration) {
@@ -556,7 +556,7 @@ type event struct {
 	seq   int64
 	claim bool
 	job   *qjob
-	unit  limits.Unit
+	unit  config.Unit
 }
 
 // push schedules ev, in the memory of an event handled before if there is one.

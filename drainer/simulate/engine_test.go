@@ -13,19 +13,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 )
 
 var t0 = time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
 
-func config(t testing.TB, changes string) limits.Config {
+func configFrom(t testing.TB, changes string) config.Config {
 	t.Helper()
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(changes), &m); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := limits.Apply(limits.Default(), m)
+	cfg, err := config.Apply(config.Default(), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func jobAt(ms int, tenant string, serviceMS int) Arrival {
 
 // replay runs arrivals through one Engine, checking after each that nothing in flight exceeds a
 // cap, and returns its result.
-func replay(t *testing.T, cfg limits.Config, arrivals []Arrival) *Result {
+func replay(t *testing.T, cfg config.Config, arrivals []Arrival) *Result {
 	t.Helper()
 	e := New(cfg, Options{})
 	for _, a := range arrivals {
@@ -57,7 +57,7 @@ func replay(t *testing.T, cfg limits.Config, arrivals []Arrival) *Result {
 }
 
 func TestFIFOWithinCaps(t *testing.T) {
-	cfg := config(t, `{"global_in_flight": 2, "tenant_in_flight": 2}`)
+	cfg := configFrom(t, `{"global_in_flight": 2, "tenant_in_flight": 2}`)
 	r := replay(t, cfg, []Arrival{jobAt(0, "a", 100), jobAt(0, "a", 100), jobAt(0, "a", 100), jobAt(50, "a", 100)})
 	a := r.Tenants["a"]
 	if a.Started != 4 || a.Admitted != 4 || r.Total.NeverStarted != 0 {
@@ -86,7 +86,7 @@ func TestLoweringATenantCapShiftsWaits(t *testing.T) {
 	for i := range 20 {
 		arrivals = append(arrivals, jobAt(10+50*i, "steady", 20))
 	}
-	cur := config(t, `{"global_in_flight": 4, "tenant_in_flight": 4}`)
+	cur := configFrom(t, `{"global_in_flight": 4, "tenant_in_flight": 4}`)
 	cmp, err := Run(context.Background(), ptr(Slice(arrivals)), cur, map[string]json.RawMessage{"tenant_in_flight_overrides": json.RawMessage(`{"burst": 2}`)}, Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func TestLoweringATenantCapShiftsWaits(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 func TestDepthCapsRateLimitAndImmediate(t *testing.T) {
-	cfg := config(t, `{"global_in_flight": 1, "tenant_in_flight": 1, "tenant_queue_depth": 2, "admission_rate_per_minute": 3}`)
+	cfg := configFrom(t, `{"global_in_flight": 1, "tenant_in_flight": 1, "tenant_queue_depth": 2, "admission_rate_per_minute": 3}`)
 	var arrivals []Arrival
 	for range 5 {
 		// One instant, as one batch: the rate limit takes 3 units of 5 first (2 refused
@@ -167,7 +167,7 @@ func startOrder(e *Engine) []int64 {
 }
 
 func TestPriorityAndInteractiveOrderATenantsQueue(t *testing.T) {
-	cfg := config(t, `{"global_in_flight": 1, "tenant_in_flight": 1, "priority_aging_seconds": 300}`)
+	cfg := configFrom(t, `{"global_in_flight": 1, "tenant_in_flight": 1, "priority_aging_seconds": 300}`)
 	first := jobAt(0, "a", 100)
 	low := jobAt(1, "a", 100)
 	low.Priority = 1
@@ -188,7 +188,7 @@ func TestPriorityAndInteractiveOrderATenantsQueue(t *testing.T) {
 }
 
 func TestAgedJobGoesAsIfTop(t *testing.T) {
-	cfg := config(t, `{"global_in_flight": 1, "tenant_in_flight": 1, "priority_aging_seconds": 1}`)
+	cfg := configFrom(t, `{"global_in_flight": 1, "tenant_in_flight": 1, "priority_aging_seconds": 1}`)
 	low := jobAt(1, "a", 10)
 	low.Priority = 0
 	e := New(cfg, Options{})
@@ -202,7 +202,7 @@ func TestAgedJobGoesAsIfTop(t *testing.T) {
 }
 
 func TestSlotsHoldUnits(t *testing.T) {
-	cfg := config(t, `{"global_in_flight": 2, "tenant_in_flight": 2}`)
+	cfg := configFrom(t, `{"global_in_flight": 2, "tenant_in_flight": 2}`)
 	held := Arrival{At: t0, Kind: Slot, ID: "s1", Tenant: "a"}
 	timed := Arrival{At: t0, Kind: Slot, Tenant: "a", Service: 50 * time.Millisecond}
 	refused := Arrival{At: t0.Add(time.Millisecond), Kind: Slot, Tenant: "a", Service: time.Second, Aware: true}
@@ -221,7 +221,7 @@ func TestSlotsHoldUnits(t *testing.T) {
 // A scheduled job is queued at its due time, as production writes its queued_at: its wait counts
 // from then, and it goes behind the jobs queued before then.
 func TestScheduledJobWaitsForItsTime(t *testing.T) {
-	cfg := config(t, `{"global_in_flight": 4, "tenant_in_flight": 4}`)
+	cfg := configFrom(t, `{"global_in_flight": 4, "tenant_in_flight": 4}`)
 	later := jobAt(0, "a", 10)
 	later.RunAt = t0.Add(time.Second)
 	r := replay(t, cfg, []Arrival{later, jobAt(10, "a", 10)})
@@ -230,7 +230,7 @@ func TestScheduledJobWaitsForItsTime(t *testing.T) {
 			a.Started, a.Wait.Max, r.End.Sub(t0))
 	}
 
-	cfg = config(t, `{"global_in_flight": 1, "tenant_in_flight": 1}`)
+	cfg = configFrom(t, `{"global_in_flight": 1, "tenant_in_flight": 1}`)
 	e := New(cfg, Options{})
 	scheduled := jobAt(0, "a", 10)
 	scheduled.RunAt = t0.Add(500 * time.Millisecond)
@@ -246,7 +246,7 @@ func TestScheduledJobWaitsForItsTime(t *testing.T) {
 // A claim sees an admission's jobs ArrivalPickup after its clock reading (its commit and poke),
 // not before: a pass that an outcome brings sooner finds them not there.
 func TestAdmittedJobsUnseenUntilPickedUp(t *testing.T) {
-	cfg := config(t, `{"global_in_flight": 1, "tenant_in_flight": 1}`)
+	cfg := configFrom(t, `{"global_in_flight": 1, "tenant_in_flight": 1}`)
 	e := New(cfg, Options{ArrivalPickup: 20 * time.Millisecond, OutcomePickup: time.Millisecond})
 	// a: seen at 20 ms, runs to 30, its outcome's pass at 31; b: admitted at 25, seen at 45.
 	e.Arrive(jobAt(0, "a", 10))
@@ -259,7 +259,7 @@ func TestAdmittedJobsUnseenUntilPickedUp(t *testing.T) {
 }
 
 func TestPausedTenantNeverStarts(t *testing.T) {
-	cfg := config(t, `{"tenant_in_flight_overrides": {"a": 0}}`)
+	cfg := configFrom(t, `{"tenant_in_flight_overrides": {"a": 0}}`)
 	r := replay(t, cfg, []Arrival{jobAt(0, "a", 10), jobAt(0, "b", 10)})
 	if r.Total.NeverStarted != 1 || r.Tenants["a"].NeverStarted != 1 || r.Tenants["b"].Started != 1 {
 		t.Fatalf("never started %d (a %d), b started %d: want a's job left queued", r.Total.NeverStarted, r.Tenants["a"].NeverStarted, r.Tenants["b"].Started)
@@ -268,16 +268,16 @@ func TestPausedTenantNeverStarts(t *testing.T) {
 
 func TestRunRefusesBadInput(t *testing.T) {
 	one := Slice{jobAt(0, "a", 1)}
-	if _, err := Run(context.Background(), &one, limits.Default(), map[string]json.RawMessage{"tenant_capz": json.RawMessage(`3`)}, Options{}, nil); err == nil ||
+	if _, err := Run(context.Background(), &one, config.Default(), map[string]json.RawMessage{"tenant_capz": json.RawMessage(`3`)}, Options{}, nil); err == nil ||
 		!strings.Contains(err.Error(), "tenant_capz") || !strings.Contains(err.Error(), "unknown key") {
 		t.Fatalf("an unknown key: %v, want an error naming it", err)
 	}
-	if _, err := Run(context.Background(), &one, limits.Default(), map[string]json.RawMessage{"global_in_flight": json.RawMessage(`"many"`)}, Options{}, nil); err == nil ||
+	if _, err := Run(context.Background(), &one, config.Default(), map[string]json.RawMessage{"global_in_flight": json.RawMessage(`"many"`)}, Options{}, nil); err == nil ||
 		!strings.Contains(err.Error(), "global_in_flight") {
 		t.Fatalf("a bad value: %v, want an error naming the key", err)
 	}
 	var none Slice
-	if _, err := Run(context.Background(), &none, limits.Default(), nil, Options{}, nil); !errors.Is(err, ErrNoArrivals) {
+	if _, err := Run(context.Background(), &none, config.Default(), nil, Options{}, nil); !errors.Is(err, ErrNoArrivals) {
 		t.Fatalf("no arrivals: %v, want ErrNoArrivals", err)
 	}
 }
@@ -342,7 +342,7 @@ func TestLinesNameTheProblem(t *testing.T) {
 
 // The engine keeps what is in the system, not what passed through it.
 func TestMemoryBoundedByJobsInTheSystem(t *testing.T) {
-	cfg := config(t, `{"global_in_flight": 64, "tenant_in_flight": 8}`)
+	cfg := configFrom(t, `{"global_in_flight": 64, "tenant_in_flight": 8}`)
 	e := New(cfg, Options{})
 	rng := rand.New(rand.NewPCG(1, 2))
 	peak := 0

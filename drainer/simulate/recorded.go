@@ -10,8 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 )
@@ -295,7 +295,7 @@ func RunRecorded(ctx context.Context, db sqldb.DB, since, until time.Time, chang
 	if opts.DepthEvery <= 0 {
 		opts.DepthEvery = DepthPeriod(until.Sub(since))
 	}
-	v, err := limits.Load(ctx, db)
+	v, err := config.Load(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("read the configuration in force: %w", err)
 	}

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // ErrNoArrivals is Run's error for a source with nothing in it.
@@ -26,14 +26,14 @@ type Comparison struct {
 	Changed *Result                    `json:"changed"`
 }
 
-// Run replays src once, under current and under current with changes (limits.Apply: an unknown
+// Run replays src once, under current and under current with changes (config.Apply: an unknown
 // key or a bad value is an error naming it), side by side. progress, if set, is called with the
 // arrivals replayed so far every 100,000 arrivals. It stops with ctx's error when ctx ends.
-func Run(ctx context.Context, src Source, current limits.Config, changes map[string]json.RawMessage, opts Options, progress func(n int)) (*Comparison, error) {
+func Run(ctx context.Context, src Source, current config.Config, changes map[string]json.RawMessage, opts Options, progress func(n int)) (*Comparison, error) {
 	changed := current
 	if len(changes) > 0 {
 		var err error
-		if changed, err = limits.Apply(current, changes); err != nil {
+		if changed, err = config.Apply(current, changes); err != nil {
 			return nil, fmt.Errorf("changes: %w", err)
 		}
 	}

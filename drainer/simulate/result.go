@@ -5,7 +5,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // Result is what one simulation saw.
@@ -57,7 +57,7 @@ type Quantiles struct {
 	Max float64 `json:"max_ms"`
 }
 
-func newResult(cfg limits.Config, every time.Duration) *Result {
+func newResult(cfg config.Config, every time.Duration) *Result {
 	return &Result{Tenants: map[string]*TenantResult{}, global: float64(cfg.GlobalInFlight), DepthEvery: every}
 }
 

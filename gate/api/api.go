@@ -18,10 +18,10 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/clock"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/console"
 	"github.com/sluicehq/sluice/gate/groupcommit"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/gate/waiters"
@@ -38,7 +38,7 @@ type Config struct {
 	// Admitter admits jobs. Required.
 	Admitter *gate.Admitter
 	// Limits supplies the runtime configuration. Required.
-	Limits *limits.Cache
+	Limits *config.Cache
 	// Tokens authenticates callers. Required.
 	Tokens *Tokens
 	// Clock judges nonce TTLs. Default: the database's clock, followed by clock.Synced.

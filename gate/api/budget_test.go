@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/integration/wait"
 )
@@ -32,7 +32,7 @@ func TestMemoryBudget(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.New(t)
 	plain := db.Plain(t)
-	lim := limits.NewCache(plain, nil)
+	lim := config.NewCache(plain, nil)
 	if err := lim.Reload(ctx); err != nil {
 		t.Fatal(err)
 	}

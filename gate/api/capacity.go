@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // capacityHeaders are the SPEC §5a headers of a capacity decision, in the order
@@ -19,7 +19,7 @@ var capacityHeaders = []string{"Sluice-Capacity-Decision", "Sluice-Capacity-Scop
 // decision is admitted, shadow-refused or refused, and v the verdict that decided it (its
 // Scope the refusing or else the fullest limit). Nothing is written with the rollout mode off:
 // callers do not call it then.
-func setVerdictHeaders(h http.Header, decision string, v limits.Verdict) {
+func setVerdictHeaders(h http.Header, decision string, v config.Verdict) {
 	h.Set("Sluice-Capacity-Decision", decision)
 	h.Set("Sluice-Capacity-Scope", v.Scope)
 	h.Set("Sluice-Capacity-Limit", strconv.Itoa(v.Limit))

@@ -6,22 +6,22 @@ import (
 	"net/http"
 
 	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 )
 
 // configBody is GET /v1/config and the answer of PATCH /v1/config (SPEC §9).
 type configBody struct {
 	Version int64         `json:"version"`
-	Config  limits.Config `json:"config"`
+	Config  config.Config `json:"config"`
 	// Change is the history entry a PATCH created; absent when it changed nothing.
-	Change *limits.Change `json:"change,omitempty"`
+	Change *config.Change `json:"change,omitempty"`
 }
 
 // getConfig is GET /v1/config (admin): the version in force, read from the database so that
 // every process answers the same.
 func (s *Server) getConfig(w http.ResponseWriter, r *http.Request) {
-	v, err := limits.Load(r.Context(), s.cfg.DB)
+	v, err := config.Load(r.Context(), s.cfg.DB)
 	if err != nil {
 		s.fail(w, r, gate.AsUnavailable(err))
 		return
@@ -37,7 +37,7 @@ type patchRequest struct {
 
 // patchConfig is PATCH /v1/config (admin): all changes or none, validated with the reason; one
 // history row and one log line per new version. This process re-reads at once; the others
-// within limits.ReloadEvery.
+// within config.ReloadEvery.
 func (s *Server) patchConfig(w http.ResponseWriter, r *http.Request) {
 	data, err := readBody(r, 1<<20)
 	if err != nil {
@@ -57,14 +57,14 @@ func (s *Server) patchConfig(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, job.Invalid("note", "note is at most 10000 bytes"))
 		return
 	}
-	v, ch, err := limits.Patch(r.Context(), s.cfg.DB, s.cfg.Log, callerOf(r).Name, req.Changes, req.Note)
-	var fe *limits.FieldError
+	v, ch, err := config.Patch(r.Context(), s.cfg.DB, s.cfg.Log, callerOf(r).Name, req.Changes, req.Note)
+	var fe *config.FieldError
 	if errors.As(err, &fe) {
 		s.fail(w, r, &job.Error{Code: job.CodeInvalidRequest, Message: fe.Error(),
 			Detail: map[string]any{"field": fe.Key, "reason": fe.Reason}})
 		return
 	}
-	if errors.Is(err, limits.ErrCommit) && gate.ConnectionLost(err) {
+	if errors.Is(err, config.ErrCommit) && gate.ConnectionLost(err) {
 		// The same PATCH again sets the same values, so it is safe to repeat: if the first one
 		// was written, the repeat changes nothing.
 		s.fail(w, r, outcomeUnknown(err))
@@ -91,7 +91,7 @@ func (s *Server) configHistory(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	h, err := limits.History(r.Context(), s.cfg.DB, before, limit)
+	h, err := config.History(r.Context(), s.cfg.DB, before, limit)
 	if err != nil {
 		s.fail(w, r, gate.AsUnavailable(err))
 		return

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/apitest"
@@ -159,7 +159,7 @@ func TestFrontDoorConfigPatchCommitCut(t *testing.T) {
 	if err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM config_versions").Scan(&after); err != nil {
 		t.Fatal(err)
 	}
-	v, err := limits.Load(ctx, f.DB)
+	v, err := config.Load(ctx, f.DB)
 	if err != nil {
 		t.Fatal(err)
 	}

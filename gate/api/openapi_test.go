@@ -14,7 +14,7 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 
 	"github.com/sluicehq/sluice/gate"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/rategate"
 )
 
@@ -36,7 +36,7 @@ func testServer(t *testing.T) *Server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	lim := limits.NewCache(db, nil)
+	lim := config.NewCache(db, nil)
 	adm, err := gate.New(gate.Config{DB: db, Limits: lim})
 	if err != nil {
 		t.Fatal(err)

@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 )
 
 // SimulateFunc replays what arrived between since and until (the audit trail's window) under the
 // runtime configuration in force and under it with changes, and returns the comparison. An
-// invalid change is an error wrapping a *limits.FieldError naming its key; a window in which
+// invalid change is an error wrapping a *config.FieldError naming its key; a window in which
 // nothing arrived is an error wrapping ErrNoArrivals. It must stop when ctx ends and must not
 // hold a database transaction open. cmd/sluice/app wires drainer/simulate's RunRecorded, which
 // gate/api may not import (README, "Layers").
@@ -144,7 +144,7 @@ func (s *Server) simulateConfig(w http.ResponseWriter, r *http.Request) {
 // change, 404 for an empty window, 503 busy when the simulation outlived simulateTimeout (ctx),
 // 503 unavailable when the request (reqCtx) ended first or the database could not be read.
 func simulateError(ctx, reqCtx context.Context, err error, lo, hi time.Time) error {
-	var fe *limits.FieldError
+	var fe *config.FieldError
 	switch {
 	case errors.As(err, &fe):
 		return &job.Error{Code: job.CodeInvalidRequest, Message: fe.Error(),

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // fakeComparison is a comparison as simulate.Comparison.WriteJSON writes one, with no shifts
@@ -34,7 +34,7 @@ const fakeComparison = `{
 `
 
 // simulateServer is testServer with a fixed clock and a Simulate that validates the changes as
-// the real one does (limits.Apply, wrapped), finds arrivals only after arrivalsFrom, and records
+// the real one does (config.Apply, wrapped), finds arrivals only after arrivalsFrom, and records
 // the window it was asked for.
 func simulateServer(t *testing.T, now, arrivalsFrom time.Time) (*Server, *[2]time.Time) {
 	t.Helper()
@@ -50,7 +50,7 @@ func simulateServer(t *testing.T, now, arrivalsFrom time.Time) (*Server, *[2]tim
 	s.cfg.Simulate = func(ctx context.Context, changes map[string]json.RawMessage, since, until time.Time) (*Simulation, error) {
 		asked = [2]time.Time{since, until}
 		if len(changes) > 0 {
-			if _, err := limits.Apply(limits.Default(), changes); err != nil {
+			if _, err := config.Apply(config.Default(), changes); err != nil {
 				return nil, fmt.Errorf("--set: %w", err)
 			}
 		}

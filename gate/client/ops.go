@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/status"
 )
 
@@ -22,8 +22,8 @@ func (c *Client) Status(ctx context.Context) (status.Status, error) {
 // PatchConfig when a new version was written.
 type ConfigVersion struct {
 	Version int64          `json:"version"`
-	Config  limits.Config  `json:"config"`
-	Change  *limits.Change `json:"change,omitempty"`
+	Config  config.Config  `json:"config"`
+	Change  *config.Change `json:"change,omitempty"`
 }
 
 // Config reads GET /v1/config (admin).
@@ -58,7 +58,7 @@ type ConfigHistoryOptions struct {
 
 // ConfigHistoryPage is one page of ConfigHistory: NextCursor is "" on the last page.
 type ConfigHistoryPage struct {
-	History    []limits.Change `json:"history"`
+	History    []config.Change `json:"history"`
 	NextCursor string          `json:"next_cursor"`
 }
 
@@ -66,7 +66,7 @@ type ConfigHistoryPage struct {
 // back as Cursor for the next.
 func (c *Client) ConfigHistory(ctx context.Context, o ConfigHistoryOptions) (ConfigHistoryPage, error) {
 	var p struct {
-		History    []limits.Change `json:"history"`
+		History    []config.Change `json:"history"`
 		NextCursor *string         `json:"next_cursor"`
 	}
 	_, err := c.Do(ctx, http.MethodGet, pagePath("/v1/config/history", url.Values{}, o.Limit, o.Cursor), nil, &p)

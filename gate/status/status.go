@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/recent"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
@@ -47,7 +47,7 @@ type Config struct {
 	DB *sql.DB
 	// Limits is the process's runtime config cache, for config.version and config.stale.
 	// Default: the version is read from the database and stale is false.
-	Limits *limits.Cache
+	Limits *config.Cache
 	// RateGates, if set, is asked which queued rate keys are gated. Nil: no gates.
 	RateGates RateGates
 	// BrokerConnected reports whether this process's NATS connection is up. Nil: false.
@@ -161,7 +161,7 @@ type LaneUse struct {
 // lanes returns every lane cfg configures with what is in flight in it: jobs, the jobs in flight
 // (store.ReadInFlightUsage), read only when a lane is configured, and slots, the live slots by
 // lane.
-func (r *Reader) lanes(ctx context.Context, cfg limits.Config, jobs *limits.Usage, slots map[string]int) (map[string]LaneUse, error) {
+func (r *Reader) lanes(ctx context.Context, cfg config.Config, jobs *config.Usage, slots map[string]int) (map[string]LaneUse, error) {
 	out := make(map[string]LaneUse, len(cfg.Lanes))
 	if len(cfg.Lanes) == 0 {
 		return out, nil
@@ -314,7 +314,7 @@ func (r *Reader) Read(ctx context.Context) (Status, error) {
 // listTenants is the status's tenants: the deepest, those with work in flight (as many as the
 // global cap allows) and those holding slots only, the deepest most of them, depth first, then
 // in flight, then name.
-func listTenants(cfg limits.Config, deepest, inFlight []Tenant, slots map[string]int, most int) []Tenant {
+func listTenants(cfg config.Config, deepest, inFlight []Tenant, slots map[string]int, most int) []Tenant {
 	byTenant := make(map[string]Tenant, len(deepest)+len(inFlight))
 	for _, t := range deepest {
 		byTenant[t.Tenant] = t
@@ -386,10 +386,10 @@ func (r *Reader) Local(ctx context.Context) Status {
 
 // config returns the configuration the drainers claim under (the newest row: claims read it in
 // their own transaction) and fills s.Config with this process's view.
-func (r *Reader) config(ctx context.Context, s *Status) (limits.Config, error) {
-	v, err := limits.Load(ctx, r.cfg.DB)
+func (r *Reader) config(ctx context.Context, s *Status) (config.Config, error) {
+	v, err := config.Load(ctx, r.cfg.DB)
 	if err != nil {
-		return limits.Config{}, fmt.Errorf("status: %w", err)
+		return config.Config{}, fmt.Errorf("status: %w", err)
 	}
 	s.Config = ConfigRef{Version: v.Version}
 	return v.Config, nil
@@ -440,7 +440,7 @@ type eligibility struct {
 }
 
 // inFlight returns each tenant with jobs in flight, with its queue state (store.ReadInFlight).
-func (r *Reader) inFlight(ctx context.Context, now time.Time, cfg limits.Config) ([]Tenant, error) {
+func (r *Reader) inFlight(ctx context.Context, now time.Time, cfg config.Config) ([]Tenant, error) {
 	rows, err := store.ReadInFlight(ctx, r.cfg.DB)
 	if err != nil {
 		return nil, fmt.Errorf("status: %w", err)
@@ -457,7 +457,7 @@ func (r *Reader) inFlight(ctx context.Context, now time.Time, cfg limits.Config)
 // slots reads the live slots that count (store.LiveSlots: bounded by those, which the global cap
 // bounds; a slot granted past a limit is not read) and returns them in total, by tier and lane,
 // and per tenant.
-func (r *Reader) slots(ctx context.Context, cfg limits.Config) (Slots, map[string]int, error) {
+func (r *Reader) slots(ctx context.Context, cfg config.Config) (Slots, map[string]int, error) {
 	us, err := store.LiveSlots(ctx, r.cfg.DB, cfg)
 	if err != nil {
 		return Slots{}, nil, fmt.Errorf("status: %w", err)
@@ -487,7 +487,7 @@ const maxQueued = int64(1) << 32
 // stops after the rows returned: the tail is read backwards (queued DESC, tenant DESC, the
 // order the index serves) and the last depth it reached, of which it may have taken only the
 // names at the end, is read again forwards from its first name.
-func (r *Reader) deepest(ctx context.Context, now time.Time, cfg limits.Config, after *TenantKey, n int) ([]Tenant, error) {
+func (r *Reader) deepest(ctx context.Context, now time.Time, cfg config.Config, after *TenantKey, n int) ([]Tenant, error) {
 	var out []Tenant
 	below := maxQueued
 	if after != nil {
@@ -531,7 +531,7 @@ func (r *Reader) deepest(ctx context.Context, now time.Time, cfg limits.Config, 
 }
 
 // tenantRows reads a page of tenants' queue states (store.ReadTenantQueues).
-func (r *Reader) tenantRows(ctx context.Context, now time.Time, cfg limits.Config, p store.TenantQueuesParams) ([]Tenant, error) {
+func (r *Reader) tenantRows(ctx context.Context, now time.Time, cfg config.Config, p store.TenantQueuesParams) ([]Tenant, error) {
 	rows, err := store.ReadTenantQueues(ctx, r.cfg.DB, p)
 	if err != nil {
 		return nil, fmt.Errorf("status: %w", err)
@@ -544,7 +544,7 @@ func (r *Reader) tenantRows(ctx context.Context, now time.Time, cfg limits.Confi
 }
 
 // tenantOf is t as status shows it, with its cap under cfg.
-func tenantOf(now time.Time, cfg limits.Config, t store.TenantQueue) Tenant {
+func tenantOf(now time.Time, cfg config.Config, t store.TenantQueue) Tenant {
 	out := Tenant{Tenant: t.Tenant, Depth: t.Queued, Cap: cfg.TenantCap(t.Tenant), Tier: cfg.Tier(t.Tenant), Weight: cfg.Weight(t.Tenant)}
 	if t.HeadAt != nil {
 		out.OldestAgeSeconds = age(now, *t.HeadAt)
@@ -557,7 +557,7 @@ func tenantOf(now time.Time, cfg limits.Config, t store.TenantQueue) Tenant {
 // It reads MaxTenants plus the number of tenants in flight (bounded by the global cap) names
 // from the head index, then the heads of the chosen ones in one statement of constant text
 // (store.HeadsRead), whatever the number of tenants with work.
-func (r *Reader) eligible(ctx context.Context, now time.Time, cfg limits.Config, globalInFlight int, inFlight []Tenant, gated map[string]time.Time) (eligibility, error) {
+func (r *Reader) eligible(ctx context.Context, now time.Time, cfg config.Config, globalInFlight int, inFlight []Tenant, gated map[string]time.Time) (eligibility, error) {
 	var e eligibility
 	busy := make(map[string]int, len(inFlight))
 	for _, t := range inFlight {
@@ -612,7 +612,7 @@ func (r *Reader) eligible(ctx context.Context, now time.Time, cfg limits.Config,
 }
 
 // drainers fills s.Drainers, deriving each state at read time (SPEC §6).
-func (r *Reader) drainers(ctx context.Context, now time.Time, cfg limits.Config, s *Status, e eligibility) error {
+func (r *Reader) drainers(ctx context.Context, now time.Time, cfg config.Config, s *Status, e eligibility) error {
 	rows, err := store.ReadDrainers(ctx, r.cfg.DB, now.Add(-r.cfg.GoneAfter))
 	if err != nil {
 		return fmt.Errorf("status: %w", err)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/recent"
 	"github.com/sluicehq/sluice/gate/status"
 	"github.com/sluicehq/sluice/gate/store"
@@ -213,10 +213,10 @@ func TestStatusFigures(t *testing.T) {
 		t.Errorf("queue %+v in flight %d, want depth 3, oldest 90 s, 2 in flight", s.Queue, s.InFlight)
 	}
 	want := []status.Tenant{
-		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2, Slots: 1, Tier: limits.DefaultTier, Weight: 1},
-		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5, Tier: limits.DefaultTier, Weight: 2.5},
-		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2, Tier: limits.DefaultTier, Weight: 1},
-		{Tenant: "hooli", Depth: 0, OldestAgeSeconds: 0, InFlight: 0, Cap: 2, Slots: 1, Tier: limits.DefaultTier, Weight: 1},
+		{Tenant: "acme", Depth: 2, OldestAgeSeconds: 90, InFlight: 1, Cap: 2, Slots: 1, Tier: config.DefaultTier, Weight: 1},
+		{Tenant: "globex", Depth: 1, OldestAgeSeconds: 30, InFlight: 0, Cap: 5, Tier: config.DefaultTier, Weight: 2.5},
+		{Tenant: "initech", Depth: 0, OldestAgeSeconds: 0, InFlight: 1, Cap: 2, Tier: config.DefaultTier, Weight: 1},
+		{Tenant: "hooli", Depth: 0, OldestAgeSeconds: 0, InFlight: 0, Cap: 2, Slots: 1, Tier: config.DefaultTier, Weight: 1},
 	}
 	if s.Slots.Total != 2 || s.Slots.ByTier["default"] != 2 || s.Slots.ByLane["search"] != 1 || s.Slots.ByLane["gpu"] != 1 || len(s.Slots.ByLane) != 2 {
 		t.Errorf("slots %+v", s.Slots)
@@ -293,7 +293,7 @@ func TestDeepestTenants(t *testing.T) {
 			var names []string
 			for _, row := range p.Tenants {
 				names = append(names, row.Tenant)
-				if row.Depth != depths[row.Tenant] || row.Tier != limits.DefaultTier || row.Cap != 2 {
+				if row.Depth != depths[row.Tenant] || row.Tier != config.DefaultTier || row.Cap != 2 {
 					t.Errorf("%s: row %+v, want depth %d, cap 2, tier default", tc.order, row, depths[row.Tenant])
 				}
 				if want := 0; row.Tenant == "e" {
@@ -410,7 +410,7 @@ func TestTenantGatedKeys(t *testing.T) {
 func TestTiersAndLanes(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	testdb.SetLimits(t, f.db.DB, func(c *limits.Config) {
+	testdb.SetLimits(t, f.db.DB, func(c *config.Config) {
 		c.Lanes = map[string]int{"gpu": 2, "search": 5}
 		c.TenantTiers = map[string]string{"g": "gold"}
 	})
@@ -429,7 +429,7 @@ func TestTiersAndLanes(t *testing.T) {
 	for _, tn := range s.Tenants {
 		tiers[tn.Tenant] = tn.Tier
 	}
-	if tiers["g"] != "gold" || tiers["p"] != limits.DefaultTier {
+	if tiers["g"] != "gold" || tiers["p"] != config.DefaultTier {
 		t.Errorf("status tiers %v, want g gold, p default", tiers)
 	}
 	r, err := status.New(status.Config{DB: f.db.DB, Clock: clock.NewFake(f.now)})
@@ -440,7 +440,7 @@ func TestTiersAndLanes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Tenants) != 2 || p.Tenants[0].Tier != "gold" || p.Tenants[1].Tier != limits.DefaultTier || fmt.Sprint(p.Lanes) != fmt.Sprint(want) {
+	if len(p.Tenants) != 2 || p.Tenants[0].Tier != "gold" || p.Tenants[1].Tier != config.DefaultTier || fmt.Sprint(p.Lanes) != fmt.Sprint(want) {
 		t.Errorf("tenants page %+v lanes %v", p.Tenants, p.Lanes)
 	}
 }

@@ -48,7 +48,7 @@ type TenantRow struct {
 	Cap              int     `json:"cap"`
 	// Slots are the tenant's live slots that count (SPEC §5a; not those granted past a limit).
 	Slots int `json:"slots"`
-	// Tier is the tenant's tier (runtime config tenant_tiers; limits.DefaultTier if not named).
+	// Tier is the tenant's tier (runtime config tenant_tiers; config.DefaultTier if not named).
 	Tier string `json:"tier"`
 	// Weight is the tenant's weight under fair ordering (tenant_weights, tier_weights; 1).
 	Weight float64 `json:"weight"`

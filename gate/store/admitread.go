@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // AdmissionRead is what an admission transaction reads under its tenants' locks.
@@ -26,7 +26,7 @@ type AdmissionRead struct {
 	// Config says): the capacity decision of queue=false admissions and the headers of every admission
 	// (SPEC §5a).
 	CountInFlight bool
-	Config        limits.Config
+	Config        config.Config
 	// CountInteractive counts each tenant's interactive queued jobs (AdmissionState's
 	// TenantInteractive): only a queue=false admission of interactive work needs them.
 	CountInteractive bool
@@ -48,7 +48,7 @@ type AdmissionState struct {
 	// NoHeadAfterNow says that no tenant read has a queue head dated after Now (NewJobs).
 	NoHeadAfterNow bool
 	// Usage is what is in flight by tenant, tier, lane and interactive, when counted.
-	Usage    limits.Usage
+	Usage    config.Usage
 	Keyed    []Row
 	Redriven []Row
 }
@@ -75,7 +75,7 @@ func lockTenantsSQL(n int) string {
 func (t *AdmissionTx) ReadAdmission(ctx context.Context, p AdmissionRead) (AdmissionState, error) {
 	stmts, args := admissionReadSQL(p)
 	st := AdmissionState{TenantDepth: map[string]int{}, TenantInteractive: map[string]int{}, TenantInFlight: map[string]int{},
-		Usage: limits.NewUsage()}
+		Usage: config.NewUsage()}
 	res, err := t.query(ctx, stmts, args)
 	if err != nil {
 		return st, fmt.Errorf("read admission state: %w", err)

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
@@ -41,7 +41,7 @@ type TenantPageParams struct {
 	// WithInFlight also counts the jobs in flight, in the same statement: a pass's first read.
 	// Config gives their tenants' tiers.
 	WithInFlight bool
-	Config       limits.Config
+	Config       config.Config
 }
 
 // TenantHead is a tenant with work and its place in the index read.
@@ -64,7 +64,7 @@ type TenantHead struct {
 // TenantPage is what ReadTenantPage read.
 type TenantPage struct {
 	Tenants []TenantHead
-	Usage   limits.Usage // WithInFlight: the jobs in flight and live slots by capacity class
+	Usage   config.Usage // WithInFlight: the jobs in flight and live slots by capacity class
 	// Running, WithInFlight under ordering fair_time, is how long each tenant's jobs in flight
 	// have run so far, in seconds, summed (since their start, else their dispatch).
 	Running map[string]float64
@@ -135,7 +135,7 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 		// Under fair_time a job in flight also gives how long it has been running, in the
 		// head_id column (its time is charged only at its outcome: TenantPage.Running).
 		running := "NULL"
-		if p.Config.Ordering == limits.FairTime {
+		if p.Config.Ordering == config.FairTime {
 			running = "GREATEST(TIMESTAMPDIFF(MICROSECOND, COALESCE(started_at, dispatched_at), UTC_TIMESTAMP(6)), 0)"
 		}
 		q += ` UNION ALL SELECT tenant, 1, NULL, ` + running + `, interactive, lanes, ` + none + inFlightJobs +
@@ -153,8 +153,8 @@ func ReadTenantPage(ctx context.Context, db sqldb.DB, p TenantPageParams) (Tenan
 // interactive, NULL, prioritized, the only queued job's columns) and, WithInFlight, the jobs in flight and
 // live slots (tenant, 1, NULL, NULL, interactive, lanes, NULLs), and counts the latter in the
 // page's Usage with cfg's tiers.
-func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg limits.Config) (TenantPage, error) {
-	page := TenantPage{Usage: limits.NewUsage()}
+func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg config.Config) (TenantPage, error) {
+	page := TenantPage{Usage: config.NewUsage()}
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return page, err
@@ -184,7 +184,7 @@ func readTenants(ctx context.Context, db sqldb.DB, q string, args []any, cfg lim
 			page.Tenants = append(page.Tenants, r)
 			continue
 		}
-		addUnit(&page.Usage, cfg, limits.Unit{Tenant: r.Tenant, Interactive: r.Interactive}, lanes.String, int(n.Int64))
+		addUnit(&page.Usage, cfg, config.Unit{Tenant: r.Tenant, Interactive: r.Interactive}, lanes.String, int(n.Int64))
 		if r.HeadID.Valid {
 			if page.Running == nil {
 				page.Running = map[string]float64{}

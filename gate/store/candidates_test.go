@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
@@ -134,7 +134,7 @@ func TestReadHeads(t *testing.T) {
 // when more may exist.
 func TestInteractiveHeads(t *testing.T) {
 	k := newFixture(t)
-	testdb.SetLimits(t, k.db.DB, func(c *limits.Config) { c.Lanes = map[string]int{"gpu": 2} })
+	testdb.SetLimits(t, k.db.DB, func(c *config.Config) { c.Lanes = map[string]int{"gpu": 2} })
 	at := func(s int) time.Time { return k.now.Add(time.Duration(s) * time.Second) }
 	p1 := k.insert(jobSpec{tenant: "a", queuedAt: at(-5)})
 	i1 := k.insert(jobSpec{tenant: "a", queuedAt: at(-4), interactive: true, lanes: "gpu"})
@@ -146,7 +146,7 @@ func TestInteractiveHeads(t *testing.T) {
 	k.insert(jobSpec{tenant: "c", status: job.Canceled, interactive: true})
 	k.insert(jobSpec{tenant: "c", queuedAt: at(-7)})
 	tx := k.begin()
-	cfg := limits.Default()
+	cfg := config.Default()
 	cfg.Lanes = map[string]int{"gpu": 2}
 	page, err := store.ReadTenantPage(k.ctx, tx, store.TenantPageParams{FromStart: true, Limit: 5, WithInFlight: true, Config: cfg})
 	if err != nil {

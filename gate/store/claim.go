@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
@@ -24,7 +24,7 @@ import (
 // in its own transaction.
 
 // inFlightUsageSQL reads the jobs in flight by tenant and capacity class (SPEC §5a): what
-// limits.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the lease
+// config.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the lease
 // index over the in-flight states and each such job's row (lanes, interactive), so its cost is
 // bounded by the global cap, not by any backlog. It does not GROUP BY: grouping on lanes (up to
 // 520 bytes) with the tenant makes MariaDB build an on-disk (Aria) temporary table for every
@@ -39,7 +39,7 @@ const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 ` + inFlightJobs
 const inFlightJobs = `FROM jobs FORCE INDEX (lease) WHERE status IN ('claimed','dispatched','running')`
 
 // addUnit adds n of u, whose lanes are stored as lanes (JoinLanes), to us.
-func addUnit(us *limits.Usage, cfg limits.Config, u limits.Unit, lanes string, n int) {
+func addUnit(us *config.Usage, cfg config.Config, u config.Unit, lanes string, n int) {
 	if lanes != "" {
 		u.Lanes = SplitLanes(lanes)
 	}
@@ -48,9 +48,9 @@ func addUnit(us *limits.Usage, cfg limits.Config, u limits.Unit, lanes string, n
 
 // scanUsage adds the rows of inFlightUsageSQL (or liveSlotsSQL: the same columns) to us, each
 // tenant's tier as cfg says; what names the read in its errors.
-func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage, what string) error {
+func scanUsage(rows *sql.Rows, cfg config.Config, us *config.Usage, what string) error {
 	for rows.Next() {
-		var u limits.Unit
+		var u config.Unit
 		var lanes string
 		var n int
 		if err := rows.Scan(&u.Tenant, &u.Interactive, &lanes, &n); err != nil {
@@ -64,21 +64,21 @@ func scanUsage(rows *sql.Rows, cfg limits.Config, us *limits.Usage, what string)
 	return nil
 }
 
-// ReadInFlightUsage returns the jobs in flight as a limits.Usage (tiers as cfg says), read in one
+// ReadInFlightUsage returns the jobs in flight as a config.Usage (tiers as cfg says), read in one
 // statement bounded by the global cap.
-func ReadInFlightUsage(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
+func ReadInFlightUsage(ctx context.Context, db sqldb.DB, cfg config.Config) (config.Usage, error) {
 	return queryUsage(ctx, db, cfg, inFlightUsageSQL, "count in-flight jobs")
 }
 
 // ReadUsage returns what is in flight, the jobs and the live slots that count together, as a
-// limits.Usage (tiers as cfg says), in one statement bounded by the global cap.
-func ReadUsage(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
+// config.Usage (tiers as cfg says), in one statement bounded by the global cap.
+func ReadUsage(ctx context.Context, db sqldb.DB, cfg config.Config) (config.Usage, error) {
 	return queryUsage(ctx, db, cfg, inFlightUsageSQL+" UNION ALL "+liveSlotsSQL, "count in-flight jobs and live slots")
 }
 
-// queryUsage runs q, a statement of scanUsage's rows, as a limits.Usage; what names it in errors.
-func queryUsage(ctx context.Context, db sqldb.DB, cfg limits.Config, q, what string) (limits.Usage, error) {
-	us := limits.NewUsage()
+// queryUsage runs q, a statement of scanUsage's rows, as a config.Usage; what names it in errors.
+func queryUsage(ctx context.Context, db sqldb.DB, cfg config.Config, q, what string) (config.Usage, error) {
+	us := config.NewUsage()
 	rows, err := db.QueryContext(ctx, q)
 	if err != nil {
 		return us, fmt.Errorf("%s: %w", what, err)
@@ -91,21 +91,21 @@ func queryUsage(ctx context.Context, db sqldb.DB, cfg limits.Config, q, what str
 const lockClaimsSQL = `SELECT (SELECT config FROM config_versions ORDER BY version DESC LIMIT 1)
 	FROM claim_lock WHERE id = 1 FOR UPDATE`
 
-func decodeClaimConfig(raw sql.NullString) (limits.Config, error) {
+func decodeClaimConfig(raw sql.NullString) (config.Config, error) {
 	if !raw.Valid {
-		return limits.Default(), nil
+		return config.Default(), nil
 	}
-	return limits.Decode([]byte(raw.String))
+	return config.Decode([]byte(raw.String))
 }
 
 // ClaimLock is what a claim reads under the claim lock.
 type ClaimLock struct {
 	// Config is the runtime configuration in force (the newest version, or the defaults).
-	Config limits.Config
+	Config config.Config
 	// Usage is what is in flight, by tenant, tier, lane and interactive, as read under the
 	// claim lock: the jobs in flight (inFlightUsageSQL) and the live slots that count (SPEC §5a,
 	// liveSlotsSQL), counted together.
-	Usage limits.Usage
+	Usage config.Usage
 	// Lone is the lone-job probe's answer (ProbeQueue), when asked for.
 	Lone []QueuedJob
 	// Jobs are the rows LockClaimsAndJobs locked, as LockColumns, in id order.
@@ -184,13 +184,13 @@ type Head struct {
 }
 
 // Unit is what h asks of the caps.
-func (h Head) Unit() limits.Unit {
-	return limits.Unit{Tenant: h.Tenant, Lanes: h.Lanes, Interactive: h.Interactive}
+func (h Head) Unit() config.Unit {
+	return config.Unit{Tenant: h.Tenant, Lanes: h.Lanes, Interactive: h.Interactive}
 }
 
 // Unit is what job r asks of the caps (or holds of them, in flight).
-func (r Row) Unit() limits.Unit {
-	return limits.Unit{Tenant: r.Tenant, Lanes: r.Lanes, Interactive: r.Interactive}
+func (r Row) Unit() config.Unit {
+	return config.Unit{Tenant: r.Tenant, Lanes: r.Lanes, Interactive: r.Interactive}
 }
 
 // Before reports whether h goes before o in a tenant's queue: its interactive jobs first (SPEC

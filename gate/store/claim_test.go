@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/integration/wait"
@@ -21,7 +21,7 @@ import (
 // their payloads, lanes and interactive flags.
 func TestLockClaims(t *testing.T) {
 	k := newFixture(t)
-	testdb.SetLimits(t, k.db.DB, func(c *limits.Config) {
+	testdb.SetLimits(t, k.db.DB, func(c *config.Config) {
 		c.Lanes = map[string]int{"gpu": 3, "search": 3}
 		c.TenantTiers = map[string]string{"b": "gold"}
 	})
@@ -37,9 +37,9 @@ func TestLockClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := limits.Usage{Total: 3, Interactive: 1, Tenant: map[string]int{"a": 1, "b": 2},
+	want := config.Usage{Total: 3, Interactive: 1, Tenant: map[string]int{"a": 1, "b": 2},
 		Tier: map[string]int{"default": 1, "gold": 2}, Lane: map[string]int{"gpu": 2, "search": 1}}
-	if l.Config.GlobalInFlight != limits.Default().GlobalInFlight || !reflect.DeepEqual(l.Usage, want) || l.Lone != nil {
+	if l.Config.GlobalInFlight != config.Default().GlobalInFlight || !reflect.DeepEqual(l.Usage, want) || l.Lone != nil {
 		t.Errorf("claim lock read %+v, want usage %+v", l, want)
 	}
 	if !k.claimLockHeld() {
@@ -52,7 +52,7 @@ func TestLockClaims(t *testing.T) {
 		t.Error("the claim lock is held after the transaction ended")
 	}
 
-	testdb.SetLimits(t, k.db.DB, func(c *limits.Config) { c.GlobalInFlight = 7 })
+	testdb.SetLimits(t, k.db.DB, func(c *config.Config) { c.GlobalInFlight = 7 })
 	k.insert(jobSpec{tenant: "c"})
 	tx = k.beginConn()
 	l, err = store.LockClaims(k.ctx, tx, true)

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -101,7 +101,7 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 		},
 		"ReadInFlight": func(ctx context.Context) error { _, err := store.ReadInFlight(ctx, k.db); return err },
 		"ReadInFlightUsage": func(ctx context.Context) error {
-			_, err := store.ReadInFlightUsage(ctx, k.db, limits.Default())
+			_, err := store.ReadInFlightUsage(ctx, k.db, config.Default())
 			return err
 		},
 		"ReadQueueTotals": func(ctx context.Context) error { _, err := store.ReadQueueTotals(ctx, k.db); return err },
@@ -165,7 +165,7 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			_, err := st.SweepSlots(ctx, k.db.DB, k.now, "d", []store.ExpiredSlot{{ID: 1, Tenant: "acme"}})
 			return err
 		},
-		"LiveSlots": func(ctx context.Context) error { _, err := store.LiveSlots(ctx, k.db, limits.Default()); return err },
+		"LiveSlots": func(ctx context.Context) error { _, err := store.LiveSlots(ctx, k.db, config.Default()); return err },
 		"ListSlots": func(ctx context.Context) error {
 			_, err := store.ListSlots(ctx, k.db, store.SlotFilter{Limit: 1})
 			return err

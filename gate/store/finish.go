@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -285,7 +285,7 @@ func (s *Store) chargeTime(now time.Time, items []Finishing, p finishPlan) (stri
 	for _, t := range tenants {
 		args = append(args, t, used[t], now)
 	}
-	args = append(args, float64(limits.FairTimeWindow.Microseconds()))
+	args = append(args, float64(config.FairTimeWindow.Microseconds()))
 	return `INSERT INTO tenant_time (tenant, used, used_at) VALUES ` + strings.TrimSuffix(strings.Repeat("(?,?,?),", len(tenants)), ",") + `
 		ON DUPLICATE KEY UPDATE used = used * EXP(-GREATEST(TIMESTAMPDIFF(MICROSECOND, used_at, VALUES(used_at)), 0) / ?)
 			+ VALUES(used), used_at = GREATEST(used_at, VALUES(used_at))`, args
@@ -299,7 +299,7 @@ func TimeUsed(ctx context.Context, db sqldb.DB, tenants []string) (map[string]fl
 		return out, nil
 	}
 	args := make([]any, 0, len(tenants)+1)
-	args = append(args, float64(limits.FairTimeWindow.Microseconds()))
+	args = append(args, float64(config.FairTimeWindow.Microseconds()))
 	for _, t := range tenants {
 		args = append(args, t)
 	}

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -56,8 +56,8 @@ type Slot struct {
 }
 
 // Unit is the slot as a unit of capacity.
-func (s Slot) Unit() limits.Unit {
-	return limits.Unit{Tenant: s.Tenant, Lanes: s.Lanes, Interactive: s.Interactive}
+func (s Slot) Unit() config.Unit {
+	return config.Unit{Tenant: s.Tenant, Lanes: s.Lanes, Interactive: s.Interactive}
 }
 
 // liveSlotsSQL reads the live slots that count: tenant, interactive flag and lanes, a row each, in
@@ -71,23 +71,23 @@ const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1 ` + liveSlots
 // each. `counted = TRUE` (not a bare `counted`) makes the range cover both key parts.
 const liveSlots = `FROM slots FORCE INDEX (counted) WHERE counted = TRUE AND expires_at > NOW(6)`
 
-// LiveSlots returns the live slots that count as a limits.Usage (tiers as cfg says), for
+// LiveSlots returns the live slots that count as a config.Usage (tiers as cfg says), for
 // /v1/status and the metrics: one range of the counted index, bounded by the slots that count.
-func LiveSlots(ctx context.Context, db sqldb.DB, cfg limits.Config) (limits.Usage, error) {
+func LiveSlots(ctx context.Context, db sqldb.DB, cfg config.Config) (config.Usage, error) {
 	return queryUsage(ctx, db, cfg, liveSlotsSQL, "count live slots")
 }
 
 // readUsage reads the next two result sets of res, inFlightUsageSQL's and liveSlotsSQL's, as
 // what is in flight: the jobs and the live slots together.
-func readUsage(res *Results, cfg limits.Config) (limits.Usage, error) {
+func readUsage(res *Results, cfg config.Config) (config.Usage, error) {
 	us, _, err := readUsageJobs(res, cfg, nil)
 	return us, err
 }
 
 // readUsageJobs is readUsage that also returns the jobs in flight of each of tenants, the slots
 // left out.
-func readUsageJobs(res *Results, cfg limits.Config, tenants []string) (limits.Usage, map[string]int, error) {
-	us := limits.NewUsage()
+func readUsageJobs(res *Results, cfg config.Config, tenants []string) (config.Usage, map[string]int, error) {
+	us := config.NewUsage()
 	rows, err := res.Next()
 	if err != nil {
 		return us, nil, fmt.Errorf("count in-flight jobs: %w", err)
@@ -132,9 +132,9 @@ const tenantQueuedSQL = `SELECT COALESCE((SELECT queued FROM tenants WHERE tenan
 // SlotState is what a slot's grant reads under the claim lock.
 type SlotState struct {
 	// Config is the runtime configuration in force.
-	Config limits.Config
+	Config config.Config
 	// Usage is what is in flight: jobs and live slots.
-	Usage limits.Usage
+	Usage config.Usage
 	// TenantQueued is the slot tenant's queued depth.
 	TenantQueued int
 	// Waiting are tenants with queued work other than the slot's, by their oldest queued job,

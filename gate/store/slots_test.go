@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
-	"github.com/sluicehq/sluice/gate/limits"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -81,7 +81,7 @@ func TestTakeSlot(t *testing.T) {
 		t.Errorf("usage %+v: want a's running job and b's live slot (c's is expired)", us)
 	}
 	if !slices.Equal(st.Waiting, []store.Waiting{{Tenant: "c"}, {Tenant: "b", HeadRateKey: "kb", Due: true}}) || st.TenantQueued != 1 ||
-		st.Config.GlobalInFlight != limits.Default().GlobalInFlight {
+		st.Config.GlobalInFlight != config.Default().GlobalInFlight {
 		t.Errorf("waiting %v, tenant queued %d", st.Waiting, st.TenantQueued)
 	}
 	if n := k.count("SELECT COUNT(*) FROM slots"); n != 2 {
@@ -137,7 +137,7 @@ func TestLockClaimsCountsSlots(t *testing.T) {
 	if page.Usage.Total != 3 || page.Usage.Tenant["a"] != 2 || page.Usage.Tenant["b"] != 1 || page.Usage.Tenant["c"] != 0 {
 		t.Errorf("tenant page in flight %v total %d", page.Usage.Tenant, page.Usage.Total)
 	}
-	live, err := store.LiveSlots(k.ctx, k.db, limits.Default())
+	live, err := store.LiveSlots(k.ctx, k.db, config.Default())
 	if err != nil || live.Total != 2 || live.Lane["search"] != 1 {
 		t.Errorf("live slots %+v %v", live, err)
 	}

@@ -44,7 +44,7 @@
 //
 // It sits under gate because it is the gate's data layer: the drainer consumes it, never the
 // reverse. It imports only the shared vocabulary (gate/job, gate/sqldb), the runtime config
-// (gate/limits, which the claim reads under its lock) and the outbox.
+// (gate/config, which the claim reads under its lock) and the outbox.
 package store
 
 import (

@@ -23,7 +23,7 @@ import (
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/gate/waiters"
@@ -46,7 +46,7 @@ const (
 // and read the log and metrics.
 type Env struct {
 	DB       *testdb.DB
-	Limits   *limits.Cache
+	Limits   *config.Cache
 	Admitter *gate.Admitter
 	API      *api.Server
 	Server   *httptest.Server
@@ -127,7 +127,7 @@ func SetupOn(tb testing.TB, base *Env, o Options) *Env {
 	f := &Env{DB: base.DB, Reg: prometheus.NewRegistry(), Logs: &LogBuffer{},
 		Now: &FakeNow{t: clock.Trunc(time.Now())}}
 	log := slog.New(slog.NewJSONHandler(io.MultiWriter(f.Logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
-	f.Limits = limits.NewCache(f.DB, log)
+	f.Limits = config.NewCache(f.DB, log)
 	failOpen, err := gate.NewFailOpenMetrics(f.Reg)
 	if err != nil {
 		tb.Fatal(err)

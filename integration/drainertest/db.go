@@ -7,14 +7,14 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
 // NewDB returns a test database of its own (testdb.New) whose runtime config edit changed, a
 // fake clock and the clock's time: the start of a test that drives a drainer's passes itself, on
 // a clock it advances.
-func NewDB(t *testing.T, edit func(*limits.Config)) (*testdb.DB, *clock.Fake, time.Time) {
+func NewDB(t *testing.T, edit func(*config.Config)) (*testdb.DB, *clock.Fake, time.Time) {
 	t.Helper()
 	db := testdb.New(t)
 	clk := clock.NewFake(time.Now())

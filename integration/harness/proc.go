@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/integration/testdb"
 )
 
@@ -131,7 +131,7 @@ func (p *Proc) Output() string { return p.out.String() }
 
 // SetConfig writes a new runtime configuration version (as an operator's PATCH would), changed by
 // edit from the one in force. Processes pick it up at their next claim (caps) or re-read.
-func (e *Env) SetConfig(tb testing.TB, edit func(*limits.Config)) {
+func (e *Env) SetConfig(tb testing.TB, edit func(*config.Config)) {
 	tb.Helper()
 	testdb.SetLimits(tb, e.DB.DB, edit)
 }

@@ -10,16 +10,16 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
 // PatchLimits writes a new runtime config version with changes (limit key: value, as the body
 // of PATCH /v1/config) applied to the version in force, the way an operator's PATCH does
-// (limits.Patch: validated, serialised on config_lock, changed by "test"), and returns the version
+// (config.Patch: validated, serialised on config_lock, changed by "test"), and returns the version
 // in force afterwards. Values already in force write nothing; no changes at all is an error. Processes pick the new version
 // up at their next claim (caps) or reload. Fails tb on an invalid change or a database error.
-func PatchLimits(tb testing.TB, db *sql.DB, changes map[string]any) limits.Versioned {
+func PatchLimits(tb testing.TB, db *sql.DB, changes map[string]any) config.Versioned {
 	tb.Helper()
 	raw := make(map[string]json.RawMessage, len(changes))
 	for k, v := range changes {
@@ -31,7 +31,7 @@ func PatchLimits(tb testing.TB, db *sql.DB, changes map[string]any) limits.Versi
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	v, _, err := limits.Patch(ctx, db, nil, "test", raw, "set by test")
+	v, _, err := config.Patch(ctx, db, nil, "test", raw, "set by test")
 	if err != nil {
 		tb.Fatalf("testdb: set limits %v: %v", changes, err)
 	}
@@ -40,11 +40,11 @@ func PatchLimits(tb testing.TB, db *sql.DB, changes map[string]any) limits.Versi
 
 // SetLimits is PatchLimits with the changes that edit makes to the config in force; if edit
 // changes nothing, nothing is written.
-func SetLimits(tb testing.TB, db *sql.DB, edit func(*limits.Config)) limits.Versioned {
+func SetLimits(tb testing.TB, db *sql.DB, edit func(*config.Config)) config.Versioned {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cur, err := limits.Load(ctx, db)
+	cur, err := config.Load(ctx, db)
 	if err != nil {
 		tb.Fatalf("testdb: set limits: %v", err)
 	}
@@ -63,7 +63,7 @@ func SetLimits(tb testing.TB, db *sql.DB, edit func(*limits.Config)) limits.Vers
 	return PatchLimits(tb, db, changes)
 }
 
-func limitMap(tb testing.TB, c limits.Config) map[string]json.RawMessage {
+func limitMap(tb testing.TB, c config.Config) map[string]json.RawMessage {
 	tb.Helper()
 	raw, err := json.Marshal(c)
 	if err != nil {

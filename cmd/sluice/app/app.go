@@ -30,7 +30,7 @@ import (
 	"github.com/sluicehq/sluice/gate/admitrate"
 	"github.com/sluicehq/sluice/gate/api"
 	"github.com/sluicehq/sluice/gate/clock"
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/logq"
 	"github.com/sluicehq/sluice/gate/rategate"
 	"github.com/sluicehq/sluice/gate/store"
@@ -161,7 +161,7 @@ type App struct {
 	txDB      *sql.DB       // admissions' and the drainer's transactions, which send several (store.OpenMulti)
 	clock     *clock.Synced // the database's clock, read once for every component of the process
 	nc        *nats.Conn
-	limits    *limits.Cache
+	limits    *config.Cache
 	registry  *prometheus.Registry
 	jobs      *store.Metrics // shared by the API's and the drainer's stores; nil with neither role
 	drainer   *drainer.Drainer
@@ -452,7 +452,7 @@ func (a *App) connect(ctx context.Context) (jetstream.JetStream, error) {
 		return nil, fmt.Errorf("the database schema is not current (run `sluice migrate up`): %v", err)
 	}
 	a.clock = clock.NewDBSynced(a.db)
-	a.limits = limits.NewCache(a.db, a.log)
+	a.limits = config.NewCache(a.db, a.log)
 	if err := a.limits.Reload(ctx); err != nil {
 		return nil, err
 	}

@@ -46,7 +46,7 @@ type Config struct {
 	OnReceive func(jobID int64, tenant string, at time.Time)
 }
 
-// maxPayload is the ceiling of max_payload_bytes (limits.MaxPayloadCap).
+// maxPayload is the ceiling of max_payload_bytes (config.MaxPayloadCap).
 const maxPayload = 4 << 20
 
 // Payload is the part of a job's payload the simulated executor reads.

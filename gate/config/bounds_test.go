@@ -1,4 +1,4 @@
-package limits_test
+package config_test
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 // TestDurationKeysBounded: every day and second key is refused past its bound with the key
@@ -30,12 +30,12 @@ func TestDurationKeysBounded(t *testing.T) {
 		{"lease_seconds", 31536000, secs},
 		{"nonce_ttl_seconds", 31536000, secs},
 	} {
-		if _, err := limits.Apply(limits.Default(), raw(map[string]string{tc.key: strconv.Itoa(tc.max)})); err != nil {
+		if _, err := config.Apply(config.Default(), raw(map[string]string{tc.key: strconv.Itoa(tc.max)})); err != nil {
 			t.Errorf("%s=%d (the bound) refused: %v", tc.key, tc.max, err)
 		}
 		for _, v := range tc.over {
-			_, err := limits.Apply(limits.Default(), raw(map[string]string{tc.key: v}))
-			var fe *limits.FieldError
+			_, err := config.Apply(config.Default(), raw(map[string]string{tc.key: v}))
+			var fe *config.FieldError
 			if !errors.As(err, &fe) || fe.Key != tc.key {
 				t.Errorf("%s=%s: %v, want a FieldError naming %s", tc.key, v, err, tc.key)
 			}
@@ -48,7 +48,7 @@ func TestDurationKeysBounded(t *testing.T) {
 // negative one.
 func TestDurationsNeverWrap(t *testing.T) {
 	t.Parallel()
-	cfg, err := limits.Decode([]byte(`{"retention_days": 213504, "outbox_retention_days": 213504,
+	cfg, err := config.Decode([]byte(`{"retention_days": 213504, "outbox_retention_days": 213504,
 		"audit_retention_days": 9223372036854775807, "execution_wall_seconds": 9223372037,
 		"max_queue_age_seconds": 18446744074, "lease_seconds": 9223372037, "nonce_ttl_seconds": 9223372037}`))
 	if err != nil {
@@ -70,7 +70,7 @@ func TestDurationsNeverWrap(t *testing.T) {
 			t.Errorf("%s() = %v, want the bound, %v", name, d, year)
 		}
 	}
-	if d := limits.Default(); d.Retention() != 90*24*time.Hour || d.Wall() != 310*time.Second || d.MaxQueueAge() != 0 {
+	if d := config.Default(); d.Retention() != 90*24*time.Hour || d.Wall() != 310*time.Second || d.MaxQueueAge() != 0 {
 		t.Errorf("defaults convert to %v, %v, %v; want 90 days, 310 s, 0", d.Retention(), d.Wall(), d.MaxQueueAge())
 	}
 }

@@ -1,4 +1,4 @@
-package limits_test
+package config_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/sluicehq/sluice/gate/limits"
+	"github.com/sluicehq/sluice/gate/config"
 )
 
 func raw(m map[string]string) map[string]json.RawMessage {
@@ -22,16 +22,16 @@ func raw(m map[string]string) map[string]json.RawMessage {
 
 func TestApply(t *testing.T) {
 	t.Parallel()
-	ok, err := limits.Apply(limits.Default(), raw(map[string]string{"global_in_flight": "0", "ordering": `"round_robin"`,
+	ok, err := config.Apply(config.Default(), raw(map[string]string{"global_in_flight": "0", "ordering": `"round_robin"`,
 		"tenant_in_flight_overrides": `{"acme": 5}`}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok.GlobalInFlight != 0 || ok.Ordering != limits.RoundRobin || ok.TenantCap("acme") != 5 || ok.TenantCap("x") != 2 {
+	if ok.GlobalInFlight != 0 || ok.Ordering != config.RoundRobin || ok.TenantCap("acme") != 5 || ok.TenantCap("x") != 2 {
 		t.Errorf("applied config %+v", ok)
 	}
 	for _, o := range []string{`"fair"`, `"fifo"`, `"round_robin"`} {
-		if _, err := limits.Apply(limits.Default(), raw(map[string]string{"ordering": o})); err != nil {
+		if _, err := config.Apply(config.Default(), raw(map[string]string{"ordering": o})); err != nil {
 			t.Errorf("ordering %s refused: %v", o, err)
 		}
 	}
@@ -65,21 +65,21 @@ func TestApply(t *testing.T) {
 		{map[string]string{"tier_weights": `{"gold": 0}`}, "tier_weights"},
 		{map[string]string{}, "changes"},
 	} {
-		_, err := limits.Apply(limits.Default(), raw(tc.changes))
-		var fe *limits.FieldError
+		_, err := config.Apply(config.Default(), raw(tc.changes))
+		var fe *config.FieldError
 		if !errors.As(err, &fe) || fe.Key != tc.key || fe.Reason == "" {
 			t.Errorf("Apply(%v) = %v, want a FieldError naming %s", tc.changes, err, tc.key)
 		}
 	}
 	// Overrides are replaced as a whole, never merged.
-	base := limits.Default()
+	base := config.Default()
 	base.TenantInFlightOverrides = map[string]int{"old": 1}
-	got, err := limits.Apply(base, raw(map[string]string{"tenant_in_flight_overrides": `{"new": 3}`}))
+	got, err := config.Apply(base, raw(map[string]string{"tenant_in_flight_overrides": `{"new": 3}`}))
 	if err != nil || len(got.TenantInFlightOverrides) != 1 || got.TenantInFlightOverrides["new"] != 3 {
 		t.Errorf("overrides after replace = %v (%v), want only new:3", got.TenantInFlightOverrides, err)
 	}
-	if len(limits.Keys()) != 26 || limits.Keys()[0] != "global_in_flight" {
-		t.Errorf("Keys() = %v, want the 26 keys of SPEC §9 in its order", limits.Keys())
+	if len(config.Keys()) != 26 || config.Keys()[0] != "global_in_flight" {
+		t.Errorf("Keys() = %v, want the 26 keys of SPEC §9 in its order", config.Keys())
 	}
 }
 
@@ -95,7 +95,7 @@ func TestCacheKeepsLastGoodConfig(t *testing.T) {
 	}
 	dead := sql.OpenDB(conn)
 	defer dead.Close()
-	c := limits.NewCache(dead, nil)
+	c := config.NewCache(dead, nil)
 	before := c.Current()
 	if err := c.Reload(context.Background()); err == nil {
 		t.Fatal("Reload from an unreachable database succeeded")

@@ -1,8 +1,8 @@
-// Package limits is sluice's runtime configuration (SPEC §9): the caps, depths, timeouts and
+// Package config is sluice's runtime configuration (SPEC §9): the caps, depths, timeouts and
 // modes that an operator changes without a restart. Every version is a row in config_versions,
 // so the table is its own history; the newest row is in force. A database with no row runs on
 // Default().
-package limits
+package config
 
 import (
 	"context"
