@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,10 +42,11 @@ func (s setFlags) Set(kv string) error {
 func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sluice simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	since := fs.String("since", "", "replay what arrived from this time (RFC 3339, or a duration ago such as 2h)")
-	until := fs.String("until", "", "... up to this time (RFC 3339 or a duration ago; default now)")
-	file := fs.String("arrivals", "", "replay this JSON-lines file of arrivals instead of the audit trail (- for stdin)")
-	start := fs.String("start", "", "with --arrivals: the time a numeric `at` counts from (RFC 3339; default 2000-01-01T00:00:00Z)")
+	var in simulateInput
+	fs.StringVar(&in.since, "since", "", "replay what arrived from this time (RFC 3339, or a duration ago such as 2h)")
+	fs.StringVar(&in.until, "until", "", "... up to this time (RFC 3339 or a duration ago; default now)")
+	fs.StringVar(&in.file, "arrivals", "", "replay this JSON-lines file of arrivals instead of the audit trail (- for stdin)")
+	fs.StringVar(&in.start, "start", "", "with --arrivals: the time a numeric `at` counts from (RFC 3339; default 2000-01-01T00:00:00Z)")
 	set := setFlags{}
 	fs.Var(set, "set", "a config change to simulate, key=value as `sluice config set` takes it (repeat for more)")
 	top := fs.Int("top", 20, "tenants shown in the table and the JSON, the busiest first, and as many gaining and losing most (0: all)")
@@ -52,7 +54,7 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	claimBatch := fs.Int("claim-batch", 64, "the drainers' claim batch")
 	arrivalPickup := fs.String("arrival-pickup", "auto", "from an admission to the claim pass that may start it: a duration, or auto (measured on the window's jobs; "+simulate.DefaultArrivalPickup.String()+" for a file)")
 	outcomePickup := fs.String("outcome-pickup", "auto", "from an outcome to the claim pass that reuses its unit: a duration, or auto (measured; "+simulate.DefaultOutcomePickup.String()+" for a file)")
-	base := fs.String("current", "db", "the configuration compared against: db (the one in force) or defaults")
+	fs.StringVar(&in.base, "current", "db", "the configuration compared against: db (the one in force) or defaults")
 	flags, pos := splitArgs(args, "json", "-json")
 	c, err := parseSettings(fs, flags)
 	if err != nil {
@@ -61,66 +63,24 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if pos = append(pos, fs.Args()...); len(pos) > 0 {
 		return fmt.Errorf("simulate: unexpected argument %q (changes go in --set key=value)", pos[0])
 	}
-	if (*since == "") == (*file == "") {
+	if (in.since == "") == (in.file == "") {
 		return errors.New("simulate: want --since <time> (the audit trail) or --arrivals FILE, one of the two")
 	}
-	opts := simulate.Options{ClaimBatch: *claimBatch, ArrivalPickup: simulate.DefaultArrivalPickup, OutcomePickup: simulate.DefaultOutcomePickup}
-	pickups := []struct {
-		flag, v string
-		to      *time.Duration
-	}{{"--arrival-pickup", *arrivalPickup, &opts.ArrivalPickup}, {"--outcome-pickup", *outcomePickup, &opts.OutcomePickup}}
-	for _, p := range pickups {
-		if p.v == "auto" {
-			continue
-		}
-		d, err := time.ParseDuration(p.v)
-		if err != nil || d < 0 {
-			return fmt.Errorf("simulate: %s: want a duration such as 5ms, or auto, got %q", p.flag, p.v)
-		}
-		*p.to = d
+	opts, err := simulateOptions(*claimBatch, *arrivalPickup, *outcomePickup)
+	if err != nil {
+		return err
 	}
+	in.auto = pickupAuto{arrival: *arrivalPickup == "auto", outcome: *outcomePickup == "auto"}
+	src, current, closeSource, err := in.open(ctx, c, &opts, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeSource()
 	progress := func(n int) { fmt.Fprintf(stderr, "simulate: %d arrivals replayed\n", n) }
-	if *base != "db" && *base != "defaults" {
-		return fmt.Errorf("simulate: --current: want db or defaults, got %q", *base)
-	}
-	if *base == "defaults" && *file == "" {
-		return errors.New("simulate: --current=defaults is for --arrivals; the audit trail is read from the database")
-	}
-	var (
-		src     simulate.Source
-		current = config.Default()
-		from    = "the defaults"
-	)
-	if *base == "db" {
-		db, err := c.openDB(ctx)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		v, err := config.Load(ctx, db)
-		if err != nil {
-			return fmt.Errorf("simulate: read the configuration in force (--current defaults compares a file's arrivals with the defaults instead): %w", err)
-		}
-		current, from = v.Config, fmt.Sprintf("runtime config version %d", v.Version)
-		if *file == "" {
-			auto := pickupAuto{arrival: *arrivalPickup == "auto", outcome: *outcomePickup == "auto"}
-			if src, err = recordedSource(ctx, db, *since, *until, auto, &opts, stderr); err != nil {
-				return err
-			}
-		}
-	}
-	if *file != "" {
-		var closeFile func()
-		if src, closeFile, err = fileSource(*file, *start); err != nil {
-			return err
-		}
-		defer closeFile()
-	}
-	fmt.Fprintf(stderr, "simulate: current configuration: %s\n", from)
 	cmp, err := simulate.Run(ctx, src, current, set, opts, progress)
 	if errors.Is(err, simulate.ErrNoArrivals) {
-		if *file != "" {
-			return fmt.Errorf("simulate: %s holds no arrivals", *file)
+		if in.file != "" {
+			return fmt.Errorf("simulate: %s holds no arrivals", in.file)
 		}
 		return errors.New("simulate: the audit trail holds no arrivals in that window (is audit_retention_days shorter, or the audit off?)")
 	}
@@ -131,6 +91,82 @@ func simulateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return cmp.WriteJSON(stdout, *top)
 	}
 	return cmp.WriteTable(stdout, *top)
+}
+
+// simulateOptions are the replay's options: the claim batch, and each pickup a duration or
+// "auto" (left at its default here, measured on the window's jobs by recordedSource).
+func simulateOptions(claimBatch int, arrivalPickup, outcomePickup string) (simulate.Options, error) {
+	opts := simulate.Options{ClaimBatch: claimBatch, ArrivalPickup: simulate.DefaultArrivalPickup, OutcomePickup: simulate.DefaultOutcomePickup}
+	pickups := []struct {
+		flag, v string
+		to      *time.Duration
+	}{{"--arrival-pickup", arrivalPickup, &opts.ArrivalPickup}, {"--outcome-pickup", outcomePickup, &opts.OutcomePickup}}
+	for _, p := range pickups {
+		if p.v == "auto" {
+			continue
+		}
+		d, err := time.ParseDuration(p.v)
+		if err != nil || d < 0 {
+			return opts, fmt.Errorf("simulate: %s: want a duration such as 5ms, or auto, got %q", p.flag, p.v)
+		}
+		*p.to = d
+	}
+	return opts, nil
+}
+
+// simulateInput is what `sluice simulate` replays and against which configuration: the audit
+// trail's window (since, until) or a file of arrivals (file, start), compared with the
+// configuration in force (base "db") or the defaults.
+type simulateInput struct {
+	since, until, file, start, base string
+	auto                            pickupAuto
+}
+
+// open opens the arrivals and reads the configuration compared against, saying on stderr which
+// it is. closeSource closes what open opened (the database, the file) once the replay is done.
+func (in simulateInput) open(ctx context.Context, c *settingValues, opts *simulate.Options, stderr io.Writer) (src simulate.Source, current config.Config, closeSource func(), err error) {
+	if in.base != "db" && in.base != "defaults" {
+		return nil, current, nil, fmt.Errorf("simulate: --current: want db or defaults, got %q", in.base)
+	}
+	if in.base == "defaults" && in.file == "" {
+		return nil, current, nil, errors.New("simulate: --current=defaults is for --arrivals; the audit trail is read from the database")
+	}
+	var closers []func()
+	closeSource = func() {
+		for _, f := range slices.Backward(closers) {
+			f()
+		}
+	}
+	current, from := config.Default(), "the defaults"
+	if in.base == "db" {
+		db, err := c.openDB(ctx)
+		if err != nil {
+			return nil, current, nil, err
+		}
+		closers = append(closers, func() { db.Close() })
+		v, err := config.Load(ctx, db)
+		if err != nil {
+			closeSource()
+			return nil, current, nil, fmt.Errorf("simulate: read the configuration in force (--current defaults compares a file's arrivals with the defaults instead): %w", err)
+		}
+		current, from = v.Config, fmt.Sprintf("runtime config version %d", v.Version)
+		if in.file == "" {
+			if src, err = recordedSource(ctx, db, in.since, in.until, in.auto, opts, stderr); err != nil {
+				closeSource()
+				return nil, current, nil, err
+			}
+		}
+	}
+	if in.file != "" {
+		var closeFile func()
+		if src, closeFile, err = fileSource(in.file, in.start); err != nil {
+			closeSource()
+			return nil, current, nil, err
+		}
+		closers = append(closers, closeFile)
+	}
+	fmt.Fprintf(stderr, "simulate: current configuration: %s\n", from)
+	return src, current, closeSource, nil
 }
 
 // timeOrAgo parses an RFC 3339 time, or a duration before now.
