@@ -607,13 +607,35 @@ func (a *App) goLoop(f func()) {
 }
 
 func (a *App) startAPI(ctx context.Context) error {
+	adm, err := a.newAdmitter()
+	if err != nil {
+		return err
+	}
+	hub, err := a.newWaiters()
+	if err != nil {
+		return err
+	}
+	srv, err := api.New(api.Config{DB: a.db, Waiters: hub, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
+		Gatherer: a.registry, MetricsToken: a.opts.MetricsToken, MetricsElsewhere: a.MetricsAddr(), Log: a.log, Ready: a.ready, RateGates: a.gates, Status: a.ops.status, Components: a.components,
+		Clock: a.clock, MaxRequests: a.opts.MaxRequests, CORSOrigins: a.opts.CORSOrigins, MemoryBudget: a.opts.MemoryBudget,
+		Simulate: Simulator(a.db)})
+	if err != nil {
+		return err
+	}
+	a.waiters = hub
+	a.registerAPIGauges(srv, hub)
+	return a.serve(ctx, srv)
+}
+
+// newAdmitter builds the process's admission, and its audit queue of refusals.
+func (a *App) newAdmitter() (*gate.Admitter, error) {
 	// The admission rate limit and the gate lookup of queue=false share memcached with the gate
 	// store; both fail open, so a missing memcached costs precision, never admissions.
 	var limiter gate.RateLimiter
 	if len(a.opts.Memcached) > 0 {
 		l, err := admitrate.New(admitrate.Config{Servers: a.opts.Memcached})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		limiter = l
 	}
@@ -623,7 +645,7 @@ func (a *App) startAPI(ctx context.Context) error {
 	}
 	failOpen, err := gate.NewFailOpenMetrics(a.registry)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	published := a.fast.Submit
 	if a.drainer != nil {
@@ -635,19 +657,20 @@ func (a *App) startAPI(ctx context.Context) error {
 		}
 	}
 	if a.audit, err = store.NewAuditQueue(store.AuditQueueConfig{DB: a.db, Registerer: a.registry, Log: a.log}); err != nil {
-		return err
+		return nil, err
 	}
-	adm, err := gate.New(gate.Config{DB: a.db, TxDB: a.txDB, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
+	return gate.New(gate.Config{DB: a.db, TxDB: a.txDB, Limits: a.limits, Prefix: a.opts.Prefix, Log: a.log,
 		Published: published, Metrics: gate.NewMetrics(a.registry), JobMetrics: a.jobs, RateLimiter: limiter, RateGates: lookup,
 		FailOpenMetrics: failOpen, Audit: a.audit})
-	if err != nil {
-		return err
-	}
-	// The hub subscribes to the release pokes only while requests wait: not a queue group, since
-	// every process must hear every job's end, but nothing for a process nobody waits on, which
-	// would otherwise take one message per job and slow the drain.
+}
+
+// newWaiters builds the hub of requests waiting on a job (?wait=, follow=1). It subscribes to
+// the release pokes only while requests wait: not a queue group, since every process must hear
+// every job's end, but nothing for a process nobody waits on, which would otherwise take one
+// message per job and slow the drain.
+func (a *App) newWaiters() (*waiters.Hub, error) {
 	var hub *waiters.Hub
-	hub, err = api.NewWaiters(a.db, waiters.Config{Interval: a.opts.WaitBackstop, Log: a.log,
+	hub, err := api.NewWaiters(a.db, waiters.Config{Interval: a.opts.WaitBackstop, Log: a.log,
 		Listen: func() (func(), error) {
 			sub, err := a.nc.Subscribe(a.opts.Prefix+"."+string(outbox.Release)+".>", func(m *nats.Msg) {
 				if id := outbox.PokeJobID(m.Data); id > 0 {
@@ -659,16 +682,11 @@ func (a *App) startAPI(ctx context.Context) error {
 			}
 			return func() { _ = sub.Unsubscribe() }, nil
 		}})
-	if err != nil {
-		return err
-	}
-	srv, err := api.New(api.Config{DB: a.db, Waiters: hub, Admitter: adm, Limits: a.limits, Tokens: a.opts.Tokens,
-		Gatherer: a.registry, MetricsToken: a.opts.MetricsToken, MetricsElsewhere: a.MetricsAddr(), Log: a.log, Ready: a.ready, RateGates: a.gates, Status: a.ops.status, Components: a.components,
-		Clock: a.clock, MaxRequests: a.opts.MaxRequests, CORSOrigins: a.opts.CORSOrigins, MemoryBudget: a.opts.MemoryBudget,
-		Simulate: Simulator(a.db)})
-	if err != nil {
-		return err
-	}
+	return hub, err
+}
+
+// registerAPIGauges registers the API's gauges of the memory budget and the waiting requests.
+func (a *App) registerAPIGauges(srv *api.Server, hub *waiters.Hub) {
 	budget := cmp.Or(a.opts.MemoryBudget, api.DefaultMemoryBudget)
 	a.registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_request_memory_bytes",
@@ -677,7 +695,6 @@ func (a *App) startAPI(ctx context.Context) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_request_memory_budget_bytes",
 			Help: "The memory budget of API request bodies and pages of jobs (SLUICE_MEMORY_BUDGET); negative: none."},
 			func() float64 { return float64(budget) }))
-	a.waiters = hub
 	a.registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_job_waiters",
 			Help: "API requests waiting now for a job to change (?wait=, the events stream with follow=1)."},
@@ -688,7 +705,6 @@ func (a *App) startAPI(ctx context.Context) error {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_job_waiter_wakes_total",
 			Help: "Waiting requests woken, by what woke them: the job's end (its release poke, or this process's drainer), or the once-a-second backstop read.", ConstLabels: prometheus.Labels{"source": "backstop"}},
 			func() float64 { _, backstop := hub.Wakes(); return float64(backstop) }))
-	return a.serve(ctx, srv)
 }
 
 // serve listens on the listen address and serves h until Stop.
