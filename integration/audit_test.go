@@ -518,7 +518,7 @@ func TestAuditJobEventsActorsForProducers(t *testing.T) {
 		t.Fatalf("cancel: HTTP %d %s", r.Status, r.Raw)
 	}
 	// Reported by the executor.
-	byExec, err := dispatchedJob(ctx, f.DB.DB, "acme", "n-exec")
+	byExec, err := apitest.DispatchedJob(ctx, f.DB.DB, "acme", "n-exec")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +527,7 @@ func TestAuditJobEventsActorsForProducers(t *testing.T) {
 		t.Fatalf("complete: HTTP %d %s", r.Status, r.Raw)
 	}
 	// Ended by a drainer, which names itself by its id.
-	byDrainer, err := dispatchedJob(ctx, f.DB.DB, "acme", "n-drainer")
+	byDrainer, err := apitest.DispatchedJob(ctx, f.DB.DB, "acme", "n-drainer")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,8 +74,8 @@ func TestGateMemcachedOutage(t *testing.T) {
 		}
 	}
 	mc := memcache.New(mcs.Addr())
-	kG, hG := gateRateKey(t, mc)
-	kO, hO := gateRateKey(t, mc)
+	kG, hG := apitest.RateKey(t, mc)
+	kO, hO := apitest.RateKey(t, mc)
 	work := map[string]any{"sleep_ms": 5}
 
 	// memcached up: the gated key waits, the other drains.
@@ -192,9 +192,9 @@ func TestGateDispatchAnswers(t *testing.T) {
 	})
 	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, ID: "answers-test"}, 10*time.Second)
 	ctx := context.Background()
-	kA, hA := gateRateKey(t, mc)
-	kB, hB := gateRateKey(t, mc)
-	kD, hD := gateRateKey(t, mc)
+	kA, hA := apitest.RateKey(t, mc)
+	kB, hB := apitest.RateKey(t, mc)
+	kD, hD := apitest.RateKey(t, mc)
 	a := gateAdmitKey(t, env, "accepts", kA, nil)
 	b := gateAdmitKey(t, env, "limited", kB, nil)
 	c := env.Admit(t, "keyless", nil)
@@ -300,13 +300,13 @@ func TestGateManyGatedKeysAtTenantHead(t *testing.T) {
 			ctx := context.Background()
 			var gatedIDs []int64
 			for range c.keys {
-				k, h := gateRateKey(t, mc)
+				k, h := apitest.RateKey(t, mc)
 				if _, err := store.Extend(ctx, h, 3600); err != nil {
 					t.Fatal(err)
 				}
 				gatedIDs = append(gatedIDs, gateAdmitKey(t, env, "crowded", k, nil))
 			}
-			kO, _ := gateRateKey(t, mc)
+			kO, _ := apitest.RateKey(t, mc)
 			free := gateAdmitKey(t, env, "crowded", kO, nil)
 			for pass := 1; ; pass++ {
 				if pass > c.passes {
@@ -394,7 +394,7 @@ func TestGateExpiresOnInjectedClock(t *testing.T) {
 	})
 	d := drainertest.NewDrainer(t, drainer.Config{DB: env.DB.DB, Executor: stub, RateGates: store, Clock: fake, ID: "clock-test"}, 10*time.Second)
 	ctx := context.Background()
-	k, h := gateRateKey(t, mc)
+	k, h := apitest.RateKey(t, mc)
 	id := gateAdmitKey(t, env, "hourly", k, nil)
 	status := func() (string, error) {
 		var s string
@@ -451,7 +451,7 @@ func TestGateWriteFailuresLogOnce(t *testing.T) {
 	mc := memcache.New(mcs.Addr())
 	const jobs = 6
 	for i := range jobs {
-		k, _ := gateRateKey(t, mc)
+		k, _ := apitest.RateKey(t, mc)
 		gateAdmitKey(t, env, fmt.Sprintf("t%d", i), k, map[string]any{"retry_after": 60})
 	}
 	ctx := context.Background()

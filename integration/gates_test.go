@@ -2,8 +2,6 @@ package integration_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,22 +14,10 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
-
-// rateKey returns a fresh raw rate key and its hash, and removes its gate when the test ends.
-func gateRateKey(tb testing.TB, mc *memcache.Client) (string, string) {
-	tb.Helper()
-	var b [12]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		tb.Fatal(err)
-	}
-	raw := "api-key-" + hex.EncodeToString(b[:])
-	h := gate.RateKeyHash(raw)
-	tb.Cleanup(func() { _ = mc.Delete(rategate.Key(h)) })
-	return raw, h
-}
 
 // gateAdmitKey admits a job of tenant under rate key raw and returns its id.
 func gateAdmitKey(tb testing.TB, env *harness.Env, tenant, raw string, payload any) int64 {
@@ -120,9 +106,9 @@ func TestGateScenario3HourlyLimit(t *testing.T) {
 	ctx := context.Background()
 	const tenant = "acme"
 	work := map[string]any{"sleep_ms": 20}
-	kBase, _ := gateRateKey(t, mc)
-	k1, h1 := gateRateKey(t, mc)
-	k2, h2 := gateRateKey(t, mc)
+	kBase, _ := apitest.RateKey(t, mc)
+	k1, h1 := apitest.RateKey(t, mc)
+	k2, h2 := apitest.RateKey(t, mc)
 
 	// Baseline: 50 jobs of one key, nothing gated, in the same process and test.
 	base := gateDrainKey(t, env, tenant, kBase, 50, work)
@@ -234,8 +220,8 @@ func TestGateWrittenDirectlyInMemcached(t *testing.T) {
 	mc := memcache.New(addr)
 	env := harness.Start(t, harness.Options{Memcached: []string{addr}, GateTimeout: time.Second})
 	ctx := context.Background()
-	kG, hG := gateRateKey(t, mc)
-	kO, hO := gateRateKey(t, mc)
+	kG, hG := apitest.RateKey(t, mc)
+	kO, hO := apitest.RateKey(t, mc)
 	until := time.Now().Add(time.Hour).Truncate(time.Millisecond)
 	if err := mc.Set(&memcache.Item{Key: "sluice:gate:" + hG, Value: []byte(strconv.FormatInt(until.UnixMilli(), 10)), Expiration: 3720}); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/drainer/executor/kit"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/memcachedtest"
 )
@@ -365,8 +366,8 @@ func TestKitRateLimitGatesKey(t *testing.T) {
 	k := newKitServer(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true, ExecutorURL: k.srv.URL + "/dispatch",
 		Memcached: []string{addr}, GateTimeout: time.Second})
-	before, hBefore := gateRateKey(t, mc)
-	during, hDuring := gateRateKey(t, mc)
+	before, hBefore := apitest.RateKey(t, mc)
+	during, hDuring := apitest.RateKey(t, mc)
 	var ran runs
 	k.set(t, env.URL, func(ctx context.Context, j kit.Job) kit.Outcome {
 		ran.add(j)

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/gate/client"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/store"
+	"github.com/sluicehq/sluice/integration/apitest"
 	"github.com/sluicehq/sluice/integration/harness"
 	"github.com/sluicehq/sluice/integration/publishertest"
 	"github.com/sluicehq/sluice/integration/testdb"
@@ -23,23 +24,6 @@ import (
 	"github.com/sluicehq/sluice/outbox"
 	"github.com/sluicehq/sluice/publisher"
 )
-
-// dispatchedJob inserts a job of tenant as a drainer leaves it after dispatching it with nonce,
-// and returns its id.
-func dispatchedJob(ctx context.Context, db *sql.DB, tenant, nonce string) (int64, error) {
-	// Every job's tenant has a row in tenants (admission writes it; the claim probes by it).
-	if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO tenants (tenant, created_at) VALUES (?, UTC_TIMESTAMP(6))", tenant); err != nil {
-		return 0, err
-	}
-	res, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, version, attempt, queued_at, claimed_at,
-		dispatched_at, lease_until, nonce_sha256, nonce_expires_at)
-		VALUES (?, 'dispatched', 1, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
-		UTC_TIMESTAMP(6) + INTERVAL 10 SECOND, UNHEX(SHA2(?, 256)), UTC_TIMESTAMP(6) + INTERVAL 300 SECOND)`, tenant, nonce)
-	if err != nil {
-		return 0, err
-	}
-	return res.LastInsertId()
-}
 
 // TestProducerEventsCommitWithTheProducersTransaction: a completion and a release written with
 // gate.Completer and publisher.Producer roll back with the producer's own change, and commit with it.
@@ -53,7 +37,7 @@ func TestProducerEventsCommitWithTheProducersTransaction(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "INSERT INTO sandboxes VALUES (1, 'running')"); err != nil {
 		t.Fatal(err)
 	}
-	id, err := dispatchedJob(ctx, db.DB, "acme", "nonce-1")
+	id, err := apitest.DispatchedJob(ctx, db.DB, "acme", "nonce-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +173,7 @@ func Example_producer() {
 	}
 	defer done()
 	// What a drainer leaves behind: job dispatched to this executor with nonce "n-1".
-	id, err := dispatchedJob(ctx, db, "acme", "n-1")
+	id, err := apitest.DispatchedJob(ctx, db, "acme", "n-1")
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -1,4 +1,4 @@
-package integration_test
+package api_test
 
 import (
 	"context"
@@ -36,7 +36,7 @@ func TestCompleteGateNeedsTheDispatchNonce(t *testing.T) {
 	// when nonce is ""), and returns its id and the key's hash.
 	keyed := func(nonce string) (int64, string) {
 		t.Helper()
-		_, hash := gateRateKey(t, mc)
+		_, hash := apitest.RateKey(t, mc)
 		var id int64
 		if nonce == "" {
 			r := f.Do(t, http.MethodPost, "/v1/jobs", apitest.StarToken, map[string]any{"tenant": "acme"})
@@ -44,7 +44,7 @@ func TestCompleteGateNeedsTheDispatchNonce(t *testing.T) {
 				t.Fatalf("admit: HTTP %d %s", r.Status, r.Raw)
 			}
 			id = apitest.JobID(t, r.Body)
-		} else if id, err = dispatchedJob(ctx, f.DB.DB, "acme", nonce); err != nil {
+		} else if id, err = apitest.DispatchedJob(ctx, f.DB.DB, "acme", nonce); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := f.DB.ExecContext(ctx, "UPDATE jobs SET rate_key_sha256 = ? WHERE id = ?", hash, id); err != nil {
