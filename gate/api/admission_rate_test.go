@@ -43,7 +43,7 @@ func TestFrontDoorRateLimit(t *testing.T) {
 	if _, resp, err := f.Star.Admit(ctx, keyed); err != nil || resp.HTTPStatus != 200 {
 		t.Errorf("replay over the limit: %v %v, want 200", resp.HTTPStatus, err)
 	}
-	if n, err := f.Limiter.Count(tenant, f.Now.Now()); err != nil || n != 3 {
+	if n, err := f.Limiter.Count(tenant, f.Time()); err != nil || n != 3 {
 		t.Errorf("charged %d (%v), want 3", n, err)
 	}
 	// Another tenant has its own budget.
@@ -51,7 +51,7 @@ func TestFrontDoorRateLimit(t *testing.T) {
 		t.Errorf("another tenant: %v", err)
 	}
 	// A new minute is a new budget.
-	f.Now.Add(60e9)
+	f.Now.Advance(60e9)
 	if _, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: tenant}); err != nil {
 		t.Errorf("next minute: %v", err)
 	}
@@ -106,7 +106,7 @@ func TestFrontDoorRateLimitRefund(t *testing.T) {
 		if r.Status != c.status || (c.code != "" && r.Body["error_code"] != c.code) {
 			t.Errorf("fault %q: HTTP %d %s, want %d %s", c.fault, r.Status, r.Raw, c.status, c.code)
 		}
-		n, err := f.Limiter.Count(tenant, f.Now.Now())
+		n, err := f.Limiter.Count(tenant, f.Time())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,13 +132,13 @@ func TestFrontDoorRateLimitRefund(t *testing.T) {
 		t.Errorf("failed batch: %v", err)
 	}
 	faultAt.Store("")
-	if n, _ := f.Limiter.Count(tenant, f.Now.Now()); n != 0 {
+	if n, _ := f.Limiter.Count(tenant, f.Time()); n != 0 {
 		t.Errorf("failed batch left %d charges, want 0", n)
 	}
 	if _, err := f.Star.AdmitBatch(ctx, reqs); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := f.Limiter.Count(tenant, f.Now.Now()); n != 20 {
+	if n, _ := f.Limiter.Count(tenant, f.Time()); n != 20 {
 		t.Errorf("committed batch of 20 charged %d", n)
 	}
 }

@@ -127,7 +127,7 @@ func TestAdmissionRoundTrips(t *testing.T) {
 				c.tenant, len(trips), c.trips, strings.Join(trips, "\n---\n"))
 		}
 	}
-	if n, err := f.Limiter.Count(limited, f.Now.Now()); err != nil || n != 1 {
+	if n, err := f.Limiter.Count(limited, f.Time()); err != nil || n != 1 {
 		t.Errorf("the limited tenant's admission was charged %d times (%v), want 1", n, err)
 	}
 }

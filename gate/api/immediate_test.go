@@ -103,7 +103,7 @@ func TestFrontDoorImmediate(t *testing.T) {
 	// A gated rate key: the remaining gate time, scope rate_key.
 	key := apitest.UniqueTenant("api-key")
 	sum := sha256.Sum256([]byte(key))
-	nb := f.Now.Now().Add(42*time.Second + 300*time.Millisecond)
+	nb := f.Time().Add(42*time.Second + 300*time.Millisecond)
 	if err := mc.Set(&memcache.Item{Key: "sluice:gate:" + hex.EncodeToString(sum[:]), Value: []byte(strconv.FormatInt(nb.UnixMilli(), 10)), Expiration: 300}); err != nil {
 		t.Fatalf("write gate: %v", err)
 	}

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -54,7 +53,9 @@ type Env struct {
 	Reg      *prometheus.Registry
 	Logs     *LogBuffer
 	Limiter  *admitrate.Limiter // nil unless Options.Memcached is set
-	Now      *FakeNow
+	// Now is admission's clock, fixed unless a test moves it (Advance), so that a minute
+	// boundary never splits a test's rate-limit charges.
+	Now *clock.Fake
 
 	// Clients of the front door, one per token: AlphaToken, BetaToken, StarToken, ExecToken,
 	// AdminToken.
@@ -89,31 +90,11 @@ type Options struct {
 	MaxRequests int
 }
 
-// FakeNow is the wall clock of rate-limit windows and gates, fixed unless a test moves it, so
-// that a minute boundary never splits a test's charges.
-type FakeNow struct {
-	mu sync.Mutex
-	t  time.Time
+// Time is the front door's clock reading (Env.Now), for the rate limiter's windows.
+func (f *Env) Time() time.Time {
+	t, _ := f.Now.Now(context.Background())
+	return t
 }
-
-// Now returns the clock's time.
-func (f *FakeNow) Now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.t
-}
-
-// Add moves the clock by d.
-func (f *FakeNow) Add(d time.Duration) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.t = f.t.Add(d)
-}
-
-// fakeClock is a FakeNow as the admission's clock.Clock.
-type fakeClock struct{ *FakeNow }
-
-func (c fakeClock) Now(context.Context) (time.Time, error) { return c.FakeNow.Now(), nil }
 
 // Setup starts a front door over a new test database.
 func Setup(tb testing.TB, o Options) *Env {
@@ -125,7 +106,7 @@ func Setup(tb testing.TB, o Options) *Env {
 func SetupOn(tb testing.TB, base *Env, o Options) *Env {
 	tb.Helper()
 	f := &Env{DB: base.DB, Reg: prometheus.NewRegistry(), Logs: &LogBuffer{},
-		Now: &FakeNow{t: clock.Trunc(time.Now())}}
+		Now: clock.NewFake(time.Now())}
 	log := slog.New(slog.NewJSONHandler(io.MultiWriter(f.Logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	f.Limits = config.NewCache(f.DB, log)
 	failOpen, err := gate.NewFailOpenMetrics(f.Reg)
@@ -136,7 +117,7 @@ func SetupOn(tb testing.TB, base *Env, o Options) *Env {
 	// (store.Open), admission transactions on one that takes them (store.OpenMulti).
 	plain := f.DB.Plain(tb)
 	cfg := gate.Config{DB: plain, TxDB: f.DB.DB, Limits: f.Limits, Log: log, Metrics: gate.NewMetrics(f.Reg),
-		FailOpenMetrics: failOpen, Faults: o.Faults, RateGates: o.Gates, Clock: fakeClock{f.Now}, Lanes: o.Lanes,
+		FailOpenMetrics: failOpen, Faults: o.Faults, RateGates: o.Gates, Clock: f.Now, Lanes: o.Lanes,
 		Audit: o.Audit, AuditOff: o.AuditOff}
 	if o.AdmitDB != nil {
 		cfg.DB, cfg.TxDB = o.AdmitDB, o.AdmitDB
