@@ -158,6 +158,7 @@ func assertNextAfter(t *testing.T, env *harness.Env, id int64, answered time.Tim
 // other two contend for the rest: at least two processes claim in every run, not in most.
 func TestThreeDrainerProcesses(t *testing.T) {
 	t.Parallel()
+	watchGaleraMemory(t)
 	bin := harness.BuildSluice(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true})
 	ctx := context.Background()
@@ -218,6 +219,7 @@ func TestThreeDrainerProcesses(t *testing.T) {
 // and the database reconciles exactly with the executor's counters.
 func TestDrainerSIGKILL(t *testing.T) {
 	t.Parallel()
+	watchGaleraMemory(t)
 	bin := harness.BuildSluice(t)
 	env := harness.Start(t, harness.Options{API: true, Relay: true})
 	env.SetConfig(t, func(c *config.Config) { c.LeaseSeconds = 2 })
