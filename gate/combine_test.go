@@ -21,12 +21,14 @@ type fakeTxs struct {
 	running map[*item]bool // items of the lane transactions running now
 	lanesIn int            // lane transactions running now
 	maxIn   int
+	reading int // lane transactions running now that have not yet read their state
+	maxRead int
 	decided map[*item]int // how many committed transactions decided each item
 	shared  int
 	apart   map[*item]bool // items of groups that fell apart: they run alone, in no lane
 }
 
-func (f *fakeTxs) run(_ context.Context, items []*item, _ config.Config, shared bool) error {
+func (f *fakeTxs) run(_ context.Context, items []*item, _ config.Config, shared bool, read func()) error {
 	f.mu.Lock()
 	if shared {
 		f.shared++
@@ -55,13 +57,28 @@ func (f *fakeTxs) run(_ context.Context, items []*item, _ config.Config, shared 
 	if lane {
 		f.lanesIn++
 		f.maxIn = max(f.maxIn, f.lanesIn)
+		f.reading++
+		f.maxRead = max(f.maxRead, f.reading)
 		for _, it := range items {
 			f.running[it] = true
 		}
 	}
 	f.mu.Unlock()
-	for range 20 {
+	unread := lane
+	for i := range 20 {
 		runtime.Gosched() // let other admissions arrive while this transaction "runs"
+		if i == 10 && !(shared && f.refuse) {
+			// Its state is read under its tenants' locks: the rest is its inserts and COMMIT.
+			f.mu.Lock()
+			if unread {
+				f.reading--
+				unread = false
+			}
+			f.mu.Unlock()
+			if read != nil {
+				read()
+			}
+		}
 	}
 
 	var err error
@@ -73,6 +90,9 @@ func (f *fakeTxs) run(_ context.Context, items []*item, _ config.Config, shared 
 	defer f.mu.Unlock()
 	if lane {
 		f.lanesIn--
+		if unread {
+			f.reading--
+		}
 		for _, it := range items {
 			delete(f.running, it)
 		}
@@ -156,17 +176,74 @@ func concurrentAdmissions(t *testing.T, a *Admitter, n int) []*item {
 	return items
 }
 
-// TestCombinerOneLaneWhileItKeepsUp: with a stall delay no admission reaches, one lane runs
-// at a time, and every admission is still decided once.
+// TestCombinerOneLaneWhileItKeepsUp: with a stall delay no admission reaches, one lane at a
+// time locks and reads, a second overlapping it only once it has read (Admitter.overlap), and
+// every admission is still decided once.
 func TestCombinerOneLaneWhileItKeepsUp(t *testing.T) {
 	a, f := newFakeAdmitter(t, 2, false)
 	a.combine.stallAfter = time.Minute
 	f.decidedOnce(t, concurrentAdmissions(t, a, 400))
-	if f.maxIn != 1 {
-		t.Errorf("%d lane transactions ran at once, want 1", f.maxIn)
+	if f.maxRead != 1 {
+		t.Errorf("%d lane transactions were reading at once, want 1", f.maxRead)
+	}
+	if f.maxIn > 2 {
+		t.Errorf("%d lane transactions ran at once, want at most 2", f.maxIn)
 	}
 	if f.shared == 0 {
 		t.Errorf("no admissions shared a transaction")
+	}
+}
+
+// TestCombinerOverlapsTheNextGroupWithACommit: an admission that queued behind a lane's
+// transaction starts its own once that transaction has read its state, while it still writes
+// and commits, not after it.
+func TestCombinerOverlapsTheNextGroupWithACommit(t *testing.T) {
+	started, proceed, read, release := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	a := &Admitter{combine: combiner{lanes: 2, stallAfter: time.Minute}}
+	a.combine.run = func(_ context.Context, items []*item, _ config.Config, _ bool, onRead func()) error {
+		if items[0].req.Tenant != "first" {
+			return nil
+		}
+		close(started)
+		<-proceed
+		onRead()
+		close(read)
+		<-release // its inserts and COMMIT
+		return nil
+	}
+	firstDone := make(chan error, 1)
+	go func() {
+		firstDone <- a.admit(context.Background(), &item{req: Request{Tenant: "first"}}, config.Default())
+	}()
+	<-started
+	secondDone := make(chan error, 1)
+	go func() {
+		secondDone <- a.admit(context.Background(), &item{req: Request{Tenant: "second"}}, config.Default())
+	}()
+	for deadline := time.Now().Add(10 * time.Second); a.Waiting() != 1; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			close(proceed)
+			close(release)
+			t.Fatal("the second admission did not queue behind the first lane within 10 s")
+		}
+	}
+	close(proceed)
+	<-read
+	select {
+	case err := <-secondDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second): // a deadline on the condition, not a wait for it
+		close(release)
+		t.Fatal("the second admission did not run while the first lane committed")
+	}
+	close(release)
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	if a.Waiting() != 0 {
+		t.Errorf("%d admissions still waiting", a.Waiting())
 	}
 }
 
@@ -178,7 +255,7 @@ func TestCombinerStalledLaneOpensAnother(t *testing.T) {
 	var mu sync.Mutex
 	in, maxIn := 0, 0
 	a := &Admitter{combine: combiner{lanes: 2, stallAfter: time.Millisecond}}
-	a.combine.run = func(_ context.Context, items []*item, _ config.Config, _ bool) error {
+	a.combine.run = func(_ context.Context, items []*item, _ config.Config, _ bool, _ func()) error {
 		mu.Lock()
 		in++
 		maxIn = max(maxIn, in)

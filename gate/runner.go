@@ -16,8 +16,9 @@ import (
 )
 
 // run decides and writes items in one transaction, retried as a whole on deadlock.
-// shared marks a combiner group (see errGroupLocked).
-func (a *Admitter) run(ctx context.Context, items []*item, cfg config.Config, shared bool) error {
+// shared marks a combiner group (see errGroupLocked); read, if set, is called each time the
+// transaction has read its state under its tenants' locks (Admitter.overlap).
+func (a *Admitter) run(ctx context.Context, items []*item, cfg config.Config, shared bool, read func()) error {
 	if cfg.AdmissionMode != config.ModeOff {
 		if err := a.lookupGates(ctx, items); err != nil {
 			return err
@@ -26,7 +27,7 @@ func (a *Admitter) run(ctx context.Context, items []*item, cfg config.Config, sh
 	var rows []outbox.Row
 	var err error
 	for attempt := 1; ; attempt++ {
-		rows, err = a.attempt(ctx, items, cfg, shared)
+		rows, err = a.attempt(ctx, items, cfg, shared, read)
 		if err == nil || !retryable(err) || attempt >= a.cfg.TxAttempts {
 			break
 		}
@@ -117,7 +118,7 @@ func (a *Admitter) failOpen(msg string, err error, now time.Time) {
 // attempt is one try at items' transaction: read the state under the tenant locks, decide
 // (decide.go), take and settle the rate-limit reservations, write and commit. It returns the
 // outbox rows of the committed pokes.
-func (a *Admitter) attempt(ctx context.Context, items []*item, cfg config.Config, shared bool) (rows []outbox.Row, err error) {
+func (a *Admitter) attempt(ctx context.Context, items []*item, cfg config.Config, shared bool, read func()) (rows []outbox.Row, err error) {
 	var live []*item
 	for _, it := range items {
 		it.reset()
@@ -159,6 +160,9 @@ func (a *Admitter) attempt(ctx context.Context, items []*item, cfg config.Config
 			return nil, errGroupLocked
 		}
 		return nil, a.txErr(err)
+	}
+	if read != nil {
+		read()
 	}
 	replays(live, cfg, st)
 	if err := replayPositions(ctx, tx.DB(), live); err != nil {
