@@ -2,6 +2,9 @@ package integration_test
 
 import (
 	"context"
+	crand "crypto/rand"
+	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -15,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/config"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
 )
 
@@ -291,4 +295,123 @@ func longestGap(times []time.Time, from time.Time) time.Duration {
 		}
 	}
 	return longest
+}
+
+// TestGaleraCausalReadOnANewWriter: a connection sluice opens to a node that has not yet applied
+// the last transaction committed through another (as on a writer the proxy has just moved to)
+// waits until it has, so its first read sees that transaction (store's causalConnector). The
+// node's applier is held back with FLUSH TABLES WITH READ LOCK, which pauses it while reads go
+// on.
+func TestGaleraCausalReadOnANewWriter(t *testing.T) {
+	g := needGalera(t)
+	ctx := context.Background()
+	var writer, reader string
+	harness.WaitFor(t, 2*time.Minute, "a writer and another synced node", func() (bool, error) {
+		st := g.run(t, "status")
+		_, w, _ := strings.Cut(st, "writer through the proxy: node")
+		writer, reader = strings.TrimSpace(w), ""
+		for _, n := range []string{"1", "2", "3"} {
+			if n != writer && strings.Contains(st, "node "+n+": Synced") {
+				reader = n
+				break
+			}
+		}
+		return len(writer) == 1 && reader != "", nil
+	})
+	node := func(n, db string) string { return fmt.Sprintf("root@tcp(127.0.0.1:331%s)/%s", n, db) }
+	w, err := sql.Open("mysql", node(writer, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() }) // after the database's drop below
+	r, err := sql.Open("mysql", node(reader, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var raw [6]byte
+	_, _ = crand.Read(raw[:])
+	name := "sluice_causal_" + hex.EncodeToString(raw[:])
+	for _, q := range []string{"CREATE DATABASE " + name, "CREATE TABLE " + name + ".t (id INT PRIMARY KEY)",
+		"INSERT INTO " + name + ".t VALUES (1)"} {
+		if _, err := w.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		if _, err := w.ExecContext(context.Background(), "DROP DATABASE "+name); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+	})
+	harness.WaitFor(t, 30*time.Second, "the first row on node "+reader, func() (bool, error) {
+		var n int
+		err := r.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+name+".t").Scan(&n)
+		return err == nil && n == 1, nil
+	})
+
+	lock, err := r.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if _, err := lock.ExecContext(ctx, "FLUSH TABLES WITH READ LOCK"); err != nil {
+		t.Fatal(err)
+	}
+	unlocked := false
+	unlock := func() {
+		if !unlocked {
+			unlocked = true
+			if _, err := lock.ExecContext(context.Background(), "UNLOCK TABLES"); err != nil {
+				t.Errorf("unlock node %s: %v", reader, err)
+			}
+		}
+	}
+	defer unlock()
+	if _, err := w.ExecContext(ctx, "INSERT INTO "+name+".t VALUES (2)"); err != nil {
+		t.Fatal(err)
+	}
+	var stale int
+	if err := r.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+name+".t").Scan(&stale); err != nil {
+		t.Fatal(err)
+	}
+	if stale != 1 {
+		t.Fatalf("node %s already has %d rows: its applier is not held back, and this test would prove nothing", reader, stale)
+	}
+
+	type result struct {
+		n   int
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		db, err := store.Open(ctx, node(reader, name))
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer db.Close()
+		var n int
+		err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM t").Scan(&n)
+		got <- result{n, err}
+	}()
+	harness.WaitFor(t, 10*time.Second, "sluice's new connection to wait for node "+reader+" to catch up", func() (bool, error) {
+		select {
+		case res := <-got:
+			t.Fatalf("sluice read %d rows (%v) on node %s before it applied the second: its first read was not causal", res.n, res.err, reader)
+		default:
+		}
+		var waiting int
+		err := r.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE INFO LIKE 'SET STATEMENT wsrep_sync_wait%'`).Scan(&waiting)
+		return waiting > 0, err
+	})
+	unlock()
+	select {
+	case res := <-got:
+		if res.err != nil || res.n != 2 {
+			t.Errorf("sluice read %d rows (%v) on node %s after it caught up, want 2", res.n, res.err, reader)
+		}
+	case <-time.After(30 * time.Second): // a deadline on the condition, not a wait for it
+		t.Fatal("sluice's read did not end within 30 s of the node's applier going on")
+	}
 }

@@ -70,7 +70,8 @@ const MultiPoolConns = 64
 // Connector returns the driver connector that Open uses for dsn, with every parameter above and
 // multiStatements off, for a caller that wraps the driver (a test counting statements);
 // OpenConnector makes it a pool. It connects once, to learn the server's name for the isolation
-// variable.
+// variable and whether it is a Galera node (then each connection begins with a causal wait:
+// causalConnector).
 func Connector(ctx context.Context, dsn string) (driver.Connector, error) {
 	return connector(ctx, dsn, false)
 }
@@ -132,7 +133,11 @@ func connector(ctx context.Context, dsn string, multi bool) (driver.Connector, e
 			if err != nil {
 				return nil, fmt.Errorf("MySQL connector: %w", err)
 			}
-			if err = tryConnect(ctx, connector); err == nil {
+			var galera bool
+			if galera, err = tryConnect(ctx, connector); err == nil {
+				if galera {
+					return causalConnector{connector}, nil
+				}
 				return connector, nil
 			}
 			lastErr = fmt.Errorf("connect to MySQL at %s: %w", cfg.Addr, err)
@@ -152,14 +157,76 @@ func connector(ctx context.Context, dsn string, multi bool) (driver.Connector, e
 // the claim lock stalls every drainer's claims until the rollback (TestDrainerFrozenPastLease).
 const IdleTransactionTimeout = 10 * time.Second
 
-func tryConnect(ctx context.Context, connector driver.Connector) error {
+// tryConnect opens one connection with connector's settings and says whether the server is a
+// node of a Galera cluster (wsrep_on; MySQL, which has no such variable, is not).
+func tryConnect(ctx context.Context, connector driver.Connector) (galera bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := connector.Connect(ctx)
 	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	var v []driver.Value
+	err = queryRow(ctx, conn, "SELECT @@GLOBAL.wsrep_on", &v)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1193 { // unknown system variable
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read wsrep_on: %w", err)
+	}
+	switch on := v[0].(type) {
+	case []byte:
+		return string(on) == "1", nil
+	case int64:
+		return on == 1, nil
+	}
+	return false, fmt.Errorf("read wsrep_on: unexpected %T", v[0])
+}
+
+// causalConnector makes each new connection to a Galera node wait, before its first statement,
+// until the node has applied every transaction the cluster committed before it connected
+// (wsrep_sync_wait for one statement). Galera certifies a transaction on every node before its
+// COMMIT returns but applies it on the others a little later, so a node that the proxy has just
+// made the writer (its predecessor killed, or back after a rejoin) can still lack the last
+// transactions committed through the old one: a claim reading the jobs in flight there would
+// see room that is taken, and a GET of a job just admitted would answer 404. Only new
+// connections need the wait: the proxy cuts every connection to a node it takes out, and with
+// one writer at a time nothing commits elsewhere once a connection has caught up. One
+// statement per connection, where wsrep_sync_wait on the session would make every read wait for
+// a round of the cluster's messages.
+type causalConnector struct{ driver.Connector }
+
+func (c causalConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var v []driver.Value
+	if err := queryRow(ctx, conn, "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT 1", &v); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("wait for the Galera node to catch up: %w", err)
+	}
+	return conn, nil
+}
+
+// queryRow runs q on a driver connection and reads its first row into v.
+func queryRow(ctx context.Context, conn driver.Conn, q string, v *[]driver.Value) error {
+	qc, ok := conn.(driver.QueryerContext)
+	if !ok {
+		return errors.New("the MySQL driver's connection cannot query")
+	}
+	rows, err := qc.QueryContext(ctx, q, nil)
+	if err != nil {
 		return err
 	}
-	return conn.Close()
+	defer rows.Close()
+	*v = make([]driver.Value, len(rows.Columns()))
+	if err := rows.Next(*v); err != nil {
+		return fmt.Errorf("%s: %w", q, err)
+	}
+	return nil
 }
 
 // OpenConnector returns a pool of connector's connections, sized (MultiPoolConns) and aged as
