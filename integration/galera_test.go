@@ -51,6 +51,19 @@ func (g galeraCluster) run(t *testing.T, args ...string) string {
 	return string(out)
 }
 
+// awaitWhole waits until every node is synced and the proxy sends connections to node 1, its
+// server (the others are its backups). A node synced again is marked up by the proxy a second
+// or two later, and marking node 1 up cuts every connection to the backups: a test that
+// disturbed the cluster waits for this before it ends, so that the tests after it do not lose
+// their connections to it.
+func (g galeraCluster) awaitWhole(t *testing.T) {
+	t.Helper()
+	harness.WaitFor(t, 2*time.Minute, "the cluster whole, node 1 the proxy's writer", func() (bool, error) {
+		st := g.run(t, "status")
+		return strings.Count(st, "Synced, cluster size 3") == 3 && strings.Contains(st, "writer through the proxy: node1"), nil
+	})
+}
+
 // nodesRSS returns the resident memory of each Galera node's mariadbd on this machine, by node
 // directory.
 func nodesRSS(t *testing.T) map[string]int64 {
@@ -111,6 +124,7 @@ type admission struct {
 // kill; no node's memory grows by a gigabyte.
 func TestGaleraWriterKilled(t *testing.T) {
 	g := needGalera(t)
+	t.Cleanup(func() { g.awaitWhole(t) })
 	st := g.run(t, "status")
 	_, writer, _ := strings.Cut(st, "writer through the proxy: node")
 	writer = strings.TrimSpace(writer)
@@ -305,19 +319,9 @@ func longestGap(times []time.Time, from time.Time) time.Duration {
 func TestGaleraCausalReadOnANewWriter(t *testing.T) {
 	g := needGalera(t)
 	ctx := context.Background()
-	var writer, reader string
-	harness.WaitFor(t, 2*time.Minute, "a writer and another synced node", func() (bool, error) {
-		st := g.run(t, "status")
-		_, w, _ := strings.Cut(st, "writer through the proxy: node")
-		writer, reader = strings.TrimSpace(w), ""
-		for _, n := range []string{"1", "2", "3"} {
-			if n != writer && strings.Contains(st, "node "+n+": Synced") {
-				reader = n
-				break
-			}
-		}
-		return len(writer) == 1 && reader != "", nil
-	})
+	g.awaitWhole(t)
+	t.Cleanup(func() { g.awaitWhole(t) }) // node 2, desynced below, is synced and marked up again
+	writer, reader := "1", "2"
 	node := func(n, db string) string { return fmt.Sprintf("root@tcp(127.0.0.1:331%s)/%s", n, db) }
 	w, err := sql.Open("mysql", node(writer, ""))
 	if err != nil {
@@ -413,5 +417,77 @@ func TestGaleraCausalReadOnANewWriter(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second): // a deadline on the condition, not a wait for it
 		t.Fatal("sluice's read did not end within 30 s of the node's applier going on")
+	}
+}
+
+// TestGaleraNoWriter: while no node of the cluster may take writes (each one desynced, so the
+// proxy's check takes all three out), sluice says so: /readyz answers 503 with the reason
+// "database", an admission and /v1/status answer 503 unavailable and retryable, and nothing is
+// written; once the nodes are synced again it admits within seconds, with no restart.
+func TestGaleraNoWriter(t *testing.T) {
+	g := needGalera(t)
+	g.awaitWhole(t)
+	ctx := context.Background()
+	env := harness.Start(t, harness.Options{})
+	admit := func(key string) harness.Response {
+		return env.Do(t, http.MethodPost, "/v1/jobs", harness.ProducerToken,
+			map[string]any{"tenant": "t", "idempotency_key": key, "payload": map[string]any{}})
+	}
+	if r := admit("before"); r.Status != http.StatusAccepted {
+		t.Fatalf("admission with the cluster whole: HTTP %d %s", r.Status, r.Raw)
+	}
+	desync := func(on string) error {
+		for _, n := range []string{"1", "2", "3"} {
+			db, err := sql.Open("mysql", fmt.Sprintf("root@tcp(127.0.0.1:331%s)/", n))
+			if err != nil {
+				return err
+			}
+			_, err = db.ExecContext(ctx, "SET GLOBAL wsrep_desync = "+on)
+			db.Close()
+			if err != nil {
+				return fmt.Errorf("node %s: %w", n, err)
+			}
+		}
+		return nil
+	}
+	t.Cleanup(func() {
+		if err := desync("OFF"); err != nil {
+			t.Errorf("sync the nodes again: %v", err)
+		}
+		g.awaitWhole(t)
+	})
+	if err := desync("ON"); err != nil {
+		t.Fatal(err)
+	}
+	var ready harness.Response
+	harness.WaitFor(t, 30*time.Second, "/readyz to say the database is gone", func() (bool, error) {
+		ready = env.Do(t, http.MethodGet, "/readyz", "", nil)
+		return ready.Status == http.StatusServiceUnavailable, nil
+	})
+	if ready.Body["reason"] != "database" {
+		t.Errorf("/readyz with no writer: %s, want the reason database", ready.Raw)
+	}
+	if r := admit("during"); r.Status != http.StatusServiceUnavailable || r.Body["error_code"] != "unavailable" || r.Body["retryable"] != true {
+		t.Errorf("admission with no writer: HTTP %d %s, want 503 unavailable retryable", r.Status, r.Raw)
+	}
+	if r := env.Do(t, http.MethodGet, "/v1/status", harness.AdminToken, nil); r.Status != http.StatusServiceUnavailable || r.Body["error_code"] != "unavailable" {
+		t.Errorf("/v1/status with no writer: HTTP %d %s, want 503 unavailable", r.Status, r.Raw)
+	}
+
+	synced := time.Now()
+	if err := desync("OFF"); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, "an admission answered once the nodes are synced", func() (bool, error) {
+		r := admit("after")
+		return r.Status == http.StatusAccepted || r.Status == http.StatusOK, nil
+	})
+	t.Logf("admitting again %s after the nodes were synced", time.Since(synced).Round(time.Millisecond))
+	harness.WaitFor(t, 10*time.Second, "/readyz ready again", func() (bool, error) {
+		return env.Do(t, http.MethodGet, "/readyz", "", nil).Status == http.StatusOK, nil
+	})
+	var during int
+	if err := env.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE idempotency_key = 'during'").Scan(&during); err != nil || during != 0 {
+		t.Errorf("the admission refused while there was no writer left %d jobs (%v)", during, err)
 	}
 }
