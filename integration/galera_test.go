@@ -394,8 +394,15 @@ func TestGaleraCausalReadOnANewWriter(t *testing.T) {
 			return
 		}
 		defer db.Close()
-		var n int
+		var n, syncWait int
 		err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM t").Scan(&n)
+		if err == nil {
+			// The wait was for the connection's first read only: its session is as it was.
+			err = db.QueryRowContext(ctx, "SELECT @@SESSION.wsrep_sync_wait").Scan(&syncWait)
+		}
+		if err == nil && syncWait != 0 {
+			err = fmt.Errorf("the connection kept wsrep_sync_wait = %d", syncWait)
+		}
 		got <- result{n, err}
 	}()
 	harness.WaitFor(t, 10*time.Second, "sluice's new connection to wait for node "+reader+" to catch up", func() (bool, error) {
@@ -406,7 +413,7 @@ func TestGaleraCausalReadOnANewWriter(t *testing.T) {
 		}
 		var waiting int
 		err := r.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
-			WHERE INFO LIKE 'SET STATEMENT wsrep_sync_wait%'`).Scan(&waiting)
+			WHERE INFO LIKE 'SELECT 1 AS sluice_caught_up%'`).Scan(&waiting)
 		return waiting > 0, err
 	})
 	unlock()

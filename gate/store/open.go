@@ -193,10 +193,15 @@ func tryConnect(ctx context.Context, connector driver.Connector) (galera bool, e
 // transactions committed through the old one: a claim reading the jobs in flight there would
 // see room that is taken, and a GET of a job just admitted would answer 404. Only new
 // connections need the wait: the proxy cuts every connection to a node it takes out, and with
-// one writer at a time nothing commits elsewhere once a connection has caught up. One
-// statement per connection, where wsrep_sync_wait on the session would make every read wait for
-// a round of the cluster's messages.
+// one writer at a time nothing commits elsewhere once a connection has caught up. One causal
+// read per connection, where wsrep_sync_wait on the session would make every read wait for a
+// round of the cluster's messages; the session's own setting is put back after it. Plain SET
+// statements rather than MariaDB's SET STATEMENT ... FOR, which MySQL-based Galera builds
+// (Percona XtraDB Cluster) would refuse at every connection.
 type causalConnector struct{ driver.Connector }
+
+// causalWaitSQL is the read that waits; its alias names it in the processlist.
+const causalWaitSQL = "SELECT 1 AS sluice_caught_up"
 
 func (c causalConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	conn, err := c.Connector.Connect(ctx)
@@ -204,14 +209,20 @@ func (c causalConnector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, err
 	}
 	var v []driver.Value
-	if err := queryRow(ctx, conn, "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT 1", &v); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("wait for the Galera node to catch up: %w", err)
+	for _, q := range []string{
+		"SET @sluice_sync_wait = @@SESSION.wsrep_sync_wait, SESSION wsrep_sync_wait = 1",
+		causalWaitSQL,
+		"SET SESSION wsrep_sync_wait = @sluice_sync_wait",
+	} {
+		if err := queryRow(ctx, conn, q, &v); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("wait for the Galera node to catch up: %w", err)
+		}
 	}
 	return conn, nil
 }
 
-// queryRow runs q on a driver connection and reads its first row into v.
+// queryRow runs q on a driver connection and reads its first row, if it returns rows, into v.
 func queryRow(ctx context.Context, conn driver.Conn, q string, v *[]driver.Value) error {
 	qc, ok := conn.(driver.QueryerContext)
 	if !ok {
@@ -223,6 +234,9 @@ func queryRow(ctx context.Context, conn driver.Conn, q string, v *[]driver.Value
 	}
 	defer rows.Close()
 	*v = make([]driver.Value, len(rows.Columns()))
+	if len(*v) == 0 {
+		return nil // a SET
+	}
 	if err := rows.Next(*v); err != nil {
 		return fmt.Errorf("%s: %w", q, err)
 	}
