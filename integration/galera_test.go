@@ -2,9 +2,7 @@ package integration_test
 
 import (
 	"context"
-	crand "crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -20,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/harness"
+	"github.com/sluicehq/sluice/integration/testdb"
 )
 
 // The tests in this file need the 3-node Galera cluster of deploy/galera/cluster.sh, reached
@@ -321,35 +320,23 @@ func TestGaleraCausalReadOnANewWriter(t *testing.T) {
 	ctx := context.Background()
 	g.awaitWhole(t)
 	t.Cleanup(func() { g.awaitWhole(t) }) // node 2, desynced below, is synced and marked up again
-	writer, reader := "1", "2"
-	node := func(n, db string) string { return fmt.Sprintf("root@tcp(127.0.0.1:331%s)/%s", n, db) }
-	w, err := sql.Open("mysql", node(writer, ""))
-	if err != nil {
+	reader := "2"                         // node 1 is the writer (awaitWhole)
+	w := testdb.New(t)                    // through the proxy: on node 1
+	if _, err := w.ExecContext(ctx, "CREATE TABLE t (id INT PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { w.Close() }) // after the database's drop below
-	r, err := sql.Open("mysql", node(reader, ""))
+	if _, err := w.ExecContext(ctx, "INSERT INTO t VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	node := fmt.Sprintf("root@tcp(127.0.0.1:331%s)/%s", reader, w.Name)
+	r, err := sql.Open("mysql", node)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	var raw [6]byte
-	_, _ = crand.Read(raw[:])
-	name := "sluice_causal_" + hex.EncodeToString(raw[:])
-	for _, q := range []string{"CREATE DATABASE " + name, "CREATE TABLE " + name + ".t (id INT PRIMARY KEY)",
-		"INSERT INTO " + name + ".t VALUES (1)"} {
-		if _, err := w.ExecContext(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		if _, err := w.ExecContext(context.Background(), "DROP DATABASE "+name); err != nil {
-			t.Errorf("drop %s: %v", name, err)
-		}
-	})
 	harness.WaitFor(t, 30*time.Second, "the first row on node "+reader, func() (bool, error) {
 		var n int
-		err := r.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+name+".t").Scan(&n)
+		err := r.QueryRowContext(ctx, "SELECT COUNT(*) FROM t").Scan(&n)
 		return err == nil && n == 1, nil
 	})
 
@@ -361,21 +348,18 @@ func TestGaleraCausalReadOnANewWriter(t *testing.T) {
 	if _, err := lock.ExecContext(ctx, "FLUSH TABLES WITH READ LOCK"); err != nil {
 		t.Fatal(err)
 	}
-	unlocked := false
+	// Called below and again at the end: UNLOCK TABLES with nothing locked does nothing.
 	unlock := func() {
-		if !unlocked {
-			unlocked = true
-			if _, err := lock.ExecContext(context.Background(), "UNLOCK TABLES"); err != nil {
-				t.Errorf("unlock node %s: %v", reader, err)
-			}
+		if _, err := lock.ExecContext(context.Background(), "UNLOCK TABLES"); err != nil {
+			t.Errorf("unlock node %s: %v", reader, err)
 		}
 	}
 	defer unlock()
-	if _, err := w.ExecContext(ctx, "INSERT INTO "+name+".t VALUES (2)"); err != nil {
+	if _, err := w.ExecContext(ctx, "INSERT INTO t VALUES (2)"); err != nil {
 		t.Fatal(err)
 	}
 	var stale int
-	if err := r.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+name+".t").Scan(&stale); err != nil {
+	if err := r.QueryRowContext(ctx, "SELECT COUNT(*) FROM t").Scan(&stale); err != nil {
 		t.Fatal(err)
 	}
 	if stale != 1 {
@@ -388,7 +372,7 @@ func TestGaleraCausalReadOnANewWriter(t *testing.T) {
 	}
 	got := make(chan result, 1)
 	go func() {
-		db, err := store.Open(ctx, node(reader, name))
+		db, err := store.Open(ctx, node)
 		if err != nil {
 			got <- result{err: err}
 			return
