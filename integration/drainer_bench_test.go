@@ -3,7 +3,9 @@ package integration_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,8 +54,9 @@ func rawTx(tb testing.TB, db *testdb.DB, n int) []time.Duration {
 // previous 64 succeeded and the next 64 (by id) dispatched, and commits. It is the drain's raw
 // limit for this run: the schema's own cost of moving a job through a claim and an outcome (the
 // row, its indexes and the tenant count the triggers keep) at sluice's batch size, without
-// choosing, capping, fencing, auditing or the outbox. It returns jobs per second.
-func rawDrain(tb testing.TB, tenants, jobs int) float64 {
+// choosing, capping, fencing, auditing or the outbox. It returns jobs per second and the work
+// per job (snapshotWork): the physical floor beside the drain's drain_work_per_job.
+func rawDrain(tb testing.TB, tenants, jobs int) (float64, map[string]any) {
 	tb.Helper()
 	ctx := context.Background()
 	db := testdb.New(tb)
@@ -80,6 +83,7 @@ func rawDrain(tb testing.TB, tenants, jobs int) float64 {
 		}
 		return b.String()
 	}
+	before := snapshotWork(tb, db.DB)
 	start := time.Now()
 	for off := 0; off < jobs+batch; off += batch {
 		tx, err := conn.BeginTx(ctx, nil)
@@ -105,6 +109,7 @@ func rawDrain(tb testing.TB, tenants, jobs int) float64 {
 		}
 	}
 	el := time.Since(start)
+	w := snapshotWork(tb, db.DB).perJob(before, jobs)
 	var left int
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE status <> 'succeeded'").Scan(&left); err != nil {
 		tb.Fatal(err)
@@ -112,7 +117,7 @@ func rawDrain(tb testing.TB, tenants, jobs int) float64 {
 	if left != 0 {
 		tb.Fatalf("the raw drain left %d of %d jobs unfinished", left, jobs)
 	}
-	return float64(jobs) / el.Seconds()
+	return float64(jobs) / el.Seconds(), w
 }
 
 // claimLatency measures RunOnce passes that each claim one freshly queued job of tenant "b".
@@ -188,7 +193,8 @@ func BenchmarkClaimBacklog(b *testing.B) {
 
 func round2(x float64) float64 { return float64(int(x*100+0.5)) / 100 }
 
-// BenchmarkDrainThroughput drains 20,000 queued jobs over 64 tenants with caps raised to 64 and
+// BenchmarkDrainThroughput drains 20,000 queued jobs over 64 tenants (SLUICE_BENCH_DRAIN_TENANTS
+// for another number: drainTenants) with caps raised to 64 and
 // an executor that finishes every job at once, checking the caps still held in the database. It
 // drains twice, each time into a fresh database: with Go code on one thread, as a drainer-only
 // process runs it (`sluice serve --drainer`, see oneProcForDrainer in cmd/sluice), and with
@@ -196,20 +202,21 @@ func round2(x float64) float64 { return float64(int(x*100+0.5)) / 100 }
 // followed by the same drain with the audit trail off (drainer.Config.AuditOff): audit_ratio is
 // the rate with the audit over the rate without (issue 19: at least 0.85). drain_work_per_job
 // gives what the server and this process did per job in the one-P drains, with the audit and
-// without (work: comparable across builds on a private server, see BENCHMARKS.md).
+// without (work: comparable across builds on a private server, see BENCHMARKS.md), and the raw
+// drain's (raw_drain_work: the schema's floor).
 func BenchmarkDrainThroughput(b *testing.B) {
 	for range b.N {
 		all := runtime.GOMAXPROCS(1)
-		one, raw := drainThroughput(b, 64, drainJobs, 0, false)
-		rawRate := rawDrain(b, 64, drainJobs)
-		oneOff, _ := drainThroughput(b, 64, drainJobs, 0, true)
+		one, raw := drainThroughput(b, drainTenants(), drainJobs, 0, false)
+		rawRate, rawWork := rawDrain(b, drainTenants(), drainJobs)
+		oneOff, _ := drainThroughput(b, drainTenants(), drainJobs, 0, true)
 		runtime.GOMAXPROCS(all)
-		many, _ := drainThroughput(b, 64, drainJobs, 0, false)
-		manyOff, _ := drainThroughput(b, 64, drainJobs, 0, true)
+		many, _ := drainThroughput(b, drainTenants(), drainJobs, 0, false)
+		manyOff, _ := drainThroughput(b, drainTenants(), drainJobs, 0, true)
 		r := harness.Percentiles(raw, 50)
 		rate := func(d drained) float64 { return float64(drainJobs) / d.el.Seconds() }
 		fields := map[string]any{
-			"jobs": drainJobs, "caps": 64, "gomaxprocs": 1, "seconds": round2(one.el.Seconds()),
+			"jobs": drainJobs, "tenants": drainTenants(), "caps": 64, "gomaxprocs": 1, "seconds": round2(one.el.Seconds()),
 			"jobs_per_s": int(rate(one)), "peak_in_flight": one.peak,
 			"all_procs": all, "all_procs_jobs_per_s": int(rate(many)),
 			"all_procs_peak_in_flight":    many.peak,
@@ -221,7 +228,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 		}
 		harness.Emit("drain_throughput", fields)
 		harness.Emit("drain_work_per_job", map[string]any{"jobs": drainJobs, "gomaxprocs": 1, "work": one.work,
-			"audit_off_work": oneOff.work, "all_procs": all, "all_procs_work": many.work})
+			"audit_off_work": oneOff.work, "all_procs": all, "all_procs_work": many.work, "raw_drain_work": rawWork})
 	}
 }
 
@@ -280,4 +287,14 @@ func drainThroughput(b *testing.B, tenants, jobs, slots int, auditOff bool) (dra
 		}
 	}
 	return drained{el: el, peak: peak, work: w}, raw
+}
+
+// drainTenants is the tenants BenchmarkDrainThroughput spreads its jobs over: 64, or
+// SLUICE_BENCH_DRAIN_TENANTS. With 64 each claim of 64 takes one job a tenant; with fewer, several,
+// which is where a claim counts its tenants itself (store.ClaimJobs, migration 0025).
+func drainTenants() int {
+	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_DRAIN_TENANTS")); err == nil && v > 0 {
+		return v
+	}
+	return 64
 }
