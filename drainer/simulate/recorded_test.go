@@ -2,7 +2,6 @@ package simulate
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
@@ -59,30 +58,9 @@ func TestRecordedWalksThePrimaryKey(t *testing.T) {
 				tc.at.Sub(t0), id, first, upTo, early, late, tc.before)
 		}
 	}
-	rows, err := db.QueryContext(ctx, "EXPLAIN "+recordedSQL, first, recordedPage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			t.Fatal(err)
-		}
-		row := map[string]string{}
-		for i, c := range cols {
-			row[c] = vals[i].String
-		}
+	for _, row := range db.Explain(t, recordedSQL, first, recordedPage) {
 		if row["table"] == "a" && (row["key"] != "PRIMARY" || row["type"] != "range") {
 			t.Errorf("the page read reads audit_events by %q (%s), want a range of PRIMARY: %v", row["key"], row["type"], row)
 		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
 	}
 }

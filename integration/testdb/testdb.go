@@ -299,3 +299,39 @@ func ensureTemplate(ctx context.Context, db *sql.DB, name string) error {
 	}
 	return nil
 }
+
+// Explain returns the plan MariaDB gives q with args, a row a table read, each row by column name
+// (id, select_type, table, type, key, rows, Extra, ...), for the tests that hold a statement to
+// its plan.
+func (d *DB) Explain(tb testing.TB, q string, args ...any) []map[string]string {
+	tb.Helper()
+	rows, err := d.QueryContext(context.Background(), "EXPLAIN "+q, args...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var plan []map[string]string
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			tb.Fatal(err)
+		}
+		row := map[string]string{}
+		for i, c := range cols {
+			row[c] = vals[i].String
+		}
+		plan = append(plan, row)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return plan
+}
