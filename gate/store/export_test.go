@@ -27,3 +27,6 @@ var RecountSQL = recountSQL
 
 // AuditAdmittedRangesSQL lets the external tests check the admitted events' statement.
 var AuditAdmittedRangesSQL = auditAdmittedRangesSQL
+
+// ClaimCountSQL lets the external tests read the plan of a claim's count of its tenants.
+var ClaimCountSQL = claimCountSQL

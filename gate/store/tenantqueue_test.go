@@ -139,6 +139,23 @@ func TestTenantQueueState(t *testing.T) {
 	want("nothing to set forward", queueState{})
 	exec("DELETE FROM jobs WHERE id = 12")
 	want("a finished job deleted", queueState{})
+
+	// Migration 0025: a job that enters dispatched stamped with the session's @sluice_claim_stamp
+	// is the claim's to count (store.ClaimJobs), and the trigger leaves it alone; one stamped
+	// otherwise, or claimed by a session that never set the stamp (a binary older than 0025), is
+	// counted by the trigger as before. Each SET and its UPDATE share a round trip, so a session.
+	exec("UPDATE jobs SET status = 'queued' WHERE id = 14")
+	exec("INSERT INTO jobs (id, tenant, status, queued_at) VALUES (17, 'acme', 'queued', ?)", t2)
+	recount()
+	want("two queued again", queueState{2, 14, t1, true})
+	exec("SET @sluice_claim_stamp = CAST(? AS DATETIME(6)); UPDATE jobs SET status = 'dispatched', claimed_at = ? WHERE id = 14", t3, t3)
+	want("a claim's own job, left to the claim", queueState{2, 14, t1, true})
+	exec("SET @sluice_claim_stamp = CAST(? AS DATETIME(6)); UPDATE jobs SET status = 'dispatched', claimed_at = ? WHERE id = 17", t3, t2)
+	want("a job stamped otherwise", queueState{1, 14, t1, true})
+	exec("UPDATE jobs SET status = 'queued' WHERE id = 17")
+	want("requeued", queueState{2, 14, t1, true})
+	exec("SET @sluice_claim_stamp = NULL; UPDATE jobs SET status = 'dispatched', claimed_at = ? WHERE id = 17", t3)
+	want("a session without a stamp", queueState{1, 14, t1, true})
 	if got := readQueueState(t, db.DB, "other"); got != (queueState{}) {
 		t.Fatalf("another tenant's queue state changed: %+v", got)
 	}
