@@ -214,17 +214,18 @@ func round2(x float64) float64 { return float64(int(x*100+0.5)) / 100 }
 // drain's (raw_drain_work: the schema's floor).
 func BenchmarkDrainThroughput(b *testing.B) {
 	for range b.N {
+		tenants := drainTenants()
 		all := runtime.GOMAXPROCS(1)
-		one, raw := drainThroughput(b, drainTenants(), drainJobs, 0, false)
-		rawRate, rawWork := rawDrain(b, drainTenants(), drainJobs)
-		oneOff, _ := drainThroughput(b, drainTenants(), drainJobs, 0, true)
+		one, raw := drainThroughput(b, tenants, drainJobs, 0, false)
+		rawRate, rawWork := rawDrain(b, tenants, drainJobs)
+		oneOff, _ := drainThroughput(b, tenants, drainJobs, 0, true)
 		runtime.GOMAXPROCS(all)
-		many, _ := drainThroughput(b, drainTenants(), drainJobs, 0, false)
-		manyOff, _ := drainThroughput(b, drainTenants(), drainJobs, 0, true)
+		many, _ := drainThroughput(b, tenants, drainJobs, 0, false)
+		manyOff, _ := drainThroughput(b, tenants, drainJobs, 0, true)
 		r := harness.Percentiles(raw, 50)
 		rate := func(d drained) float64 { return float64(drainJobs) / d.el.Seconds() }
 		fields := map[string]any{
-			"jobs": drainJobs, "tenants": drainTenants(), "caps": 64, "gomaxprocs": 1, "seconds": round2(one.el.Seconds()),
+			"jobs": drainJobs, "tenants": tenants, "caps": 64, "gomaxprocs": 1, "seconds": round2(one.el.Seconds()),
 			"jobs_per_s": int(rate(one)), "peak_in_flight": one.peak,
 			"all_procs": all, "all_procs_jobs_per_s": int(rate(many)),
 			"all_procs_peak_in_flight":    many.peak,
