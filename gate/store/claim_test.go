@@ -195,9 +195,10 @@ func TestClaimJobs(t *testing.T) {
 // tenants' queue counts, in its own statement when it takes several jobs a tenant and through the
 // trigger otherwise (migration 0025): a tenant left with queued jobs keeps its head behind for
 // AdvanceHeads, a tenant left with none loses its head, and a job taken elsewhere meanwhile is not
-// subtracted. The stamp has nanoseconds, which claimed_at does not keep: the trigger must still
-// know the claim's jobs (else they would be counted twice). The second claim runs on the first
-// one's connection with the same stamp.
+// subtracted. The stamp has nanoseconds, which claimed_at does not keep, so the trigger compares
+// a truncated stamp (else the jobs would be counted twice). MariaDB compares equal without the
+// truncation too: that part guards a server that rounds, and cannot fail here. The second claim
+// runs on the first one's connection with the same stamp.
 func TestClaimCountsItsTenants(t *testing.T) {
 	k := newFixture(t)
 	var a, b []int64
