@@ -71,6 +71,15 @@ var identityFields = map[string]bool{"clients": true, "batch": true, "jobs": tru
 // key names the figure a line reports: its bench name and its identity (strings, booleans and
 // identityFields), in a stable order.
 func (f figure) key() string {
+	name, parts := f.identity()
+	if len(parts) == 0 {
+		return name
+	}
+	return name + " " + strings.Join(parts, " ")
+}
+
+// identity returns the figure's bench name and its identity fields as sorted "field=value" parts.
+func (f figure) identity() (string, []string) {
 	name, _ := f["bench"].(string)
 	var parts []string
 	for k, v := range f {
@@ -87,10 +96,7 @@ func (f figure) key() string {
 		}
 	}
 	sort.Strings(parts)
-	if len(parts) == 0 {
-		return name
-	}
-	return name + " " + strings.Join(parts, " ")
+	return name, parts
 }
 
 // metrics returns the figure's measured values: every numeric field that is neither identity nor
@@ -152,10 +158,19 @@ type rounds struct {
 	order []string // figure keys in the order first seen
 	base  map[string]map[string][]float64
 	head  map[string]map[string][]float64
+	// ident is each key's bench name and identity parts, for pairing keys across builds that
+	// print different identity fields (pairAcrossIdentities).
+	ident map[string]identity
+}
+
+type identity struct {
+	name  string
+	parts []string
 }
 
 func newRounds() *rounds {
-	return &rounds{base: map[string]map[string][]float64{}, head: map[string]map[string][]float64{}}
+	return &rounds{base: map[string]map[string][]float64{}, head: map[string]map[string][]float64{},
+		ident: map[string]identity{}}
 }
 
 // add records one run's figures for base or head (round index implied by the append order).
@@ -166,6 +181,8 @@ func (r *rounds) add(isBase bool, figs []figure) {
 	}
 	for _, f := range figs {
 		k := f.key()
+		name, parts := f.identity()
+		r.ident[k] = identity{name, parts}
 		if _, seen := r.base[k]; !seen {
 			if _, seen := r.head[k]; !seen {
 				r.order = append(r.order, k)
@@ -178,6 +195,63 @@ func (r *rounds) add(isBase bool, figs []figure) {
 			dst[k][m] = append(dst[k][m], v)
 		}
 	}
+}
+
+// pairAcrossIdentities pairs the figures that only one build printed with their counterpart in
+// the other when a benchmark gained (or lost) an identity field between the two: a head figure
+// whose identity holds all of a base-only figure's parts and more (say, a tenants=64 the base
+// build did not print) is the same figure, if neither has another such counterpart (two head
+// figures told apart by the new field are not guessed between). The pair is filed under the
+// head's key. It returns a line per pairing, for the report's reader.
+func (r *rounds) pairAcrossIdentities() []string {
+	only := func(m, other map[string]map[string][]float64) []string {
+		var ks []string
+		for _, k := range r.order {
+			if _, ok := m[k]; ok {
+				if _, both := other[k]; !both {
+					ks = append(ks, k)
+				}
+			}
+		}
+		return ks
+	}
+	fit := func(a, b string) bool {
+		x, y := r.ident[a], r.ident[b]
+		return x.name == y.name && (subset(x.parts, y.parts) || subset(y.parts, x.parts))
+	}
+	baseOnly, headOnly := only(r.base, r.head), only(r.head, r.base)
+	fits := func(k string, among []string) []string {
+		var out []string
+		for _, o := range among {
+			if fit(k, o) {
+				out = append(out, o)
+			}
+		}
+		return out
+	}
+	var notes []string
+	for _, hk := range headOnly {
+		bs := fits(hk, baseOnly)
+		if len(bs) != 1 || len(fits(bs[0], headOnly)) != 1 {
+			continue
+		}
+		bk := bs[0]
+		r.base[hk] = r.base[bk]
+		delete(r.base, bk)
+		r.order = slices.DeleteFunc(r.order, func(k string) bool { return k == bk })
+		notes = append(notes, fmt.Sprintf("paired base %q with head %q", bk, hk))
+	}
+	return notes
+}
+
+// subset reports whether every part of a is in b (both sorted).
+func subset(a, b []string) bool {
+	for _, p := range a {
+		if _, ok := slices.BinarySearch(b, p); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // report prints, for each figure and metric that fields matches, the medians, their ratio
@@ -307,6 +381,9 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	fmt.Fprintf(stdout, "base %s against the working tree, %d alternated rounds of %s (medians)\n", rev, *n, *bench)
+	for _, note := range r.pairAcrossIdentities() {
+		fmt.Fprintln(stdout, note)
+	}
 	r.report(stdout, fieldRE)
 	return nil
 }

@@ -68,6 +68,45 @@ func TestReportMediansAndLosses(t *testing.T) {
 	}
 }
 
+// TestPairAcrossIdentities: a benchmark that gained an identity field since the base build (the
+// drain's tenants=64) is still compared figure for figure; where the new field tells two head
+// figures apart, neither is paired with the base's one.
+func TestPairAcrossIdentities(t *testing.T) {
+	const base = `{"bench":"drain_throughput","caps":64,"jobs":20000,"jobs_per_s":2000}
+{"bench":"pickup_latency","samples":300,"one_process_p50_ms":3}
+{"bench":"split","jobs":10,"jobs_per_s":5}
+`
+	const head = `{"bench":"drain_throughput","caps":64,"jobs":20000,"tenants":64,"jobs_per_s":2500}
+{"bench":"pickup_latency","samples":300,"one_process_p50_ms":2}
+{"bench":"split","jobs":10,"tenants":1,"jobs_per_s":6}
+{"bench":"split","jobs":10,"tenants":2,"jobs_per_s":7}
+`
+	r := newRounds()
+	for i, out := range []string{base, head, head, base} {
+		figs, _ := parseFigures(strings.NewReader(out))
+		r.add(i == 0 || i == 3, figs)
+	}
+	notes := r.pairAcrossIdentities()
+	if len(notes) != 1 || !strings.Contains(notes[0], `"drain_throughput caps=64 jobs=20000 tenants=64"`) {
+		t.Fatalf("pairings %q, want the drain's alone", notes)
+	}
+	var b bytes.Buffer
+	r.report(&b, regexp.MustCompile(`jobs_per_s$`))
+	out := b.String()
+	for _, want := range []string{
+		"drain_throughput caps=64 jobs=20000 tenants=64  jobs_per_s  2000         2500         1.250      0/2 rounds",
+		"split jobs=10                                   jobs_per_s  5.000        -            -          0/0 rounds",
+		"split jobs=10 tenants=1                         jobs_per_s  -            6.000        -          0/0 rounds",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "drain_throughput caps=64 jobs=20000  ") {
+		t.Errorf("the base's drain figure is still printed on its own:\n%s", out)
+	}
+}
+
 // TestPeersPairing: a sluice figure beside the peer figure of the same run, the ratio, and the
 // target; a side that is missing is said.
 func TestPeersPairing(t *testing.T) {
