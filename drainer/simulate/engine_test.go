@@ -409,10 +409,17 @@ func TestEstimatePickups(t *testing.T) {
 		{queued: ms(50), dispatched: ms(102), finished: done(400)},      // waited past 100: 2 ms
 		{queued: ms(60), dispatched: ms(206), finished: done(500)},      // waited past 200: 6 ms
 		{queued: ms(70), dispatched: ms(301), finished: sql.NullTime{}}, // waited past 300: 1 ms
+		{queued: ms(75), dispatched: ms(301), finished: done(405)},      // the same pass: 1 ms
+		// Two outcomes since the pass before (at 301): the pass came 10 ms after the first, at
+		// 400, which the one at 405 joined; not 5 ms after the last.
+		{queued: ms(80), dispatched: ms(410), finished: sql.NullTime{}},
+		// Its outcomes all came before the pass before its own (at 410), which did not take it:
+		// no outcome brought its pass, and it measures neither pickup.
+		{queued: ms(85), dispatched: ms(420), finished: sql.NullTime{}},
 	}
 	arrival, outcome, ok := estimatePickups(runs)
-	if !ok || arrival != 8*time.Millisecond || outcome != 3*time.Millisecond {
-		t.Fatalf("pickups %s after an arrival, %s after an outcome (ok %v), want 8ms and 3ms", arrival, outcome, ok)
+	if !ok || arrival != 8*time.Millisecond || outcome != 4*time.Millisecond {
+		t.Fatalf("pickups %s after an arrival, %s after an outcome (ok %v), want 8ms and 4ms", arrival, outcome, ok)
 	}
 	if a, o, ok := estimatePickups(nil); ok || a != DefaultArrivalPickup || o != DefaultOutcomePickup {
 		t.Fatalf("no runs: %s, %s, %v; want the defaults and not ok", a, o, ok)

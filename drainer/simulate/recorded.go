@@ -355,35 +355,55 @@ type ran struct {
 
 // estimatePickups is Calibrate's estimate on runs. A job dispatched while no unit had freed since
 // its admission (no outcome of runs between its queued_at and its dispatched_at) measures the
-// pickup after an arrival; one queued before the last outcome preceding its dispatch waited for
-// a unit, and measures the pickup after an outcome. Each is the mean of its samples (a job that
-// waits for units waits through a chain of pickups, one per unit freed before its turn, and the
-// chain adds up their mean: the median, lower on the skewed delays of a busy drainer, set
-// simulated waits early by a few per cent, more the longer a tenant's backlog); with none,
+// pickup after an arrival. One that waited for a unit measures the pickup after an outcome, from
+// the first outcome since the pass before its own (and since its admission), because the engine
+// runs a pass OutcomePickup after the first outcome it has not seen and the outcomes within that
+// delay join it: measured from the last outcome instead, the joining outcomes' shorter delays
+// would set simulated waits early, the more so the busier the drainer. A job whose outcomes all
+// came before the pass before its own was taken by a pass no outcome brought (a poll, a pass that
+// goes on at once, another admission's) and measures neither. Each is the mean of its samples (a
+// job that waits for units waits through a chain of pickups, one per unit freed before its turn,
+// and the chain adds up their mean: the median, lower on the skewed delays of a busy drainer,
+// set simulated waits early by a few per cent, more the longer a tenant's backlog); with none,
 // the default. ok: there was a sample. Outcomes of jobs not in runs (dispatched before the window)
 // and slot releases are not seen, so the first jobs of a busy window can count as arrivals.
 func estimatePickups(runs []ran) (arrival, outcome time.Duration, ok bool) {
-	var finishes []time.Time
+	var finishes, passes []time.Time
 	for _, r := range runs {
 		if r.finished.Valid {
 			finishes = append(finishes, r.finished.Time)
 		}
+		passes = append(passes, r.dispatched)
 	}
 	slices.SortFunc(finishes, time.Time.Compare)
+	slices.SortFunc(passes, time.Time.Compare)
+	passes = slices.Compact(passes)
+	// firstAfter returns the index of the first of ts after t.
+	firstAfter := func(ts []time.Time, t time.Time) int {
+		i, _ := slices.BinarySearchFunc(ts, t, func(e, t time.Time) int {
+			if e.After(t) {
+				return 1
+			}
+			return -1
+		})
+		return i
+	}
 	var afterArrival, afterOutcome []time.Duration
 	for _, r := range runs {
 		if r.dispatched.Before(r.queued) {
 			continue // a clock reading's order, not a delay
 		}
-		// The last outcome at or before the dispatch.
-		i, found := slices.BinarySearchFunc(finishes, r.dispatched, time.Time.Compare)
-		if !found {
-			i--
-		}
-		if i >= 0 && finishes[i].After(r.queued) {
-			afterOutcome = append(afterOutcome, r.dispatched.Sub(finishes[i]))
-		} else {
+		i := firstAfter(finishes, r.queued)
+		if i == len(finishes) || finishes[i].After(r.dispatched) {
 			afterArrival = append(afterArrival, r.dispatched.Sub(r.queued))
+			continue
+		}
+		from := r.queued
+		if p := firstAfter(passes, r.dispatched.Add(-1)) - 1; p >= 0 && passes[p].After(from) {
+			from = passes[p] // the pass before this job's: it saw the outcomes up to it
+		}
+		if i = firstAfter(finishes, from); i < len(finishes) && !finishes[i].After(r.dispatched) {
+			afterOutcome = append(afterOutcome, r.dispatched.Sub(finishes[i]))
 		}
 	}
 	mean := func(ds []time.Duration, dflt time.Duration) time.Duration {
