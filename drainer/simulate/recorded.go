@@ -399,8 +399,9 @@ func estimatePickups(runs []ran) (arrival, outcome time.Duration, ok bool) {
 			continue
 		}
 		from := r.queued
-		if p := firstAfter(passes, r.dispatched.Add(-1)) - 1; p >= 0 && passes[p].After(from) {
-			from = passes[p] // the pass before this job's: it saw the outcomes up to it
+		// passes holds r's own pass; the one before it saw the outcomes up to it.
+		if p, _ := slices.BinarySearchFunc(passes, r.dispatched, time.Time.Compare); p > 0 && passes[p-1].After(from) {
+			from = passes[p-1]
 		}
 		if i = firstAfter(finishes, from); i < len(finishes) && !finishes[i].After(r.dispatched) {
 			afterOutcome = append(afterOutcome, r.dispatched.Sub(finishes[i]))

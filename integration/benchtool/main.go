@@ -68,17 +68,17 @@ type figure map[string]any
 var identityFields = map[string]bool{"clients": true, "batch": true, "jobs": true, "caps": true, "gomaxprocs": true,
 	"tenants": true, "queued": true, "samples": true, "all_procs": true, "each": true, "passes": true, "runs": true}
 
-// key names the figure a line reports: its bench name and its identity (strings, booleans and
-// identityFields), in a stable order.
-func (f figure) key() string {
-	name, parts := f.identity()
+// keyOf names the figure a line reports: its bench name and its identity parts (figure.identity),
+// in a stable order.
+func keyOf(name string, parts []string) string {
 	if len(parts) == 0 {
 		return name
 	}
 	return name + " " + strings.Join(parts, " ")
 }
 
-// identity returns the figure's bench name and its identity fields as sorted "field=value" parts.
+// identity returns the figure's bench name and its identity (strings, booleans and
+// identityFields) as sorted "field=value" parts.
 func (f figure) identity() (string, []string) {
 	name, _ := f["bench"].(string)
 	var parts []string
@@ -160,17 +160,18 @@ type rounds struct {
 	head  map[string]map[string][]float64
 	// ident is each key's bench name and identity parts, for pairing keys across builds that
 	// print different identity fields (pairAcrossIdentities).
-	ident map[string]identity
+	ident map[string]figureID
 }
 
-type identity struct {
+// figureID is a figure's bench name and identity parts (figure.identity).
+type figureID struct {
 	name  string
 	parts []string
 }
 
 func newRounds() *rounds {
 	return &rounds{base: map[string]map[string][]float64{}, head: map[string]map[string][]float64{},
-		ident: map[string]identity{}}
+		ident: map[string]figureID{}}
 }
 
 // add records one run's figures for base or head (round index implied by the append order).
@@ -180,9 +181,9 @@ func (r *rounds) add(isBase bool, figs []figure) {
 		dst = r.base
 	}
 	for _, f := range figs {
-		k := f.key()
 		name, parts := f.identity()
-		r.ident[k] = identity{name, parts}
+		k := keyOf(name, parts)
+		r.ident[k] = figureID{name, parts}
 		if _, seen := r.base[k]; !seen {
 			if _, seen := r.head[k]; !seen {
 				r.order = append(r.order, k)

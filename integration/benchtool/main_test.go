@@ -25,7 +25,7 @@ func TestFiguresGroupByIdentity(t *testing.T) {
 	if err != nil || len(figs) != 3 {
 		t.Fatalf("%d figures (%v), want 3", len(figs), err)
 	}
-	if k := figs[0].key(); k != "admission_single_http clients=4 jobs=3840" {
+	if k := keyOf(figs[0].identity()); k != "admission_single_http clients=4 jobs=3840" {
 		t.Errorf("key %q", k)
 	}
 	if m := figs[0].metrics(); len(m) != 2 || m["jobs_per_s"] != 900 {
@@ -40,26 +40,39 @@ func TestFiguresGroupByIdentity(t *testing.T) {
 	}
 }
 
-// TestReportMediansAndLosses: medians over rounds, head/base, and the rounds the head lost in,
-// a latency's loss being a higher value.
-func TestReportMediansAndLosses(t *testing.T) {
+// twoRounds records two alternated rounds of base's and head's output: base, head, head, base.
+func twoRounds(base, head string) *rounds {
 	r := newRounds()
-	for i, out := range []string{run1, run2, run2, run1} { // base, head, head, base
+	for i, out := range []string{base, head, head, base} {
 		figs, _ := parseFigures(strings.NewReader(out))
 		r.add(i == 0 || i == 3, figs)
 	}
+	return r
+}
+
+// reportHas prints r's report of the metrics fields matches, checks that it holds every line of
+// wants, and returns it.
+func reportHas(t *testing.T, r *rounds, fields string, wants ...string) string {
+	t.Helper()
 	var b bytes.Buffer
-	r.report(&b, regexp.MustCompile(`jobs_per_s$|_ms$`))
+	r.report(&b, regexp.MustCompile(fields))
 	out := b.String()
-	for _, want := range []string{
-		"admission_single_http clients=4 jobs=3840   jobs_per_s          900          1100         1.222      0/2 rounds",
-		"admission_single_http clients=16 jobs=3840  jobs_per_s          1800         1700         0.944      2/2 rounds",
-		"pickup_latency samples=200                  one_process_p50_ms  4.500        3.500        0.778      0/2 rounds",
-	} {
+	for _, want := range wants {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
 	}
+	return out
+}
+
+// TestReportMediansAndLosses: medians over rounds, head/base, and the rounds the head lost in,
+// a latency's loss being a higher value.
+func TestReportMediansAndLosses(t *testing.T) {
+	r := twoRounds(run1, run2)
+	out := reportHas(t, r, `jobs_per_s$|_ms$`,
+		"admission_single_http clients=4 jobs=3840   jobs_per_s          900          1100         1.222      0/2 rounds",
+		"admission_single_http clients=16 jobs=3840  jobs_per_s          1800         1700         0.944      2/2 rounds",
+		"pickup_latency samples=200                  one_process_p50_ms  4.500        3.500        0.778      0/2 rounds")
 	if strings.Contains(out, "ratio") {
 		t.Errorf("a metric outside -fields was printed:\n%s", out)
 	}
@@ -81,27 +94,15 @@ func TestPairAcrossIdentities(t *testing.T) {
 {"bench":"split","jobs":10,"tenants":1,"jobs_per_s":6}
 {"bench":"split","jobs":10,"tenants":2,"jobs_per_s":7}
 `
-	r := newRounds()
-	for i, out := range []string{base, head, head, base} {
-		figs, _ := parseFigures(strings.NewReader(out))
-		r.add(i == 0 || i == 3, figs)
-	}
+	r := twoRounds(base, head)
 	notes := r.pairAcrossIdentities()
 	if len(notes) != 1 || !strings.Contains(notes[0], `"drain_throughput caps=64 jobs=20000 tenants=64"`) {
 		t.Fatalf("pairings %q, want the drain's alone", notes)
 	}
-	var b bytes.Buffer
-	r.report(&b, regexp.MustCompile(`jobs_per_s$`))
-	out := b.String()
-	for _, want := range []string{
+	out := reportHas(t, r, `jobs_per_s$`,
 		"drain_throughput caps=64 jobs=20000 tenants=64  jobs_per_s  2000         2500         1.250      0/2 rounds",
 		"split jobs=10                                   jobs_per_s  5.000        -            -          0/0 rounds",
-		"split jobs=10 tenants=1                         jobs_per_s  -            6.000        -          0/0 rounds",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("report lacks %q:\n%s", want, out)
-		}
-	}
+		"split jobs=10 tenants=1                         jobs_per_s  -            6.000        -          0/0 rounds")
 	if strings.Contains(out, "drain_throughput caps=64 jobs=20000  ") {
 		t.Errorf("the base's drain figure is still printed on its own:\n%s", out)
 	}
