@@ -306,6 +306,7 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("benchtool compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	base := fs.String("base", "", "the revision to compare the working tree with (required), e.g. a release tag")
+	head := fs.String("head", "", "a revision to compare with base instead of the working tree (bisecting a loss between two commits)")
 	n := fs.Int("rounds", 5, "alternated rounds: each runs both builds once")
 	bench := fs.String("bench", "BenchmarkAdmission$|BenchmarkDrainThroughput$|BenchmarkPickupLatency$", "the benchmarks to run (go test -bench)")
 	fields := fs.String("fields", `jobs_per_s$|_p50_ms$|_p99_ms$|ratio$`, "the metrics to print (a regular expression; empty: all)")
@@ -335,24 +336,48 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return fmt.Errorf("compare: -base %q: %w", *base, err)
 	}
+	headRev := ""
+	if *head != "" {
+		if headRev, err = gitOut(ctx, root, "rev-parse", "--short", *head+"^{commit}"); err != nil {
+			return fmt.Errorf("compare: -head %q: %w", *head, err)
+		}
+	}
 	tmp, err := os.MkdirTemp("", "benchtool-")
 	if err != nil {
 		return fmt.Errorf("compare: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	baseTree := filepath.Join(tmp, "base")
-	if _, err := gitOut(ctx, root, "worktree", "add", "--detach", baseTree, rev); err != nil {
-		return fmt.Errorf("compare: a worktree at %s: %w", rev, err)
+	worktree := func(name, rev string) (string, error) {
+		tree := filepath.Join(tmp, name)
+		if _, err := gitOut(ctx, root, "worktree", "add", "--detach", tree, rev); err != nil {
+			return "", fmt.Errorf("compare: a worktree at %s: %w", rev, err)
+		}
+		return tree, nil
 	}
 	defer func() {
-		_, _ = gitOut(context.Background(), root, "worktree", "remove", "--force", baseTree)
+		for _, name := range []string{"base", "head"} {
+			if tree := filepath.Join(tmp, name); fileExists(tree) {
+				_, _ = gitOut(context.Background(), root, "worktree", "remove", "--force", tree)
+			}
+		}
 	}()
+	baseTree, err := worktree("base", rev)
+	if err != nil {
+		return err
+	}
+	headName, headTree := "head (working tree)", root
+	if headRev != "" {
+		if headTree, err = worktree("head", headRev); err != nil {
+			return err
+		}
+		headName = "head " + headRev
+	}
 	builds := []struct {
 		name, tree, bin string
 		isBase          bool
 	}{
 		{"base " + rev, baseTree, filepath.Join(tmp, "base.test"), true},
-		{"head (working tree)", root, filepath.Join(tmp, "head.test"), false},
+		{headName, headTree, filepath.Join(tmp, "head.test"), false},
 	}
 	for _, b := range builds {
 		fmt.Fprintf(stderr, "building the integration benchmarks of %s\n", b.name)
@@ -381,7 +406,11 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			r.add(b.isBase, figs)
 		}
 	}
-	fmt.Fprintf(stdout, "base %s against the working tree, %d alternated rounds of %s (medians)\n", rev, *n, *bench)
+	against := "the working tree"
+	if headRev != "" {
+		against = headRev
+	}
+	fmt.Fprintf(stdout, "base %s against %s, %d alternated rounds of %s (medians)\n", rev, against, *n, *bench)
 	for _, note := range r.pairAcrossIdentities() {
 		fmt.Fprintln(stdout, note)
 	}
@@ -411,6 +440,11 @@ func runBench(ctx context.Context, bin, dir, bench string, timeout time.Duration
 		return nil, fmt.Errorf("no figure printed by %s (is -bench %q right?)\n%s", bin, bench, tail(out, 20))
 	}
 	return figs, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func tail(b []byte, lines int) string {

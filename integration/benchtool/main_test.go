@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"regexp"
 	"strings"
 	"testing"
@@ -132,6 +133,22 @@ func TestPeersPairing(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestCompareNamesABadRevision(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-base", "no-such-revision"}, "-base"},
+		{[]string{"-base", "HEAD", "-head", "no-such-revision"}, "-head"},
+	} {
+		var stdout, stderr strings.Builder
+		err := compare(context.Background(), tc.args, &stdout, &stderr)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "no-such-revision") {
+			t.Errorf("compare %q: got %v, want an error naming %s and the revision", tc.args, err, tc.want)
 		}
 	}
 }
