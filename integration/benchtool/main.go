@@ -256,10 +256,14 @@ func subset(a, b []string) bool {
 }
 
 // report prints, for each figure and metric that fields matches, the medians, their ratio
-// (head / base) and in how many rounds the head was worse than the base of the same round.
+// (head / base), in how many rounds the head was worse than the base of the same round, and how
+// likely a head no different from the base is to be worse in that many rounds or more (the sign
+// test, signTest). A run prints many figures, so a few of them lose often by chance: the last
+// line says how many to expect, so that a loss is judged against it rather than alone.
 func (r *rounds) report(w io.Writer, fields *regexp.Regexp) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "figure\tmetric\tbase median\thead median\thead/base\thead worse in")
+	fmt.Fprintln(tw, "figure\tmetric\tbase median\thead median\thead/base\thead worse in\tby chance")
+	printed, rounds := 0, 0
 	for _, k := range r.order {
 		metrics := map[string]bool{}
 		for m := range r.base[k] {
@@ -284,11 +288,40 @@ func (r *rounds) report(w io.Writer, fields *regexp.Regexp) {
 					worse++
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d rounds\n", k, m, num(median(b)), num(median(h)),
-				num(median(h)/median(b)), worse, n)
+			chance := "-"
+			if n > 0 {
+				chance = strconv.FormatFloat(signTest(worse, n), 'f', 3, 64)
+				printed, rounds = printed+1, max(rounds, n)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d rounds\t%s\n", k, m, num(median(b)), num(median(h)),
+				num(median(h)/median(b)), worse, n, chance)
 		}
 	}
 	tw.Flush()
+	if printed > 0 && rounds > 1 {
+		// The fewest losses that chance alone reaches at most once in twenty figures (with few
+		// rounds no count is that rare, and the line names losing every round).
+		k := rounds
+		for k > 0 && signTest(k-1, rounds) <= 0.05 {
+			k--
+		}
+		fmt.Fprintf(w, "by chance: the probability that a build no different from base is worse in at least that many rounds\n"+
+			"(sign test); of these %d figure(s), about %.2f lose in %d or more of %d rounds by chance alone\n",
+			printed, float64(printed)*signTest(k, rounds), k, rounds)
+	}
+}
+
+// signTest is the probability of at least worse losses in n rounds when each round is a coin
+// toss: the one-sided sign test of "head is worse".
+func signTest(worse, n int) float64 {
+	p, c := 0.0, 1.0 // c: n choose k, from k = 0
+	for k := 0; k <= n; k++ {
+		if k >= worse {
+			p += c
+		}
+		c = c * float64(n-k) / float64(k+1)
+	}
+	return p / math.Pow(2, float64(n))
 }
 
 func num(v float64) string {

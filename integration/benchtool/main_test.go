@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -151,4 +152,34 @@ func TestCompareNamesABadRevision(t *testing.T) {
 			t.Errorf("compare %q: got %v, want an error naming %s and the revision", tc.args, err, tc.want)
 		}
 	}
+}
+
+// TestSignTest: the chance of a head no different from base losing at least k of n rounds, and
+// the report's line on how many figures lose that often by chance.
+func TestSignTest(t *testing.T) {
+	for _, tc := range []struct {
+		worse, n int
+		want     float64
+	}{
+		{0, 8, 1}, {8, 8, 1.0 / 256}, {7, 8, 9.0 / 256}, {6, 8, 37.0 / 256}, {1, 2, 0.75}, {3, 5, 0.5},
+	} {
+		if got := signTest(tc.worse, tc.n); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("signTest(%d, %d) = %v, want %v", tc.worse, tc.n, got, tc.want)
+		}
+	}
+	r := twoRounds(run1, run2)
+	reportHas(t, r, `jobs_per_s$|_ms$`,
+		"0/2 rounds     1.000",
+		"2/2 rounds     0.250",
+		"of these 3 figure(s), about 0.75 lose in 2 or more of 2 rounds by chance alone")
+	r = newRounds()
+	for i := 0; i < 8; i++ {
+		r.add(true, []figure{{"bench": "x", "jobs_per_s": 100.0}})
+		v := 90.0
+		if i == 0 {
+			v = 110
+		}
+		r.add(false, []figure{{"bench": "x", "jobs_per_s": v}})
+	}
+	reportHas(t, r, "", "7/8 rounds     0.035", "of these 1 figure(s), about 0.04 lose in 7 or more of 8 rounds")
 }
