@@ -413,9 +413,11 @@ func TestEstimatePickups(t *testing.T) {
 		// Two outcomes since the pass before (at 301): the pass came 10 ms after the first, at
 		// 400, which the one at 405 joined; not 5 ms after the last.
 		{queued: ms(80), dispatched: ms(410), finished: sql.NullTime{}},
-		// Its outcomes all came before the pass before its own (at 410), which did not take it:
-		// no outcome brought its pass, and it measures neither pickup.
+		// Its outcomes all came before the pass before its own (at 410), which did not take it,
+		// or with it (the one at 410 below: that pass saw it): no outcome brought its pass, and
+		// it measures neither pickup.
 		{queued: ms(85), dispatched: ms(420), finished: sql.NullTime{}},
+		{queued: ms(1), dispatched: ms(9), finished: done(410)}, // arrival: 8 ms
 	}
 	arrival, outcome, ok := estimatePickups(runs)
 	if !ok || arrival != 8*time.Millisecond || outcome != 4*time.Millisecond {

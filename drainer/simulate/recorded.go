@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sort"
 	"time"
 
 	"github.com/sluicehq/sluice/gate/config"
@@ -378,15 +379,9 @@ func estimatePickups(runs []ran) (arrival, outcome time.Duration, ok bool) {
 	slices.SortFunc(finishes, time.Time.Compare)
 	slices.SortFunc(passes, time.Time.Compare)
 	passes = slices.Compact(passes)
-	// firstAfter returns the index of the first of ts after t.
+	// firstAfter returns the index of the first of ts (sorted) after t.
 	firstAfter := func(ts []time.Time, t time.Time) int {
-		i, _ := slices.BinarySearchFunc(ts, t, func(e, t time.Time) int {
-			if e.After(t) {
-				return 1
-			}
-			return -1
-		})
-		return i
+		return sort.Search(len(ts), func(i int) bool { return ts[i].After(t) })
 	}
 	var afterArrival, afterOutcome []time.Duration
 	for _, r := range runs {
