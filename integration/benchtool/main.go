@@ -380,20 +380,20 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("compare: %w", err)
 	}
 	defer os.RemoveAll(tmp)
+	var trees []string // the worktrees added, to remove
+	defer func() {
+		for _, tree := range trees {
+			_, _ = gitOut(context.Background(), root, "worktree", "remove", "--force", tree)
+		}
+	}()
 	worktree := func(name, rev string) (string, error) {
 		tree := filepath.Join(tmp, name)
 		if _, err := gitOut(ctx, root, "worktree", "add", "--detach", tree, rev); err != nil {
 			return "", fmt.Errorf("compare: a worktree at %s: %w", rev, err)
 		}
+		trees = append(trees, tree)
 		return tree, nil
 	}
-	defer func() {
-		for _, name := range []string{"base", "head"} {
-			if tree := filepath.Join(tmp, name); fileExists(tree) {
-				_, _ = gitOut(context.Background(), root, "worktree", "remove", "--force", tree)
-			}
-		}
-	}()
 	baseTree, err := worktree("base", rev)
 	if err != nil {
 		return err
@@ -473,11 +473,6 @@ func runBench(ctx context.Context, bin, dir, bench string, timeout time.Duration
 		return nil, fmt.Errorf("no figure printed by %s (is -bench %q right?)\n%s", bin, bench, tail(out, 20))
 	}
 	return figs, nil
-}
-
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }
 
 func tail(b []byte, lines int) string {
