@@ -233,7 +233,7 @@ func TestStopHandsBackClaimedJobs(t *testing.T) {
 			defer cancel()
 			var claimSent atomic.Bool
 			log.BeforeSending(func(q string) {
-				isClaim := strings.Contains(q, "UPDATE jobs SET status = 'dispatched'") && strings.HasSuffix(q, "COMMIT")
+				isClaim := strings.Contains(q, "UPDATE jobs FORCE INDEX (PRIMARY) SET status = 'dispatched'") && strings.HasSuffix(q, "COMMIT")
 				if isClaim {
 					claimSent.Store(true)
 					cancel()

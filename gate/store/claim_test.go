@@ -312,6 +312,29 @@ func TestClaimCountReadsItsJobsOnly(t *testing.T) {
 	}
 }
 
+// TestClaimUpdateReadsItsJobsByID: the claim's UPDATE finds its jobs by id, however short the
+// queue. Left to itself, the optimizer walks the lease index's queued range instead once fewer
+// jobs are queued than the claim names (a drain's last claims, a claim that takes every queued
+// job), locking every queued job, and it weighs the claim and lease indexes' queued ranges
+// (index dives) on every claim.
+func TestClaimUpdateReadsItsJobsByID(t *testing.T) {
+	k := newFixture(t)
+	var jobs []store.ClaimJob
+	for i := range 64 {
+		spec := jobSpec{tenant: "t" + strconv.Itoa(i%4), status: job.Succeeded}
+		if i >= 62 {
+			spec.status = job.Queued
+		}
+		jobs = append(jobs, store.ClaimJob{ID: k.insert(spec), Tenant: spec.tenant, NonceSHA256: store.HashNonce(strconv.Itoa(i))})
+	}
+	q, args := store.ClaimUpdateSQL(store.ClaimParams{DrainerID: "d1", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
+		NonceExpiresAt: k.now.Add(time.Minute), Jobs: jobs})
+	plan := k.db.Explain(t, q, args...)
+	if len(plan) != 1 || plan[0]["key"] != "PRIMARY" || plan[0]["possible_keys"] != "PRIMARY" {
+		t.Errorf("the claim's UPDATE is planned as %v; want the primary key alone", plan)
+	}
+}
+
 // TestClaimSettles: a claim that brings outcomes locks their jobs after the claim lock, reads
 // them, and counts them in flight as they are; its round trip writes them before its own UPDATE
 // and commits both. An outcome whose job moved (its fence fails) leaves that job as it is, and

@@ -30,3 +30,6 @@ var AuditAdmittedRangesSQL = auditAdmittedRangesSQL
 
 // ClaimCountSQL lets the external tests read the plan of a claim's count of its tenants.
 var ClaimCountSQL = claimCountSQL
+
+// ClaimUpdateSQL lets the external tests read the plan of a claim's UPDATE.
+var ClaimUpdateSQL = claimUpdateSQL
