@@ -140,21 +140,22 @@ func (cl *claimer) advanceHeads(ctx context.Context, now time.Time) {
 
 // RunOnce picks and claims jobs in one transaction, and commits them as dispatched (claim and
 // dispatch are one transaction, so "claimed" is never visible and a job still claimed was never
-// sent). outs, if not nil, are outcomes the pass brings (outcomeHandoff): a claim writes them in
-// its transaction, before its own UPDATE, and answers them; outcomes left unanswered (no claim
-// ran) are the caller's to write.
+// sent). outs, if not nil, are outcomes the pass brings (outcomeHandoff): a claim writes them in a
+// transaction beside its own, which commits first, and answers them; outcomes left unanswered (no
+// claim ran) are the caller's to write.
 //
 // Locking: the transaction runs at READ COMMITTED and first locks the single claim_lock row
 // FOR UPDATE, so claims from every drainer are serialised. Inside, each statement reads the
 // latest committed data: the caps (the newest runtime config row, read in the same statement as
 // the lock) and the in-flight counts, which no concurrent claim can raise while the lock is held
-// (completions can only lower them). The jobs of outs are locked next, before the count, and
-// what their outcomes take out of flight is subtracted from it: nothing can move them until the
-// COMMIT, which writes those outcomes with the claim. The chosen jobs are moved by one UPDATE
-// fenced on each id, version and the queued state, so a job canceled or taken since the
+// (completions can only lower them). The jobs of outs are locked beside that count, and what
+// their outcomes take out of flight is subtracted from it: nothing else can move them until their
+// COMMIT, which comes before the claim's (claimCandidates). The chosen jobs are moved by one
+// UPDATE fenced on each id, version and the queued state, so a job canceled or taken since the
 // candidate read is skipped. Hence no claim ever puts more jobs in flight than the caps as read
 // in its own transaction. Candidate reads and the gate lookup happen before the transaction, so
-// it never waits on memcached or scans a backlog, and the lock is held for two round trips.
+// it never waits on memcached or scans a backlog, and the lock is held for two round trips (three
+// when outcomes are written beside it).
 func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatch) ([]claimed, bool, error) {
 	// Every answer that frees a slot wakes a pass, and answers come in batches, so without this
 	// many passes of a full drainer would read the in-flight counts only to find no room. A
@@ -210,27 +211,39 @@ func (cl *claimer) RunOnce(ctx context.Context, now time.Time, outs *outcomeBatc
 	return cl.claimCandidates(ctx, now, cands, more, unread, outs, state)
 }
 
-// claimCandidates runs the claim transaction over cands, with the outcomes of outs (see
-// RunOnce), and reports the jobs it claimed and whether the next pass should follow at once. more
-// and unread are candidates' answers: per tenant, whether it may have more jobs than read, and
-// whether tenants were left unread. state is what the pass chose by; a claim that got every job
-// it chose from a page that held every tenant with work leaves it, with its own counts, to the
-// next pass (reuse).
+// claimCandidates runs the claim transaction over cands, with the outcomes of outs written beside
+// it (see RunOnce), and reports the jobs it claimed and whether the next pass should follow at
+// once. more and unread are candidates' answers: per tenant, whether it may have more jobs than
+// read, and whether tenants were left unread. state is what the pass chose by; a claim that got
+// every job it chose from a page that held every tenant with work leaves it, with its own counts,
+// to the next pass (reuse).
+//
+// The outcomes go in a transaction of their own, on a second connection (outcomesBeside), so that
+// the server writes them and the claim at once: one round trip locks their jobs while the claim's
+// first takes the claim lock and counts what is in flight; what the outcomes free is taken out of
+// that count; their write and COMMIT then run beside the claim's UPDATE, and the claim commits only
+// once they have. Their jobs are locked from before the count to their COMMIT, so nothing else can
+// move them: a job that was in flight for the count is out of flight before the claim's COMMIT
+// makes its jobs visible, and the caps hold at every commit. If the outcomes fail, the claim rolls
+// back.
 func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map[string][]candidate, more map[string]bool, unread bool,
 	outs *outcomeBatch, state *passRead) ([]claimed, bool, error) {
-	// Two round trips: one begins the transaction, takes the claim lock (reading the config),
-	// locks the jobs of outs and counts in flight; one writes the outcomes, claims, reads the
-	// payloads back and commits (store.ConnTx).
 	tx, err := store.BeginConnTx(ctx, cl.cfg.TxDB)
 	if err != nil {
 		return nil, false, fmt.Errorf("begin claim: %w", err)
 	}
 	defer tx.Close()
-	var l store.ClaimLock
+	var beside *outcomesBeside
 	if outs != nil {
-		l, err = store.LockClaimsAndJobs(ctx, tx, batchIDs(outs.reqs))
-	} else {
-		l, err = store.LockClaims(ctx, tx, false)
+		beside = cl.lockOutcomes(ctx, outs)
+		defer beside.close()
+	}
+	l, err := store.LockClaims(ctx, tx, false)
+	var locked []store.Row
+	if beside != nil {
+		var lerr error
+		locked, lerr = beside.locked()
+		err = errors.Join(err, lerr)
 	}
 	if err != nil {
 		return nil, false, err
@@ -238,40 +251,41 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 	cfg, us := l.Config, l.Usage
 	cl.config.set(cfg)
 	var items []store.Finishing
-	var settle *store.Settlement
 	if outs != nil {
-		if items = cl.writer.settle(now, outs.reqs, l.Jobs); len(items) == 0 {
+		if items = cl.writer.settle(now, outs.reqs, locked); len(items) == 0 {
 			outs.answer(nil, false)
 		}
 		for _, it := range items {
 			us.Add(cfg, it.Row.Unit(), -1)
 		}
 	}
+	var written func() error
 	if len(items) > 0 {
-		if settle, err = cl.store.Settle(now, items); err != nil {
-			// A requeue (store.ErrSettleRequeue): the outcomes are written on their own, and the
-			// pass that follows at once claims what they freed.
-			err = cl.writer.finish(ctx, tx, now, items)
+		if store.Requeues(items) {
+			// A requeue locks its tenant's row, which the claim may hold while it waits for the
+			// outcomes' COMMIT: they are written first, on their own, and the pass that follows at
+			// once claims what they freed.
+			beside.write(ctx, cl.writer, now, items)
+			err = beside.wait()
 			outs.answer(err, err == nil)
 			return nil, err == nil, err
 		}
+		beside.write(ctx, cl.writer, now, items)
+		written = beside.wait
 	}
 	chosen, full := cl.choose(cfg, cands, more, &us)
 	if len(chosen) == 0 {
-		if settle != nil {
+		if written != nil {
 			// Nothing fits even in what they free: no pass need follow for it.
-			err = cl.writer.finish(ctx, tx, now, items)
+			err = written()
 			outs.answer(err, err == nil)
 		}
 		return nil, false, err
 	}
-	out, settled, err := cl.claimAndCommit(ctx, tx, now, cfg, chosen, settle)
-	if settle != nil {
-		// If the COMMIT's outcome is unknown, the outcomes' writer tries again, fenced.
-		outs.answer(errors.Join(err, settled), err == nil)
-		if err == nil {
-			cl.writer.written(now, items, settle.To())
-		}
+	out, err := cl.claimAndCommit(ctx, tx, now, cfg, chosen, written)
+	if written != nil {
+		werr := written()
+		outs.answer(werr, werr == nil && err == nil)
 	}
 	if err != nil {
 		cl.headCache.reset() // the claimed jobs may be queued again

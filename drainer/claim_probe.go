@@ -93,7 +93,7 @@ func (cl *claimer) probeAndClaim(ctx context.Context, now time.Time, poked bool)
 		return nil, true, nil
 	}
 	// If the commit's answer is lost, the job may be claimed: lease recovery requeues it.
-	if out, _, err = cl.claimAndCommit(ctx, tx, now, cfg, []candidate{j.candidate}, nil); err != nil || len(out) == 0 {
+	if out, err = cl.claimAndCommit(ctx, tx, now, cfg, []candidate{j.candidate}, nil); err != nil || len(out) == 0 {
 		return nil, false, err // none: taken or canceled meanwhile, let the normal pass look
 	}
 	if cl.handBackIfStopping(ctx, now, out) {

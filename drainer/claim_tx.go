@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"time"
 
@@ -120,37 +121,51 @@ func (u claimUpdate) claimed(chosen []candidate, got store.Claimed, cfg config.C
 	return out
 }
 
-// claimAndCommit claims chosen and commits, in one round trip (store.Store.ClaimJobs), with settle's
-// outcomes (nil for none) written before the claim, and returns the jobs it got as claimed, with
-// their payloads, and how the outcomes went (store.Claimed.Settled).
+// claimAndCommit claims chosen and commits, in one round trip (store.Store.ClaimJobs), and returns
+// the jobs it got as claimed, with their payloads. With written, the outcomes whose jobs the claim
+// counted out of flight are being written beside it: the claim leaves its transaction open
+// (store.Store.OpenClaim), waits for written, and commits only if they were (store.Store.CommitClaim),
+// else rolls back.
 func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now time.Time, cfg config.Config, chosen []candidate,
-	settle *store.Settlement) (out []claimed, settled error, err error) {
+	written func() error) ([]claimed, error) {
 	// The claim is stamped from a clock reading taken after its lock's round trip. An outcome
-	// whose commit freed what this claim takes committed before that round trip's count, and
-	// read its finish time (on the same clock, which never goes back) before its commit, so no
-	// job is recorded as dispatched before the one it replaced finished, even when that outcome
-	// was written beside the pass that claims (a batch given back to its writer). The pass's own
-	// reading may be older than both.
+	// whose commit freed what this claim takes committed before that round trip's count, or is
+	// one of written, which read its finish time (on the same clock, which never goes back) before
+	// the claim's stamp, so no job is recorded as dispatched before the one it replaced finished.
+	// The pass's own reading may be older than both.
 	if t, err := cl.cfg.Clock.Now(ctx); err == nil && t.After(now) {
 		now = t
 	}
 	u, err := cl.claimUpdate(now, cfg, chosen)
 	if err != nil {
-		return nil, nil, err
+		if written != nil {
+			err = errors.Join(err, written())
+		}
+		return nil, err
 	}
-	u.params.Settle = settle
 	// A drainer told to stop (its ctx cancelled) while this round trip is under way lets it
 	// finish: the driver answers a cancellation by dropping the connection, which would leave
 	// the COMMIT's outcome unknown and the jobs, if it happened, to lease recovery. The caller
 	// then hands them back (handBackIfStopping).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCommitTimeout)
 	defer cancel()
-	got, err := cl.store.ClaimJobs(cctx, tx, u.params)
+	var got store.Claimed
+	if written == nil {
+		got, err = cl.store.ClaimJobs(cctx, tx, u.params)
+	} else {
+		got, err = cl.store.OpenClaim(cctx, tx, u.params)
+		if werr := written(); werr != nil {
+			err = errors.Join(err, fmt.Errorf("the outcomes the claim counted out of flight: %w", werr))
+		}
+		if err == nil {
+			err = cl.store.CommitClaim(cctx, tx, u.params)
+		}
+	}
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	cl.advanceLater(got.Behind)
-	return u.claimed(chosen, got, cfg), got.Settled, nil
+	return u.claimed(chosen, got, cfg), nil
 }
 
 // newNonce mints the random nonce of one dispatch (SPEC §4, start confirmation).

@@ -28,11 +28,13 @@
 //	claim_tx.go          the claim transaction: lock and count, the UPDATE and its commit, the
 //	                     hand-back of a stopping drainer
 //	claim_probe.go       the lone-job probe (probeAndClaim)
+//	claim_outcomes.go    the outcomes a pass brings, written beside its claim (outcomesBeside)
 //
 // A claim reads, before its transaction, the in-flight counts and a page of tenants with work,
 // their queue heads and the gates of their rate keys; then, in two round trips, it takes the
 // claim lock (reading the caps), counts what is in flight, chooses, claims with an UPDATE fenced
-// on each job's id, version and queued state, and commits (claimer.RunOnce). Four shortcuts
+// on each job's id, version and queued state, and commits (claimer.RunOnce); the outcomes a pass
+// brings are written beside it, on a second connection, and commit first. Four shortcuts
 // skip parts of that. None skips the lock or the fence: a shortcut only decides which jobs a
 // claim tries, and every claim checks each job against the caps and the counts read under the
 // lock in its own transaction, so no claim puts more in flight than the caps allow. The tests
@@ -51,7 +53,7 @@
 //
 //	carried read: the     passState's read (the         the carried counts (the claim's   TestChooseCapacity (the carried
 //	counts and tenants    in-flight counts, the first   own, plus what it claimed, less   usage counts every job chosen),
-//	page a claim leaves   tenants page) for a pass      the outcomes brought) only shape  TestOutcomesRideTheNextClaim (peak
+//	page a claim leaves   tenants page) for a pass      the outcomes brought) only shape  TestOutcomesBesideTheNextClaim (peak
 //	the next pass         that brings the last claim's  the candidates: the claim counts  in flight within the cap);
 //	(claim.go:            outcomes, with no poke since  again under the claim lock and    TestDrainerFairness (a poke means a
 //	claimer.nextRead,     and a page under pageReuse    checks each job against that      fresh read: a newcomer goes next)
@@ -69,12 +71,15 @@
 //	                                                    drops all, so the order holds
 //	                                                    too
 //
-//	outcomes riding a     the outcomes' own             their jobs are locked after the   TestOutcomeHandoff,
-//	claim (complete.go:   transaction: the next claim   claim lock, before the count      TestOutcomesRideTheNextClaim,
-//	outcomeHandoff;       writes them in its UPDATE's   (store.LockClaimsAndJobs), and    TestRiddenOutcomeOfAMovedJob;
-//	claim.go:             round trip and commits them   only the outcomes of jobs still   TestClaimSettles (gate/store)
-//	claimCandidates)      with its jobs                 as claimed are taken out of that
-//	                                                    count, in the COMMIT that writes
-//	                                                    them; a batch with a requeue is
-//	                                                    written on its own
+//	outcomes beside a     the outcomes' own round       their jobs are locked, on a       TestOutcomeHandoff,
+//	claim (complete.go:   trip after the claim's: the   second connection, beside the     TestOutcomesBesideTheNextClaim,
+//	outcomeHandoff;       next claim's transaction      claim lock's count (store.        TestClaimRollsBackWhenOutcomes-
+//	claim_outcomes.go,    waits for them instead, and   LockJobs), so nothing else moves  BesideFail,
+//	claim.go:             the server writes both at     them; only the outcomes of jobs   TestOutcomeOfAMovedJobBeside-
+//	claimCandidates)      once                          still as claimed are taken out    AClaim; TestOpenClaim
+//	                                                    of that count, and the claim      (gate/store)
+//	                                                    commits only after them, else
+//	                                                    rolls back; a batch with a
+//	                                                    requeue is written first, with
+//	                                                    no claim
 package drainer

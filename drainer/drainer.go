@@ -38,7 +38,8 @@ type Config struct {
 	DB *sql.DB
 	// TxDB is the pool of the round trips that carry several statements (store.OpenMulti): a
 	// claim's, a completion's, the lone-job probe's and the lease scan's with the heartbeat; DB
-	// may refuse them (store.Open). Default DB, which must then take them.
+	// may refuse them (store.Open). Default DB, which must then take them. A claim that brings
+	// outcomes holds two of its connections at once (claimCandidates).
 	TxDB *sql.DB
 	// Executor receives dispatches. Required.
 	Executor Sender
@@ -322,7 +323,7 @@ func (d *Drainer) RunOnce(ctx context.Context) (Pass, error) {
 	if err != nil {
 		return p, err
 	}
-	// The outcomes handed over before this pass ride its claim, or are written on their own
+	// The outcomes handed over before this pass are written beside its claim, or on their own
 	// right after it if it claims nothing. While the queue was last found empty, their writer
 	// writes them at once instead: the next job is then most likely one a producer is waiting to
 	// see start, and its claim should not wait for them (BenchmarkPickupLatency).

@@ -12,16 +12,17 @@ import (
 	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
-// The claim transaction: the drainer's one serialised step. It runs on a ConnTx in two round
-// trips: LockClaims begins it, takes the claim lock (reading the runtime config in force) and
-// counts the jobs in flight per tenant (with the lone-job probe, after a poke); ClaimJobs locks
-// the chosen jobs and their tenants, moves them to dispatched fenced on their versions, reads
-// back which carry this claim's nonces, and commits. The claim lock is held from the first to
-// the last: four short statements, no wait on memcached, no backlog scan. Claims from every
-// drainer are serialised by it, and each statement reads the latest committed data (READ
-// COMMITTED): the in-flight counts cannot be raised by another claim while it is held
-// (completions can only lower them), so no claim puts more jobs in flight than the caps as read
-// in its own transaction.
+// The claim transaction: the drainer's one serialised step. It runs on a ConnTx: LockClaims begins
+// it, takes the claim lock (reading the runtime config in force) and counts the jobs in flight per
+// tenant (with the lone-job probe, after a poke); ClaimJobs locks the chosen jobs and their
+// tenants, moves them to dispatched fenced on their versions, reads back which carry this claim's
+// nonces, and commits. A claim that waits for another transaction to commit first (the outcomes
+// it counts out of flight, written beside it) splits that last round trip: OpenClaim, then
+// CommitClaim. The claim lock is held from the first to the last: short statements, no wait on
+// memcached, no backlog scan. Claims from every drainer are serialised by it, and each statement
+// reads the latest committed data (READ COMMITTED): the in-flight counts cannot be raised by
+// another claim while it is held (completions can only lower them), so no claim puts more jobs in
+// flight than the caps as read in its own transaction.
 
 // inFlightUsageSQL reads the jobs in flight by tenant and capacity class (SPEC §5a): what
 // config.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the lease
@@ -108,8 +109,6 @@ type ClaimLock struct {
 	Usage config.Usage
 	// Lone is the lone-job probe's answer (ProbeQueue), when asked for.
 	Lone []QueuedJob
-	// Jobs are the rows LockClaimsAndJobs locked, as LockColumns, in id order.
-	Jobs []Row
 }
 
 // LockClaims begins tx in its first round trip, takes the claim lock, reads the runtime
@@ -118,28 +117,12 @@ type ClaimLock struct {
 // sum); with probe, the lone-job probe (ProbeQueue) goes in the same round trip, read under the
 // claim lock.
 func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) {
-	return lockClaims(ctx, tx, probe, nil)
-}
-
-// LockClaimsAndJobs is LockClaims (without the probe) that also locks the jobs ids, in id order,
-// after the claim lock and before the in-flight read, and reads them (ClaimLock.Jobs): the jobs
-// whose outcomes the claim writes before its own UPDATE (ClaimParams.Settle). Locked first, they
-// are counted in flight as they are, and nothing can move them until the COMMIT.
-func LockClaimsAndJobs(ctx context.Context, tx *ConnTx, ids []int64) (ClaimLock, error) {
-	return lockClaims(ctx, tx, false, ids)
-}
-
-func lockClaims(ctx context.Context, tx *ConnTx, probe bool, ids []int64) (ClaimLock, error) {
 	var l ClaimLock
-	stmts := []string{lockClaimsSQL}
-	if len(ids) > 0 {
-		stmts = append(stmts, lockJobsSQL(len(ids)))
-	}
-	stmts = append(stmts, inFlightUsageSQL, liveSlotsSQL)
+	stmts := []string{lockClaimsSQL, inFlightUsageSQL, liveSlotsSQL}
 	if probe {
 		stmts = append(stmts, loneProbeSQL)
 	}
-	res, err := tx.Query(ctx, stmts, int64Args(ids)...)
+	res, err := tx.Query(ctx, stmts)
 	if err != nil {
 		return l, fmt.Errorf("take claim lock: %w", err)
 	}
@@ -150,11 +133,6 @@ func lockClaims(ctx context.Context, tx *ConnTx, probe bool, ids []int64) (Claim
 	}
 	if l.Config, err = decodeClaimConfig(raw); err != nil {
 		return l, err
-	}
-	if len(ids) > 0 {
-		if err := res.EachRow(func(r Row) { l.Jobs = append(l.Jobs, r) }); err != nil {
-			return l, fmt.Errorf("lock dispatched jobs: %w", err)
-		}
 	}
 	if l.Usage, err = readUsage(res, l.Config); err != nil {
 		return l, err
@@ -243,9 +221,6 @@ type ClaimParams struct {
 	LeaseUntil     time.Time
 	NonceExpiresAt time.Time
 	Jobs           []ClaimJob
-	// Settle, if not nil, are outcomes written in the claim's round trip before its UPDATE: of
-	// jobs the transaction locked (LockClaimsAndJobs), with the version and state read there.
-	Settle *Settlement
 }
 
 // claimUpdateSQL is a claim's UPDATE of p.Jobs, and its arguments. The primary key is forced: the
@@ -330,9 +305,6 @@ type Claimed struct {
 	// Behind are the tenants of the jobs claimed that still have queued work: the claim left
 	// their heads where they were (migration 0018), for AdvanceHeads to set forward.
 	Behind []string
-	// Settled is how ClaimParams.Settle went: nil if every outcome was written, else
-	// ErrFencedCommitted (a job had moved; the rest, and the claim, are committed).
-	Settled error
 }
 
 // ClaimJobs runs the claim's UPDATE of p.Jobs (each fenced on its id, version and the queued
@@ -350,6 +322,48 @@ type Claimed struct {
 // the socket: for payloads of the usual size, short beside a round trip (max_payload_bytes, 256
 // KiB by default, bounds each).
 func (s *Store) ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) {
+	return s.claimJobs(ctx, tx, p, true)
+}
+
+// OpenClaim is ClaimJobs without the audit rows and the COMMIT: the transaction stays open, its
+// claim lock held, until CommitClaim (or the ConnTx's Close, which rolls it back). A claim that
+// counted another transaction's jobs out of flight (the outcomes written beside it) commits only
+// once that one has.
+func (s *Store) OpenClaim(ctx context.Context, tx *ConnTx, p ClaimParams) (Claimed, error) {
+	return s.claimJobs(ctx, tx, p, false)
+}
+
+// CommitClaim writes the audit rows of the claim OpenClaim left open and commits, in one round
+// trip. The rows are written now, not with the UPDATE, so that a transition committed before this
+// COMMIT (an outcome that freed what the claim took) is first in the trail's order (at, id) too.
+func (s *Store) CommitClaim(ctx context.Context, tx *ConnTx, p ClaimParams) error {
+	var err error
+	if s.AuditOff {
+		err = tx.Commit()
+	} else {
+		q, args := claimAuditSQL(p)
+		_, err = tx.ExecCommit(ctx, []string{q}, args...)
+	}
+	if err != nil {
+		return fmt.Errorf("commit the claim of %d job(s): %w", len(p.Jobs), err)
+	}
+	return nil
+}
+
+// claimAuditSQL is the statement of a claim's audit rows (a transition each, SPEC §10), for the
+// jobs that carry this claim's nonces: a job taken meanwhile gets none.
+func claimAuditSQL(p ClaimParams) (string, []any) {
+	ids := make([]int64, len(p.Jobs))
+	hashes := make([]any, len(p.Jobs))
+	from := make(map[int64]job.Status, len(p.Jobs))
+	for i, c := range p.Jobs {
+		ids[i], hashes[i], from[c.ID] = c.ID, c.NonceSHA256, job.Queued
+	}
+	return auditTransitionsSQL(p.DrainerID, ids, from, false, "nonce_sha256 IN ("+Placeholders(len(hashes))+")", hashes...)
+}
+
+// claimJobs is ClaimJobs, or with commit false OpenClaim.
+func (s *Store) claimJobs(ctx context.Context, tx *ConnTx, p ClaimParams, commit bool) (Claimed, error) {
 	p.Stamp = p.Stamp.Truncate(time.Microsecond)
 	q, uargs := claimUpdateSQL(p)
 	ids := make([]int64, len(p.Jobs))
@@ -364,15 +378,9 @@ func (s *Store) ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claim
 		tenantOf[c.ID] = c.Tenant
 		hashes[i] = c.NonceSHA256
 	}
-	var stmts []string
-	var args []any
-	if p.Settle != nil {
-		stmts, args = p.Settle.statements(ctx)
-	}
 	lockTenants, tenantArgs := lockTenantRowsSQL(tenants)
-	stmts = append(stmts, "SELECT id FROM jobs WHERE id IN ("+Placeholders(len(ids))+") ORDER BY id FOR UPDATE",
-		lockTenants)
-	args = append(append(args, int64Args(ids)...), tenantArgs...)
+	stmts := []string{"SELECT id FROM jobs WHERE id IN (" + Placeholders(len(ids)) + ") ORDER BY id FOR UPDATE", lockTenants}
+	args := append(int64Args(ids), tenantArgs...)
 	if len(p.Jobs) >= claimCountPerTenant*len(tenantArgs) {
 		count, countArgs := claimCountSQL(ids, hashes)
 		stmts = append(stmts, claimStampSQL, q, claimStampSQL, count)
@@ -381,32 +389,24 @@ func (s *Store) ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claim
 		stmts = append(stmts, claimStampSQL, q)
 		args = append(append(args, nil), uargs...)
 	}
-	if !s.AuditOff {
-		// The claim's audit rows (a transition each, SPEC §10), for the jobs that carry this
-		// claim's nonces: a job taken meanwhile gets none.
-		from := make(map[int64]job.Status, len(p.Jobs))
-		for _, c := range p.Jobs {
-			from[c.ID] = job.Queued
-		}
-		aq, aargs := auditTransitionsSQL(p.DrainerID, ids, from, false,
-			"nonce_sha256 IN ("+Placeholders(len(hashes))+")", hashes...)
+	if !s.AuditOff && commit {
+		aq, aargs := claimAuditSQL(p)
 		stmts = append(stmts, aq)
 		args = append(args, aargs...)
 	}
 	stmts = append(stmts, `SELECT j.id, j.nonce_sha256, t.head_id IS NOT NULL, j.payload, j.attempt, j.dispatch_failures
 		FROM jobs j JOIN tenants t ON t.tenant = j.tenant WHERE j.id IN (`+Placeholders(len(ids))+")")
 	args = append(args, int64Args(ids)...)
-	res, err := tx.QueryCommit(ctx, stmts, args...)
+	run := tx.Query
+	if commit {
+		run = tx.QueryCommit
+	}
+	res, err := run(ctx, stmts, args...)
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}
 	defer res.Close()
 	out := Claimed{Got: map[int64]bool{}, Payloads: map[int64]Payload{}}
-	if p.Settle != nil {
-		if out.Settled, err = p.Settle.check(res); err != nil {
-			return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
-		}
-	}
 	if _, err := res.Next(); err != nil { // the job rows' lock
 		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
 	}
@@ -435,9 +435,6 @@ func (s *Store) ClaimJobs(ctx context.Context, tx *ConnTx, p ClaimParams) (Claim
 	}
 	if err := res.Close(); err != nil {
 		return Claimed{}, fmt.Errorf("claim %d job(s): %w", len(p.Jobs), err)
-	}
-	if p.Settle != nil {
-		p.Settle.log(ctx)
 	}
 	return out, nil
 }

@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -335,70 +334,110 @@ func TestClaimUpdateReadsItsJobsByID(t *testing.T) {
 	}
 }
 
-// TestClaimSettles: a claim that brings outcomes locks their jobs after the claim lock, reads
-// them, and counts them in flight as they are; its round trip writes them before its own UPDATE
-// and commits both. An outcome whose job moved (its fence fails) leaves that job as it is, and
-// the rest of the outcomes and the claim commit; a batch with a requeue cannot ride a claim.
-func TestClaimSettles(t *testing.T) {
-	k := newFixture(t)
-	st := &store.Store{Actor: "d9"}
-	done := k.insert(jobSpec{tenant: "a", status: job.Dispatched, version: 1})
-	moved := k.insert(jobSpec{tenant: "a", status: job.Dispatched, version: 1})
-	queued := k.insert(jobSpec{tenant: "b"})
-	tx := k.beginConn()
-	l, err := store.LockClaimsAndJobs(k.ctx, tx, []int64{moved, done})
-	if err != nil {
-		t.Fatal(err)
+// TestOpenClaim: a claim left open (OpenClaim) holds the claim lock and its jobs and shows nothing
+// to others, and writes no audit row, until CommitClaim writes the claim's audit rows and commits:
+// an outcome committed meanwhile beside it (the outcomes the claim counted out of flight) comes
+// first in the trail's order (at, id), as it did in the jobs' own. With the audit off, CommitClaim
+// only commits.
+func TestOpenClaim(t *testing.T) {
+	for _, auditOff := range []bool{false, true} {
+		t.Run(fmt.Sprintf("audit off %v", auditOff), func(t *testing.T) {
+			k := newFixture(t)
+			st := &store.Store{Actor: "d9", AuditOff: auditOff}
+			done := k.insert(jobSpec{tenant: "a", status: job.Dispatched, version: 1})
+			queued := k.insert(jobSpec{tenant: "b"})
+			taken := k.insert(jobSpec{tenant: "b", status: job.Canceled})
+			tx := k.beginConn()
+			if _, err := store.LockClaims(k.ctx, tx, false); err != nil {
+				t.Fatal(err)
+			}
+			p := store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute), NonceExpiresAt: k.now.Add(time.Minute),
+				Jobs: []store.ClaimJob{{ID: queued, Tenant: "b", NonceSHA256: store.HashNonce("q")},
+					{ID: taken, Tenant: "b", NonceSHA256: store.HashNonce("t")}}}
+			got, err := st.OpenClaim(k.ctx, tx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !got.Got[queued] || got.Got[taken] {
+				t.Errorf("claimed %v; want the queued job alone", got.Got)
+			}
+			if r := k.row(queued); r.Status != job.Queued {
+				t.Errorf("the open claim's job reads %s from outside; want queued until the commit", r.Status)
+			}
+			if !k.claimLockHeld() {
+				t.Error("the open claim does not hold the claim lock")
+			}
+			k.wantLocked("while the claim is open", []int64{done, queued}, queued)
+			if n := k.count("SELECT COUNT(*) FROM audit_events"); n != 0 {
+				t.Errorf("%d audit rows before the claim's commit", n)
+			}
+
+			beside := k.beginConn()
+			rows, err := store.LockJobs(k.ctx, beside, []int64{done})
+			if err != nil || len(rows) != 1 {
+				t.Fatalf("lock the outcome's job: %v, %v", rows, err)
+			}
+			if _, err := st.FinishManyCommit(k.ctx, beside, k.now, []store.Finishing{{Row: rows[0],
+				Outcome: store.Outcome{Status: job.Succeeded, Reported: true}}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.CommitClaim(k.ctx, tx, p); err != nil {
+				t.Fatal(err)
+			}
+			if r := k.row(queued); r.Status != job.Dispatched || r.Version != 1 {
+				t.Errorf("the claimed job: %s, version %d; want dispatched, version 1", r.Status, r.Version)
+			}
+			if r := k.row(taken); r.Status != job.Canceled {
+				t.Errorf("the job taken meanwhile: %s; want it left canceled", r.Status)
+			}
+			if k.claimLockHeld() {
+				t.Error("the claim lock is still held after the commit")
+			}
+			var trail []int64
+			rs, err := k.db.QueryContext(k.ctx, "SELECT job_id FROM audit_events WHERE event = 'transition' ORDER BY at, id")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rs.Next() {
+				var id int64
+				if err := rs.Scan(&id); err != nil {
+					t.Fatal(err)
+				}
+				trail = append(trail, id)
+			}
+			if err := rs.Close(); err != nil {
+				t.Fatal(err)
+			}
+			want := []int64{done, queued}
+			if auditOff {
+				want = nil
+			}
+			if !slices.Equal(trail, want) {
+				t.Errorf("the trail's transitions, in order, are of jobs %v; want %v", trail, want)
+			}
+		})
 	}
-	if len(l.Jobs) != 2 || l.Jobs[0].ID != done || l.Jobs[1].ID != moved || l.Usage.Total != 2 || l.Usage.Tenant["a"] != 2 {
-		t.Fatalf("locked %+v, in flight %+v; want both jobs, in id order, counted", l.Jobs, l.Usage)
-	}
-	k.wantLocked("under the claim lock", []int64{done, moved, queued}, done, moved)
-	if !k.claimLockHeld() {
-		t.Error("the claim lock is not held")
-	}
-	finishing := func(rows ...store.Row) []store.Finishing {
-		var out []store.Finishing
-		for _, r := range rows {
-			out = append(out, store.Finishing{Row: r, Outcome: store.Outcome{Status: job.Succeeded, Reported: true}})
+}
+
+// TestRequeues: a batch sends a job back to queued unless every requeue in it has spent its
+// dispatch budget (it fails instead), as FinishMany decides.
+func TestRequeues(t *testing.T) {
+	row := store.Row{Job: job.Job{ID: 1, Status: job.Dispatched}}
+	row.DispatchFailures = 2
+	done := store.Finishing{Row: row, Outcome: store.Outcome{Status: job.Succeeded, Reported: true}}
+	requeue := store.Finishing{Row: row, Outcome: store.Outcome{Status: job.Queued, CountFailure: true, Budget: 5}}
+	spent := store.Finishing{Row: row, Outcome: store.Outcome{Status: job.Queued, CountFailure: true, Budget: 3}}
+	for _, tc := range []struct {
+		items []store.Finishing
+		want  bool
+	}{
+		{nil, false},
+		{[]store.Finishing{done}, false},
+		{[]store.Finishing{done, requeue}, true},
+		{[]store.Finishing{spent, done}, false},
+	} {
+		if got := store.Requeues(tc.items); got != tc.want {
+			t.Errorf("Requeues(%+v) = %v, want %v", tc.items, got, tc.want)
 		}
-		return out
-	}
-	if _, err := st.Settle(k.now, []store.Finishing{{Row: l.Jobs[0], Outcome: store.Outcome{Status: job.Queued}}}); !errors.Is(err, store.ErrSettleRequeue) {
-		t.Errorf("a requeue planned to ride a claim: %v", err)
-	}
-	stale := l.Jobs[1]
-	stale.Version = 0 // as if it had moved before the lock
-	settle, err := st.Settle(k.now, finishing(l.Jobs[0], stale))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := (&store.Store{}).ClaimJobs(k.ctx, tx, store.ClaimParams{DrainerID: "d9", Stamp: k.now, LeaseUntil: k.now.Add(time.Minute),
-		NonceExpiresAt: k.now.Add(time.Minute), Settle: settle,
-		Jobs: []store.ClaimJob{{ID: queued, Tenant: "b", NonceSHA256: store.HashNonce("n")}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !errors.Is(got.Settled, store.ErrFencedCommitted) || !got.Got[queued] {
-		t.Errorf("settled %v, claimed %v; want the fence reported and the claim made", got.Settled, got.Got)
-	}
-	if to := settle.To(); len(to) != 2 || to[0] != job.Succeeded {
-		t.Errorf("settlement ends in %v", to)
-	}
-	k.wantLocked("after the commit", []int64{done, moved, queued})
-	if r := k.row(done); r.Status != job.Succeeded || r.Version != 2 {
-		t.Errorf("the settled job: %s, version %d; want succeeded, version 2", r.Status, r.Version)
-	}
-	if r := k.row(moved); r.Status != job.Dispatched || r.Version != 1 {
-		t.Errorf("the job that moved: %s, version %d; want it left dispatched, version 1", r.Status, r.Version)
-	}
-	if r := k.row(queued); r.Status != job.Dispatched {
-		t.Errorf("the claimed job: %s", r.Status)
-	}
-	if n := k.count("SELECT COUNT(*) FROM outbox WHERE subject LIKE 'sluice.release.%'"); n != 2 {
-		t.Errorf("%d release pokes; the settlement writes one a job", n)
-	}
-	if n := k.count("SELECT COUNT(*) FROM audit_events WHERE job_id = ? AND to_status = 'succeeded'", done); n != 1 {
-		t.Errorf("%d audit rows for the settled job's outcome, want 1", n)
 	}
 }

@@ -130,9 +130,12 @@ func TestOperationsReportDatabaseErrors(t *testing.T) {
 			return err
 		},
 		"LockClaims": func(ctx context.Context) error { _, err := store.LockClaims(ctx, conn(), true); return err },
-		"LockClaimsAndJobs": func(ctx context.Context) error {
-			_, err := store.LockClaimsAndJobs(ctx, conn(), []int64{queued})
+		"OpenClaim": func(ctx context.Context) error {
+			_, err := (&store.Store{}).OpenClaim(ctx, conn(), store.ClaimParams{Jobs: []store.ClaimJob{{ID: queued, Tenant: "acme"}}})
 			return err
+		},
+		"CommitClaim": func(ctx context.Context) error {
+			return (&store.Store{}).CommitClaim(ctx, conn(), store.ClaimParams{Jobs: []store.ClaimJob{{ID: queued, Tenant: "acme"}}})
 		},
 		"ClaimJobs": func(ctx context.Context) error {
 			_, err := (&store.Store{}).ClaimJobs(ctx, conn(), store.ClaimParams{Jobs: []store.ClaimJob{{ID: queued, Tenant: "acme"}}})

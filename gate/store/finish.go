@@ -132,7 +132,7 @@ func (s *Store) finishConn(ctx context.Context, tx *ConnTx, now time.Time, items
 	if err != nil {
 		return nil, err
 	}
-	stmts, args := s.finishStatements(ctx, items, p, false)
+	stmts, args := s.finishStatements(ctx, items, p)
 	began := !tx.open
 	run := tx.Exec
 	if commit {
@@ -164,64 +164,23 @@ func (s *Store) finishConn(ctx context.Context, tx *ConnTx, now time.Time, items
 	return p.to, nil
 }
 
-// Settlement is a batch of outcomes written in a claim's round trip (ClaimParams.Settle), before
-// its UPDATE, so that the capacity the outcomes free is taken again without a commit of their own.
-// Its jobs are ones the claim's transaction locked (LockClaimsAndJobs), with the version and state
-// read there; none goes back to queued (ErrSettleRequeue), since a requeue locks its tenant, and
-// that lock would come before the claim's job rows, against the lock order (lockorder.go).
-type Settlement struct {
-	store *Store
-	now   time.Time
-	items []Finishing
-	plan  finishPlan
-}
-
-// ErrSettleRequeue is Settle's answer for a batch with a job going back to queued: it is written
-// on its own (FinishManyCommit).
-var ErrSettleRequeue = errors.New("store: a requeue cannot ride a claim")
-
-// Settle plans items to ride a claim (Settlement).
-func (s *Store) Settle(now time.Time, items []Finishing) (*Settlement, error) {
-	p, err := s.planFinish(now, items)
-	if err != nil {
-		return nil, err
-	}
-	if len(p.requeued) > 0 {
-		return nil, ErrSettleRequeue
-	}
-	return &Settlement{store: s, now: now, items: items, plan: p}, nil
-}
-
-// To returns the state each job ends in, in order.
-func (st *Settlement) To() []job.Status { return st.plan.to }
-
-// statements are the settlement's statements and arguments, each UPDATE followed by a read of
-// the rows it changed: the claim's round trip reads result sets, which carry no rows affected.
-func (st *Settlement) statements(ctx context.Context) ([]string, []any) {
-	return st.store.finishStatements(ctx, st.items, st.plan, true)
-}
-
-// check reads the rows each UPDATE changed from res: fenced is ErrFencedCommitted if one changed
-// fewer than it names (the round trip commits whatever it wrote); err is a failed read.
-func (st *Settlement) check(res *Results) (fenced, err error) {
-	for i := range st.plan.updates {
-		var n int64
-		if err := res.ScanOne(&n); err != nil {
-			return nil, fmt.Errorf("finish %d job(s): %w", len(st.items), err)
-		}
-		if st.plan.check(i, n) != nil {
-			fenced = ErrFencedCommitted
+// Requeues reports whether writing items would send a job back to queued (a requeue locks its
+// tenant's row, lockorder.go), as FinishMany would decide: a requeue past the dispatch budget
+// fails instead.
+func Requeues(items []Finishing) bool {
+	for _, it := range items {
+		o := it.Outcome
+		if to, _ := settle(it.Row, &o); to == job.Queued {
+			return true
 		}
 	}
-	return fenced, nil
+	return false
 }
-
-func (st *Settlement) log(ctx context.Context) { st.store.logFinish(ctx, st.now, st.items, st.plan) }
 
 // finishStatements are the statements of plan p for items, with their arguments: the lock of the
 // requeued jobs' tenants (the caller locked the job rows, in id order: see lockInOrder), each
-// UPDATE, followed by SELECT ROW_COUNT() with rowCounts, the outbox INSERT and the audit rows.
-func (s *Store) finishStatements(ctx context.Context, items []Finishing, p finishPlan, rowCounts bool) ([]string, []any) {
+// UPDATE, the outbox INSERT and the audit rows.
+func (s *Store) finishStatements(ctx context.Context, items []Finishing, p finishPlan) ([]string, []any) {
 	stmts := make([]string, 0, 2*len(p.updates)+3)
 	var args []any
 	if len(p.requeued) > 0 {
@@ -231,9 +190,6 @@ func (s *Store) finishStatements(ctx context.Context, items []Finishing, p finis
 	}
 	for _, u := range p.updates {
 		stmts = append(stmts, u.query)
-		if rowCounts {
-			stmts = append(stmts, "SELECT ROW_COUNT()")
-		}
 		args = append(args, u.args...)
 	}
 	stmts = append(stmts, p.poke.query)
