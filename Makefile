@@ -101,10 +101,11 @@ bench: services
 # Compares the working tree with BASE (a revision) by alternated rounds of the hot-path
 # benchmarks, and prints each figure's medians, their ratio and in how many rounds the working
 # tree lost: `make benchcmp BASE=v0.4 ROUNDS=5 BENCH='BenchmarkAdmission$$'`. HEAD=<revision>
-# compares two commits instead, to bisect a loss. A loss that holds across rounds is a regression
-# to fix or to justify.
+# compares two commits instead, to bisect a loss; FIELDS='<regexp>' picks the metrics printed
+# (default: rates, p50s and p99s, ratios). A loss that holds across rounds is a regression to fix
+# or to justify.
 ROUNDS   ?= 5
 CMPBENCH ?= BenchmarkAdmission$$|BenchmarkDrainThroughput$$|BenchmarkPickupLatency$$
 benchcmp: services
 	@test -n "$(BASE)" || { echo "benchcmp: BASE=<revision> is required"; exit 2; }
-	$(GO) run ./integration/benchtool compare -base '$(BASE)' $(if $(HEAD),-head '$(HEAD)') -rounds $(ROUNDS) -bench '$(if $(filter-out .,$(BENCH)),$(BENCH),$(CMPBENCH))'
+	$(GO) run ./integration/benchtool compare -base '$(BASE)' $(if $(HEAD),-head '$(HEAD)') $(if $(FIELDS),-fields '$(FIELDS)') -rounds $(ROUNDS) -bench '$(if $(filter-out .,$(BENCH)),$(BENCH),$(CMPBENCH))'

@@ -335,6 +335,11 @@ func num(v float64) string {
 	}
 }
 
+// defaultFields are the metrics compare prints unless told otherwise: rates, medians and tails,
+// ratios. A rate or ratio named for its variant (jobs_per_s_6400_tenants, ratio_100000) is one:
+// with "jobs_per_s$" such a figure printed no line at all.
+const defaultFields = `jobs_per_s|_p50_ms$|_p99_ms$|ratio`
+
 func compare(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("benchtool compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -342,7 +347,7 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	head := fs.String("head", "", "a revision to compare with base instead of the working tree (bisecting a loss between two commits)")
 	n := fs.Int("rounds", 5, "alternated rounds: each runs both builds once")
 	bench := fs.String("bench", "BenchmarkAdmission$|BenchmarkDrainThroughput$|BenchmarkPickupLatency$", "the benchmarks to run (go test -bench)")
-	fields := fs.String("fields", `jobs_per_s$|_p50_ms$|_p99_ms$|ratio$`, "the metrics to print (a regular expression; empty: all)")
+	fields := fs.String("fields", defaultFields, "the metrics to print (a regular expression; empty: all)")
 	timeout := fs.Duration("timeout", 60*time.Minute, "bound of one benchmark run")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -183,3 +183,20 @@ func TestSignTest(t *testing.T) {
 	}
 	reportHas(t, r, "", "7/8 rounds     0.035", "of these 1 figure(s), about 0.04 lose in 7 or more of 8 rounds")
 }
+
+// TestDefaultFieldsNameEveryFigure: compare's default prints the rates and ratios of every
+// benchmark's lines, those named for a variant included, and leaves out the counts beside them.
+func TestDefaultFieldsNameEveryFigure(t *testing.T) {
+	re := regexp.MustCompile(defaultFields)
+	for _, m := range []string{"jobs_per_s", "audit_off_jobs_per_s", "jobs_per_s_6400_tenants", "jobs_per_s_100000_tenants",
+		"ratio_6400", "ratio_100000", "audit_ratio", "ratio_to_raw_drain", "one_process_p50_ms", "tenants_64_p99_ms"} {
+		if !re.MatchString(m) {
+			t.Errorf("the default fields leave out %s", m)
+		}
+	}
+	for _, m := range []string{"peak_in_flight", "seconds", "raw_two_statement_tx_p90_ms"} {
+		if re.MatchString(m) {
+			t.Errorf("the default fields print %s", m)
+		}
+	}
+}
