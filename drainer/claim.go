@@ -261,17 +261,17 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 	}
 	var written func() error
 	if len(items) > 0 {
-		if store.Requeues(items) {
+		requeues := store.Requeues(items) // before the write, which cleans the items' errors
+		beside.write(ctx, cl.writer, now, items)
+		written = beside.wait
+		if requeues {
 			// A requeue locks its tenant's row, which the claim may hold while it waits for the
 			// outcomes' COMMIT: they are written first, on their own, and the pass that follows at
 			// once claims what they freed.
-			beside.write(ctx, cl.writer, now, items)
-			err = beside.wait()
+			err = written()
 			outs.answer(err, err == nil)
 			return nil, err == nil, err
 		}
-		beside.write(ctx, cl.writer, now, items)
-		written = beside.wait
 	}
 	chosen, full := cl.choose(cfg, cands, more, &us)
 	if len(chosen) == 0 {

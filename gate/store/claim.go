@@ -337,14 +337,13 @@ func (s *Store) OpenClaim(ctx context.Context, tx *ConnTx, p ClaimParams) (Claim
 // trip. The rows are written now, not with the UPDATE, so that a transition committed before this
 // COMMIT (an outcome that freed what the claim took) is first in the trail's order (at, id) too.
 func (s *Store) CommitClaim(ctx context.Context, tx *ConnTx, p ClaimParams) error {
-	var err error
-	if s.AuditOff {
-		err = tx.Commit()
-	} else {
-		q, args := claimAuditSQL(p)
-		_, err = tx.ExecCommit(ctx, []string{q}, args...)
+	var stmts []string
+	var args []any
+	if !s.AuditOff {
+		q, qargs := claimAuditSQL(p)
+		stmts, args = []string{q}, qargs
 	}
-	if err != nil {
+	if _, err := tx.ExecCommit(ctx, stmts, args...); err != nil {
 		return fmt.Errorf("commit the claim of %d job(s): %w", len(p.Jobs), err)
 	}
 	return nil

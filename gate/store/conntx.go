@@ -63,12 +63,16 @@ func (t *ConnTx) Exec(ctx context.Context, stmts []string, args ...any) (mysql.R
 	return t.exec(ctx, t.begin(stmts), args)
 }
 
-// ExecCommit runs stmts and COMMIT in one round trip and returns the driver's result for stmts
-// (COMMIT's own is dropped). An error means the transaction did not commit (the server stops at
-// a failing statement, and Close rolls back), unless the connection broke, when the outcome is
-// unknown.
+// ExecCommit runs stmts (none: COMMIT alone) and COMMIT in one round trip and returns the driver's
+// result for stmts (COMMIT's own is dropped). An error means the transaction did not commit (the
+// server stops at a failing statement, and Close rolls back), unless the connection broke, when
+// the outcome is unknown.
 func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (mysql.Result, error) {
-	res, err := t.exec(ctx, t.begin(stmts)+";COMMIT", args)
+	q := t.begin(stmts)
+	if len(stmts) > 0 {
+		q += ";"
+	}
+	res, err := t.exec(ctx, q+"COMMIT", args)
 	if err != nil {
 		return nil, err
 	}
