@@ -98,6 +98,25 @@ func until(cond string) chromedp.Action[chromedp.Void] {
 	return chromedp.Poll[chromedp.Void](cond, chromedp.WithPollingTimeout(consoleStep))
 }
 
+// watchTop starts recording the viewport top of the element selector names at every change of
+// the page, from before it shows; watchedStill is true when it showed and never moved.
+func watchTop(selector string) string {
+	return fmt.Sprintf(`(() => {
+		window.watchedTops = [];
+		window.watched?.disconnect();
+		window.watched = new MutationObserver(() => {
+			const e = document.querySelector(%q);
+			if (e) window.watchedTops.push(e.getBoundingClientRect().top);
+		});
+		window.watched.observe(document.querySelector('main'), {subtree: true, childList: true, characterData: true});
+	})()`, selector)
+}
+
+const watchedStill = `(() => {
+	window.watched.disconnect();
+	return window.watchedTops.length > 0 && window.watchedTops.every((top) => top === window.watchedTops[0]);
+})()`
+
 // goTo moves the console to a route (a hash change: the page is not reloaded).
 func goTo(hash string) chromedp.Action[chromedp.Void] {
 	return chromedp.Evaluate[chromedp.Void](fmt.Sprintf("location.hash = %q", hash))
@@ -269,10 +288,15 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("job %d is %v after the console canceled it", job, r.Body["status"])
 	}
 
-	// Redrive a failed job, after a confirmation: a new job, retry_of the failed one.
-	b.step("redrive a failed job", goTo(fmt.Sprintf("#/jobs/%d", failed)),
+	// Redrive a failed job, after a confirmation: a new job, retry_of the failed one. The button
+	// stays where it first showed while the page finishes loading: a click aimed at it as it
+	// appears lands on it (the live note used to take its line only after the events came).
+	b.step("open the failed job", chromedp.Evaluate[chromedp.Void](watchTop("#redrive")),
+		goTo(fmt.Sprintf("#/jobs/%d", failed)),
 		until(`document.querySelector('#job-status')?.textContent === 'failed'`),
-		chromedp.Click(chromedp.CSS("#redrive")),
+		until(`document.querySelector('#updated').textContent.startsWith('Live:') && document.querySelector('#job-events table') !== null`))
+	b.check("the redrive button kept its place", watchedStill)
+	b.step("redrive a failed job", chromedp.Click(chromedp.CSS("#redrive")),
 		until(`document.querySelector('#confirm').open`),
 		chromedp.Click(chromedp.CSS("#confirm-ok")),
 		until(`document.querySelector('#redriven') !== null`),

@@ -165,7 +165,10 @@ async function route() {
   } catch (err) {
     if (my === generation) main.append(message('error', err.message));
   }
-  if (my === generation) main.focus();
+  if (my !== generation) return;
+  // A page that did not go live (its first answer was a refusal) is not still loading.
+  if (live.note && !live.fn) live.note.remove();
+  main.focus();
 }
 
 // view is what a page is given: where to draw, its parameters, who is signed in, and live().
@@ -178,9 +181,10 @@ function view(my, params, args) {
     admin: isAdmin(),
     alive: () => my === generation,
     title: (t) => { document.title = `${t} · sluice`; },
-    // liveNote returns the element that says when the page was last refreshed.
+    // liveNote returns the element that says when the page was last refreshed. It holds its
+    // line from the start, so nothing under it moves when the page goes live.
     liveNote: () => {
-      live.note = h('p', {class: 'updated', id: 'updated'});
+      live.note = h('p', {class: 'updated', id: 'updated'}, 'Loading…');
       return live.note;
     },
     // live makes fn (which must not throw for a refusal it can show) run again every 2 s at
