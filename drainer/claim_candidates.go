@@ -232,7 +232,7 @@ func enough(cfg config.Config, cands map[string][]candidate, inFlight map[string
 
 // firstHeads returns the heads of ws: a tenant's one queued job when the page gave it, its cached
 // ones when it has more than its share of this pass (see headCache), else read, headsPerRead at
-// least, and the full reads cached. full reports, per tenant, whether more queued jobs exist
+// least, and every read cached. full reports, per tenant, whether more queued jobs exist
 // beyond the heads returned. A tenant with interactive queued jobs is always read (an interactive
 // job admitted after its heads were cached goes before them), and while a lane is full a tenant's
 // cached heads are used only if one of them fits (us), else it is read deeper.
@@ -267,11 +267,7 @@ func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg config.Con
 	for _, w := range miss {
 		cs := read[w.tenant]
 		cands[w.tenant], full[w.tenant] = cs, len(cs) >= w.n || cut[w.tenant]
-		if full[w.tenant] {
-			cl.headCache.keep(w.tenant, cs)
-		} else {
-			cl.headCache.invalidate(w.tenant)
-		}
+		cl.headCache.keep(w.tenant, cs)
 	}
 	return cands, full, nil
 }

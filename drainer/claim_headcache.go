@@ -16,8 +16,13 @@ const headsPerRead = 32
 // passes need not read them again. It only ever stands in for a read that would return the
 // same jobs first:
 //
-//   - a tenant is cached only when its read was full (it had more queued jobs than were read),
-//     so every job admitted later queues behind the cached ones;
+//   - every job admitted later queues behind the cached ones (by queued_at), whether the read
+//     took a tenant's first headsPerRead jobs or found its whole queue; a pass uses cached
+//     heads only while they outnumber the tenant's share of it (firstHeads), so it never runs
+//     past them, and the tenant is read again once they are claimed. The whole queue is kept
+//     too: otherwise a tenant with a short queue would be read again on every pass until it
+//     emptied, every job it had left read once a pass. A tenant with interactive or
+//     prioritized jobs queued, which may go before older ones, is read on every pass;
 //   - a job this drainer puts back in the queue keeps its place (queued_at), so its tenant's
 //     entry is dropped (invalidate); jobs requeued by other drainers or by lease recovery are
 //     seen at the latest when the whole cache is dropped, once per poll interval (reset);

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,8 +44,7 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
 		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
 	}
-	// More jobs than a heads read takes (32): a read that finds a tenant's whole queue is not
-	// cached.
+	// More jobs than a heads read takes (32).
 	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at)
 		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND FROM seq_1_to_40`); err != nil {
 		t.Fatal(err)
@@ -91,8 +91,7 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 { // the upkeep's pass, on the empty queue
 		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
 	}
-	// More jobs than a heads read takes (32), so that the first pass keeps the heads it did not
-	// claim: a read that finds a tenant's whole queue is not cached.
+	// More jobs than a heads read takes (32).
 	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, payload)
 		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND, CONCAT('"job ', seq, '"') FROM seq_1_to_40`); err != nil {
 		t.Fatal(err)
@@ -131,5 +130,72 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	slices.Sort(sent) // a pass's dispatches run concurrently
 	if want := []int64{ids[0], ids[1], ids[3]}; fmt.Sprint(sent) != fmt.Sprint(want) {
 		t.Errorf("dispatched %v, want %v (never the canceled %d)", sent, want, ids[2])
+	}
+}
+
+// TestHeadCacheKeepsAShortQueue: a read that finds a tenant's whole queue (fewer jobs than a
+// heads read takes) is kept too, so the passes that follow take the tenant's next jobs from the
+// cache instead of reading its queue again each time; a job admitted meanwhile, behind the kept
+// ones, is read once they are claimed, and the jobs go out in queue order.
+func TestHeadCacheKeepsAShortQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
+	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
+		t.Fatal(err)
+	}
+	counted, log := drainertest.CountedPool(t, db)
+	sender := &drainertest.Executor{Record: true}
+	recorded := make(chan int64, 8)
+	// The clock stands still, so only the first pass runs the upkeep, which drops the cache.
+	d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: sender, ID: "short", Clock: clock.NewFake(time.Now()),
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
+		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at)
+		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND FROM seq_1_to_5`); err != nil {
+		t.Fatal(err)
+	}
+	db.RecountQueues(t, "a")
+	const headsRead = "interactive, priority, 0 FROM jobs FORCE INDEX (claim)"
+	pass := func(n int) (reads int) {
+		t.Helper()
+		log.Reset()
+		p, err := d.RunOnce(ctx)
+		if err != nil || p.Claimed != 1 {
+			t.Fatalf("pass %d: %+v, %v; want 1 claimed (tenant cap 1)", n, p, err)
+		}
+		drainertest.AwaitRecorded(t, recorded, 1)
+		for _, q := range log.Take() {
+			reads += strings.Count(q, headsRead)
+		}
+		return reads
+	}
+	if reads := pass(1); reads != 1 {
+		t.Fatalf("the first pass read the queue heads %d times, want once", reads)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO jobs (tenant, status, queued_at) VALUES ('a', 'queued', UTC_TIMESTAMP(6))"); err != nil {
+		t.Fatal(err)
+	}
+	db.RecountQueues(t, "a")
+	// The first read kept four heads: the next two passes, each taking one of them, leave more
+	// than the pass's share cached, so they read nothing.
+	for n := 2; n <= 3; n++ {
+		if reads := pass(n); reads != 0 {
+			t.Errorf("pass %d read the queue heads %d times with the tenant's next jobs cached, want none", n, reads)
+		}
+	}
+	for n := 4; n <= 6; n++ {
+		pass(n)
+	}
+	var sent []int64
+	for _, d := range sender.Dispatches() {
+		sent = append(sent, d.JobID)
+	}
+	want := drainertest.QueryIDs(t, db.DB, "SELECT id FROM jobs ORDER BY queued_at, id")
+	if fmt.Sprint(sent) != fmt.Sprint(want) {
+		t.Errorf("dispatched %v, want the queue's order %v (the job admitted during the drain last)", sent, want)
 	}
 }
