@@ -62,14 +62,14 @@
 //
 //	head cache            the heads read (a subquery    cached heads are only             TestHeadCache,
 //	(claim_headcache.go:  per tenant) of a tenant       candidates: the caps are checked  TestHeadCacheKeepsRequeuedJobFirst,
-//	headCache)            whose cached heads outnumber  under the claim lock and the      TestClaimSkipsJobTakenMeanwhile
-//	                      its share of the pass         fenced UPDATE skips a head
-//	                                                    claimed or canceled elsewhere
-//	                                                    (its tenant's entry goes); only
-//	                                                    full reads are cached, a requeue
-//	                                                    drops its tenant and the upkeep
-//	                                                    drops all, so the order holds
-//	                                                    too
+//	headCache)            whose cached heads outnumber  under the claim lock and the      TestClaimSkipsJobTakenMeanwhile,
+//	                      its share of the pass, a      fenced UPDATE skips a head        TestHeadCacheKeepsAShortQueue
+//	                      short queue's included        claimed or canceled elsewhere
+//	                                                    (its tenant's entry goes); later
+//	                                                    admissions queue behind the
+//	                                                    cached heads, a requeue drops
+//	                                                    its tenant and the upkeep drops
+//	                                                    all, so the order holds too
 //
 //	outcomes beside a     the outcomes' own round       their jobs are locked, on a       TestOutcomeHandoff,
 //	claim (complete.go:   trip after the claim's: the   second connection, beside the     TestOutcomesBesideTheNextClaim,
