@@ -117,6 +117,17 @@ const watchedStill = `(() => {
 	return window.watchedTops.length > 0 && window.watchedTops.every((top) => top === window.watchedTops[0]);
 })()`
 
+// watchedTops returns the tops watchTop recorded, as JSON, for a failure's message.
+func (b *browser) watchedTops() string {
+	ctx, cancel := context.WithTimeout(b.ctx, consoleStep)
+	defer cancel()
+	tops, err := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify(window.watchedTops)`))
+	if err != nil {
+		return err.Error()
+	}
+	return tops
+}
+
 // goTo moves the console to a route (a hash change: the page is not reloaded).
 func goTo(hash string) chromedp.Action[chromedp.Void] {
 	return chromedp.Evaluate[chromedp.Void](fmt.Sprintf("location.hash = %q", hash))
@@ -295,7 +306,7 @@ func TestConsole(t *testing.T) {
 		goTo(fmt.Sprintf("#/jobs/%d", failed)),
 		until(`document.querySelector('#job-status')?.textContent === 'failed'`),
 		until(`document.querySelector('#updated').textContent.startsWith('Live:') && document.querySelector('#job-events table') !== null`))
-	b.check("the redrive button kept its place", watchedStill)
+	b.check("the redrive button kept its place (its tops, px: "+b.watchedTops()+")", watchedStill)
 	b.step("redrive a failed job", chromedp.Click(chromedp.CSS("#redrive")),
 		until(`document.querySelector('#confirm').open`),
 		chromedp.Click(chromedp.CSS("#confirm-ok")),
