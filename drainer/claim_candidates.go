@@ -232,10 +232,11 @@ func enough(cfg config.Config, cands map[string][]candidate, inFlight map[string
 
 // firstHeads returns the heads of ws: a tenant's one queued job when the page gave it, its cached
 // ones when it has more than its share of this pass (see headCache), else read, headsPerRead at
-// least, and every read cached. full reports, per tenant, whether more queued jobs exist
-// beyond the heads returned. A tenant with interactive queued jobs is always read (an interactive
-// job admitted after its heads were cached goes before them), and while a lane is full a tenant's
-// cached heads are used only if one of them fits (us), else it is read deeper.
+// least, and the reads that outnumber the tenant's share cached. full reports, per tenant,
+// whether more queued jobs exist beyond the heads returned. A tenant with interactive queued jobs
+// is always read (an interactive job admitted after its heads were cached goes before them), and
+// while a lane is full a tenant's cached heads are used only if one of them fits (us), else it is
+// read deeper.
 func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg config.Config, us config.Usage, ws []want) (map[string][]candidate, map[string]bool, error) {
 	cands := map[string][]candidate{}
 	full := map[string]bool{}
@@ -267,7 +268,13 @@ func (cl *claimer) firstHeads(ctx context.Context, now time.Time, cfg config.Con
 	for _, w := range miss {
 		cs := read[w.tenant]
 		cands[w.tenant], full[w.tenant] = cs, len(cs) >= w.n || cut[w.tenant]
-		cl.headCache.keep(w.tenant, cs)
+		if len(cs) > w.room {
+			cl.headCache.keep(w.tenant, cs)
+		} else {
+			// No more than its share: a later pass would seldom take them from the cache (see above),
+			// and with many tenants of a job or two such entries would only fill the map.
+			cl.headCache.invalidate(w.tenant)
+		}
 	}
 	return cands, full, nil
 }
