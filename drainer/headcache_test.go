@@ -2,6 +2,7 @@ package drainer_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -24,10 +25,6 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
-	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
-		t.Fatal(err)
-	}
 	// The first dispatch's answer is lost (the job goes back to the queue, never started); every
 	// later one finishes.
 	sender := &drainertest.Executor{Record: true, Answer: func(_ context.Context, n int, _ executor.Dispatch) executor.Answer {
@@ -36,20 +33,8 @@ func TestHeadCacheKeepsRequeuedJobFirst(t *testing.T) {
 		}
 		return executor.Answer{Kind: executor.Done, Status: "succeeded"}
 	}}
-	recorded := make(chan int64, 4)
-	// The clock stands still, so only the first pass runs the upkeep, which drops the cache: that
-	// pass runs on the empty queue, and the two that follow keep what they read.
-	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "cache", Clock: clock.NewFake(time.Now()),
-		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
-	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
-		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
-	}
-	// More jobs than a heads read takes (32).
-	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at)
-		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND FROM seq_1_to_40`); err != nil {
-		t.Fatal(err)
-	}
-	db.RecountQueues(t, "a")
+	d, recorded := cacheDrainer(t, db, db.DB, sender, "cache", 1)
+	queueOld(t, db, 40) // more jobs than a heads read takes (32)
 	var first int64
 	if err := db.QueryRowContext(ctx, "SELECT MIN(id) FROM jobs").Scan(&first); err != nil {
 		t.Fatal(err)
@@ -80,17 +65,8 @@ func TestClaimSkipsJobTakenMeanwhile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 2 })
-	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
-		t.Fatal(err)
-	}
 	sender := &drainertest.Executor{Record: true}
-	recorded := make(chan int64, 8)
-	d := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: sender, ID: "taken", Clock: clock.NewFake(time.Now()),
-		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
-	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 { // the upkeep's pass, on the empty queue
-		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
-	}
+	d, recorded := cacheDrainer(t, db, db.DB, sender, "taken", 2)
 	// More jobs than a heads read takes (32).
 	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at, payload)
 		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND, CONCAT('"job ', seq, '"') FROM seq_1_to_40`); err != nil {
@@ -141,24 +117,10 @@ func TestHeadCacheKeepsAShortQueue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, 1 })
-	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
-		t.Fatal(err)
-	}
 	counted, log := drainertest.CountedPool(t, db)
 	sender := &drainertest.Executor{Record: true}
-	recorded := make(chan int64, 8)
-	// The clock stands still, so only the first pass runs the upkeep, which drops the cache.
-	d := drainertest.NewDrainer(t, drainer.Config{DB: counted, Executor: sender, ID: "short", Clock: clock.NewFake(time.Now()),
-		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
-	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
-		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
-	}
-	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (tenant, status, queued_at)
-		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND FROM seq_1_to_5`); err != nil {
-		t.Fatal(err)
-	}
-	db.RecountQueues(t, "a")
+	d, recorded := cacheDrainer(t, db, counted, sender, "short", 1)
+	queueOld(t, db, 5)
 	const headsRead = "interactive, priority, 0 FROM jobs FORCE INDEX (claim)"
 	pass := func(n int) (reads int) {
 		t.Helper()
@@ -198,4 +160,33 @@ func TestHeadCacheKeepsAShortQueue(t *testing.T) {
 	if fmt.Sprint(sent) != fmt.Sprint(want) {
 		t.Errorf("dispatched %v, want the queue's order %v (the job admitted during the drain last)", sent, want)
 	}
+}
+
+// cacheDrainer sets caps of 4 in flight and tenantCap a tenant, creates tenant a, and starts a
+// drainer on pool whose clock stands still, so only its first pass, run here on the empty queue,
+// runs the upkeep that drops the cache. recorded receives each job whose outcome is recorded.
+func cacheDrainer(t *testing.T, db *testdb.DB, pool *sql.DB, sender *drainertest.Executor, id string, tenantCap int) (d *drainer.Drainer, recorded chan int64) {
+	t.Helper()
+	ctx := context.Background()
+	testdb.SetLimits(t, db.DB, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = 4, tenantCap })
+	if _, err := db.ExecContext(ctx, "INSERT INTO tenants (tenant, created_at) VALUES ('a', UTC_TIMESTAMP(6))"); err != nil {
+		t.Fatal(err)
+	}
+	recorded = make(chan int64, 8)
+	d = drainertest.NewDrainer(t, drainer.Config{DB: pool, Executor: sender, ID: id, Clock: clock.NewFake(time.Now()),
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 0 {
+		t.Fatalf("pass on the empty queue: %+v, %v", p, err)
+	}
+	return d, recorded
+}
+
+// queueOld queues n jobs of tenant a, queued a second apart in the past, and counts them.
+func queueOld(t *testing.T, db *testdb.DB, n int) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), fmt.Sprintf(`INSERT INTO jobs (tenant, status, queued_at)
+		SELECT 'a', 'queued', UTC_TIMESTAMP(6) - INTERVAL (100 - seq) SECOND FROM seq_1_to_%d`, n)); err != nil {
+		t.Fatal(err)
+	}
+	db.RecountQueues(t, "a")
 }
