@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/outbox"
 )
@@ -280,7 +281,7 @@ func (a *Admitter) AdmitBatch(ctx context.Context, caller string, reqs []Request
 func (a *Admitter) Redrive(ctx context.Context, caller string, id int64) (Result, error) {
 	old, err := store.Get(ctx, a.cfg.DB, id, false)
 	if err != nil {
-		if ConnectionLost(err) {
+		if sqldb.ConnectionLost(err) {
 			return Result{}, unavailable(err)
 		}
 		return Result{}, err
@@ -360,7 +361,7 @@ func unavailable(err error) error {
 func (a *Admitter) Get(ctx context.Context, id int64) (store.Row, error) {
 	r, err := store.Get(ctx, a.cfg.DB, id, false)
 	if err != nil {
-		if ConnectionLost(err) {
+		if sqldb.ConnectionLost(err) {
 			return r, unavailable(err)
 		}
 		return r, err

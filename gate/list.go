@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -73,7 +74,7 @@ func (a *Admitter) listErr(err error) error {
 }
 
 func (a *Admitter) readErr(err error) error {
-	if ConnectionLost(err) {
+	if sqldb.ConnectionLost(err) {
 		return unavailable(err)
 	}
 	return err

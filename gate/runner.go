@@ -224,7 +224,7 @@ func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *stat
 	keyed := slices.ContainsFunc(items, (*item).keyed)
 	withInsert := a.commitWithInsert(tx, reservations) && !replaces && !keyed
 	if err := a.insert(ctx, tx, items, st, !shared, withInsert); err != nil {
-		if withInsert && ConnectionLost(err) {
+		if withInsert && sqldb.ConnectionLost(err) {
 			return true, a.commitErr(ctx, err, items, reservations) // the COMMIT may have run
 		}
 		return false, a.txErr(err)
@@ -378,7 +378,7 @@ func (a *Admitter) txErr(err error) error {
 	if errors.As(err, &je) {
 		return err
 	}
-	if ConnectionLost(err) {
+	if sqldb.ConnectionLost(err) {
 		return unavailable(err)
 	}
 	return err
@@ -395,7 +395,7 @@ func (a *Admitter) commitErr(ctx context.Context, err error, items []*item, res 
 			r.Refund(ctx, r.Granted())
 		}
 	}
-	if !ConnectionLost(err) {
+	if !sqldb.ConnectionLost(err) {
 		refundAll()
 		return fmt.Errorf("commit admission: %w", err)
 	}

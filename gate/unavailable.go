@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // AsUnavailable returns err as the API's 503 unavailable (retryable) when it means the database
@@ -14,7 +15,7 @@ func AsUnavailable(err error) error {
 	if err == nil || errors.As(err, &je) {
 		return err
 	}
-	if ConnectionLost(err) {
+	if sqldb.ConnectionLost(err) {
 		return unavailable(err)
 	}
 	return err

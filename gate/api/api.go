@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/gate/groupcommit"
 	"github.com/sluicehq/sluice/gate/job"
 	"github.com/sluicehq/sluice/gate/rategate"
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/gate/waiters"
 	"github.com/sluicehq/sluice/outbox"
@@ -587,7 +588,7 @@ func (s *Server) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	}
 	if err := tx.Commit(); err != nil {
 		err = fmt.Errorf("commit: %w", err)
-		if gate.ConnectionLost(err) {
+		if sqldb.ConnectionLost(err) {
 			return outcomeUnknown(err)
 		}
 		return err

@@ -8,6 +8,7 @@ import (
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
 )
 
 // configBody is GET /v1/config and the answer of PATCH /v1/config (SPEC §9).
@@ -64,7 +65,7 @@ func (s *Server) patchConfig(w http.ResponseWriter, r *http.Request) {
 			Detail: map[string]any{"field": fe.Key, "reason": fe.Reason}})
 		return
 	}
-	if errors.Is(err, config.ErrCommit) && gate.ConnectionLost(err) {
+	if errors.Is(err, config.ErrCommit) && sqldb.ConnectionLost(err) {
 		// The same PATCH again sets the same values, so it is safe to repeat: if the first one
 		// was written, the repeat changes nothing.
 		s.fail(w, r, outcomeUnknown(err))

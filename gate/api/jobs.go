@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/gate"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -446,7 +447,7 @@ func (s *Server) confirmStarts(ctx context.Context, starts []*store.Start, wait 
 		return gate.AsUnavailable(err)
 	}
 	err = s.store.ConfirmStartsCommit(ctx, s.cfg.TxDB, now, starts, !wait)
-	if errors.Is(err, store.ErrInCommitTrip) && gate.ConnectionLost(err) {
+	if errors.Is(err, store.ErrInCommitTrip) && sqldb.ConnectionLost(err) {
 		// A start is safe to repeat with its start_id.
 		return outcomeUnknown(err)
 	}

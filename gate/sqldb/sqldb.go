@@ -2,7 +2,8 @@
 // *sql.Tx and *sql.Conn have in common. A function that reads or writes through a DB runs in
 // its caller's transaction when given one, or on the pool, and cannot tell which: that is what
 // lets an outbox row, a job transition and a config read join whatever transaction their caller
-// holds. It sits with the shared vocabulary, below every package that touches the database.
+// holds. It sits with the shared vocabulary, below every package that touches the database, and
+// so also tells a lost connection from a refused statement (ConnectionLost) for all of them.
 package sqldb
 
 import (
