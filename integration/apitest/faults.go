@@ -40,13 +40,24 @@ func CommitWithFault(tx gate.Tx, fault string) error {
 
 // CommitCutter is a TCP proxy in front of MariaDB that, when Armed, forwards the next COMMIT to
 // the server and then cuts the connection before the server's answer reaches the client: the
-// client cannot know whether its transaction committed. While down (SetDown) it plays an
-// unreachable database: it cuts every open connection and closes new ones at once.
+// client cannot know whether its transaction committed. Withheld, it cuts the connection at the
+// next COMMIT without forwarding it: the transaction rolls back, and the client cannot know that
+// either. While down (SetDown) it plays an unreachable database: it cuts every open connection and
+// closes new ones at once.
 type CommitCutter struct {
-	// Armed cuts the next COMMIT; the cut disarms it.
+	// Armed cuts the next COMMIT after forwarding it; the cut disarms it.
 	Armed atomic.Bool
+	// Withheld cuts the next COMMIT before forwarding it; the cut disarms it.
+	Withheld atomic.Bool
 	// Cuts counts the connections cut at a COMMIT.
 	Cuts atomic.Int32
+	// Match, if set, narrows Armed and Withheld to the COMMITs of the round trips it accepts (it
+	// is given the bytes the client sent). Set it before arming.
+	Match func(roundTrip []byte) bool
+	// OnWithheld, if set, runs at a withheld COMMIT's cut, after the server's side of the
+	// connection is closed and before the client's is: a test's moment to act while the client
+	// still waits for its answer. Set it before withholding.
+	OnWithheld func()
 
 	l  net.Listener
 	wg sync.WaitGroup
@@ -169,13 +180,25 @@ func (p *CommitCutter) serve(client net.Conn, server string) {
 	for {
 		n, err := client.Read(buf)
 		if n > 0 {
-			if carriesCommit(buf[:n]) && p.Armed.CompareAndSwap(true, false) {
+			cuttable := carriesCommit(buf[:n]) && (p.Match == nil || p.Match(buf[:n]))
+			if cuttable && p.Armed.CompareAndSwap(true, false) {
 				cut.Store(true)
 				_, _ = up.Write(buf[:n])
 				p.Cuts.Add(1)
 				client.Close()
 				up.Close()
 				<-done
+				return
+			}
+			if cuttable && p.Withheld.CompareAndSwap(true, false) {
+				cut.Store(true)
+				p.Cuts.Add(1)
+				up.Close()
+				<-done
+				if p.OnWithheld != nil {
+					p.OnWithheld()
+				}
+				client.Close()
 				return
 			}
 			if _, werr := up.Write(buf[:n]); werr != nil {
