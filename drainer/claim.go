@@ -289,8 +289,7 @@ func (cl *claimer) claimCandidates(ctx context.Context, now time.Time, cands map
 	}
 	if err != nil {
 		cl.headCache.reset() // the claimed jobs may be queued again
-		// If the COMMIT's outcome is unknown the jobs may be dispatched under our id without
-		// being sent: their leases expire and recovery requeues them. Nothing is sent here.
+		// A COMMIT whose answer was lost: claimAndCommit handed back what it took. Nothing is sent.
 		return nil, false, err
 	}
 	got := make(map[int64]bool, len(out))

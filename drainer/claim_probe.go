@@ -92,7 +92,7 @@ func (cl *claimer) probeAndClaim(ctx context.Context, now time.Time, poked bool)
 		// A cap, a full lane or the reserve: no ordering could start anything now.
 		return nil, true, nil
 	}
-	// If the commit's answer is lost, the job may be claimed: lease recovery requeues it.
+	// If the commit's answer is lost, claimAndCommit hands the job back if the claim took it.
 	if out, err = cl.claimAndCommit(ctx, tx, now, cfg, []candidate{j.candidate}, nil); err != nil || len(out) == 0 {
 		return nil, false, err // none: taken or canceled meanwhile, let the normal pass look
 	}

@@ -1,6 +1,7 @@
 package drainer
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -9,8 +10,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/job"
+	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/gate/store"
 )
 
@@ -150,6 +154,7 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCommitTimeout)
 	defer cancel()
 	var got store.Claimed
+	committing := written == nil // ClaimJobs's one round trip ends with the COMMIT
 	if written == nil {
 		got, err = cl.store.ClaimJobs(cctx, tx, u.params)
 	} else {
@@ -158,10 +163,14 @@ func (cl *claimer) claimAndCommit(ctx context.Context, tx *store.ConnTx, now tim
 			err = errors.Join(err, fmt.Errorf("the outcomes the claim counted out of flight: %w", werr))
 		}
 		if err == nil {
+			committing = true
 			err = cl.store.CommitClaim(cctx, tx, u.params)
 		}
 	}
 	if err != nil {
+		if committing && sqldb.ConnectionLost(err) {
+			cl.handBackUnconfirmed(ctx, cfg, u.params)
+		}
 		return nil, err
 	}
 	cl.advanceLater(got.Behind)
@@ -207,6 +216,81 @@ func (cl *claimer) handBackIfStopping(ctx context.Context, now time.Time, cs []c
 		cl.cfg.Log.Warn("could not hand back claimed jobs that were never sent; lease recovery will", "jobs", len(cs), "error", err)
 	}
 	return true
+}
+
+// handBackUnconfirmed hands back to the queue, unsent, the jobs of a claim whose COMMIT lost its
+// connection. The claim may have committed, and its jobs would then stay dispatched under this
+// drainer's id without being sent, holding their tenants' and the fleet's room until their leases
+// expire: with a global cap of a few jobs, a drain stopped for a lease. On a fresh connection it
+// locks the claim's jobs and requeues those that carry the claim's nonces, the proof that it
+// committed (a job another drainer claimed since carries that claim's nonce). A new connection to
+// a Galera node first waits for the node to apply what the cluster committed (store.Open), so a
+// claim committed through the node a proxy has just left is seen. It tries again, backing off,
+// while the database cannot be reached, until the drainer stops or the lease would have freed the
+// jobs anyway; what it cannot hand back is left to lease recovery.
+func (cl *claimer) handBackUnconfirmed(ctx context.Context, cfg config.Config, p store.ClaimParams) {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Lease())
+	defer cancel()
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 50 * time.Millisecond
+	bo.MaxInterval = time.Second
+	bo.MaxElapsedTime = 0 // hctx bounds it
+	n, err := backoff.RetryWithData(func() (int, error) {
+		n, err := cl.requeueIfClaimed(hctx, p)
+		if err != nil && ctx.Err() != nil {
+			return n, backoff.Permanent(err) // stopping: one try, as handBackIfStopping
+		}
+		return n, err
+	}, backoff.WithContext(bo, hctx))
+	if err != nil {
+		cl.cfg.Log.Warn("could not tell whether a claim whose commit lost its connection took its jobs; lease recovery will requeue any it did",
+			"jobs", len(p.Jobs), "error", err)
+		return
+	}
+	cl.cfg.Log.Info("a claim whose commit lost its connection had committed; its jobs are back in the queue, unsent",
+		"jobs", n, "of", len(p.Jobs))
+}
+
+// requeueIfClaimed locks p's jobs and requeues those that carry p's nonces, in one transaction of
+// two round trips, and returns how many it requeued. The requeue is stamped no earlier than the
+// claim's dispatch.
+func (cl *claimer) requeueIfClaimed(ctx context.Context, p store.ClaimParams) (int, error) {
+	now, err := cl.cfg.Clock.Now(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if now.Before(p.Stamp) {
+		now = p.Stamp
+	}
+	ids := make([]int64, len(p.Jobs))
+	nonces := make(map[int64][]byte, len(p.Jobs))
+	for i, j := range p.Jobs {
+		ids[i], nonces[j.ID] = j.ID, j.NonceSHA256
+	}
+	tx, err := store.BeginConnTx(ctx, cl.cfg.TxDB)
+	if err != nil {
+		return 0, fmt.Errorf("begin the hand-back: %w", err)
+	}
+	defer tx.Close()
+	locked, err := store.LockJobs(ctx, tx, ids)
+	if err != nil {
+		return 0, err
+	}
+	var items []store.Finishing
+	for _, r := range locked {
+		if r.Status != job.Dispatched || !bytes.Equal(r.NonceSHA256, nonces[r.ID]) {
+			continue
+		}
+		items = append(items, store.Finishing{Row: r, Outcome: store.Outcome{Status: job.Queued,
+			ErrorCode: "dispatch_error", ErrorMessage: "the claim's commit lost its connection; handed back unsent"}})
+	}
+	if len(items) == 0 {
+		return 0, nil
+	}
+	if _, err := cl.store.FinishManyCommit(ctx, tx, now, items); err != nil {
+		return 0, fmt.Errorf("hand back %d job(s): %w", len(items), err)
+	}
+	return len(items), nil
 }
 
 // inTx runs fn in a transaction of db, and commits it unless fn fails.

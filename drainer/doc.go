@@ -26,7 +26,8 @@
 //	claim_choice.go      the choice's state (chooser), and Chooser, the choice for simulate
 //	claim_pick.go        the tenant whose head job goes next (picker, pick)
 //	claim_tx.go          the claim transaction: lock and count, the UPDATE and its commit, the
-//	                     hand-back of a stopping drainer
+//	                     hand-back of a stopping drainer and of a claim whose COMMIT lost its
+//	                     connection (handBackUnconfirmed)
 //	claim_probe.go       the lone-job probe (probeAndClaim)
 //	claim_outcomes.go    the outcomes a pass brings, written beside its claim (outcomesBeside)
 //
