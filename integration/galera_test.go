@@ -137,7 +137,13 @@ func TestGaleraWriterKilled(t *testing.T) {
 	env.SetConfig(t, func(c *config.Config) { c.GlobalInFlight, c.TenantInFlight = globalCap, tenantCap })
 
 	// Producers: each admits with a new key until told to stop, and retries a key whose
-	// admission failed (a 5xx or a broken connection) until it is answered.
+	// admission failed (a 5xx or a broken connection) until it is answered. Each starts a new key
+	// at most every producerPace: the four together ask about 100 jobs a second, half what the
+	// drain runs at these caps (8 in flight of 20 ms jobs, about 200 a second), so the queue
+	// stays short and a depth cap's 429 means the drain stood still for many seconds. Unpaced,
+	// they admitted 500 a second after the kill's outage, and the 2,000-job queue filled in
+	// about seven seconds whatever the drain did (session 29: a run failed so with no stall).
+	const producerPace = 40 * time.Millisecond
 	stop := make(chan struct{})
 	var mu sync.Mutex
 	var done []admission
@@ -148,7 +154,14 @@ func TestGaleraWriterKilled(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			pace := time.NewTicker(producerPace)
+			defer pace.Stop()
 			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-pace.C: // the producer's rate, not a wait on the test's state
+				}
 				a := admission{key: fmt.Sprintf("p%d-%d", p, i)}
 				for a.id == 0 {
 					select {
@@ -228,12 +241,38 @@ func TestGaleraWriterKilled(t *testing.T) {
 		t.Errorf("sluice stopped admitting for %s and finishing jobs for %s, want both under 10 s", admitOutage, dispatchOutage)
 	}
 
-	// The killed node rejoins while the work goes on.
+	// The killed node rejoins while the work goes on, and the proxy moves the writer back to it.
+	rejoin := time.Now()
 	g.run(t, "start", writer)
+	harness.WaitFor(t, time.Minute, "the proxy to take the rejoined node back as its writer", func() (bool, error) {
+		return strings.Contains(g.run(t, "status"), "writer through the proxy: node"+writer), nil
+	})
 	mid := answered()
 	harness.WaitFor(t, 60*time.Second, "100 more admissions after the rejoin", func() (bool, error) { return answered() >= mid+100, nil })
 	close(stop)
 	wg.Wait()
+	// The writer's move back cuts every connection again: a claim cut in its COMMIT used to hold
+	// its jobs' room until their leases expired, stopping the drain at a global cap of a few.
+	var rejoinFinishes []time.Time
+	rows, err = env.DB.QueryContext(ctx, "SELECT finished_at FROM jobs WHERE finished_at > ? ORDER BY finished_at", rejoin.UTC())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var at time.Time
+		if err := rows.Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		rejoinFinishes = append(rejoinFinishes, at)
+	}
+	if err := rows.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rejoinOutage := longestGap(append([]time.Time{rejoin}, rejoinFinishes...), rejoin)
+	t.Logf("the rejoin: no job finished for %s of the %s after it", rejoinOutage.Round(time.Millisecond), time.Since(rejoin).Round(time.Millisecond))
+	if rejoinOutage > 10*time.Second {
+		t.Errorf("sluice stopped finishing jobs for %s around the rejoin, want under 10 s", rejoinOutage)
+	}
 
 	harness.WaitFor(t, 2*time.Minute, "every job to finish", func() (bool, error) {
 		c, err := env.CountJobs(ctx)
