@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/config"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/integration/wait"
@@ -35,7 +36,7 @@ func TestOutcomesBesideTheNextClaim(t *testing.T) {
 	log.BeforeSending(func(q string) {
 		// A claim that waited for outcomes commits in a round trip of its own: its audit rows
 		// (the only statement that names the claim's nonces without its UPDATE) and COMMIT.
-		if strings.Contains(q, "UPDATE jobs") || !strings.HasSuffix(q, "COMMIT") {
+		if strings.Contains(q, "UPDATE jobs") || !strings.HasSuffix(q, store.CommitSQL) {
 			return
 		}
 		_, in, ok := strings.Cut(q, "nonce_sha256 IN (")
@@ -141,16 +142,16 @@ func TestClaimRollsBackWhenOutcomesBesideFail(t *testing.T) {
 	var outcomes, opened, committed atomic.Int64
 	log.BeforeSending(func(q string) {
 		switch {
-		case strings.Contains(q, "UPDATE jobs SET version = version + 1, started_at = COALESCE") && strings.HasSuffix(q, "COMMIT"):
+		case strings.Contains(q, "UPDATE jobs SET version = version + 1, started_at = COALESCE") && strings.HasSuffix(q, store.CommitSQL):
 			if outcomes.Add(1) == 2 {
 				// The first write failed; the second goes through.
 				if _, err := db.ExecContext(ctx, "UPDATE outcome_fault SET fail = FALSE"); err != nil {
 					t.Error(err)
 				}
 			}
-		case strings.Contains(q, "SET status = 'dispatched'") && !strings.HasSuffix(q, "COMMIT"):
+		case strings.Contains(q, "SET status = 'dispatched'") && !strings.HasSuffix(q, store.CommitSQL):
 			opened.Add(1) // a claim left open for the outcomes beside it
-		case strings.Contains(q, "nonce_sha256 IN") && !strings.Contains(q, "UPDATE jobs") && strings.HasSuffix(q, "COMMIT"):
+		case strings.Contains(q, "nonce_sha256 IN") && !strings.Contains(q, "UPDATE jobs") && strings.HasSuffix(q, store.CommitSQL):
 			committed.Add(1) // its commit
 		}
 	})

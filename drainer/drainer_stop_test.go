@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
 	"github.com/sluicehq/sluice/gate/config"
+	"github.com/sluicehq/sluice/gate/store"
 	"github.com/sluicehq/sluice/integration/drainertest"
 	"github.com/sluicehq/sluice/integration/testdb"
 	"github.com/sluicehq/sluice/integration/wait"
@@ -233,7 +234,7 @@ func TestStopHandsBackClaimedJobs(t *testing.T) {
 			defer cancel()
 			var claimSent atomic.Bool
 			log.BeforeSending(func(q string) {
-				isClaim := strings.Contains(q, "UPDATE jobs FORCE INDEX (PRIMARY) SET status = 'dispatched'") && strings.HasSuffix(q, "COMMIT")
+				isClaim := strings.Contains(q, "UPDATE jobs FORCE INDEX (PRIMARY) SET status = 'dispatched'") && strings.HasSuffix(q, store.CommitSQL)
 				if isClaim {
 					claimSent.Store(true)
 					cancel()

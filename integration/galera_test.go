@@ -450,6 +450,119 @@ func TestGaleraCausalReadOnANewWriter(t *testing.T) {
 	}
 }
 
+// TestGaleraAbortMidRoundTrip: a transaction that another node's commit aborts (Galera's
+// brute-force abort, when two nodes take writes at once, as while a proxy moves its writer) in the
+// middle of a multi-statement round trip must fail that round trip, and none of the round trip's
+// statements may commit. With the server's defaults the statements after the abort ran with
+// autocommit, one of them twice, and the round trip, COMMIT and all, answered as a success:
+// TestGaleraWriterKilled's producers got 2xx for jobs that were never written (session 29). Both
+// kinds of transaction sluice runs are tried: store.ConnTx's (autocommit off while it runs) and
+// database/sql's (wsrep_retry_autocommit off, which the causal connector sets). Each round trip's
+// first statement sleeps, so that the abort lands inside it.
+func TestGaleraAbortMidRoundTrip(t *testing.T) {
+	g := needGalera(t)
+	g.awaitWhole(t)
+	ctx := context.Background()
+	w := testdb.New(t) // through the proxy: on node 1
+	for _, q := range []string{"CREATE TABLE t (id INT PRIMARY KEY, v INT NOT NULL)", "CREATE TABLE after_abort (x INT NOT NULL)",
+		"INSERT INTO t VALUES (1, 0)"} {
+		if _, err := w.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other, err := sql.Open("mysql", fmt.Sprintf("root@tcp(127.0.0.1:3312)/%s", w.Name)) // node 2, a second writer
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	harness.WaitFor(t, 30*time.Second, "the row on node 2", func() (bool, error) {
+		var n int
+		err := other.QueryRowContext(ctx, "SELECT COUNT(*) FROM t").Scan(&n)
+		return err == nil && n == 1, nil
+	})
+	pool, err := store.OpenMulti(ctx, w.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const sleepThenWrite = "DO SLEEP(5);INSERT INTO after_abort VALUES (1)"
+
+	// abort runs begin (which must take row 1's lock), then, in a goroutine, the round trip that
+	// sleeps; commits a change of row 1 on node 2 while it sleeps; and returns the rows written
+	// after the abort and the round trip's error.
+	abort := func(name string, begin func() error, roundTrip func() error) (int, error) {
+		if _, err := w.ExecContext(ctx, "UPDATE t SET v = 0 WHERE id = 1"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.ExecContext(ctx, "DELETE FROM after_abort"); err != nil {
+			t.Fatal(err)
+		}
+		if err := begin(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- roundTrip() }()
+		harness.WaitFor(t, 10*time.Second, name+": the round trip to be inside its sleep", func() (bool, error) {
+			var n int
+			err := w.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+				WHERE DB = ? AND STATE = 'User sleep'`, w.Name).Scan(&n)
+			return n > 0, err
+		})
+		if _, err := other.ExecContext(ctx, "UPDATE t SET v = v + 100 WHERE id = 1"); err != nil {
+			t.Fatal(err)
+		}
+		var rtErr error
+		select {
+		case rtErr = <-done:
+		case <-time.After(30 * time.Second): // a deadline on the condition, not a wait for it
+			t.Fatalf("%s: the aborted round trip did not end within 30 s", name)
+		}
+		var v, after int
+		if err := w.QueryRowContext(ctx, "SELECT v, (SELECT COUNT(*) FROM after_abort) FROM t WHERE id = 1").Scan(&v, &after); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: round trip %v; v = %d, %d row(s) written after the abort", name, rtErr, v, after)
+		if v != 100 {
+			t.Fatalf("%s: v = %d, want 100: the transaction was not aborted, and this test proves nothing", name, v)
+		}
+		return after, rtErr
+	}
+
+	tx, err := store.BeginConnTx(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, rtErr := abort("store.ConnTx", func() error {
+		_, err := tx.Exec(ctx, []string{"UPDATE t SET v = v + 1 WHERE id = 1"})
+		return err
+	}, func() error {
+		_, err := tx.ExecCommit(ctx, strings.Split(sleepThenWrite, ";"))
+		return err
+	})
+	if rtErr == nil || after != 0 {
+		t.Errorf("store.ConnTx: the round trip of an aborted transaction answered %v with %d row(s) committed after the abort; want an error and none", rtErr, after)
+	}
+	tx.Close() // rolls back what the round trip ran after the abort, and frees its locks
+
+	sqlTx, err := pool.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlTx.Rollback()
+	after, rtErr = abort("database/sql Tx", func() error {
+		_, err := sqlTx.ExecContext(ctx, "UPDATE t SET v = v + 1 WHERE id = 1")
+		return err
+	}, func() error {
+		_, err := sqlTx.ExecContext(ctx, sleepThenWrite)
+		return err
+	})
+	// Here the first statement after the abort commits on its own before the round trip fails:
+	// autocommit is on in a database/sql transaction. What must not happen is a success.
+	if rtErr == nil {
+		t.Errorf("database/sql Tx: the round trip of an aborted transaction answered as a success (%d row(s) written after the abort)", after)
+	}
+}
+
 // TestGaleraNoWriter: while no node of the cluster may take writes (each one desynced, so the
 // proxy's check takes all three out), sluice says so: /readyz answers 503 with the reason
 // "database", an admission and /v1/status answer 503 unavailable and retryable, and nothing is

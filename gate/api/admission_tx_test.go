@@ -110,8 +110,8 @@ func TestAdmissionRoundTrips(t *testing.T) {
 		trips  int
 		last   string
 	}{
-		{apitest.UniqueTenant("free"), 2, "COMMIT"}, // the inserts and COMMIT in one
-		{limited, 3, "COMMIT"},                      // COMMIT alone
+		{apitest.UniqueTenant("free"), 2, store.CommitSQL}, // the inserts and COMMIT in one
+		{limited, 3, store.CommitSQL},                      // COMMIT alone
 	} {
 		if c.tenant == limited {
 			f.SetConfig(t, map[string]any{"admission_rate_per_minute": 100})
@@ -184,7 +184,7 @@ func TestAdmissionFaultsKeepRoundTrips(t *testing.T) {
 		if c.fault == "commit-rolled-back" {
 			last, what = "ROLLBACK", "ROLLBACK"
 		}
-		if len(trips) != 2 || !strings.HasPrefix(trips[1], last) || (c.fault != "commit-rolled-back" && !strings.HasSuffix(trips[1], "COMMIT")) {
+		if len(trips) != 2 || !strings.HasPrefix(trips[1], last) || (c.fault != "commit-rolled-back" && !strings.HasSuffix(trips[1], store.CommitSQL)) {
 			t.Errorf("fault %q: %d round trips, want 2, the second %s:\n%s",
 				c.fault, len(trips), what, strings.Join(trips, "\n---\n"))
 		}

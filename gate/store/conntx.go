@@ -18,6 +18,17 @@ import (
 // transaction is open on the connection, so Close rolls back whatever did not commit and throws
 // the connection away if that rollback fails, rather than return it to the pool with a
 // transaction still open. Not safe for concurrent use.
+//
+// The transaction runs with autocommit off and a savepoint taken at its start (beginSQL), which
+// its COMMIT releases first, then puts autocommit back on for the next user of the connection
+// (commitSQL; rollbackSQL after a ROLLBACK). On a Galera node another node's commit can abort the
+// transaction in the middle of a round trip (a brute-force abort, while two nodes take writes); the
+// server rolls it back and runs the round trip's remaining statements without it, the COMMIT too,
+// and reports the abort only at the end. Autocommit off keeps those statements in a new
+// transaction, whose RELEASE of a savepoint it does not have fails, and the round trip stops there,
+// before the COMMIT: nothing of an aborted transaction commits (TestGaleraAbortMidRoundTrip), and
+// Close rolls the new one back. The statements replace START TRANSACTION and join the COMMIT and
+// ROLLBACK, so no round trip is added.
 type ConnTx struct {
 	ctx  context.Context
 	conn *sql.Conn
@@ -37,11 +48,24 @@ func BeginConnTx(ctx context.Context, db *sql.DB) (*ConnTx, error) {
 // Conn is the transaction's connection, for reads inside it.
 func (t *ConnTx) Conn() *sql.Conn { return t.conn }
 
+// beginSQL begins the transaction: with autocommit off, the SAVEPOINT does, beginStatements
+// statements whose results come first in the round trip's. commitSQL (CommitSQL for the tests
+// that look for it) and rollbackSQL end it and put autocommit back on.
+const (
+	beginSQL    = "SET autocommit = 0;SAVEPOINT sluice_tx"
+	commitSQL   = "RELEASE SAVEPOINT sluice_tx;COMMIT;SET autocommit = 1"
+	rollbackSQL = "ROLLBACK;SET autocommit = 1"
+	CommitSQL   = commitSQL
+)
+
+// beginStatements and commitStatements are how many statements beginSQL and commitSQL hold.
+var beginStatements, commitStatements = strings.Count(beginSQL, ";") + 1, strings.Count(commitSQL, ";") + 1
+
 func (t *ConnTx) begin(stmts []string) string {
 	q := strings.Join(stmts, ";")
 	if !t.open {
 		t.open = true
-		q = "START TRANSACTION;" + q
+		q = beginSQL + ";" + q
 	}
 	return q
 }
@@ -72,27 +96,27 @@ func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (m
 	if len(stmts) > 0 {
 		q += ";"
 	}
-	res, err := t.exec(ctx, q+"COMMIT", args)
+	res, err := t.exec(ctx, q+commitSQL, args)
 	if err != nil {
 		return nil, err
 	}
 	t.open = false
-	return withoutLast{res}, nil
+	return withoutCommit{res}, nil
 }
 
-// withoutLast is a multi-statement result without its last statement's: LastInsertId and
-// RowsAffected report the statement before it.
-type withoutLast struct{ mysql.Result }
+// withoutCommit is a multi-statement result without the results of commitSQL's statements:
+// LastInsertId and RowsAffected report the statement before them.
+type withoutCommit struct{ mysql.Result }
 
-func (r withoutLast) AllRowsAffected() []int64 { return dropLast(r.Result.AllRowsAffected()) }
+func (r withoutCommit) AllRowsAffected() []int64 { return dropCommit(r.Result.AllRowsAffected()) }
 
-func (r withoutLast) AllLastInsertIds() []int64 { return dropLast(r.Result.AllLastInsertIds()) }
+func (r withoutCommit) AllLastInsertIds() []int64 { return dropCommit(r.Result.AllLastInsertIds()) }
 
-func (r withoutLast) LastInsertId() (int64, error) { return lastOf(r.AllLastInsertIds()), nil }
+func (r withoutCommit) LastInsertId() (int64, error) { return lastOf(r.AllLastInsertIds()), nil }
 
-func (r withoutLast) RowsAffected() (int64, error) { return lastOf(r.AllRowsAffected()), nil }
+func (r withoutCommit) RowsAffected() (int64, error) { return lastOf(r.AllRowsAffected()), nil }
 
-func dropLast(v []int64) []int64 { return v[:max(len(v)-1, 0)] }
+func dropCommit(v []int64) []int64 { return v[:max(len(v)-commitStatements, 0)] }
 
 func lastOf(v []int64) int64 {
 	if len(v) == 0 {
@@ -106,7 +130,7 @@ func lastOf(v []int64) int64 {
 // a failing statement, and Close rolls back), unless the connection broke after the COMMIT was
 // sent, when the outcome is unknown.
 func (t *ConnTx) QueryCommit(ctx context.Context, stmts []string, args ...any) (*Results, error) {
-	rows, err := t.conn.QueryContext(ctx, t.begin(stmts)+";COMMIT", args...)
+	rows, err := t.conn.QueryContext(ctx, t.begin(stmts)+";"+commitSQL, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +178,7 @@ func (t *ConnTx) exec(ctx context.Context, q string, args []any) (mysql.Result, 
 
 // Commit commits the transaction.
 func (t *ConnTx) Commit() error {
-	_, err := t.conn.ExecContext(t.ctx, "COMMIT")
+	_, err := t.conn.ExecContext(t.ctx, commitSQL)
 	if err == nil {
 		t.open = false
 	}
@@ -166,7 +190,7 @@ func (t *ConnTx) Rollback() error {
 	if !t.open {
 		return nil
 	}
-	_, err := t.conn.ExecContext(context.WithoutCancel(t.ctx), "ROLLBACK")
+	_, err := t.conn.ExecContext(context.WithoutCancel(t.ctx), rollbackSQL)
 	if err == nil {
 		t.open = false
 	}
@@ -185,7 +209,7 @@ func (t *ConnTx) Close() {
 }
 
 // Results walks the result sets of a multi-statement query, skipping those of statements that
-// return no rows (START TRANSACTION, a lock).
+// return no rows (the begin statement, a lock).
 type Results struct {
 	rows    *sql.Rows
 	started bool

@@ -198,6 +198,18 @@ func tryConnect(ctx context.Context, connector driver.Connector) (galera bool, e
 // round of the cluster's messages; the session's own setting is put back after it. Plain SET
 // statements rather than MariaDB's SET STATEMENT ... FOR, which MySQL-based Galera builds
 // (Percona XtraDB Cluster) would refuse at every connection.
+//
+// The same statement that puts the setting back turns wsrep_retry_autocommit off on the session.
+// While two nodes take writes (a proxy moving its writer cuts the old node's connections, but a
+// COMMIT in flight there still lands), a transaction holding a row that another node's
+// transaction changed is aborted by the applier (a brute-force abort). One aborted in the middle of
+// a multi-statement round trip is rolled back, the round trip's remaining statements run without
+// it, and the abort is reported at the end; with the retry on, the server ran a statement again
+// instead and answered the round trip as a success: admissions answered 2xx whose jobs were never
+// written (TestGaleraWriterKilled, session 29). With it off the round trip fails with a deadlock
+// (1213), which every caller treats as a transaction to try again; store.ConnTx also keeps the
+// statements that ran after the abort from committing (its doc), where in a database/sql
+// transaction, which runs with autocommit, they commit one by one (TestGaleraAbortMidRoundTrip).
 type causalConnector struct{ driver.Connector }
 
 // causalWaitSQL is the read that waits; its alias names it in the processlist.
@@ -212,7 +224,7 @@ func (c causalConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	for _, q := range []string{
 		"SET @sluice_sync_wait = @@SESSION.wsrep_sync_wait, SESSION wsrep_sync_wait = 1",
 		causalWaitSQL,
-		"SET SESSION wsrep_sync_wait = @sluice_sync_wait",
+		"SET SESSION wsrep_sync_wait = @sluice_sync_wait, SESSION wsrep_retry_autocommit = 0",
 	} {
 		if err := queryRow(ctx, conn, q, &v); err != nil {
 			conn.Close()

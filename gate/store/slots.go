@@ -429,12 +429,13 @@ func (s *Store) SweepSlots(ctx context.Context, db *sql.DB, now time.Time, actor
 	if err != nil {
 		return 0, fmt.Errorf("sweep %d slot(s): %w", len(ids), err)
 	}
-	// START TRANSACTION, the lock, the audit rows, the DELETE, the pokes if any.
+	// beginSQL's statements, the lock, the audit rows, the DELETE, the pokes if any.
 	affected := res.AllRowsAffected()
-	if len(affected) < 4 {
-		return 0, fmt.Errorf("sweep slots: %d results for %d statements", len(affected), len(stmts)+1)
+	deleted := beginStatements + 2
+	if len(affected) <= deleted {
+		return 0, fmt.Errorf("sweep slots: %d results for %d statements", len(affected), len(stmts)+beginStatements)
 	}
-	return int(affected[3]), nil
+	return int(affected[deleted]), nil
 }
 
 // SlotFilter selects a page of GET /v1/slots.

@@ -98,10 +98,10 @@ func (p *CommitCutter) untrack(c net.Conn) {
 }
 
 // carriesCommit says whether a chunk the client sent holds a COMMIT: a MySQL COM_QUERY packet
-// body "COMMIT" (the driver's tx.Commit), or one whose statements end with it (a transaction
-// that commits in its last round trip, store.ConnTx's ExecCommit and QueryCommit).
+// whose body is one (the driver's tx.Commit), or one whose statements end with store.ConnTx's
+// (its Commit, and a transaction that commits in its last round trip: ExecCommit, QueryCommit).
 func carriesCommit(chunk []byte) bool {
-	return bytes.Contains(chunk, []byte("\x03COMMIT")) || bytes.HasSuffix(chunk, []byte(";COMMIT"))
+	return bytes.Contains(chunk, []byte("\x03COMMIT")) || bytes.HasSuffix(chunk, []byte(store.CommitSQL))
 }
 
 // DBThroughCutter starts a CommitCutter in front of database base and returns it with a pool
