@@ -5,7 +5,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,16 +106,27 @@ func TestClaimCommitWithheldLeavesOthersClaim(t *testing.T) {
 	cutSender, otherSender := drainertest.NewHeld(), drainertest.NewHeld()
 	cut := drainertest.NewDrainer(t, drainer.Config{DB: viaProxy, Executor: cutSender, Clock: clk, ID: "cut"}, 10*time.Second)
 	other := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: otherSender, Clock: clk, ID: "other"}, 10*time.Second)
-	var otherPass drainer.Pass
-	var otherErr error
-	proxy.OnWithheld = func() { otherPass, otherErr = other.RunOnce(ctx) }
+	type pass struct {
+		p   drainer.Pass
+		err error
+	}
+	others := make(chan pass, 1)
+	proxy.OnWithheld = func() {
+		p, err := other.RunOnce(ctx)
+		others <- pass{p, err}
+	}
 	proxy.Withheld.Store(true)
 	p, err := cut.RunOnce(ctx)
 	if !sqldb.ConnectionLost(err) || p.Claimed != 0 || proxy.Cuts.Load() != 1 {
 		t.Fatalf("pass with its COMMIT withheld: %+v, %v, %d cuts; want the lost connection's error, nothing claimed, one cut", p, err, proxy.Cuts.Load())
 	}
-	if otherErr != nil || otherPass.Claimed != 1 {
-		t.Fatalf("the other drainer's pass while the first waited for its COMMIT: %+v, %v; want the job claimed", otherPass, otherErr)
+	select {
+	case o := <-others:
+		if o.err != nil || o.p.Claimed != 1 {
+			t.Fatalf("the other drainer's pass while the first waited for its COMMIT: %+v, %v; want the job claimed", o.p, o.err)
+		}
+	default:
+		t.Fatal("the proxy cut the first drainer's COMMIT without running the other drainer's pass")
 	}
 	if got := jobState(t, db.DB, id); got != "dispatched//1/other" {
 		t.Fatalf("job after both claims: %s; want dispatched//1/other (the other drainer's claim, untouched)", got)
@@ -129,6 +143,64 @@ func TestClaimCommitWithheldLeavesOthersClaim(t *testing.T) {
 		t.Fatalf("the drainer whose claim rolled back sent %d dispatches; want none", n)
 	}
 }
+
+// TestClaimCommitLostDatabaseGone: the claim's connection is cut before its COMMIT reaches the
+// server and the database stays out of reach. The hand-back keeps trying, backing off, until the
+// lease would have freed the jobs anyway (1 s here), then says it could not tell and leaves them
+// to lease recovery; nothing was claimed, and once the database is back the next pass claims the
+// job.
+func TestClaimCommitLostDatabaseGone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, clk, t0 := drainertest.NewDB(t, func(c *config.Config) { c.LeaseSeconds = 1 })
+	proxy, viaProxy := apitest.DBThroughCutter(t, db)
+	id := drainertest.QueueOneJob(t, db, t0)
+	sender := drainertest.NewHeld()
+	logs := &messages{}
+	d := drainertest.NewDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, ID: "gone", Log: slog.New(logs)}, 10*time.Second)
+	proxy.OnWithheld = func() { proxy.SetDown(true) }
+	proxy.Withheld.Store(true)
+	p, err := d.RunOnce(ctx)
+	if !sqldb.ConnectionLost(err) || p.Claimed != 0 {
+		t.Fatalf("pass with its COMMIT cut and the database gone: %+v, %v; want the lost connection's error, nothing claimed", p, err)
+	}
+	if !logs.has("could not tell whether a claim whose commit lost its connection took its jobs; lease recovery will requeue any it did") {
+		t.Fatalf("logged %q; want the hand-back's giving up", logs.all())
+	}
+	proxy.SetDown(false)
+	if got := jobState(t, db.DB, id); got != "queued//0/" {
+		t.Fatalf("job after the failed claim: %s; want queued//0/, untouched", got)
+	}
+	if p, err := d.RunOnce(ctx); err != nil || p.Claimed != 1 {
+		t.Fatalf("the pass after the database came back: %+v, %v; want the job claimed", p, err)
+	}
+	sender.Next(t).Reply(executor.Answer{Kind: executor.Done, Status: "succeeded"})
+}
+
+// messages is a slog.Handler that keeps the messages logged, for a test to look for one.
+type messages struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (m *messages) Enabled(context.Context, slog.Level) bool { return true }
+func (m *messages) WithAttrs([]slog.Attr) slog.Handler       { return m }
+func (m *messages) WithGroup(string) slog.Handler            { return m }
+
+func (m *messages) Handle(_ context.Context, r slog.Record) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.msgs = append(m.msgs, r.Message)
+	return nil
+}
+
+func (m *messages) all() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.msgs)
+}
+
+func (m *messages) has(msg string) bool { return slices.Contains(m.all(), msg) }
 
 // jobState is the job's status, error code, version and drainer, as status/code/version/drainer.
 func jobState(t *testing.T, db *sql.DB, id int64) string {
