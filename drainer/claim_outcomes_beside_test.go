@@ -36,7 +36,7 @@ func TestOutcomesBesideTheNextClaim(t *testing.T) {
 	log.BeforeSending(func(q string) {
 		// A claim that waited for outcomes commits in a round trip of its own: its audit rows
 		// (the only statement that names the claim's nonces without its UPDATE) and COMMIT.
-		if strings.Contains(q, "UPDATE jobs") || !strings.HasSuffix(q, store.CommitSQL) {
+		if strings.Contains(q, "UPDATE jobs") || !store.EndsWithCommit(q) {
 			return
 		}
 		_, in, ok := strings.Cut(q, "nonce_sha256 IN (")
@@ -142,16 +142,16 @@ func TestClaimRollsBackWhenOutcomesBesideFail(t *testing.T) {
 	var outcomes, opened, committed atomic.Int64
 	log.BeforeSending(func(q string) {
 		switch {
-		case strings.Contains(q, "UPDATE jobs SET version = version + 1, started_at = COALESCE") && strings.HasSuffix(q, store.CommitSQL):
+		case strings.Contains(q, "UPDATE jobs SET version = version + 1, started_at = COALESCE") && store.EndsWithCommit(q):
 			if outcomes.Add(1) == 2 {
 				// The first write failed; the second goes through.
 				if _, err := db.ExecContext(ctx, "UPDATE outcome_fault SET fail = FALSE"); err != nil {
 					t.Error(err)
 				}
 			}
-		case strings.Contains(q, "SET status = 'dispatched'") && !strings.HasSuffix(q, store.CommitSQL):
+		case strings.Contains(q, "SET status = 'dispatched'") && !store.EndsWithCommit(q):
 			opened.Add(1) // a claim left open for the outcomes beside it
-		case strings.Contains(q, "nonce_sha256 IN") && !strings.Contains(q, "UPDATE jobs") && strings.HasSuffix(q, store.CommitSQL):
+		case strings.Contains(q, "nonce_sha256 IN") && !strings.Contains(q, "UPDATE jobs") && store.EndsWithCommit(q):
 			committed.Add(1) // its commit
 		}
 	})

@@ -234,7 +234,7 @@ func TestStopHandsBackClaimedJobs(t *testing.T) {
 			defer cancel()
 			var claimSent atomic.Bool
 			log.BeforeSending(func(q string) {
-				isClaim := strings.Contains(q, "UPDATE jobs FORCE INDEX (PRIMARY) SET status = 'dispatched'") && strings.HasSuffix(q, store.CommitSQL)
+				isClaim := strings.Contains(q, "UPDATE jobs FORCE INDEX (PRIMARY) SET status = 'dispatched'") && store.EndsWithCommit(q)
 				if isClaim {
 					claimSent.Store(true)
 					cancel()

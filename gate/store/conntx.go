@@ -19,20 +19,23 @@ import (
 // the connection away if that rollback fails, rather than return it to the pool with a
 // transaction still open. Not safe for concurrent use.
 //
-// The transaction runs with autocommit off and a savepoint taken at its start (beginSQL), which
-// its COMMIT releases first, then puts autocommit back on for the next user of the connection
-// (commitSQL; rollbackSQL after a ROLLBACK). On a Galera node another node's commit can abort the
-// transaction in the middle of a round trip (a brute-force abort, while two nodes take writes); the
-// server rolls it back and runs the round trip's remaining statements without it, the COMMIT too,
-// and reports the abort only at the end. Autocommit off keeps those statements in a new
-// transaction, whose RELEASE of a savepoint it does not have fails, and the round trip stops there,
-// before the COMMIT: nothing of an aborted transaction commits (TestGaleraAbortMidRoundTrip), and
-// Close rolls the new one back. The statements replace START TRANSACTION and join the COMMIT and
-// ROLLBACK, so no round trip is added.
+// On a Galera node (a pool store.Open made for one: its driver is a galeraDriver) the transaction
+// runs with autocommit off and a savepoint taken at its start, which its COMMIT releases first,
+// then puts autocommit back on for the next user of the connection (galeraTx). There another node's
+// commit can abort the transaction in the middle of a round trip (a brute-force abort, while two
+// nodes take writes); the server rolls it back and runs the round trip's remaining statements
+// without it, the COMMIT too, and reports the abort only at the end. Autocommit off keeps those
+// statements in a new transaction, whose RELEASE of a savepoint it does not have fails, and the
+// round trip stops there, before the COMMIT: nothing of an aborted transaction commits
+// (TestGaleraAbortMidRoundTrip), and Close rolls the new one back. The statements take the place
+// of START TRANSACTION and join the COMMIT and ROLLBACK, so no round trip is added; elsewhere, where
+// nothing aborts a transaction between two statements, they would cost about 6 us a transaction
+// for nothing (integration/BENCHMARKS.md, session 29).
 type ConnTx struct {
 	ctx  context.Context
 	conn *sql.Conn
 	open bool
+	sql  *txSQL
 }
 
 // BeginConnTx takes a connection from db for a transaction that its first Query or Exec begins.
@@ -42,30 +45,48 @@ func BeginConnTx(ctx context.Context, db *sql.DB) (*ConnTx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &ConnTx{ctx: ctx, conn: conn}, nil
+	ts := &plainTx
+	if _, galera := db.Driver().(galeraDriver); galera {
+		ts = &galeraTx
+	}
+	return &ConnTx{ctx: ctx, conn: conn, sql: ts}, nil
 }
 
 // Conn is the transaction's connection, for reads inside it.
 func (t *ConnTx) Conn() *sql.Conn { return t.conn }
 
-// beginSQL begins the transaction: with autocommit off, the SAVEPOINT does, beginStatements
-// statements whose results come first in the round trip's. commitSQL (CommitSQL for the tests
-// that look for it) and rollbackSQL end it and put autocommit back on.
-const (
-	beginSQL    = "SET autocommit = 0;SAVEPOINT sluice_tx"
-	commitSQL   = "RELEASE SAVEPOINT sluice_tx;COMMIT;SET autocommit = 1"
-	rollbackSQL = "ROLLBACK;SET autocommit = 1"
-	CommitSQL   = commitSQL
+// txSQL is how a ConnTx begins, commits and rolls back: begin's statements' results come first
+// in the round trip that begins, commit's last in the one that commits.
+type txSQL struct {
+	begin, commit, rollback string
+	beginN, commitN         int // statements in begin and commit
+}
+
+func newTxSQL(begin, commit, rollback string) txSQL {
+	return txSQL{begin: begin, commit: commit, rollback: rollback,
+		beginN: strings.Count(begin, ";") + 1, commitN: strings.Count(commit, ";") + 1}
+}
+
+var (
+	plainTx  = newTxSQL("START TRANSACTION", "COMMIT", "ROLLBACK")
+	galeraTx = newTxSQL("SET autocommit = 0;SAVEPOINT sluice_tx", "RELEASE SAVEPOINT sluice_tx;COMMIT;SET autocommit = 1",
+		"ROLLBACK;SET autocommit = 1")
 )
 
-// beginStatements and commitStatements are how many statements beginSQL and commitSQL hold.
-var beginStatements, commitStatements = strings.Count(beginSQL, ";") + 1, strings.Count(commitSQL, ";") + 1
+// EndsWithCommit reports whether q, a round trip a ConnTx sent, is one that commits: for the
+// tests that look for it.
+func EndsWithCommit(q string) bool {
+	return strings.HasSuffix(q, plainTx.commit) || strings.HasSuffix(q, galeraTx.commit)
+}
+
+// beginStatements is how many results the statements that begin t come first with.
+func (t *ConnTx) beginStatements() int { return t.sql.beginN }
 
 func (t *ConnTx) begin(stmts []string) string {
 	q := strings.Join(stmts, ";")
 	if !t.open {
 		t.open = true
-		q = beginSQL + ";" + q
+		q = t.sql.begin + ";" + q
 	}
 	return q
 }
@@ -96,27 +117,30 @@ func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (m
 	if len(stmts) > 0 {
 		q += ";"
 	}
-	res, err := t.exec(ctx, q+commitSQL, args)
+	res, err := t.exec(ctx, q+t.sql.commit, args)
 	if err != nil {
 		return nil, err
 	}
 	t.open = false
-	return withoutCommit{res}, nil
+	return withoutCommit{res, t.sql.commitN}, nil
 }
 
-// withoutCommit is a multi-statement result without the results of commitSQL's statements:
-// LastInsertId and RowsAffected report the statement before them.
-type withoutCommit struct{ mysql.Result }
+// withoutCommit is a multi-statement result without the results of the n statements that
+// committed: LastInsertId and RowsAffected report the statement before them.
+type withoutCommit struct {
+	mysql.Result
+	n int
+}
 
-func (r withoutCommit) AllRowsAffected() []int64 { return dropCommit(r.Result.AllRowsAffected()) }
+func (r withoutCommit) AllRowsAffected() []int64 { return r.drop(r.Result.AllRowsAffected()) }
 
-func (r withoutCommit) AllLastInsertIds() []int64 { return dropCommit(r.Result.AllLastInsertIds()) }
+func (r withoutCommit) AllLastInsertIds() []int64 { return r.drop(r.Result.AllLastInsertIds()) }
 
 func (r withoutCommit) LastInsertId() (int64, error) { return lastOf(r.AllLastInsertIds()), nil }
 
 func (r withoutCommit) RowsAffected() (int64, error) { return lastOf(r.AllRowsAffected()), nil }
 
-func dropCommit(v []int64) []int64 { return v[:max(len(v)-commitStatements, 0)] }
+func (r withoutCommit) drop(v []int64) []int64 { return v[:max(len(v)-r.n, 0)] }
 
 func lastOf(v []int64) int64 {
 	if len(v) == 0 {
@@ -130,7 +154,7 @@ func lastOf(v []int64) int64 {
 // a failing statement, and Close rolls back), unless the connection broke after the COMMIT was
 // sent, when the outcome is unknown.
 func (t *ConnTx) QueryCommit(ctx context.Context, stmts []string, args ...any) (*Results, error) {
-	rows, err := t.conn.QueryContext(ctx, t.begin(stmts)+";"+commitSQL, args...)
+	rows, err := t.conn.QueryContext(ctx, t.begin(stmts)+";"+t.sql.commit, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +202,7 @@ func (t *ConnTx) exec(ctx context.Context, q string, args []any) (mysql.Result, 
 
 // Commit commits the transaction.
 func (t *ConnTx) Commit() error {
-	_, err := t.conn.ExecContext(t.ctx, commitSQL)
+	_, err := t.conn.ExecContext(t.ctx, t.sql.commit)
 	if err == nil {
 		t.open = false
 	}
@@ -190,7 +214,7 @@ func (t *ConnTx) Rollback() error {
 	if !t.open {
 		return nil
 	}
-	_, err := t.conn.ExecContext(context.WithoutCancel(t.ctx), rollbackSQL)
+	_, err := t.conn.ExecContext(context.WithoutCancel(t.ctx), t.sql.rollback)
 	if err == nil {
 		t.open = false
 	}
@@ -209,7 +233,7 @@ func (t *ConnTx) Close() {
 }
 
 // Results walks the result sets of a multi-statement query, skipping those of statements that
-// return no rows (the begin statement, a lock).
+// return no rows (the statements that begin, a lock).
 type Results struct {
 	rows    *sql.Rows
 	started bool

@@ -143,8 +143,8 @@ func (s *Store) finishConn(ctx context.Context, tx *ConnTx, now time.Time, items
 		return nil, fmt.Errorf("finish %d job(s): %w", len(items), err)
 	}
 	affected := res.AllRowsAffected()
-	if began && len(affected) >= beginStatements {
-		affected = affected[beginStatements:] // beginSQL's own results
+	if n := tx.beginStatements(); began && len(affected) >= n {
+		affected = affected[n:] // the results of the statements that began tx
 	}
 	if len(affected) != len(stmts) {
 		return nil, fmt.Errorf("finish %d job(s): %d statement results for %d statements", len(items), len(affected), len(stmts))

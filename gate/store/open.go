@@ -208,9 +208,16 @@ func tryConnect(ctx context.Context, connector driver.Connector) (galera bool, e
 // instead and answered the round trip as a success: admissions answered 2xx whose jobs were never
 // written (TestGaleraWriterKilled, session 29). With it off the round trip fails with a deadlock
 // (1213), which every caller treats as a transaction to try again; store.ConnTx also keeps the
-// statements that ran after the abort from committing (its doc), where in a database/sql
+// statements that ran after the abort from committing (its doc, galeraTx), where in a database/sql
 // transaction, which runs with autocommit, they commit one by one (TestGaleraAbortMidRoundTrip).
 type causalConnector struct{ driver.Connector }
+
+// Driver marks the pool as one of a Galera node's (db.Driver() of a *sql.DB is its connector's):
+// store.ConnTx guards its transactions there (galeraTx).
+func (c causalConnector) Driver() driver.Driver { return galeraDriver{c.Connector.Driver()} }
+
+// galeraDriver is the driver of a pool whose connections go to a Galera node.
+type galeraDriver struct{ driver.Driver }
 
 // causalWaitSQL is the read that waits; its alias names it in the processlist.
 const causalWaitSQL = "SELECT 1 AS sluice_caught_up"

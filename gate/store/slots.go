@@ -429,11 +429,11 @@ func (s *Store) SweepSlots(ctx context.Context, db *sql.DB, now time.Time, actor
 	if err != nil {
 		return 0, fmt.Errorf("sweep %d slot(s): %w", len(ids), err)
 	}
-	// beginSQL's statements, the lock, the audit rows, the DELETE, the pokes if any.
+	// The statements that began tx, the lock, the audit rows, the DELETE, the pokes if any.
 	affected := res.AllRowsAffected()
-	deleted := beginStatements + 2
+	deleted := tx.beginStatements() + 2
 	if len(affected) <= deleted {
-		return 0, fmt.Errorf("sweep slots: %d results for %d statements", len(affected), len(stmts)+beginStatements)
+		return 0, fmt.Errorf("sweep slots: %d results for %d statements", len(affected), len(stmts)+tx.beginStatements())
 	}
 	return int(affected[deleted]), nil
 }

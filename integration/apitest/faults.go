@@ -101,7 +101,7 @@ func (p *CommitCutter) untrack(c net.Conn) {
 // whose body is one (the driver's tx.Commit), or one whose statements end with store.ConnTx's
 // (its Commit, and a transaction that commits in its last round trip: ExecCommit, QueryCommit).
 func carriesCommit(chunk []byte) bool {
-	return bytes.Contains(chunk, []byte("\x03COMMIT")) || bytes.HasSuffix(chunk, []byte(store.CommitSQL))
+	return bytes.Contains(chunk, []byte("\x03COMMIT")) || store.EndsWithCommit(string(chunk))
 }
 
 // DBThroughCutter starts a CommitCutter in front of database base and returns it with a pool
