@@ -43,8 +43,13 @@ ensure_packages() {
 }
 
 write_config() { # node
-  local n=$1 d
+  local n=$1 d donors
   d=$(node_dir "$n")
+  # A node that rejoins takes its state from node 3, the proxy's last backup, before any other:
+  # a donor leaves the proxy (not Synced), and a donor that was the writer sent the writes to the
+  # next backup while the first came back, two nodes writing at once (deploy/RUNBOOK.md).
+  donors=node3,
+  [ "$n" = 3 ] && donors=node2,
   mkdir -p "$d/data"
   cat >"$d/my.cnf" <<EOF
 [mariadbd]
@@ -70,6 +75,7 @@ wsrep_node_name=node$n
 wsrep_node_address=127.0.0.1:456$n
 wsrep_provider_options="gmcast.listen_addr=tcp://127.0.0.1:456$n;ist.recv_addr=127.0.0.1:457$n;gcache.size=128M;evs.suspect_timeout=PT3S;evs.inactive_timeout=PT6S"
 wsrep_sst_method=rsync
+wsrep_sst_donor=$donors
 wsrep_sst_receive_address=127.0.0.1:458$n
 EOF
   chown -R mysql:mysql "$d"
