@@ -65,10 +65,12 @@ func (s *Server) Restart(tb testing.TB) {
 	if err != nil {
 		tb.Fatalf("natstest: %v", err)
 	}
+	logs := &startLog{}
+	srv.SetLoggerV2(logs, false, false, false)
 	srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
-		tb.Fatalf("natstest: server on port %d not ready within 10 s", s.opts.Port)
+		tb.Fatalf("natstest: server on port %d not ready within 10 s%s", s.opts.Port, logs)
 	}
 	s.mu.Lock()
 	s.srv = srv
@@ -112,10 +114,12 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 				errs <- err
 				return
 			}
+			logs := &startLog{}
+			srv.SetLoggerV2(logs, false, false, false)
 			srv.Start()
 			if !srv.ReadyForConnections(20 * time.Second) {
 				srv.Shutdown()
-				errs <- fmt.Errorf("node %s not ready within 20 s", s.opts.ServerName)
+				errs <- fmt.Errorf("node %s not ready within 20 s%s", s.opts.ServerName, logs)
 				return
 			}
 			s.mu.Lock()
@@ -157,6 +161,42 @@ func (c *Cluster) URLs() string {
 		urls[i] = s.URL()
 	}
 	return strings.Join(urls, ",")
+}
+
+// startLog is a test server's logger (they run with NoLog): it keeps the first warnings and
+// errors, for the message of a server that did not come up (one of a cluster did not within 20 s
+// in a loaded run, and nothing said why).
+type startLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+// startLogLines bounds what a startLog keeps.
+const startLogLines = 20
+
+func (l *startLog) keep(level, format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) < startLogLines {
+		l.lines = append(l.lines, level+": "+fmt.Sprintf(format, v...))
+	}
+}
+
+func (l *startLog) Noticef(string, ...any)         {}
+func (l *startLog) Debugf(string, ...any)          {}
+func (l *startLog) Tracef(string, ...any)          {}
+func (l *startLog) Warnf(format string, v ...any)  { l.keep("warning", format, v...) }
+func (l *startLog) Errorf(format string, v ...any) { l.keep("error", format, v...) }
+func (l *startLog) Fatalf(format string, v ...any) { l.keep("fatal", format, v...) }
+
+// String is what the server logged, as the end of an error message: empty if nothing.
+func (l *startLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) == 0 {
+		return " (it logged no warning or error)"
+	}
+	return "; it logged:\n\t" + strings.Join(l.lines, "\n\t")
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
