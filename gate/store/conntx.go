@@ -79,23 +79,23 @@ func EndsWithCommit(q string) bool {
 	return strings.HasSuffix(q, plainTx.commit) || strings.HasSuffix(q, galeraTx.commit)
 }
 
-// beginStatements is how many results the statements that begin t come first with.
-func (t *ConnTx) beginStatements() int { return t.sql.beginN }
-
-func (t *ConnTx) begin(stmts []string) string {
+// begin joins stmts into a round trip, preceded by the statements that begin t if it is not open
+// yet, and returns how many of those there are (their results come first).
+func (t *ConnTx) begin(stmts []string) (string, int) {
 	q := strings.Join(stmts, ";")
-	if !t.open {
-		t.open = true
-		q = t.sql.begin + ";" + q
+	if t.open {
+		return q, 0
 	}
-	return q
+	t.open = true
+	return t.sql.begin + ";" + q, t.sql.beginN
 }
 
 // Query runs stmts (each one statement, args bound by the driver) in one round trip, the first
 // call beginning the transaction. The Results hold the result sets of the statements that return
 // rows, in order; the caller reads them with Next and closes them.
 func (t *ConnTx) Query(ctx context.Context, stmts []string, args ...any) (*Results, error) {
-	rows, err := t.conn.QueryContext(ctx, t.begin(stmts), args...)
+	q, _ := t.begin(stmts)
+	rows, err := t.conn.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -103,17 +103,23 @@ func (t *ConnTx) Query(ctx context.Context, stmts []string, args ...any) (*Resul
 }
 
 // Exec runs stmts in one round trip (the first call beginning the transaction) and returns the
-// driver's result, which reports every statement's rows affected and first insert id.
+// driver's result for stmts, which reports each one's rows affected and first insert id (those of
+// the statements that began the transaction are dropped).
 func (t *ConnTx) Exec(ctx context.Context, stmts []string, args ...any) (mysql.Result, error) {
-	return t.exec(ctx, t.begin(stmts), args)
+	q, began := t.begin(stmts)
+	res, err := t.exec(ctx, q, args)
+	if err != nil {
+		return nil, err
+	}
+	return only{res, began, 0}, nil
 }
 
 // ExecCommit runs stmts (none: COMMIT alone) and COMMIT in one round trip and returns the driver's
-// result for stmts (COMMIT's own is dropped). An error means the transaction did not commit (the
-// server stops at a failing statement, and Close rolls back), unless the connection broke, when
-// the outcome is unknown.
+// result for stmts (as Exec; COMMIT's own is dropped too). An error means the transaction did not
+// commit (the server stops at a failing statement, and Close rolls back), unless the connection
+// broke, when the outcome is unknown.
 func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (mysql.Result, error) {
-	q := t.begin(stmts)
+	q, began := t.begin(stmts)
 	if len(stmts) > 0 {
 		q += ";"
 	}
@@ -122,25 +128,31 @@ func (t *ConnTx) ExecCommit(ctx context.Context, stmts []string, args ...any) (m
 		return nil, err
 	}
 	t.open = false
-	return withoutCommit{res, t.sql.commitN}, nil
+	return only{res, began, t.sql.commitN}, nil
 }
 
-// withoutCommit is a multi-statement result without the results of the n statements that
-// committed: LastInsertId and RowsAffected report the statement before them.
-type withoutCommit struct {
+// only is a multi-statement result without the results of its first `before` and last `after`
+// statements (those that began and committed the transaction): LastInsertId and RowsAffected
+// report the last statement left.
+type only struct {
 	mysql.Result
-	n int
+	before, after int
 }
 
-func (r withoutCommit) AllRowsAffected() []int64 { return r.drop(r.Result.AllRowsAffected()) }
+func (r only) AllRowsAffected() []int64 { return r.trim(r.Result.AllRowsAffected()) }
 
-func (r withoutCommit) AllLastInsertIds() []int64 { return r.drop(r.Result.AllLastInsertIds()) }
+func (r only) AllLastInsertIds() []int64 { return r.trim(r.Result.AllLastInsertIds()) }
 
-func (r withoutCommit) LastInsertId() (int64, error) { return lastOf(r.AllLastInsertIds()), nil }
+func (r only) LastInsertId() (int64, error) { return lastOf(r.AllLastInsertIds()), nil }
 
-func (r withoutCommit) RowsAffected() (int64, error) { return lastOf(r.AllRowsAffected()), nil }
+func (r only) RowsAffected() (int64, error) { return lastOf(r.AllRowsAffected()), nil }
 
-func (r withoutCommit) drop(v []int64) []int64 { return v[:max(len(v)-r.n, 0)] }
+func (r only) trim(v []int64) []int64 {
+	if len(v) < r.before+r.after {
+		return nil
+	}
+	return v[r.before : len(v)-r.after]
+}
 
 func lastOf(v []int64) int64 {
 	if len(v) == 0 {
@@ -154,7 +166,8 @@ func lastOf(v []int64) int64 {
 // a failing statement, and Close rolls back), unless the connection broke after the COMMIT was
 // sent, when the outcome is unknown.
 func (t *ConnTx) QueryCommit(ctx context.Context, stmts []string, args ...any) (*Results, error) {
-	rows, err := t.conn.QueryContext(ctx, t.begin(stmts)+";"+t.sql.commit, args...)
+	q, _ := t.begin(stmts)
+	rows, err := t.conn.QueryContext(ctx, q+";"+t.sql.commit, args...)
 	if err != nil {
 		return nil, err
 	}

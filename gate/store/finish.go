@@ -133,7 +133,6 @@ func (s *Store) finishConn(ctx context.Context, tx *ConnTx, now time.Time, items
 		return nil, err
 	}
 	stmts, args := s.finishStatements(ctx, items, p)
-	began := !tx.open
 	run := tx.Exec
 	if commit {
 		run = tx.ExecCommit
@@ -143,9 +142,6 @@ func (s *Store) finishConn(ctx context.Context, tx *ConnTx, now time.Time, items
 		return nil, fmt.Errorf("finish %d job(s): %w", len(items), err)
 	}
 	affected := res.AllRowsAffected()
-	if n := tx.beginStatements(); began && len(affected) >= n {
-		affected = affected[n:] // the results of the statements that began tx
-	}
 	if len(affected) != len(stmts) {
 		return nil, fmt.Errorf("finish %d job(s): %d statement results for %d statements", len(items), len(affected), len(stmts))
 	}

@@ -429,13 +429,12 @@ func (s *Store) SweepSlots(ctx context.Context, db *sql.DB, now time.Time, actor
 	if err != nil {
 		return 0, fmt.Errorf("sweep %d slot(s): %w", len(ids), err)
 	}
-	// The statements that began tx, the lock, the audit rows, the DELETE, the pokes if any.
+	// The lock, the audit rows, the DELETE, the pokes if any.
 	affected := res.AllRowsAffected()
-	deleted := tx.beginStatements() + 2
-	if len(affected) <= deleted {
-		return 0, fmt.Errorf("sweep slots: %d results for %d statements", len(affected), len(stmts)+tx.beginStatements())
+	if len(affected) != len(stmts) {
+		return 0, fmt.Errorf("sweep slots: %d results for %d statements", len(affected), len(stmts))
 	}
-	return int(affected[deleted]), nil
+	return int(affected[2]), nil
 }
 
 // SlotFilter selects a page of GET /v1/slots.
