@@ -202,8 +202,7 @@ func (cl *claimer) handBackIfStopping(ctx context.Context, now time.Time, cs []c
 	defer cancel()
 	items := make([]store.Finishing, len(cs))
 	for i, c := range cs {
-		items[i] = store.Finishing{Row: c.row, Outcome: store.Outcome{Status: job.Queued,
-			ErrorCode: "dispatch_error", ErrorMessage: "the drainer stopped before sending it"}}
+		items[i] = handedBack(c.row, "the drainer stopped before sending it")
 	}
 	err := inTx(ctx, cl.cfg.DB, func(tx *sql.Tx) error {
 		_, err := cl.store.FinishMany(ctx, tx, now, items)
@@ -281,8 +280,7 @@ func (cl *claimer) requeueIfClaimed(ctx context.Context, p store.ClaimParams) (i
 		if r.Status != job.Dispatched || !bytes.Equal(r.NonceSHA256, nonces[r.ID]) {
 			continue
 		}
-		items = append(items, store.Finishing{Row: r, Outcome: store.Outcome{Status: job.Queued,
-			ErrorCode: "dispatch_error", ErrorMessage: "the claim's commit lost its connection; handed back unsent"}})
+		items = append(items, handedBack(r, "the claim's commit lost its connection; handed back unsent"))
 	}
 	if len(items) == 0 {
 		return 0, nil
@@ -291,6 +289,12 @@ func (cl *claimer) requeueIfClaimed(ctx context.Context, p store.ClaimParams) (i
 		return 0, fmt.Errorf("hand back %d job(s): %w", len(items), err)
 	}
 	return len(items), nil
+}
+
+// handedBack is the requeue of a claimed job r that was never sent, for the reason why: not
+// counted against the dispatch budget, since no executor saw it.
+func handedBack(r store.Row, why string) store.Finishing {
+	return store.Finishing{Row: r, Outcome: store.Outcome{Status: job.Queued, ErrorCode: "dispatch_error", ErrorMessage: why}}
 }
 
 // inTx runs fn in a transaction of db, and commits it unless fn fails.
