@@ -133,35 +133,48 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		MaxBytes:    cfg.MaxBytes,
 		Discard:     jetstream.DiscardOld,
 	}
+	var s jetstream.Stream
+	err := AskJetStream(ctx, func(ctx context.Context) (err error) {
+		// The request is idempotent (create, or update to the same config), so a retry after a
+		// lost answer only finds the stream made.
+		s, err = js.CreateOrUpdateStream(ctx, sc)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create or update stream %s: %w", cfg.Name, err)
+	}
+	return s, nil
+}
+
+// AskJetStream sends a JetStream API request until it is answered, giving each attempt its own
+// time: on a cluster, a request that reaches the meta leader as it changes may never be answered,
+// and one request waiting out ctx would make that ctx's whole time a failure. An answer that may
+// change (no JetStream server yet, a cluster not ready or short of peers: retryableStreamErr) is
+// asked again after a short wait; any other, or ctx's end, is returned. The request must be
+// idempotent.
+func AskJetStream(ctx context.Context, request func(context.Context) error) error {
 	for {
-		// Each attempt has its own time: on a cluster, a request that reaches the meta leader as
-		// it changes may never be answered, and one request waiting out ctx would make that
-		// ctx's whole time a failure. The request is idempotent (create, or update to the same
-		// config), so a retry after a lost answer only finds the stream made.
 		actx, cancel := context.WithTimeout(ctx, streamAttempt)
-		s, err := js.CreateOrUpdateStream(actx, sc)
+		err := request(actx)
 		cancel()
-		if err == nil {
-			return s, nil
-		}
-		if ctx.Err() != nil || !retryableStreamErr(err) {
-			return nil, fmt.Errorf("create or update stream %s: %w", cfg.Name, err)
+		if err == nil || ctx.Err() != nil || !retryableStreamErr(err) {
+			return err
 		}
 		t := time.NewTimer(streamRetryWait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("create or update stream %s: %w", cfg.Name, err)
+			return err
 		case <-t.C:
 		}
 	}
 }
 
-// streamAttempt bounds one stream request of EnsureStream, and streamRetryWait is the wait
-// before the next.
+// streamAttempt bounds one request of AskJetStream, and streamRetryWait is the wait before the
+// next.
 const streamAttempt, streamRetryWait = 5 * time.Second, 250 * time.Millisecond
 
-// retryableStreamErr reports whether a stream request may succeed if sent again: it went
+// retryableStreamErr reports whether a JetStream request may succeed if sent again: it went
 // unanswered, found no JetStream server listening yet, or the cluster said it is not ready (503:
 // no meta leader, or a peer still catching up) or has too few peers up to place the replicas
 // (10005, "no suitable peers for placement": a node restarting). The last is also the answer to

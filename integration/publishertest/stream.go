@@ -2,7 +2,6 @@ package publishertest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -43,7 +42,7 @@ func ConsumeAll(t testing.TB, js jetstream.JetStream) []StreamMsg {
 	defer cancel()
 	name := fmt.Sprintf("check-%d", time.Now().UnixNano())
 	var cons jetstream.Consumer
-	err := askAgain(ctx, func(ctx context.Context) (err error) {
+	err := publisher.AskJetStream(ctx, func(ctx context.Context) (err error) {
 		cons, err = js.CreateOrUpdateConsumer(ctx, "SLUICE", jetstream.ConsumerConfig{Durable: name,
 			AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverAllPolicy})
 		return err
@@ -52,7 +51,7 @@ func ConsumeAll(t testing.TB, js jetstream.JetStream) []StreamMsg {
 		t.Fatalf("consumer: %v", err)
 	}
 	var info *jetstream.ConsumerInfo
-	err = askAgain(ctx, func(ctx context.Context) (err error) {
+	err = publisher.AskJetStream(ctx, func(ctx context.Context) (err error) {
 		info, err = cons.Info(ctx)
 		return err
 	})
@@ -82,22 +81,6 @@ func ConsumeAll(t testing.TB, js jetstream.JetStream) []StreamMsg {
 	}
 	_ = js.DeleteConsumer(ctx, "SLUICE", name)
 	return out
-}
-
-// askAgain runs one JetStream API request, each attempt bounded by 5 s, until it is answered or
-// ctx ends. A request sent while a cluster that lost a node elects new leaders can go
-// unanswered, and a real consumer asks again; waiting on the one request for the whole of ctx
-// failed TestRelayThroughClusterNodeLoss once ("consumer: context deadline exceeded" after 60 s).
-// Only an unanswered attempt is repeated: an answer that refuses fails at once.
-func askAgain(ctx context.Context, request func(context.Context) error) error {
-	for {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := request(actx)
-		cancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			return err
-		}
-	}
 }
 
 // AssertExactlyOnce fails t unless the consumer saw each of ids' original message ids exactly
