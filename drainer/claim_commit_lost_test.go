@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/drainer"
 	"github.com/sluicehq/sluice/drainer/executor"
+	"github.com/sluicehq/sluice/gate/clock"
 	"github.com/sluicehq/sluice/gate/config"
 	"github.com/sluicehq/sluice/gate/sqldb"
 	"github.com/sluicehq/sluice/integration/apitest"
@@ -30,13 +31,10 @@ import (
 func TestClaimCommitLostHandsBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainertest.NewDB(t, func(*config.Config) {})
-	proxy, viaProxy := apitest.DBThroughCutter(t, db)
-	id := drainertest.QueueOneJob(t, db, t0)
-	sender := drainertest.NewHeld()
 	recorded := make(chan int64, 1)
-	d := drainertest.NewDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, ID: "cut",
-		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
+	c := behindCutter(t, func(*config.Config) {}, drainer.Config{ID: "cut",
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}})
+	db, proxy, id, sender, d := c.db, c.proxy, c.id, c.sender, c.d
 	proxy.Armed.Store(true)
 	p, err := d.RunOnce(ctx)
 	if !sqldb.ConnectionLost(err) || p.Claimed != 0 || proxy.Cuts.Load() != 1 {
@@ -100,12 +98,10 @@ func TestClaimCommitLostBesideOutcomes(t *testing.T) {
 func TestClaimCommitWithheldLeavesOthersClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainertest.NewDB(t, func(*config.Config) {})
-	proxy, viaProxy := apitest.DBThroughCutter(t, db)
-	id := drainertest.QueueOneJob(t, db, t0)
-	cutSender, otherSender := drainertest.NewHeld(), drainertest.NewHeld()
-	cut := drainertest.NewDrainer(t, drainer.Config{DB: viaProxy, Executor: cutSender, Clock: clk, ID: "cut"}, 10*time.Second)
-	other := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: otherSender, Clock: clk, ID: "other"}, 10*time.Second)
+	c := behindCutter(t, func(*config.Config) {}, drainer.Config{ID: "cut"})
+	db, proxy, id, cutSender, cut := c.db, c.proxy, c.id, c.sender, c.d
+	otherSender := drainertest.NewHeld()
+	other := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: otherSender, Clock: c.clk, ID: "other"}, 10*time.Second)
 	type pass struct {
 		p   drainer.Pass
 		err error
@@ -152,12 +148,9 @@ func TestClaimCommitWithheldLeavesOthersClaim(t *testing.T) {
 func TestClaimCommitLostDatabaseGone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, clk, t0 := drainertest.NewDB(t, func(c *config.Config) { c.LeaseSeconds = 1 })
-	proxy, viaProxy := apitest.DBThroughCutter(t, db)
-	id := drainertest.QueueOneJob(t, db, t0)
-	sender := drainertest.NewHeld()
 	logs := &messages{}
-	d := drainertest.NewDrainer(t, drainer.Config{DB: viaProxy, Executor: sender, Clock: clk, ID: "gone", Log: slog.New(logs)}, 10*time.Second)
+	c := behindCutter(t, func(c *config.Config) { c.LeaseSeconds = 1 }, drainer.Config{ID: "gone", Log: slog.New(logs)})
+	db, proxy, id, sender, d := c.db, c.proxy, c.id, c.sender, c.d
 	proxy.OnWithheld = func() { proxy.SetDown(true) }
 	proxy.Withheld.Store(true)
 	p, err := d.RunOnce(ctx)
@@ -201,6 +194,29 @@ func (m *messages) all() []string {
 }
 
 func (m *messages) has(msg string) bool { return slices.Contains(m.all(), msg) }
+
+// cutterSetup is the lost-claim-commit tests' start: a database of one queued job, a COMMIT
+// cutter in front of it, and a drainer through the cutter with an executor in hold mode.
+type cutterSetup struct {
+	db     *testdb.DB
+	clk    *clock.Fake
+	proxy  *apitest.CommitCutter
+	id     int64
+	sender *drainertest.Executor
+	d      *drainer.Drainer
+}
+
+// behindCutter makes a cutterSetup whose runtime config edit changed, its drainer cfg with the
+// database, executor and clock filled in.
+func behindCutter(t *testing.T, edit func(*config.Config), cfg drainer.Config) cutterSetup {
+	t.Helper()
+	db, clk, t0 := drainertest.NewDB(t, edit)
+	proxy, viaProxy := apitest.DBThroughCutter(t, db)
+	c := cutterSetup{db: db, clk: clk, proxy: proxy, id: drainertest.QueueOneJob(t, db, t0), sender: drainertest.NewHeld()}
+	cfg.DB, cfg.Executor, cfg.Clock = viaProxy, c.sender, clk
+	c.d = drainertest.NewDrainer(t, cfg, 10*time.Second)
+	return c
+}
 
 // jobState is the job's status, error code, version and drainer, as status/code/version/drainer.
 func jobState(t *testing.T, db *sql.DB, id int64) string {

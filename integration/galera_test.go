@@ -219,21 +219,7 @@ func TestGaleraWriterKilled(t *testing.T) {
 	}
 	mu.Unlock()
 	admitOutage := longestGap(answers, killed)
-	var finishes []time.Time
-	rows, err := env.DB.QueryContext(ctx, "SELECT finished_at FROM jobs WHERE finished_at IS NOT NULL ORDER BY finished_at")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var at time.Time
-		if err := rows.Scan(&at); err != nil {
-			t.Fatal(err)
-		}
-		finishes = append(finishes, at)
-	}
-	if err := rows.Close(); err != nil {
-		t.Fatal(err)
-	}
+	finishes := finishedAfter(t, env.DB.DB, time.Time{})
 	dispatchOutage := longestGap(finishes, killed)
 	t.Logf("the writer's kill: no admission answered for %s, no job finished for %s (%d failed attempts so far)",
 		admitOutage.Round(time.Millisecond), dispatchOutage.Round(time.Millisecond), failures)
@@ -253,21 +239,7 @@ func TestGaleraWriterKilled(t *testing.T) {
 	wg.Wait()
 	// The writer's move back cuts every connection again: a claim cut in its COMMIT used to hold
 	// its jobs' room until their leases expired, stopping the drain at a global cap of a few.
-	var rejoinFinishes []time.Time
-	rows, err = env.DB.QueryContext(ctx, "SELECT finished_at FROM jobs WHERE finished_at > ? ORDER BY finished_at", rejoin.UTC())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var at time.Time
-		if err := rows.Scan(&at); err != nil {
-			t.Fatal(err)
-		}
-		rejoinFinishes = append(rejoinFinishes, at)
-	}
-	if err := rows.Close(); err != nil {
-		t.Fatal(err)
-	}
+	rejoinFinishes := finishedAfter(t, env.DB.DB, rejoin)
 	rejoinOutage := longestGap(append([]time.Time{rejoin}, rejoinFinishes...), rejoin)
 	t.Logf("the rejoin: no job finished for %s of the %s after it", rejoinOutage.Round(time.Millisecond), time.Since(rejoin).Round(time.Millisecond))
 	if rejoinOutage > 10*time.Second {
@@ -334,6 +306,31 @@ func admitOnce(c *http.Client, base, tenant, key string) (int, int64) {
 		}
 	}
 	return resp.StatusCode, j.ID
+}
+
+// finishedAfter returns, oldest first, the instants of the jobs that finished after since (every
+// job that finished, for a zero since).
+func finishedAfter(t *testing.T, db *sql.DB, since time.Time) []time.Time {
+	t.Helper()
+	if since.IsZero() {
+		since = time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC) // DATETIME's first day
+	}
+	rows, err := db.QueryContext(context.Background(), "SELECT finished_at FROM jobs WHERE finished_at > ? ORDER BY finished_at", since.UTC())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []time.Time
+	for rows.Next() {
+		var at time.Time
+		if err := rows.Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, at)
+	}
+	if err := rows.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // longestGap returns the longest time between two consecutive instants of sorted times (sorted
