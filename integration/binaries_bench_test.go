@@ -94,7 +94,7 @@ func drainBinaries(b *testing.B, bin string, tenants, jobs int, confirm bool) (f
 		}
 		asked = time.Now()
 		var left bool
-		err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM jobs FORCE INDEX (lease)
+		err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM jobs FORCE INDEX (claim)
 			WHERE status IN ('queued','claimed','dispatched','running'))`).Scan(&left)
 		return !left, err
 	})

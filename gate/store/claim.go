@@ -25,7 +25,7 @@ import (
 // flight than the caps as read in its own transaction.
 
 // inFlightUsageSQL reads the jobs in flight by tenant and capacity class (SPEC §5a): what
-// config.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the lease
+// config.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the claim
 // index over the in-flight states and each such job's row (lanes, interactive), so its cost is
 // bounded by the global cap, not by any backlog. It does not GROUP BY: grouping on lanes (up to
 // 520 bytes) with the tenant makes MariaDB build an on-disk (Aria) temporary table for every
@@ -37,7 +37,7 @@ const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 ` + inFlightJobs
 // The index is forced: left to itself, the optimizer can read the whole table during a drain, its
 // estimate of the range thrown off by the index entries that the drain's status changes
 // delete-mark.
-const inFlightJobs = `FROM jobs FORCE INDEX (lease) WHERE status IN ('claimed','dispatched','running')`
+const inFlightJobs = `FROM jobs FORCE INDEX (claim) WHERE status IN ('claimed','dispatched','running')`
 
 // addUnit adds n of u, whose lanes are stored as lanes (JoinLanes), to us.
 func addUnit(us *config.Usage, cfg config.Config, u config.Unit, lanes string, n int) {
@@ -224,10 +224,10 @@ type ClaimParams struct {
 }
 
 // claimUpdateSQL is a claim's UPDATE of p.Jobs, and its arguments. The primary key is forced: the
-// optimizer otherwise weighs the claim and lease indexes' queued ranges on every claim (index
-// dives through the entries a drain delete-marks), and once fewer jobs are queued than the claim
-// names (a drain's last claims, a claim of every queued job) walks the lease index's queued range
-// instead, locking every queued job (TestClaimUpdateReadsItsJobsByID).
+// optimizer otherwise weighs the status indexes' queued ranges on every claim (index dives
+// through the entries a drain delete-marks), and once fewer jobs are queued than the claim names
+// (a drain's last claims, a claim of every queued job) walks a queued range instead, locking
+// every queued job (TestClaimUpdateReadsItsJobsByID; seen with the lease index before 0026).
 func claimUpdateSQL(p ClaimParams) (string, []any) {
 	var cases, fence strings.Builder
 	args := make([]any, 0, 16+4*len(p.Jobs))

@@ -312,10 +312,10 @@ func TestClaimCountReadsItsJobsOnly(t *testing.T) {
 }
 
 // TestClaimUpdateReadsItsJobsByID: the claim's UPDATE finds its jobs by id, however short the
-// queue. Left to itself, the optimizer walks the lease index's queued range instead once fewer
-// jobs are queued than the claim names (a drain's last claims, a claim that takes every queued
-// job), locking every queued job, and it weighs the claim and lease indexes' queued ranges
-// (index dives) on every claim.
+// queue. Left to itself, the optimizer walked the lease index's queued range instead once fewer
+// jobs were queued than the claim names (a drain's last claims, a claim that takes every queued
+// job), locking every queued job, and it weighs the status indexes' queued ranges (index dives)
+// on every claim.
 func TestClaimUpdateReadsItsJobsByID(t *testing.T) {
 	k := newFixture(t)
 	var jobs []store.ClaimJob

@@ -204,7 +204,7 @@ func (s *Store) startWritesSQL(now time.Time, started []*Start) ([]string, [][]a
 		args = append(args, st.ID, st.Row.StartSHA256)
 	}
 	// No status in the WHERE: the rows are locked since the read that decided them, and with it
-	// the optimizer walks the lease index's every dispatched job instead of the primary key.
+	// the optimizer walks a status index's every dispatched job instead of the primary key.
 	set.WriteString(" END WHERE id IN (" + Placeholders(len(started)) + ")")
 	for _, st := range started {
 		args = append(args, st.ID)

@@ -33,7 +33,7 @@ type RenewLeasesParams struct {
 // version it claimed, and returns how many it extended. A renewal only ever extends: a 202
 // recorded while the renewal was on its way has moved the job's lease to its wall (LeaseToWall),
 // and must not be cut back to one lease. It locks the rows it changes, no others: the primary key
-// is forced, because the optimizer, seeing the status range, may walk the lease index instead
+// is forced, because the optimizer, seeing the status range, may walk the claim index instead
 // and take next-key locks over every job in flight, and the outcome writer moving a job out of
 // that range then deadlocks with it (seen as a failed pass in BenchmarkWeightedPass).
 func RenewLeases(ctx context.Context, db sqldb.DB, p RenewLeasesParams) (int, error) {

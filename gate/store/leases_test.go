@@ -41,7 +41,7 @@ func TestRenewLeases(t *testing.T) {
 	}
 	k.wantLocked("inside the renewal", all, held, running, atWall)
 	// Nor any range: another drainer's job leaving flight, or a job entering it, goes on while
-	// the renewal's transaction is open (on the lease index's next-key locks it waited, and the
+	// the renewal's transaction is open (on a status index's next-key locks it waited, and the
 	// outcome writer deadlocked with the renewal).
 	for _, q := range []string{"UPDATE jobs SET status = 'succeeded', lease_until = NULL WHERE id = ?",
 		"UPDATE jobs SET status = 'dispatched', drainer_id = 'd2', lease_until = UTC_TIMESTAMP(6) WHERE id = ?"} {

@@ -24,9 +24,11 @@ type ScanExpiredParams struct {
 // recovery (Finish) is fenced on the version read here, so a drainer that comes back finds its
 // own writes refused. With slots > 0 it also reads, in the same round trip (db must then take
 // several statements: an OpenMulti pool), up to that many slots whose lease ran out (database
-// clock), oldest first, for the upkeep's sweep (SweepSlots).
+// clock), oldest first, for the upkeep's sweep (SweepSlots). The jobs are read by the claim
+// index's in-flight range, every job in flight (the global cap bounds them), and sorted by lease:
+// no index holds the leases since migration 0026, whose every renewal and transition moved it.
 func ScanExpiredWithSlots(ctx context.Context, db sqldb.DB, p ScanExpiredParams, slots int) ([]Row, []ExpiredSlot, error) {
-	q := "SELECT " + LockColumns + ` FROM jobs
+	q := "SELECT " + LockColumns + ` FROM jobs FORCE INDEX (claim)
 		WHERE status IN ('claimed','dispatched','running') AND lease_until < ? ORDER BY lease_until LIMIT 100`
 	args := []any{p.Now}
 	if hb := p.Heartbeat; hb != nil {
