@@ -176,7 +176,7 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 	if p.CountInFlight {
 		// Statements of the same round trip, read after the lock like the others: the jobs in
 		// flight and the live slots, which count against the same limits (SPEC §5a).
-		stmts = append(stmts, inFlightUsageSQL, liveSlotsSQL)
+		stmts = append(stmts, usageSQL)
 	}
 	if len(p.IdempotencyKeys) > 0 {
 		stmts = append(stmts, "SELECT "+Columns+" FROM jobs WHERE tenant IN ("+

@@ -25,13 +25,18 @@ import (
 // flight than the caps as read in its own transaction.
 
 // inFlightUsageSQL reads the jobs in flight by tenant and capacity class (SPEC §5a): what
-// config.Usage holds, one row per job (the 1 is its count), added up in Go. It reads the claim
+// config.Usage holds, one row per job (the 1 is its count, TRUE says a job), added up in Go. It reads the claim
 // index over the in-flight states and each such job's row (lanes, interactive), so its cost is
 // bounded by the global cap, not by any backlog. It does not GROUP BY: grouping on lanes (up to
 // 520 bytes) with the tenant makes MariaDB build an on-disk (Aria) temporary table for every
 // read (Created_tmp_disk_tables went up by one a statement), where the rows themselves are at
 // most the global cap.
-const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1 ` + inFlightJobs
+const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1, TRUE ` + inFlightJobs
+
+// usageSQL reads what is in flight, the jobs and the live slots that count, in one statement
+// (scanUsage's rows): one statement fewer in the round trips of every admission, claim and slot
+// grant than the two apart.
+const usageSQL = inFlightUsageSQL + " UNION ALL " + liveSlotsSQL
 
 // inFlightJobs is the range of the jobs in flight, for the readers that count them one row each.
 // The index is forced: left to itself, the optimizer can read the whole table during a drain, its
@@ -47,17 +52,22 @@ func addUnit(us *config.Usage, cfg config.Config, u config.Unit, lanes string, n
 	us.Add(cfg, u, n)
 }
 
-// scanUsage adds the rows of inFlightUsageSQL (or liveSlotsSQL: the same columns) to us, each
-// tenant's tier as cfg says; what names the read in its errors.
-func scanUsage(rows *sql.Rows, cfg config.Config, us *config.Usage, what string) error {
+// scanUsage adds the rows of inFlightUsageSQL, liveSlotsSQL or usageSQL (the same columns) to
+// us, each tenant's tier as cfg says, and the jobs (not the slots) of each tenant that jobs holds
+// to its count there; what names the read in its errors.
+func scanUsage(rows *sql.Rows, cfg config.Config, us *config.Usage, jobs map[string]int, what string) error {
 	for rows.Next() {
 		var u config.Unit
 		var lanes string
 		var n int
-		if err := rows.Scan(&u.Tenant, &u.Interactive, &lanes, &n); err != nil {
+		var isJob bool
+		if err := rows.Scan(&u.Tenant, &u.Interactive, &lanes, &n, &isJob); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		addUnit(us, cfg, u, lanes, n)
+		if _, ok := jobs[u.Tenant]; ok && isJob {
+			jobs[u.Tenant] += n
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
@@ -74,7 +84,7 @@ func ReadInFlightUsage(ctx context.Context, db sqldb.DB, cfg config.Config) (con
 // ReadUsage returns what is in flight, the jobs and the live slots that count together, as a
 // config.Usage (tiers as cfg says), in one statement bounded by the global cap.
 func ReadUsage(ctx context.Context, db sqldb.DB, cfg config.Config) (config.Usage, error) {
-	return queryUsage(ctx, db, cfg, inFlightUsageSQL+" UNION ALL "+liveSlotsSQL, "count in-flight jobs and live slots")
+	return queryUsage(ctx, db, cfg, usageSQL, "count in-flight jobs and live slots")
 }
 
 // queryUsage runs q, a statement of scanUsage's rows, as a config.Usage; what names it in errors.
@@ -85,7 +95,7 @@ func queryUsage(ctx context.Context, db sqldb.DB, cfg config.Config, q, what str
 		return us, fmt.Errorf("%s: %w", what, err)
 	}
 	defer rows.Close()
-	return us, scanUsage(rows, cfg, &us, what)
+	return us, scanUsage(rows, cfg, &us, nil, what)
 }
 
 // lockClaimsSQL takes the claim lock and reads the runtime configuration in force.
@@ -104,8 +114,8 @@ type ClaimLock struct {
 	// Config is the runtime configuration in force (the newest version, or the defaults).
 	Config config.Config
 	// Usage is what is in flight, by tenant, tier, lane and interactive, as read under the
-	// claim lock: the jobs in flight (inFlightUsageSQL) and the live slots that count (SPEC §5a,
-	// liveSlotsSQL), counted together.
+	// claim lock: the jobs in flight and the live slots that count (SPEC §5a), counted together
+	// (usageSQL).
 	Usage config.Usage
 	// Lone is the lone-job probe's answer (ProbeQueue), when asked for.
 	Lone []QueuedJob
@@ -118,7 +128,7 @@ type ClaimLock struct {
 // claim lock.
 func LockClaims(ctx context.Context, tx *ConnTx, probe bool) (ClaimLock, error) {
 	var l ClaimLock
-	stmts := []string{lockClaimsSQL, inFlightUsageSQL, liveSlotsSQL}
+	stmts := []string{lockClaimsSQL, usageSQL}
 	if probe {
 		stmts = append(stmts, loneProbeSQL)
 	}

@@ -65,7 +65,7 @@ func (s Slot) Unit() config.Unit {
 // no row is read), bounded by the slots that count, which the global cap bounds however many
 // uncounted slots are live. It is not grouped, for the reason inFlightUsageSQL is not: a GROUP BY over the lanes column made
 // MariaDB build an on-disk temporary table per read.
-const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1 ` + liveSlots
+const liveSlotsSQL = `SELECT tenant, interactive, lanes, 1, FALSE ` + liveSlots
 
 // liveSlots is the range of the live slots that count, for the readers that count them one row
 // each. `counted = TRUE` (not a bare `counted`) makes the range cover both key parts.
@@ -77,8 +77,8 @@ func LiveSlots(ctx context.Context, db sqldb.DB, cfg config.Config) (config.Usag
 	return queryUsage(ctx, db, cfg, liveSlotsSQL, "count live slots")
 }
 
-// readUsage reads the next two result sets of res, inFlightUsageSQL's and liveSlotsSQL's, as
-// what is in flight: the jobs and the live slots together.
+// readUsage reads the next result set of res, usageSQL's, as what is in flight: the jobs and the
+// live slots together.
 func readUsage(res *Results, cfg config.Config) (config.Usage, error) {
 	us, _, err := readUsageJobs(res, cfg, nil)
 	return us, err
@@ -88,21 +88,15 @@ func readUsage(res *Results, cfg config.Config) (config.Usage, error) {
 // left out.
 func readUsageJobs(res *Results, cfg config.Config, tenants []string) (config.Usage, map[string]int, error) {
 	us := config.NewUsage()
-	rows, err := res.Next()
-	if err != nil {
-		return us, nil, fmt.Errorf("count in-flight jobs: %w", err)
-	}
-	if err := scanUsage(rows, cfg, &us, "count in-flight jobs"); err != nil {
-		return us, nil, err
-	}
 	jobs := make(map[string]int, len(tenants))
 	for _, t := range tenants {
-		jobs[t] = us.Tenant[t]
+		jobs[t] = 0
 	}
-	if rows, err = res.Next(); err != nil {
-		return us, nil, fmt.Errorf("count live slots: %w", err)
+	rows, err := res.Next()
+	if err != nil {
+		return us, nil, fmt.Errorf("count in-flight jobs and live slots: %w", err)
 	}
-	return us, jobs, scanUsage(rows, cfg, &us, "count live slots")
+	return us, jobs, scanUsage(rows, cfg, &us, jobs, "count in-flight jobs and live slots")
 }
 
 // waitingSQL reads, in the head index's order (oldest queued job first), the tenants with queued
@@ -182,7 +176,7 @@ func TakeSlot(ctx context.Context, db *sql.DB, p TakeSlotParams) (SlotState, *Sl
 		return st, nil, fmt.Errorf("take slot: begin: %w", err)
 	}
 	defer tx.Close()
-	res, err := tx.Query(ctx, []string{lockClaimsSQL, inFlightUsageSQL, liveSlotsSQL, waitingSQL, tenantQueuedSQL},
+	res, err := tx.Query(ctx, []string{lockClaimsSQL, usageSQL, waitingSQL, tenantQueuedSQL},
 		p.Tenant, max(p.WaitingLimit, 1), p.Tenant)
 	if err != nil {
 		return st, nil, fmt.Errorf("take slot: lock: %w", err)
