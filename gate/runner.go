@@ -192,6 +192,12 @@ func (it *item) keyed() bool {
 	return it.insert && it.scope == "" && (it.req.StartBy != nil || it.req.ReplaceKey != nil || it.req.priority() != job.DefaultPriority)
 }
 
+// recorded reports whether store.RecordJobKeys writes a row of it: keyed, or a redrive inserted,
+// queued or rejected (job_redrives links both to the job redriven).
+func (it *item) recorded() bool {
+	return it.keyed() || (it.insert && it.retryOf != nil)
+}
+
 // replace moves the queued jobs the inserted items replace to replaced (store.Replace): rows
 // locked by the read (store.LockReplaceable), or items of this transaction that a later one of it
 // replaced.
@@ -221,8 +227,8 @@ func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *stat
 		return true, nil
 	}
 	replaces := slices.ContainsFunc(items, func(it *item) bool { return it.replaces.some() })
-	keyed := slices.ContainsFunc(items, (*item).keyed)
-	withInsert := a.commitWithInsert(tx, reservations) && !replaces && !keyed
+	recorded := slices.ContainsFunc(items, (*item).recorded)
+	withInsert := a.commitWithInsert(tx, reservations) && !replaces && !recorded
 	if err := a.insert(ctx, tx, items, st, !shared, withInsert); err != nil {
 		if withInsert && sqldb.ConnectionLost(err) {
 			return true, a.commitErr(ctx, err, items, reservations) // the COMMIT may have run
@@ -234,16 +240,19 @@ func (a *Admitter) write(ctx context.Context, tx txConn, items []*item, st *stat
 			return false, a.txErr(err)
 		}
 	}
-	if keyed {
+	if recorded {
 		var jobs []store.JobKeys
 		for _, it := range items {
-			if it.keyed() {
+			switch {
+			case it.keyed():
 				queuedAt := st.now
 				if due := it.req.due(st.now); due.After(st.now) {
 					queuedAt = due // scheduled: it joins its tenant's queue then (store.NewJob.Due)
 				}
 				jobs = append(jobs, store.JobKeys{ID: it.id, Tenant: it.req.Tenant, StartBy: it.req.startBy(), ReplaceKey: it.req.ReplaceKey,
-					Priority: it.req.Priority, QueuedAt: queuedAt})
+					Priority: it.req.Priority, QueuedAt: queuedAt, RetryOf: it.retryOf})
+			case it.recorded():
+				jobs = append(jobs, store.JobKeys{ID: it.id, Tenant: it.req.Tenant, RetryOf: it.retryOf})
 			}
 		}
 		if err := store.RecordJobKeys(ctx, tx.DB(), jobs); err != nil {

@@ -235,6 +235,44 @@ func TestFrontDoorRedrive(t *testing.T) {
 	}
 }
 
+// TestFrontDoorRedriveRefused: a redrive refused for a full queue is recorded as a rejected job
+// that names the job redriven (SPEC §5), and a later redrive of the same job answers that
+// refusal again, as a second redrive answers the first one's job, rather than admitting another
+// (job_redrives links the rejected job too, migration 0027).
+func TestFrontDoorRedriveRefused(t *testing.T) {
+	t.Parallel()
+	f := apitest.Setup(t, apitest.Options{})
+	ctx := context.Background()
+	old, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: "acme", Payload: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.DB.ExecContext(ctx, "UPDATE jobs SET status = 'failed', version = version + 2 WHERE id = ?", old.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.Star.Admit(ctx, client.AdmitRequest{Tenant: "acme", Payload: "fills the queue"}); err != nil {
+		t.Fatal(err)
+	}
+	f.SetConfig(t, map[string]any{"tenant_queue_depth": 1})
+	_, r, err := f.Admin.Redrive(ctx, old.ID)
+	if client.Code(err) != "queue_full" {
+		t.Fatalf("redrive into a full queue: %v %v, want queue_full", r.HTTPStatus, err)
+	}
+	var rejected int64
+	if err := f.DB.QueryRowContext(ctx, "SELECT id FROM jobs WHERE retry_of = ? AND status = 'rejected'", old.ID).Scan(&rejected); err != nil {
+		t.Fatalf("the refusal's rejected job: %v", err)
+	}
+	f.SetConfig(t, map[string]any{"tenant_queue_depth": 500})
+	again, r, err := f.Admin.Redrive(ctx, old.ID)
+	if err != nil || again.ID != rejected || again.Status != "rejected" || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("redrive after the refusal: %v %+v %v; want the rejected job %d replayed", r.HTTPStatus, again, err, rejected)
+	}
+	var n int
+	if err := f.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM jobs WHERE retry_of = ?", old.ID).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d jobs redrive %d (%v); want the one rejected", n, old.ID, err)
+	}
+}
+
 // TestFrontDoorListByState: a listing filtered by state, with and without a tenant, pages newest
 // first through exactly the jobs in that state, whichever index serves it (the claim index for
 // queued and in-flight states, the settled ones for final states; migration 0009).

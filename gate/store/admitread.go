@@ -187,8 +187,9 @@ func admissionReadSQL(p AdmissionRead) ([]string, []any) {
 		}
 	}
 	if len(p.Redrives) > 0 {
-		// The job an earlier redrive of the same job created: the first, if several.
-		stmts = append(stmts, "SELECT "+Columns+" FROM jobs WHERE id IN (SELECT MIN(id) FROM jobs WHERE retry_of IN ("+
+		// The job an earlier redrive of the same job created: the first, if several (job_redrives,
+		// migration 0027, links each redrive to the job it redrives).
+		stmts = append(stmts, "SELECT "+Columns+" FROM jobs WHERE id IN (SELECT MIN(job_id) FROM job_redrives WHERE retry_of IN ("+
 			Placeholders(len(p.Redrives))+") GROUP BY retry_of)")
 		args = append(args, int64Args(p.Redrives)...)
 	}

@@ -132,6 +132,10 @@ func (k *fixture) insert(spec jobSpec) int64 {
 		k.t.Fatalf("insert %+v: %v", spec, err)
 	}
 	id, _ := res.LastInsertId()
+	if spec.retryOf != 0 {
+		// As an admission links a redrive (store.RecordJobKeys).
+		k.exec("INSERT INTO job_redrives (retry_of, job_id) VALUES (?, ?)", spec.retryOf, id)
+	}
 	if spec.priority != nil {
 		k.exec("UPDATE jobs SET priority = ? WHERE id = ?", *spec.priority, id)
 		if *spec.priority != job.DefaultPriority {

@@ -43,6 +43,9 @@ func PurgeSettled(ctx context.Context, db sqldb.DB, cutoff time.Time, limit int)
 		if err := purgeReplaceKeys(ctx, db, bound); err != nil {
 			return n, err
 		}
+		if err := purgeRedrives(ctx, db, bound); err != nil {
+			return n, err
+		}
 	}
 	if len(tenants) > 0 {
 		// The foreign key from jobs makes this fail rather than delete a tenant that an admission
@@ -68,6 +71,15 @@ func purgeReplaceKeys(ctx context.Context, db sqldb.DB, bound int64) error {
 	return deleteJobRows(ctx, db, "purge the replace keys of finished jobs", "replace_keys",
 		`SELECT k.job_id FROM replace_keys k FORCE INDEX (job_id)
 		LEFT JOIN jobs j ON j.id = k.job_id WHERE k.job_id < ? AND j.id IS NULL LIMIT 1000`, bound)
+}
+
+// purgeRedrives deletes the links of job_redrives (migration 0027) from redrives below bound that
+// are gone. A link lives as long as its redrive: the job redriven ended before the redrive was
+// admitted, so it is purged no later.
+func purgeRedrives(ctx context.Context, db sqldb.DB, bound int64) error {
+	return deleteJobRows(ctx, db, "purge the links of redrives purged", "job_redrives",
+		`SELECT r.job_id FROM job_redrives r FORCE INDEX (job_id)
+		LEFT JOIN jobs j ON j.id = r.job_id WHERE r.job_id < ? AND j.id IS NULL LIMIT 1000`, bound)
 }
 
 // DeleteEndedPriorities deletes up to limit rows of job_priorities (migration 0022) whose jobs

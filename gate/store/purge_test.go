@@ -177,3 +177,36 @@ func TestPurgeSettledStepsOverScheduledJobs(t *testing.T) {
 		t.Fatalf("replace keys left %v; want only the scheduled job's (4)", left)
 	}
 }
+
+// TestPurgeSettledTakesRedriveLinks: a redrive purged takes its link in job_redrives (migration
+// 0027) with it; the link of a redrive still queued stays, though the job it redrove is gone.
+func TestPurgeSettledTakesRedriveLinks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	old := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	cutoff := old.Add(24 * time.Hour)
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)`, old); err != nil {
+		t.Fatal(err)
+	}
+	// 1 failed and was redriven as 2, which failed and was redriven as 3, still queued.
+	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (id, tenant, status, queued_at, finished_at, retry_of) VALUES
+		(1, 'acme', 'failed', ?, ?, NULL), (2, 'acme', 'failed', ?, ?, 1), (3, 'acme', 'queued', ?, NULL, 2)`,
+		old, old, old, old, old); err != nil {
+		t.Fatal(err)
+	}
+	one, two := int64(1), int64(2)
+	if err := store.RecordJobKeys(ctx, db, []store.JobKeys{{ID: 2, Tenant: "acme", RetryOf: &one}, {ID: 3, Tenant: "acme", RetryOf: &two}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := store.PurgeSettled(ctx, db, cutoff, 100); err != nil || n != 2 {
+		t.Fatalf("purged %d (%v); want the 2 failed jobs", n, err)
+	}
+	var retryOf, jobID int64
+	if err := db.QueryRowContext(ctx, "SELECT retry_of, job_id FROM job_redrives").Scan(&retryOf, &jobID); err != nil {
+		t.Fatalf("job_redrives: %v; want one link left", err)
+	}
+	if retryOf != 2 || jobID != 3 {
+		t.Fatalf("link left %d → %d; want the queued redrive's, 2 → 3", retryOf, jobID)
+	}
+}

@@ -88,15 +88,21 @@ type JobKeys struct {
 	// 0022) with QueuedAt, the job's place in its tenant's queue.
 	Priority *int
 	QueuedAt time.Time
+	// RetryOf, if set, is the job it redrives, linked in job_redrives (migration 0027).
+	RetryOf *int64
 }
 
 // RecordJobKeys writes, in tx, the admission's transaction that inserted jobs, each job's
-// deadline into job_deadlines, its priority, if not the default, into job_priorities, and its
+// deadline into job_deadlines, its priority, if not the default, into job_priorities, its
 // replace key into replace_keys (the key now maps to it; in jobs' order, so the last job of a key
-// wins). Jobs with none of them are skipped; none, no statement.
+// wins), and the job it redrives into job_redrives. Jobs with none of them are skipped; none, no
+// statement.
 func RecordJobKeys(ctx context.Context, tx sqldb.DB, jobs []JobKeys) error {
-	var deadlines, keys, priorities []any
+	var deadlines, keys, priorities, redrives []any
 	for _, j := range jobs {
+		if j.RetryOf != nil {
+			redrives = append(redrives, *j.RetryOf, j.ID)
+		}
 		if j.Priority != nil && *j.Priority != job.DefaultPriority {
 			priorities = append(priorities, j.ID, j.Tenant, *j.Priority, j.QueuedAt)
 		}
@@ -117,6 +123,12 @@ func RecordJobKeys(ctx context.Context, tx sqldb.DB, jobs []JobKeys) error {
 		if _, err := tx.ExecContext(ctx, "INSERT INTO job_priorities (job_id, tenant, priority, queued_at) VALUES "+
 			strings.TrimSuffix(strings.Repeat("(?,?,?,?),", len(priorities)/4), ","), priorities...); err != nil {
 			return fmt.Errorf("record priorities: %w", err)
+		}
+	}
+	if len(redrives) > 0 {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO job_redrives (retry_of, job_id) VALUES "+
+			strings.TrimSuffix(strings.Repeat("(?,?),", len(redrives)/2), ","), redrives...); err != nil {
+			return fmt.Errorf("record redrives: %w", err)
 		}
 	}
 	if len(keys) > 0 {
