@@ -9,7 +9,7 @@
 -- the schema's raw drain 1.09x, sluice's drain 1.06x, batch admission 1.03x.
 --
 -- A process older than this migration forces the dropped index in its in-flight reads, which then
--- fail ("Key 'lease' doesn't exist"): its admissions answer 503 and its claims fail until it runs
+-- fail ("Key 'lease' doesn't exist"): its admissions answer 500 and its claims fail until it runs
 -- the new binary, which reads through `claim` on either schema. Restart the units right after the
 -- migration (deploy/RUNBOOK.md). Dropping a secondary index is in place and instant.
 ALTER TABLE jobs DROP INDEX lease, ALGORITHM=INPLACE, LOCK=NONE;
