@@ -133,14 +133,8 @@ func TestPurgeSettledPrunesEmptiedTenants(t *testing.T) {
 // finished before the cutoff, does not stop the purge at its id (its queued_at is its due time).
 func TestPurgeSettledStepsOverScheduledJobs(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := testdb.New(t)
-	old := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	cutoff := old.Add(24 * time.Hour)
+	ctx, db, old, cutoff := purgeAcme(t)
 	due := cutoff.Add(30 * 24 * time.Hour)
-	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)`, old); err != nil {
-		t.Fatal(err)
-	}
 	// Ids 1-3 and 5-7 finished, 4 scheduled: the search's first probe (id 4) meets it. The ids
 	// are given, so that a server's id step (Galera) does not move the probe.
 	for id := int64(1); id <= 7; id++ {
@@ -182,13 +176,7 @@ func TestPurgeSettledStepsOverScheduledJobs(t *testing.T) {
 // 0027) with it; the link of a redrive still queued stays, though the job it redrove is gone.
 func TestPurgeSettledTakesRedriveLinks(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := testdb.New(t)
-	old := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	cutoff := old.Add(24 * time.Hour)
-	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)`, old); err != nil {
-		t.Fatal(err)
-	}
+	ctx, db, old, cutoff := purgeAcme(t)
 	// 1 failed and was redriven as 2, which failed and was redriven as 3, still queued.
 	if _, err := db.ExecContext(ctx, `INSERT INTO jobs (id, tenant, status, queued_at, finished_at, retry_of) VALUES
 		(1, 'acme', 'failed', ?, ?, NULL), (2, 'acme', 'failed', ?, ?, 1), (3, 'acme', 'queued', ?, NULL, 2)`,
@@ -209,4 +197,16 @@ func TestPurgeSettledTakesRedriveLinks(t *testing.T) {
 	if retryOf != 2 || jobID != 3 {
 		t.Fatalf("link left %d → %d; want the queued redrive's, 2 → 3", retryOf, jobID)
 	}
+}
+
+// purgeAcme is a database of its own with the tenant acme, created at old, a day before cutoff:
+// jobs finished at old are past the purge's cutoff.
+func purgeAcme(t *testing.T) (ctx context.Context, db *testdb.DB, old, cutoff time.Time) {
+	t.Helper()
+	ctx, db = context.Background(), testdb.New(t)
+	old = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := db.ExecContext(ctx, `INSERT INTO tenants (tenant, created_at) VALUES ('acme', ?)`, old); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, db, old, old.Add(24 * time.Hour)
 }
