@@ -72,6 +72,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./gate
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatch$$' -fuzztime $(FUZZTIME) ./gate/api
 	$(GO) test -run '^$$' -fuzz '^FuzzCursor$$' -fuzztime $(FUZZTIME) ./gate/api
+	$(GO) test -run '^$$' -fuzz '^FuzzJobJSON$$' -fuzztime $(FUZZTIME) ./gate/job
 
 clean:
 	rm -rf bin

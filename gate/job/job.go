@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -119,34 +120,141 @@ const (
 // would print five digits or fewer, and one on a whole second none.
 const TimeFormat = "2006-01-02T15:04:05.000000Z07:00"
 
-// MarshalJSON writes j with its timestamps in TimeFormat.
+// MarshalJSON writes j with its timestamps in TimeFormat (AppendJSON).
 func (j Job) MarshalJSON() ([]byte, error) {
-	type plain Job // without this method
-	opt := func(t *time.Time) *string {
-		if t == nil {
-			return nil
+	return j.AppendJSON(make([]byte, 0, 512))
+}
+
+// AppendJSON appends j's JSON to b: the bytes json.Marshal wrote for it before, field for field
+// (TestJobJSONMatchesReflection holds the two together), without reflection. A batch answers a
+// thousand jobs, and encoding them through encoding/json cost more than admitting them. A
+// writer that appends these bytes itself also skips the pass in which encoding/json validates
+// and compacts every MarshalJSON's output again (writeJob, writeBatch in gate/api).
+func (j Job) AppendJSON(b []byte) ([]byte, error) {
+	b = append(b, `{"id":`...)
+	b = strconv.AppendInt(b, j.ID, 10)
+	b = append(b, `,"tenant":`...)
+	b = appendString(b, j.Tenant)
+	b = append(b, `,"rate_key_sha256":`...)
+	b = appendOptString(b, j.RateKeySHA256)
+	b = append(b, `,"status":`...)
+	b = appendString(b, string(j.Status))
+	b = append(b, `,"version":`...)
+	b = strconv.AppendInt(b, j.Version, 10)
+	b = append(b, `,"attempt":`...)
+	b = strconv.AppendInt(b, int64(j.Attempt), 10)
+	if j.Position != nil {
+		b = append(b, `,"position":`...)
+		b = strconv.AppendInt(b, *j.Position, 10)
+	}
+	b = append(b, `,"error_code":`...)
+	b = appendOptString(b, j.ErrorCode)
+	b = append(b, `,"error_message":`...)
+	b = appendOptString(b, j.ErrorMessage)
+	b = append(b, `,"result":`...)
+	if j.Result == nil {
+		b = append(b, "null"...)
+	} else {
+		// Validated, compacted and escaped as encoding/json does a RawMessage.
+		raw, err := json.Marshal(j.Result)
+		if err != nil {
+			return nil, fmt.Errorf("job %d's result: %w", j.ID, err)
 		}
-		s := t.UTC().Format(TimeFormat)
-		return &s
+		b = append(b, raw...)
 	}
-	lanes := j.Lanes
-	if lanes == nil {
-		lanes = []string{}
+	b = append(b, `,"retry_of":`...)
+	b = appendOptInt(b, j.RetryOf)
+	b = append(b, `,"interactive":`...)
+	b = strconv.AppendBool(b, j.Interactive)
+	b = append(b, `,"priority":`...)
+	b = strconv.AppendInt(b, int64(j.Priority), 10)
+	if j.ReplaceKey != nil {
+		b = append(b, `,"replace_key":`...)
+		b = appendString(b, *j.ReplaceKey)
 	}
-	return json.Marshal(struct {
-		plain
-		QueuedAt       string   `json:"queued_at"`
-		ClaimedAt      *string  `json:"claimed_at"`
-		DispatchedAt   *string  `json:"dispatched_at"`
-		StartedAt      *string  `json:"started_at"`
-		FinishedAt     *string  `json:"finished_at"`
-		Lanes          []string `json:"lanes"`
-		NotBefore      *string  `json:"not_before,omitempty"`
-		StartBy        *string  `json:"start_by,omitempty"`
-		WaitingUntil   *string  `json:"waiting_until,omitempty"`
-		EstimatedStart *string  `json:"estimated_start,omitempty"`
-	}{plain(j), j.QueuedAt.UTC().Format(TimeFormat), opt(j.ClaimedAt), opt(j.DispatchedAt), opt(j.StartedAt), opt(j.FinishedAt), lanes,
-		opt(j.NotBefore), opt(j.StartBy), opt(j.WaitingUntil), opt(j.EstimatedStart)})
+	if j.ReplacedBy != nil {
+		b = append(b, `,"replaced_by":`...)
+		b = strconv.AppendInt(b, *j.ReplacedBy, 10)
+	}
+	if j.WaitingOn != "" {
+		b = append(b, `,"waiting_on":`...)
+		b = appendString(b, j.WaitingOn)
+	}
+	b = append(b, `,"queued_at":`...)
+	b = appendTime(b, j.QueuedAt)
+	b = append(b, `,"claimed_at":`...)
+	b = appendOptTime(b, j.ClaimedAt)
+	b = append(b, `,"dispatched_at":`...)
+	b = appendOptTime(b, j.DispatchedAt)
+	b = append(b, `,"started_at":`...)
+	b = appendOptTime(b, j.StartedAt)
+	b = append(b, `,"finished_at":`...)
+	b = appendOptTime(b, j.FinishedAt)
+	b = append(b, `,"lanes":[`...)
+	for i, l := range j.Lanes {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, l)
+	}
+	b = append(b, ']')
+	b = appendOmittedTime(b, `,"not_before":`, j.NotBefore)
+	b = appendOmittedTime(b, `,"start_by":`, j.StartBy)
+	b = appendOmittedTime(b, `,"waiting_until":`, j.WaitingUntil)
+	b = appendOmittedTime(b, `,"estimated_start":`, j.EstimatedStart)
+	return append(b, '}'), nil
+}
+
+// appendString appends s as a JSON string, escaped as encoding/json escapes it (HTML characters
+// included). Only strings of plain printable ASCII are written here; any other goes through
+// json.Marshal, so that the rules for control characters, invalid UTF-8 and U+2028 stay the
+// standard library's.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			quoted, _ := json.Marshal(s) // a string always marshals
+			return append(b, quoted...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+func appendOptString(b []byte, s *string) []byte {
+	if s == nil {
+		return append(b, "null"...)
+	}
+	return appendString(b, *s)
+}
+
+func appendOptInt(b []byte, n *int64) []byte {
+	if n == nil {
+		return append(b, "null"...)
+	}
+	return strconv.AppendInt(b, *n, 10)
+}
+
+// appendTime appends t in TimeFormat, quoted: its digits and separators need no escaping.
+func appendTime(b []byte, t time.Time) []byte {
+	b = append(b, '"')
+	b = t.UTC().AppendFormat(b, TimeFormat)
+	return append(b, '"')
+}
+
+func appendOptTime(b []byte, t *time.Time) []byte {
+	if t == nil {
+		return append(b, "null"...)
+	}
+	return appendTime(b, *t)
+}
+
+// appendOmittedTime appends a field that is left out when nil (omitempty): key, then t.
+func appendOmittedTime(b []byte, key string, t *time.Time) []byte {
+	if t == nil {
+		return b
+	}
+	return appendTime(append(b, key...), *t)
 }
 
 // Code is a stable error code (SPEC §6 `error_code`).
