@@ -489,6 +489,40 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
+// writeJob answers j as writeJSON would, in bytes job.Job.AppendJSON writes once: writeJSON
+// has encoding/json validate and compact a MarshalJSON's output a second time.
+func writeJob(w http.ResponseWriter, status int, j job.Job) {
+	b, err := j.AppendJSON(make([]byte, 0, 512))
+	if err != nil {
+		writeJSON(w, status, j) // fails the same way, as it always did
+		return
+	}
+	writeBytes(w, status, append(b, '\n'))
+}
+
+// writeBatch answers a batch's items as writeJSON(map{"results": items}) would (writeJob).
+func writeBatch(w http.ResponseWriter, items []job.BatchItem) {
+	b := make([]byte, 0, 16+640*len(items))
+	b = append(b, `{"results":[`...)
+	for i, it := range items {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		var err error
+		if b, err = it.AppendJSON(b); err != nil {
+			writeJSON(w, http.StatusOK, map[string]any{"results": items})
+			return
+		}
+	}
+	writeBytes(w, http.StatusOK, append(b, "]}\n"...))
+}
+
+func writeBytes(w http.ResponseWriter, status int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
 // bodyOverhead is what a request body may carry beyond its payload (tenant, keys, framing).
 const bodyOverhead = 16 << 10
 

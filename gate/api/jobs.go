@@ -127,7 +127,7 @@ func writeCreated(w http.ResponseWriter, res gate.Result, status int) {
 		w.Header().Set("Idempotent-Replayed", "true")
 		status = http.StatusOK
 	}
-	writeJSON(w, status, res.Job)
+	writeJob(w, status, res.Job)
 }
 
 // BatchItem is one result of POST /v1/jobs:batch.
@@ -174,7 +174,7 @@ func (s *Server) admitBatch(w http.ResponseWriter, r *http.Request) {
 		}
 		out[i] = it
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"results": out})
+	writeBatch(w, out)
 }
 
 // decodeBatch decodes a batch body: an error for the envelope (the whole request is refused),
@@ -378,7 +378,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, row.Job)
+	writeJob(w, http.StatusOK, row.Job)
 }
 
 type startRequest struct {
@@ -430,7 +430,7 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, st.Row.Job)
+	writeJob(w, http.StatusOK, st.Row.Job)
 }
 
 // startGroupSize bounds the start confirmations one shared transaction carries, and startLanes
@@ -524,5 +524,5 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, row.Job)
+	writeJob(w, http.StatusOK, row.Job)
 }

@@ -176,7 +176,7 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
 			s.cfg.Log.Warn("a queued job's waiting_on could not be read", "job_id", row.ID, "error", err)
 		}
 	}
-	writeJSON(w, http.StatusOK, row.Job)
+	writeJob(w, http.StatusOK, row.Job)
 }
 
 // admissionWait returns an admission's wait: the `wait` query parameter, else a `wait` field

@@ -343,3 +343,31 @@ type BatchItem struct {
 	Job      *Job           `json:"job,omitempty"`
 	Error    map[string]any `json:"error,omitempty"`
 }
+
+// AppendJSON appends the item's JSON to b, the bytes json.Marshal writes for it, without reflection
+// for its job (Job.AppendJSON). The error body, rare and small, goes through json.Marshal.
+func (it BatchItem) AppendJSON(b []byte) ([]byte, error) {
+	b = append(b, `{"status":`...)
+	b = strconv.AppendInt(b, int64(it.Status), 10)
+	if it.Decision != "" {
+		b = append(b, `,"decision":`...)
+		b = appendString(b, it.Decision)
+	}
+	if it.Replayed {
+		b = append(b, `,"replayed":true`...)
+	}
+	var err error
+	if it.Job != nil {
+		if b, err = it.Job.AppendJSON(append(b, `,"job":`...)); err != nil {
+			return nil, err
+		}
+	}
+	if len(it.Error) > 0 {
+		body, err := json.Marshal(it.Error)
+		if err != nil {
+			return nil, fmt.Errorf("error body: %w", err)
+		}
+		b = append(append(b, `,"error":`...), body...)
+	}
+	return append(b, '}'), nil
+}

@@ -151,3 +151,34 @@ func FuzzJobJSON(f *testing.F) {
 		}
 	})
 }
+
+func TestBatchItemJSONMatchesReflection(t *testing.T) {
+	j := fullJob("acme <&>", json.RawMessage(`[1]`))
+	for name, it := range map[string]BatchItem{
+		"zero":     {},
+		"admitted": {Status: 202, Decision: "admitted", Job: &j},
+		"replayed": {Status: 200, Decision: "admitted", Replayed: true, Job: &j},
+		"refused": {Status: 429, Decision: "refused", Error: map[string]any{"error_code": CodeQueueFull,
+			"message": "tenant <acme> is full", "detail": map[string]any{"scope": "tenant", "cap": 500}}},
+		"empty error": {Status: 400, Error: map[string]any{}},
+	} {
+		want, err := json.Marshal(it)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got, err := it.AppendJSON(nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%s:\n got %s\nwant %s", name, got, want)
+		}
+	}
+	bad := BatchItem{Job: &Job{Result: json.RawMessage(`{`)}}
+	if _, err := bad.AppendJSON(nil); err == nil {
+		t.Error("an invalid result must fail the item, as json.Marshal fails it")
+	}
+	if _, err := (BatchItem{Error: map[string]any{"x": func() {}}}).AppendJSON(nil); err == nil {
+		t.Error("an error body json.Marshal refuses must fail the item")
+	}
+}
