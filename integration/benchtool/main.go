@@ -100,12 +100,24 @@ func (f figure) identity() (string, []string) {
 }
 
 // metrics returns the figure's measured values: every numeric field that is neither identity nor
-// a target the benchmark states beside them.
+// a target the benchmark states beside them, and the numeric fields of an object field one level
+// down as "field.name" (the work a job cost the server, SLUICE_BENCH_SERVER_WORK=1: steadier on a
+// shared machine than the rates it explains).
 func (f figure) metrics() map[string]float64 {
 	out := map[string]float64{}
 	for k, v := range f {
-		if n, ok := v.(float64); ok && !identityFields[k] && !strings.Contains(k, "target") {
-			out[k] = n
+		if identityFields[k] || strings.Contains(k, "target") {
+			continue
+		}
+		switch v := v.(type) {
+		case float64:
+			out[k] = v
+		case map[string]any:
+			for sub, sv := range v {
+				if n, ok := sv.(float64); ok {
+					out[k+"."+sub] = n
+				}
+			}
 		}
 	}
 	return out

@@ -37,6 +37,11 @@ func TestFiguresGroupByIdentity(t *testing.T) {
 	if m := stated[0].metrics(); len(m) != 1 || !lowerIsBetter("take_over_raw_p50") || lowerIsBetter("jobs_per_s") {
 		t.Errorf("metrics %v: a stated target is no measure, and a time over its raw limit is better lower", m)
 	}
+	nested, _ := parseFigures(strings.NewReader(`{"bench":"x","jobs_per_s":9,"server_work_per_job":{"server_cpu_us":30.5,"note":"n"}}`))
+	if m := nested[0].metrics(); len(m) != 2 || m["server_work_per_job.server_cpu_us"] != 30.5 ||
+		!lowerIsBetter("server_work_per_job.server_cpu_us") {
+		t.Errorf("metrics %v: an object's numbers are metrics one level down, and work is better lower", m)
+	}
 	if _, err := parseFigures(strings.NewReader(`{"bench": nope}`)); err == nil {
 		t.Error("a broken line was accepted")
 	}
