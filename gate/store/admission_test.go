@@ -353,6 +353,9 @@ func testInsertJobsAudit(t *testing.T, step int) {
 		}()},
 		{store.NewJob{Tenant: "b", Caller: "p"}, admitted("b", "ops", `{"retry_of":7}`)}, // a redrive: another actor
 		{store.NewJob{Tenant: "b", Caller: "p", Poke: true}, admitted("b", "p", `{"position":2}`)},
+		// The longest detail, with spaces and characters of several bytes inside it: the others
+		// are padded to its length and trimmed back.
+		{store.NewJob{Tenant: "a", Caller: "p"}, admitted("a", "p", `{"note":"é ü — ok ","position":3}`)},
 	}
 	for _, c := range []struct {
 		name string
@@ -364,7 +367,7 @@ func testInsertJobsAudit(t *testing.T, step int) {
 		{"batch", func() []admission {
 			var out []admission
 			for range 104 {
-				out = append(out, kinds...) // 520 rows: three chunks
+				out = append(out, kinds...) // 624 rows: three chunks
 			}
 			return out
 		}()},
@@ -413,8 +416,8 @@ func testInsertJobsAudit(t *testing.T, step int) {
 			}
 		}
 	}
-	if n := k.count("SELECT COUNT(*) FROM audit_events"); n != 1+1+5+520+100 {
-		t.Errorf("%d audit rows, want one per job (627)", n)
+	if n := k.count("SELECT COUNT(*) FROM audit_events"); n != 1+1+6+624+100 {
+		t.Errorf("%d audit rows, want one per job (732)", n)
 	}
 }
 

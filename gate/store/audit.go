@@ -92,14 +92,24 @@ func auditNewJobsSQL(events []AuditEvent) (string, []any) {
 // auditAdmittedRangesSQL is the INSERT of the audit rows of jobs just inserted whose event their
 // job row implies (AdmittedByRow): admitted, by the job's caller, into its status, version 0,
 // attempt 0, no code or scope. Each takes tenant, id, caller and status from its job row, which
-// the transaction just wrote, and only its detail from the statement, so the statement carries
-// one value per job where a VALUES list of the same rows carries twelve. ids[i] is the id of the
+// the transaction just wrote, and only its detail from the statement. ids[i] is the id of the
 // job of details[i] (nil for a job whose event its row does not imply: auditInsertSQL writes
 // those); each jobs INSERT's ids run from its first by step (the session's
 // auto_increment_increment, idStepSQL), increasing from one INSERT to the next. The statement
 // reads each INSERT's range of ids, only the ids on its step (another node of a Galera cluster
-// writes between them), and picks a row's detail by its offset (ELT, constant time), found by
-// comparing the id with the ranges' ends (one comparison per INSERT).
+// writes between them), and finds a row's offset by comparing its id with the ranges' ends (one
+// comparison per INSERT).
+//
+// The details travel as one value: each padded with spaces to the longest, which no detail ends
+// with (AdmittedByRow), and a row's cut out by its offset and trimmed; a nil detail is all
+// spaces, trimmed to nothing, and its row is left out. The value is cut as bytes (CAST AS
+// BINARY): a prepared statement's parameter is text in the connection's character set, which
+// SUBSTRING would count in characters. The statement's text no longer grows with the batch, so
+// batches of any size share one prepared statement (StmtCache), where a value per detail made
+// each size a statement of its own, and sizes beyond the cache's room were sent as text, whose
+// thousand string values the server parses: a batch of 1,000 jobs' audit statement cost 7.3-9.6
+// ms against 5.7-5.8 ms with the details in one value (scratch database, 30 alternated
+// rounds). Prepared, with the batch's fixed size, the gain is smaller (BENCHMARKS.md, session 31).
 func auditAdmittedRangesSQL(ids []int64, step int64, details []json.RawMessage) (string, []any) {
 	type run struct{ first, last, at int64 } // a range of ids on the step; at: first's index
 	var runs []run
@@ -110,25 +120,31 @@ func auditAdmittedRangesSQL(ids []int64, step int64, details []json.RawMessage) 
 		}
 		runs = append(runs, run{first: id, last: id, at: int64(i)})
 	}
-	args := make([]any, 0, len(details)+5*len(runs)+1)
+	width := 0
+	for _, d := range details {
+		width = max(width, len(d))
+	}
+	packed := make([]byte, 0, width*len(details))
+	for _, d := range details {
+		packed = append(packed, d...)
+		for range width - len(d) {
+			packed = append(packed, ' ')
+		}
+	}
+	args := make([]any, 0, 6*len(runs)+5)
+	args = append(args, packed)
 	var offset, where strings.Builder
 	offset.WriteString("CASE")
 	for i, r := range runs {
 		offset.WriteString(" WHEN id <= ? THEN (id - ?) DIV ? + ?")
-		args = append(args, r.last, r.first, step, r.at+1)
+		args = append(args, r.last, r.first, step, r.at)
 		if i > 0 {
 			where.WriteString(" OR ")
 		}
 		where.WriteString("id BETWEEN ? AND ?")
 	}
 	offset.WriteString(" END")
-	for _, d := range details {
-		if d == nil {
-			args = append(args, nil)
-		} else {
-			args = append(args, []byte(d))
-		}
-	}
+	args = append(args, width, width)
 	for _, r := range runs {
 		args = append(args, r.first, r.last)
 	}
@@ -139,18 +155,19 @@ func auditAdmittedRangesSQL(ids []int64, step int64, details []json.RawMessage) 
 		args = append(args, step, runs[0].first%step)
 	}
 	return `INSERT INTO audit_events (event, tenant, job_id, actor, to_status, version, attempt, detail)
-		SELECT '` + EventAdmitted + `', tenant, id, caller, status, 0, 0, ELT(` + offset.String() + `, ` +
-		Placeholders(len(details)) + `) AS d FROM jobs WHERE (` + where.String() + `)` + onStep + `
-		HAVING d IS NOT NULL`, args
+		SELECT '` + EventAdmitted + `', tenant, id, caller, status, 0, 0, RTRIM(SUBSTRING(CAST(? AS BINARY), (` + offset.String() +
+		`) * ? + 1, ?)) AS d FROM jobs WHERE (` + where.String() + `)` + onStep + `
+		HAVING d <> ''`, args
 }
 
 // AdmittedByRow reports whether e, the admission event of job j, is what j's row implies, so that
-// auditAdmittedRangesSQL can write it: admitted, queued, by the job's caller, with a detail and
-// nothing else.
+// auditAdmittedRangesSQL can write it: admitted, queued, by the job's caller, with a detail (not
+// ending in a space, which that statement pads with) and nothing else.
 func AdmittedByRow(e AuditEvent, j NewJob) bool {
 	return e.Event == EventAdmitted && j.Rejected == "" && e.Tenant == j.Tenant && e.Actor == j.Caller &&
 		e.To == string(job.Queued) && e.From == "" && e.ErrorCode == "" && e.Scope == "" && e.SlotID == nil &&
-		e.JobID == nil && e.Version != nil && *e.Version == 0 && e.Attempt != nil && *e.Attempt == 0 && len(e.Detail) > 0
+		e.JobID == nil && e.Version != nil && *e.Version == 0 && e.Attempt != nil && *e.Attempt == 0 &&
+		len(e.Detail) > 0 && e.Detail[len(e.Detail)-1] != ' '
 }
 
 func auditValues(events []AuditEvent, jobID string) (string, []any) {
