@@ -101,7 +101,9 @@ func TestClaimCommitWithheldLeavesOthersClaim(t *testing.T) {
 	c := behindCutter(t, func(*config.Config) {}, drainer.Config{ID: "cut"})
 	db, proxy, id, cutSender, cut := c.db, c.proxy, c.id, c.sender, c.d
 	otherSender := drainertest.NewHeld()
-	other := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: otherSender, Clock: c.clk, ID: "other"}, 10*time.Second)
+	recorded := make(chan int64, 1)
+	other := drainertest.NewDrainer(t, drainer.Config{DB: db.DB, Executor: otherSender, Clock: c.clk, ID: "other",
+		Observer: drainer.ObserverFuncs{OnRecorded: func(id int64) { recorded <- id }}}, 10*time.Second)
 	type pass struct {
 		p   drainer.Pass
 		err error
@@ -132,8 +134,11 @@ func TestClaimCommitWithheldLeavesOthersClaim(t *testing.T) {
 		t.Fatalf("the other drainer sent job %d; want %d", h.JobID, id)
 	}
 	h.Reply(executor.Answer{Kind: executor.Done, Status: "succeeded"})
-	if got := trail(t, db.DB, id); got != "queued>dispatched" {
-		t.Fatalf("the job's trail: %s; want the other drainer's claim alone", got)
+	// The other drainer records the answer in a goroutine of its own: the trail is read once it
+	// has (reading it at once raced the outcome's write).
+	drainertest.AwaitRecorded(t, recorded, 1)
+	if got := trail(t, db.DB, id); got != "queued>dispatched,dispatched>succeeded" {
+		t.Fatalf("the job's trail: %s; want the other drainer's claim and its outcome alone", got)
 	}
 	if n := len(cutSender.Hold); n != 0 {
 		t.Fatalf("the drainer whose claim rolled back sent %d dispatches; want none", n)
