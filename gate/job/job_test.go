@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -103,6 +104,13 @@ func fullJob(s string, result json.RawMessage) Job {
 }
 
 func TestJobJSONMatchesReflection(t *testing.T) {
+	// Every field set: a field added to Job and not to AppendJSON shows as a difference below.
+	full := reflect.ValueOf(fullJob("acme", json.RawMessage(`1`)))
+	for i := range full.NumField() {
+		if full.Field(i).IsZero() {
+			t.Fatalf("fullJob leaves Job.%s unset", full.Type().Field(i).Name)
+		}
+	}
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	for name, j := range map[string]Job{
 		"zero":        {},
