@@ -27,10 +27,10 @@ import (
 // inFlightUsageSQL reads the jobs in flight by tenant and capacity class (SPEC §5a): what
 // config.Usage holds, one row per job (the 1 is its count, TRUE says a job), added up in Go. It
 // reads the claim index over the in-flight states and each such job's row (lanes, interactive),
-// so its cost is bounded by the global cap, not by any backlog. It does not GROUP BY: grouping on lanes (up to
-// 520 bytes) with the tenant makes MariaDB build an on-disk (Aria) temporary table for every
-// read (Created_tmp_disk_tables went up by one a statement), where the rows themselves are at
-// most the global cap.
+// so its cost is bounded by the global cap, not by any backlog. It does not GROUP BY: grouping
+// on lanes (up to 520 bytes) with the tenant makes MariaDB build an on-disk (Aria) temporary
+// table for every read (Created_tmp_disk_tables went up by one a statement), where the rows
+// themselves are at most the global cap.
 const inFlightUsageSQL = `SELECT tenant, interactive, lanes, 1, TRUE ` + inFlightJobs
 
 // usageSQL reads what is in flight, the jobs and the live slots that count, in one statement
@@ -65,7 +65,10 @@ func scanUsage(rows *sql.Rows, cfg config.Config, us *config.Usage, jobs map[str
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		addUnit(us, cfg, u, lanes, n)
-		if _, ok := jobs[u.Tenant]; isJob && ok {
+		if !isJob {
+			continue // a slot: counted in us alone
+		}
+		if _, ok := jobs[u.Tenant]; ok {
 			jobs[u.Tenant] += n
 		}
 	}
